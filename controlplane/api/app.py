@@ -1,0 +1,34 @@
+"""The admin REST API application."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from controlplane.api import operator, problems
+from controlplane.api.deps import Services
+from controlplane.api.kinds import kind_router
+from controlplane.db.engine import Database
+from controlplane.services.auth import Authenticator
+from controlplane.services.registry import KINDS
+from controlplane.services.resources import Resources
+from controlplane.settings import Settings
+
+
+def create_app(settings: Settings, db: Database) -> FastAPI:
+    app = FastAPI(
+        title="Meridian control plane",
+        version="1",
+        description="Admin API: fleet, routing, tenants and access. Errors are RFC 9457 "
+        "problem details with a stable `code`.",
+    )
+    app.state.services = Services(
+        settings=settings,
+        db=db,
+        resources=Resources(db),
+        auth=Authenticator(db, settings.admin_token),
+    )
+    problems.install(app)
+    app.include_router(operator.router)
+    for kind in KINDS:
+        app.include_router(kind_router(kind))
+    return app

@@ -1,0 +1,61 @@
+"""What the routes depend on: the services, the caller, and the If-Match precondition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from controlplane.db.engine import Database
+from controlplane.services.auth import Authenticator, Principal
+from controlplane.services.resources import ANY_VERSION, Resources
+from controlplane.settings import Settings
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    resources: Resources
+    auth: Authenticator
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+async def current_principal(
+    services: ServicesDep, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    return await services.auth.principal(authorization)
+
+
+CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
+
+
+def if_match(if_match: Annotated[str | None, Header()] = None) -> set[int] | str | None:
+    """The versions If-Match accepts: None when absent, '*' for any, else a set (maybe empty)."""
+    if if_match is None:
+        return None
+    versions: set[int] = set()
+    for tag in (part.strip() for part in if_match.split(",")):
+        if tag == "*":
+            return ANY_VERSION
+        if tag.startswith("W/"):
+            continue  # a weak tag never matches in If-Match (RFC 9110 13.1.1)
+        tag = tag.strip('"')
+        if tag.isdigit():
+            versions.add(int(tag))
+    return versions
+
+
+IfMatch = Annotated[set[int] | str | None, Depends(if_match)]
+
+
+def etag(version: int) -> str:
+    return f'"{version}"'

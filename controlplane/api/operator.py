@@ -1,0 +1,116 @@
+"""Operator endpoints: apply, revision, audit log, health and readiness."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import yaml
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from controlplane.api.deps import CurrentPrincipal, ServicesDep
+from controlplane.api.problems import problem
+from controlplane.db import migrate
+from controlplane.domain import Role
+from controlplane.errors import MalformedBody, UnsupportedMediaType
+from controlplane.services import audit
+from controlplane.services.apply import apply_plan, parse_document, required_role
+
+router = APIRouter()
+
+YAML_TYPES = {"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"}
+MAX_DOCUMENT = 4 * 1024 * 1024
+
+_DOCUMENT_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "a fleet document (see examples/fleet.yaml)",
+        "content": {
+            "application/yaml": {"schema": {"type": "object"}},
+            "application/json": {"schema": {"type": "object"}},
+        },
+    }
+}
+
+
+async def _read_document(request: Request) -> Any:
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    raw = await request.body()
+    if len(raw) > MAX_DOCUMENT:
+        raise MalformedBody(f"the document is larger than {MAX_DOCUMENT} bytes")
+    try:
+        if media == "application/json":
+            return json.loads(raw)
+        if media in YAML_TYPES:
+            return yaml.safe_load(raw)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise MalformedBody(f"the document cannot be parsed: {exc}") from exc
+    raise UnsupportedMediaType(
+        f"send the document as application/json or application/yaml, not {media}"
+    )
+
+
+@router.post(
+    "/v1/apply",
+    tags=["apply"],
+    openapi_extra=_DOCUMENT_BODY,
+    summary="Make the fleet match a document",
+)
+async def apply(
+    request: Request,
+    services: ServicesDep,
+    who: CurrentPrincipal,
+    dry_run: Annotated[bool, Query(description="show the diff, change nothing")] = False,
+    cascade: Annotated[bool, Query(description="let deletes take dependents along")] = False,
+) -> dict[str, Any]:
+    who.require(Role.OPERATOR)
+    plan = parse_document(await _read_document(request))
+    who.require(required_role(plan))
+    return await apply_plan(services.db, plan, who.name, dry_run=dry_run, cascade=cascade)
+
+
+@router.get("/v1/revision", tags=["operator"], summary="The global config revision")
+async def revision(services: ServicesDep, who: CurrentPrincipal) -> dict[str, int]:
+    who.require(Role.VIEWER)
+    return {"revision": await audit.revision(services.db)}
+
+
+@router.get("/v1/audit-events", tags=["operator"], summary="The audit log, newest first")
+async def audit_events(
+    services: ServicesDep,
+    who: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: Annotated[str | None, Query(max_length=32)] = None,
+    kind: Annotated[str | None, Query(max_length=32)] = None,
+    name: Annotated[str | None, Query(max_length=63)] = None,
+) -> dict[str, Any]:
+    who.require(Role.VIEWER)
+    return await audit.audit_events(services.db, limit=limit, cursor=cursor, kind=kind, name=name)
+
+
+@router.get("/healthz", tags=["operator"], summary="The process is up")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["operator"], summary="The database is reachable and migrated")
+async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
+    try:
+        async with services.db.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        at = await migrate.current(services.db.engine)
+    except Exception as exc:
+        return problem(
+            503, "not_ready", "Not ready", f"database unreachable: {exc}", request.url.path
+        )
+    if at != migrate.head():
+        return problem(
+            503,
+            "not_ready",
+            "Not ready",
+            f"schema at {at}, code expects {migrate.head()}: run `meridian controlplane migrate`",
+            request.url.path,
+        )
+    return JSONResponse({"status": "ready", "schema": at})

@@ -1,0 +1,92 @@
+"""The admin API from the command line: `meridian apply` and friends speak HTTP only."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from rich.console import Console
+
+
+class ClientSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MERIDIAN_", extra="ignore")
+
+    url: str = "http://127.0.0.1:8400"
+    token: SecretStr | None = None
+
+
+def _fail(console: Console, response: httpx.Response) -> None:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"detail": response.text}
+    console.print(
+        f"[red]error {response.status_code} {body.get('code', '')}[/]: {body.get('detail', '')}"
+    )
+    for err in body.get("errors", []):
+        console.print(f"  [red]{err.get('field')}[/]: {err.get('message')}")
+    for dep in body.get("dependents", []):
+        console.print(f"  used by {dep}")
+    sys.exit(1)
+
+
+def print_changes(console: Console, result: dict[str, Any]) -> None:
+    marks = {"create": "[green]+[/]", "update": "[yellow]~[/]", "delete": "[red]-[/]"}
+    for change in result["changes"]:
+        console.print(f"{marks[change['action']]} {change['kind']} {change['name']}")
+        for field, (before, after) in change.get("changes", {}).items():
+            console.print(f"    {field}: {before!r} -> {after!r}", highlight=False)
+    verb = "would change" if result["dry_run"] else "changed"
+    if result["changed"]:
+        console.print(f"{len(result['changes'])} object(s) {verb}; revision {result['revision']}")
+    else:
+        console.print(f"no changes; revision {result['revision']}")
+
+
+def apply_file(
+    url: str, token: str, path: Path, *, dry_run: bool, cascade: bool = False
+) -> httpx.Response:
+    media = "application/json" if path.suffix == ".json" else "application/yaml"
+    return httpx.post(
+        f"{url.rstrip('/')}/v1/apply",
+        params={"dry_run": str(dry_run).lower(), "cascade": str(cascade).lower()},
+        content=path.read_bytes(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": media},
+        timeout=60,
+    )
+
+
+@click.command("apply")
+@click.option(
+    "-f",
+    "--file",
+    "path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="fleet document, YAML or JSON",
+)
+@click.option("--dry-run", is_flag=True, help="show what would change, change nothing")
+@click.option("--cascade", is_flag=True, help="let deletes take their dependents along")
+@click.option("--url", default=None, help="control plane URL [$MERIDIAN_URL]")
+@click.option("--token", default=None, help="bearer token [$MERIDIAN_TOKEN]")
+def apply_command(
+    path: Path, dry_run: bool, cascade: bool, url: str | None, token: str | None
+) -> None:
+    """Make the fleet match a document, and show the diff."""
+    settings = ClientSettings()
+    console = Console()
+    secret = token or (settings.token.get_secret_value() if settings.token else None)
+    if not secret:
+        raise click.UsageError("give --token or set MERIDIAN_TOKEN")
+    try:
+        response = apply_file(url or settings.url, secret, path, dry_run=dry_run, cascade=cascade)
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach {url or settings.url}: {exc}") from exc
+    if response.status_code != 200:
+        _fail(console, response)
+    print_changes(console, response.json())

@@ -1,0 +1,50 @@
+"""Rows of identity and access: tenants, API keys, principals, bootstrap tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import DateTime, ForeignKey, Integer, String
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from controlplane.db.base import NamedRow
+from controlplane.db.fleet_rows import RegionRow
+
+
+class TenantRow(NamedRow):
+    __tablename__ = "tenants"
+
+    tier: Mapped[str] = mapped_column(String(32))
+    allowed_jurisdictions: Mapped[list[str] | None] = mapped_column(JSONB)
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_minute: Mapped[int | None] = mapped_column(Integer)
+
+
+class ApiKeyRow(NamedRow):
+    __tablename__ = "api_keys"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    tenant: Mapped[TenantRow] = relationship(lazy="joined")
+
+
+class PrincipalRow(NamedRow):
+    __tablename__ = "principals"
+
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class BootstrapTokenRow(NamedRow):
+    __tablename__ = "bootstrap_tokens"
+
+    region_id: Mapped[int] = mapped_column(ForeignKey("regions.id"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    region: Mapped[RegionRow] = relationship(lazy="joined")

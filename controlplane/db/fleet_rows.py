@@ -1,0 +1,152 @@
+"""Rows of the fleet: clouds, regions, nodes, models, deployments, routing and fallback."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from controlplane.db.base import Base, NamedRow
+
+Json = dict[str, Any]
+
+
+class CloudRow(NamedRow):
+    __tablename__ = "clouds"
+
+    provider: Mapped[str] = mapped_column(String(32))
+    description: Mapped[str] = mapped_column(Text, default="")
+
+
+class RegionRow(NamedRow):
+    __tablename__ = "regions"
+
+    cloud_id: Mapped[int] = mapped_column(ForeignKey("clouds.id"), index=True)
+    geography: Mapped[str] = mapped_column(String(63))
+    jurisdiction: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16))
+    gateway_url: Mapped[str | None] = mapped_column(Text)
+
+    cloud: Mapped[CloudRow] = relationship(lazy="joined")
+
+
+class NodeRow(NamedRow):
+    __tablename__ = "nodes"
+
+    region_id: Mapped[int] = mapped_column(ForeignKey("regions.id"), index=True)
+    hostname: Mapped[str] = mapped_column(String(253))
+    gpus: Mapped[list[Json]] = mapped_column(JSONB, default=list)
+    state: Mapped[str] = mapped_column(String(16))
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    desired_revision: Mapped[int | None] = mapped_column(BigInteger)
+    applied_revision: Mapped[int | None] = mapped_column(BigInteger)
+    last_nack_reason: Mapped[str | None] = mapped_column(Text)
+
+    region: Mapped[RegionRow] = relationship(lazy="joined")
+
+
+class ModelRow(NamedRow):
+    __tablename__ = "models"
+
+    source: Mapped[str] = mapped_column(Text)
+    context_length: Mapped[int] = mapped_column(Integer)
+    capabilities: Mapped[list[str]] = mapped_column(JSONB, default=list)
+    min_gpu_memory_gb: Mapped[int] = mapped_column(Integer)
+
+
+class DeploymentRow(NamedRow):
+    __tablename__ = "deployments"
+    __table_args__ = (UniqueConstraint("model_id", "region_id"),)
+
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), index=True)
+    region_id: Mapped[int] = mapped_column(ForeignKey("regions.id"), index=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    replicas: Mapped[int] = mapped_column(Integer)
+    tp_size: Mapped[int] = mapped_column(Integer)
+    dp_size: Mapped[int] = mapped_column(Integer)
+    pd_mode: Mapped[str] = mapped_column(String(16))
+    prefill_replicas: Mapped[int] = mapped_column(Integer, default=0)
+    decode_replicas: Mapped[int] = mapped_column(Integer, default=0)
+    engine_args: Mapped[Json] = mapped_column(JSONB, default=dict)
+    external_urls: Mapped[list[str]] = mapped_column(JSONB, default=list)
+
+    model: Mapped[ModelRow] = relationship(lazy="joined")
+    region: Mapped[RegionRow] = relationship(lazy="joined")
+
+
+class RoutingPolicyRow(NamedRow):
+    __tablename__ = "routing_policies"
+    __table_args__ = (
+        Index(
+            "uq_routing_policies_model_region",
+            "model_id",
+            text("coalesce(region_id, 0)"),
+            unique=True,
+        ),
+    )
+
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), index=True)
+    region_id: Mapped[int | None] = mapped_column(ForeignKey("regions.id"), index=True)
+    policy: Mapped[str] = mapped_column(String(32))
+    params: Mapped[Json] = mapped_column(JSONB, default=dict)
+    slo_ttft_ms: Mapped[int | None] = mapped_column(Integer)
+    slo_itl_ms: Mapped[int | None] = mapped_column(Integer)
+    max_inflight: Mapped[int | None] = mapped_column(Integer)
+    max_queue: Mapped[int | None] = mapped_column(Integer)
+
+    model: Mapped[ModelRow] = relationship(lazy="joined")
+    region: Mapped[RegionRow | None] = relationship(lazy="joined")
+
+
+class FallbackRuleRow(NamedRow):
+    __tablename__ = "fallback_rules"
+    __table_args__ = (
+        Index(
+            "uq_fallback_rules_scope",
+            "region_id",
+            text("coalesce(model_id, 0)"),
+            text("coalesce(tenant_tier, '')"),
+            unique=True,
+        ),
+    )
+
+    region_id: Mapped[int] = mapped_column(ForeignKey("regions.id"), index=True)
+    model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id"), index=True)
+    tenant_tier: Mapped[str | None] = mapped_column(String(32))
+    triggers: Mapped[list[str]] = mapped_column(JSONB, default=list)
+    thresholds: Mapped[Json] = mapped_column(JSONB, default=dict)
+
+    region: Mapped[RegionRow] = relationship(lazy="joined", foreign_keys=[region_id])
+    model: Mapped[ModelRow | None] = relationship(lazy="joined")
+    peers: Mapped[list[FallbackPeerRow]] = relationship(
+        lazy="selectin",
+        order_by="FallbackPeerRow.position",
+        cascade="all, delete-orphan",
+    )
+
+
+class FallbackPeerRow(Base):
+    """One peer region in a fallback chain, at its position."""
+
+    __tablename__ = "fallback_peers"
+
+    rule_id: Mapped[int] = mapped_column(
+        ForeignKey("fallback_rules.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    region_id: Mapped[int] = mapped_column(ForeignKey("regions.id"), index=True)
+
+    region: Mapped[RegionRow] = relationship(lazy="joined")

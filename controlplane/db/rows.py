@@ -1,0 +1,34 @@
+"""Every row class, imported in one place so that the metadata is complete."""
+
+from controlplane.db.access_rows import ApiKeyRow, BootstrapTokenRow, PrincipalRow, TenantRow
+from controlplane.db.audit_rows import AuditEventRow, ConfigRevisionRow
+from controlplane.db.base import Base, NamedRow
+from controlplane.db.fleet_rows import (
+    CloudRow,
+    DeploymentRow,
+    FallbackPeerRow,
+    FallbackRuleRow,
+    ModelRow,
+    NodeRow,
+    RegionRow,
+    RoutingPolicyRow,
+)
+
+__all__ = [
+    "ApiKeyRow",
+    "AuditEventRow",
+    "Base",
+    "BootstrapTokenRow",
+    "CloudRow",
+    "ConfigRevisionRow",
+    "DeploymentRow",
+    "FallbackPeerRow",
+    "FallbackRuleRow",
+    "ModelRow",
+    "NamedRow",
+    "NodeRow",
+    "PrincipalRow",
+    "RegionRow",
+    "RoutingPolicyRow",
+    "TenantRow",
+]

@@ -1,0 +1,65 @@
+"""Domain vocabulary shared by the API schemas, the services and the snapshot compiler."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+    @property
+    def rank(self) -> int:
+        return _RANKS[self]
+
+    def allows(self, needed: Role) -> bool:
+        return self.rank >= needed.rank
+
+
+_RANKS = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.ADMIN: 2}
+
+
+class RegionState(StrEnum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    DISABLED = "disabled"
+
+
+class NodeState(StrEnum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    DISABLED = "disabled"
+
+
+class EngineBackend(StrEnum):
+    SGLANG = "sglang"
+    SIM = "sim"
+    EXTERNAL = "external"
+
+
+class PdMode(StrEnum):
+    UNIFIED = "unified"
+    DISAGGREGATED = "disaggregated"
+
+
+class RoutingPolicyName(StrEnum):
+    COST = "cost"
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOAD = "least_load"
+    POWER_OF_TWO = "power_of_two"
+    CACHE_AWARE = "cache_aware"
+
+
+class FallbackTrigger(StrEnum):
+    OVERLOAD = "overload"
+    FAILURE = "failure"
+
+
+class Capability(StrEnum):
+    CHAT = "chat"
+    COMPLETION = "completion"
+    EMBEDDING = "embedding"
+    TOOLS = "tools"
+    VISION = "vision"

@@ -1,0 +1,111 @@
+"""The control plane's errors. Each has a stable `code`; api/problems.py maps them to HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MeridianError(Exception):
+    """Base of every error the control plane reports to a caller."""
+
+    code = "internal"
+    status = 500
+    title = "Internal error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class ValidationFailed(MeridianError):
+    code = "validation_failed"
+    status = 422
+    title = "The request is not valid"
+
+    def __init__(self, detail: str, errors: list[dict[str, Any]]) -> None:
+        super().__init__(detail, errors=errors)
+
+
+class MalformedBody(MeridianError):
+    code = "malformed_body"
+    status = 422
+    title = "The request body cannot be read"
+
+
+class UnknownReference(MeridianError):
+    code = "unknown_reference"
+    status = 422
+    title = "A referenced object does not exist"
+
+    def __init__(self, field: str, kind: str, name: str) -> None:
+        super().__init__(
+            f"{field}: no {kind} named {name!r}",
+            errors=[{"field": field, "message": f"no {kind} named {name!r}"}],
+        )
+
+
+class InvalidFallbackChain(MeridianError):
+    code = "invalid_fallback_chain"
+    status = 422
+    title = "The fallback chain is not valid"
+
+    def __init__(self, detail: str, field: str = "peers") -> None:
+        super().__init__(detail, errors=[{"field": field, "message": detail}])
+
+
+class NotFound(MeridianError):
+    code = "not_found"
+    status = 404
+    title = "Not found"
+
+
+class AlreadyExists(MeridianError):
+    code = "already_exists"
+    status = 409
+    title = "An object with that identity already exists"
+
+
+class HasDependents(MeridianError):
+    code = "has_dependents"
+    status = 409
+    title = "Other objects depend on this one"
+
+    def __init__(self, detail: str, dependents: list[str]) -> None:
+        super().__init__(detail, dependents=dependents)
+
+
+class VersionMismatch(MeridianError):
+    code = "version_mismatch"
+    status = 412
+    title = "The object has changed since you read it"
+
+
+class PreconditionRequired(MeridianError):
+    code = "precondition_required"
+    status = 428
+    title = "If-Match is required"
+
+
+class Unauthenticated(MeridianError):
+    code = "unauthenticated"
+    status = 401
+    title = "Authentication required"
+
+
+class Forbidden(MeridianError):
+    code = "forbidden"
+    status = 403
+    title = "Not allowed"
+
+
+class UnsupportedMediaType(MeridianError):
+    code = "unsupported_media_type"
+    status = 415
+    title = "Unsupported media type"
+
+
+class EmbeddedDatabaseError(MeridianError):
+    code = "embedded_database"
+    status = 503
+    title = "The embedded PostgreSQL could not be started"

@@ -1,0 +1,1 @@
+"""Pydantic models of the admin API: what callers write (specs) and what they read back."""

@@ -1,0 +1,60 @@
+"""Specs of identity and access: tenants, API keys, principals and bootstrap tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import Field
+
+from controlplane.domain import Role
+from controlplane.schemas.common import Meta, Name, Slug, Spec, Unique
+
+
+class TenantSpec(Spec):
+    tier: Slug = "standard"
+    allowed_jurisdictions: Annotated[list[Slug], Unique] | None = Field(
+        default=None, description="null: any jurisdiction"
+    )
+    requests_per_minute: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    tokens_per_minute: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+
+
+class ApiKeySpec(Spec):
+    tenant: Name
+    expires_at: datetime | None = None
+
+
+class ApiKeyUpdate(Spec):
+    expires_at: datetime | None = None
+    revoked: bool = False
+
+
+class PrincipalSpec(Spec):
+    role: Role
+
+
+class BootstrapTokenSpec(Spec):
+    region: Name
+    expires_in_s: int = Field(default=3600, ge=60, le=30 * 86400, description="lifetime")
+
+
+class TenantOut(Meta, TenantSpec):
+    pass
+
+
+class ApiKeyOut(Meta):
+    tenant: Name
+    prefix: str
+    expires_at: datetime | None
+    revoked: bool
+    revoked_at: datetime | None
+
+
+class PrincipalOut(Meta, PrincipalSpec):
+    pass
+
+
+class BootstrapTokenOut(Meta):
+    region: Name
+    expires_at: datetime

@@ -1,0 +1,181 @@
+"""The fleet's kinds: clouds, regions, nodes, models, deployments, routing and fallback."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sqlalchemy import select
+
+from controlplane.db.fleet_rows import (
+    CloudRow,
+    DeploymentRow,
+    FallbackPeerRow,
+    FallbackRuleRow,
+    ModelRow,
+    NodeRow,
+    RegionRow,
+    RoutingPolicyRow,
+)
+from controlplane.errors import InvalidFallbackChain
+from controlplane.schemas.common import Spec
+from controlplane.schemas.fleet import (
+    CloudOut,
+    CloudSpec,
+    DeploymentOut,
+    DeploymentSpec,
+    FallbackRuleOut,
+    FallbackRuleSpec,
+    ModelOut,
+    ModelSpec,
+    NodeOut,
+    NodeSpec,
+    RegionOut,
+    RegionSpec,
+    RoutingPolicyOut,
+    RoutingPolicySpec,
+)
+from controlplane.services.kind import Dependent, Kind
+from controlplane.services.unit import Doc, UnitOfWork
+
+
+class CloudKind(Kind[CloudRow]):
+    kind, plural, row, spec, out = "cloud", "clouds", CloudRow, CloudSpec, CloudOut
+
+
+class RegionKind(Kind[RegionRow]):
+    kind, plural, row, spec, out = "region", "regions", RegionRow, RegionSpec, RegionOut
+    refs = {"cloud": (CloudRow, "cloud")}
+
+    async def dependents(self, uow: UnitOfWork, row: RegionRow) -> list[Dependent]:
+        found = await super().dependents(uow, row)
+        rules = (
+            (
+                await uow.session.execute(
+                    select(FallbackRuleRow)
+                    .join(FallbackPeerRow, FallbackPeerRow.rule_id == FallbackRuleRow.id)
+                    .where(FallbackPeerRow.region_id == row.id, FallbackRuleRow.region_id != row.id)
+                    .order_by(FallbackRuleRow.name)
+                )
+            )
+            .unique()
+            .scalars()
+        )
+        found.extend(_drop_peer(rule, row) for rule in rules)
+        return found
+
+
+def _drop_peer(rule: FallbackRuleRow, region: RegionRow) -> Dependent:
+    """A cascade takes a deleted region out of other regions' chains (or ends an empty one)."""
+
+    async def remove(uow: UnitOfWork) -> None:
+        current = FALLBACK.doc(rule)
+        peers = [p for p in current["peers"] if p != region.name]
+        if peers:
+            await FALLBACK.update(
+                uow, rule, FallbackRuleSpec.model_validate({**current, "peers": peers})
+            )
+        else:
+            await FALLBACK.delete(uow, rule, cascade=True)
+
+    return Dependent(f"fallback-rule {rule.name} (peer)", remove)
+
+
+class NodeKind(Kind[NodeRow]):
+    kind, plural, row, spec, out = "node", "nodes", NodeRow, NodeSpec, NodeOut
+    refs = {"region": (RegionRow, "region")}
+
+    def status(self, row: NodeRow) -> Doc:
+        return {
+            "last_heartbeat_at": row.last_heartbeat_at,
+            "desired_revision": row.desired_revision,
+            "applied_revision": row.applied_revision,
+            "last_nack_reason": row.last_nack_reason,
+        }
+
+
+class ModelKind(Kind[ModelRow]):
+    kind, plural, row, spec, out = "model", "models", ModelRow, ModelSpec, ModelOut
+
+
+class DeploymentKind(Kind[DeploymentRow]):
+    kind, plural, row, spec, out = (
+        "deployment",
+        "deployments",
+        DeploymentRow,
+        DeploymentSpec,
+        DeploymentOut,
+    )
+    refs = {"model": (ModelRow, "model"), "region": (RegionRow, "region")}
+
+
+class RoutingPolicyKind(Kind[RoutingPolicyRow]):
+    kind, plural, row, spec, out = (
+        "routing-policy",
+        "routing-policies",
+        RoutingPolicyRow,
+        RoutingPolicySpec,
+        RoutingPolicyOut,
+    )
+    refs = {"model": (ModelRow, "model"), "region": (RegionRow, "region")}
+
+
+class FallbackRuleKind(Kind[FallbackRuleRow]):
+    kind, plural, row, spec, out = (
+        "fallback-rule",
+        "fallback-rules",
+        FallbackRuleRow,
+        FallbackRuleSpec,
+        FallbackRuleOut,
+    )
+    refs = {"region": (RegionRow, "region"), "model": (ModelRow, "model")}
+
+    def doc(self, row: FallbackRuleRow) -> Doc:
+        raw: dict[str, Any] = {
+            "region": row.region.name,
+            "model": row.model.name if row.model else None,
+            "tenant_tier": row.tenant_tier,
+            "peers": [peer.region.name for peer in row.peers],
+            "triggers": row.triggers,
+            "thresholds": row.thresholds,
+        }
+        return self.spec.model_validate(raw).model_dump(mode="json")
+
+    async def assign(self, uow: UnitOfWork, row: FallbackRuleRow, given: Spec) -> None:
+        spec = cast(FallbackRuleSpec, given)
+        row.region = await uow.ref(RegionRow, "region", spec.region, "region")
+        row.model = (
+            None if spec.model is None else await uow.ref(ModelRow, "model", spec.model, "model")
+        )
+        row.tenant_tier = spec.tenant_tier
+        row.triggers = [str(t) for t in spec.triggers]
+        row.thresholds = spec.thresholds.model_dump()
+        regions = []
+        for index, peer in enumerate(spec.peers):
+            if peer == spec.region:
+                raise InvalidFallbackChain(
+                    f"peers[{index}]: a region cannot fall back to itself ({peer!r})",
+                    f"peers.{index}",
+                )
+            target = await uow.find(RegionRow, peer)
+            if target is None:
+                raise InvalidFallbackChain(
+                    f"peers[{index}]: no region named {peer!r}", f"peers.{index}"
+                )
+            regions.append(target)
+        if [p.region_id for p in row.peers] == [r.id for r in regions]:
+            return
+        for index, region in enumerate(regions):  # in place, so positions never collide
+            if index < len(row.peers):
+                row.peers[index].region = region
+            else:
+                row.peers.append(FallbackPeerRow(position=index, region=region))
+        del row.peers[len(regions) :]
+
+
+CLOUD = CloudKind()
+REGION = RegionKind()
+NODE = NodeKind()
+MODEL = ModelKind()
+DEPLOYMENT = DeploymentKind()
+ROUTING_POLICY = RoutingPolicyKind()
+FALLBACK = FallbackRuleKind()

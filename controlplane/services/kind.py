@@ -1,0 +1,197 @@
+"""One resource kind of the admin API: how its spec maps to a row, and its life cycle.
+
+Every kind is created, updated and deleted through the same four functions here, so
+validation, audit, versioning and the revision rule hold for all of them alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, ClassVar, Generic
+
+from pydantic import BaseModel, ValidationError, create_model
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from controlplane.db.base import NamedRow, utcnow
+from controlplane.domain import Role
+from controlplane.errors import AlreadyExists, HasDependents, ValidationFailed
+from controlplane.schemas.common import Meta, Name, Spec
+from controlplane.services.unit import Doc, RowT, UnitOfWork
+
+
+@dataclass
+class Dependent:
+    """An object that stands in the way of a delete, and how a cascade removes it."""
+
+    label: str
+    remove: Callable[[UnitOfWork], Awaitable[None]]
+
+
+def validation_errors(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[Doc]:
+    """Pydantic's errors as `{field, message, type}`, the field a dotted path."""
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = [*prefix, *err["loc"]]
+        out.append(
+            {
+                "field": ".".join(str(p) for p in loc) or "body",
+                "message": err["msg"],
+                "type": err["type"],
+            }
+        )
+    return out
+
+
+def parse(model: type[BaseModel], data: Any, prefix: tuple[str | int, ...] = ()) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ValidationFailed(
+            "the body does not match the schema", validation_errors(exc, prefix)
+        ) from exc
+
+
+class Kind(Generic[RowT]):
+    """The generic part of a kind; subclasses declare their row, schemas and references."""
+
+    kind: ClassVar[str]
+    plural: ClassVar[str]
+    row: type[RowT]
+    spec: ClassVar[type[Spec]]
+    update_spec: ClassVar[type[Spec] | None] = None  # None: same as spec
+    out: ClassVar[type[Meta]]
+    write_role: ClassVar[Role] = Role.OPERATOR
+    updatable: ClassVar[bool] = True
+    name_prefix: ClassVar[str | None] = None  # set: a name is generated when none is given
+    refs: ClassVar[dict[str, tuple[type[NamedRow], str]]] = {}
+
+    def __init__(self) -> None:
+        self.dependents_of: list[tuple[Kind[Any], str]] = []
+
+    @cached_property
+    def create_schema(self) -> type[Spec]:
+        """The spec with its name, as POST and a fleet document take it."""
+        name_type: Any = Name | None if self.name_prefix else Name
+        default: Any = None if self.name_prefix else ...
+        return create_model(
+            f"{self.spec.__name__.removesuffix('Spec')}Create",
+            __base__=self.spec,
+            name=(name_type, default),
+        )
+
+    # --- mapping between spec and row -------------------------------------------------
+
+    def doc(self, row: RowT) -> Doc:
+        """The spec of a stored object, normalised and JSON-ready; what audit and diff compare."""
+        raw: Doc = {}
+        for field in self.spec.model_fields:
+            value = getattr(row, field)
+            raw[field] = value.name if field in self.refs and value is not None else value
+        return self.spec.model_validate(raw).model_dump(mode="json")
+
+    def status(self, row: RowT) -> Doc:
+        return {}
+
+    def view(self, row: RowT) -> Doc:
+        """What a reader sees: name, spec, status and metadata."""
+        body = {"name": row.name, **self.doc(row), **self.status(row)}
+        body.update(version=row.version, created_at=row.created_at, updated_at=row.updated_at)
+        return self.out.model_validate(body).model_dump(mode="json")
+
+    async def assign(self, uow: UnitOfWork, row: RowT, spec: Spec) -> None:
+        values = spec.model_dump()
+        for field in type(spec).model_fields:
+            value = values[field]
+            if field in self.refs:
+                target, kind = self.refs[field]
+                value = None if value is None else await uow.ref(target, kind, value, field)
+            setattr(row, field, value)
+
+    async def validate(self, uow: UnitOfWork, row: RowT) -> None:
+        """Checks across objects, after assign; raise to refuse."""
+
+    def mint(self, row: RowT) -> Doc:
+        """For kinds with a secret: set its hash on the row and return it, shown once."""
+        return {}
+
+    # --- life cycle ------------------------------------------------------------------
+
+    async def create(self, uow: UnitOfWork, name: str, spec: Spec) -> tuple[RowT, Doc]:
+        if await uow.find(self.row, name) is not None:
+            raise AlreadyExists(f"a {self.kind} named {name!r} exists", kind=self.kind, name=name)
+        row = self.row(name=name, version=1)
+        await self.assign(uow, row, spec)
+        await self.validate(uow, row)
+        secret = self.mint(row)
+        uow.session.add(row)
+        await self._flush(uow, name)
+        uow.record("create", self.kind, name, None, self.doc(row))
+        return row, secret
+
+    async def update(self, uow: UnitOfWork, row: RowT, spec: Spec) -> bool:
+        """Apply a full spec; False, with nothing written, when it changes nothing."""
+        before = self.doc(row)
+        await self.assign(uow, row, spec)
+        await self.validate(uow, row)
+        after = self.doc(row)
+        if before == after:
+            await uow.session.refresh(row)  # drop the unflushed no-op assignments
+            return False
+        row.version += 1
+        row.updated_at = utcnow()
+        await self._flush(uow, row.name)
+        uow.record("update", self.kind, row.name, before, after)
+        return True
+
+    async def delete(self, uow: UnitOfWork, row: RowT, *, cascade: bool) -> None:
+        dependents = await self.dependents(uow, row)
+        if dependents and not cascade:
+            labels = [d.label for d in dependents]
+            raise HasDependents(
+                f"{self.kind} {row.name!r} is used by {', '.join(labels)}; "
+                "remove them first or delete with ?cascade=true",
+                labels,
+            )
+        for dependent in dependents:
+            await dependent.remove(uow)
+        uow.record("delete", self.kind, row.name, self.doc(row), None)
+        await uow.session.delete(row)
+        await uow.session.flush()
+
+    async def dependents(self, uow: UnitOfWork, row: RowT) -> list[Dependent]:
+        found: list[Dependent] = []
+        for kind, fk in self.dependents_of:
+            rows = (
+                (
+                    await uow.session.execute(
+                        select(kind.row)
+                        .where(getattr(kind.row, fk) == row.id)
+                        .order_by(kind.row.name)
+                    )
+                )
+                .unique()
+                .scalars()
+            )
+            found.extend(kind.dependent(r) for r in rows)
+        return found
+
+    def dependent(self, row: RowT) -> Dependent:
+        async def remove(uow: UnitOfWork) -> None:
+            await self.delete(uow, row, cascade=True)
+
+        return Dependent(f"{self.kind} {row.name}", remove)
+
+    async def _flush(self, uow: UnitOfWork, name: str) -> None:
+        try:
+            await uow.session.flush()
+        except IntegrityError as exc:
+            constraint = getattr(exc.orig.__cause__, "constraint_name", None) if exc.orig else None
+            raise AlreadyExists(
+                f"{self.kind} {name!r} conflicts with an existing {self.kind} "
+                f"({constraint or 'a unique constraint'})",
+                kind=self.kind,
+                name=name,
+            ) from exc

@@ -1,0 +1,48 @@
+"""Every kind, by URL segment, with the dependencies that guard deletes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.services.access_kinds import API_KEY, BOOTSTRAP_TOKEN, PRINCIPAL, TENANT
+from controlplane.services.fleet_kinds import (
+    CLOUD,
+    DEPLOYMENT,
+    FALLBACK,
+    MODEL,
+    NODE,
+    REGION,
+    ROUTING_POLICY,
+)
+from controlplane.services.kind import Kind
+
+CLOUD.dependents_of = [(REGION, "cloud_id")]
+REGION.dependents_of = [
+    (DEPLOYMENT, "region_id"),
+    (ROUTING_POLICY, "region_id"),
+    (FALLBACK, "region_id"),
+    (NODE, "region_id"),
+    (BOOTSTRAP_TOKEN, "region_id"),
+]
+MODEL.dependents_of = [
+    (DEPLOYMENT, "model_id"),
+    (ROUTING_POLICY, "model_id"),
+    (FALLBACK, "model_id"),
+]
+TENANT.dependents_of = [(API_KEY, "tenant_id")]
+
+# In dependency order: a kind refers only to kinds before it.
+KINDS: list[Kind[Any]] = [
+    CLOUD,
+    REGION,
+    NODE,
+    MODEL,
+    DEPLOYMENT,
+    ROUTING_POLICY,
+    FALLBACK,
+    TENANT,
+    API_KEY,
+    PRINCIPAL,
+    BOOTSTRAP_TOKEN,
+]
+BY_PLURAL: dict[str, Kind[Any]] = {kind.plural: kind for kind in KINDS}

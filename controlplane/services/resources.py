@@ -1,0 +1,138 @@
+"""Use cases of the admin API on any kind; each call is one transaction."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from controlplane.db.engine import Database
+from controlplane.errors import MalformedBody, PreconditionRequired, VersionMismatch
+from controlplane.schemas.common import Spec
+from controlplane.services.kind import Kind, parse
+from controlplane.services.secrets import new_name
+from controlplane.services.unit import Doc, UnitOfWork
+
+ANY_VERSION = "*"
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write returns: the object as a reader sees it, secrets shown once, the revision."""
+
+    view: Doc
+    secret: Doc
+    revision: int | None
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7396 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def encode_cursor(value: str) -> str:
+    return base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError) as exc:
+        raise MalformedBody("cursor: not a cursor this API gave out") from exc
+
+
+def check_version(
+    kind: Kind[Any], name: str, version: int, expected: set[int] | str | None
+) -> None:
+    if expected is None:
+        raise PreconditionRequired(
+            f"send If-Match with the {kind.kind}'s ETag (its version) to change it"
+        )
+    if expected != ANY_VERSION and version not in expected:
+        raise VersionMismatch(
+            f"{kind.kind} {name!r} is at version {version}, not {sorted(expected)}",
+            current_version=version,
+        )
+
+
+class Resources:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def list(self, kind: Kind[Any], *, limit: int, cursor: str | None) -> Doc:
+        query = select(kind.row).order_by(kind.row.name).limit(limit + 1)
+        if cursor:
+            query = query.where(kind.row.name > decode_cursor(cursor))
+        async with self._db.sessions() as session:
+            rows = list((await session.execute(query)).unique().scalars())
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return {
+            "items": [kind.view(r) for r in rows],
+            "next": encode_cursor(rows[-1].name) if more and rows else None,
+        }
+
+    async def get(self, kind: Kind[Any], name: str) -> Doc:
+        async with self._db.sessions() as session:
+            return kind.view(await UnitOfWork(session, "").get(kind.row, kind.kind, name))
+
+    async def create(self, kind: Kind[Any], name: str | None, spec: Spec, actor: str) -> Written:
+        if name is None:
+            name = new_name(kind.name_prefix or kind.kind)
+        async with self._db.sessions() as session, session.begin():
+            uow = UnitOfWork(session, actor)
+            row, secret = await kind.create(uow, name, spec)
+            revision = await uow.commit_revision()
+            return Written(kind.view(row), secret, revision)
+
+    async def replace(
+        self, kind: Kind[Any], name: str, spec: Spec, expected: set[int] | str | None, actor: str
+    ) -> Written:
+        async with self._db.sessions() as session, session.begin():
+            uow = UnitOfWork(session, actor)
+            row = await uow.get(kind.row, kind.kind, name, lock=True)
+            check_version(kind, name, row.version, expected)
+            await kind.update(uow, row, spec)
+            revision = await uow.commit_revision()
+            return Written(kind.view(row), {}, revision)
+
+    async def patch(
+        self, kind: Kind[Any], name: str, patch: Doc, expected: set[int] | str | None, actor: str
+    ) -> Written:
+        schema = kind.update_spec or kind.spec
+        async with self._db.sessions() as session, session.begin():
+            uow = UnitOfWork(session, actor)
+            row = await uow.get(kind.row, kind.kind, name, lock=True)
+            check_version(kind, name, row.version, expected)
+            current = {k: v for k, v in kind.doc(row).items() if k in schema.model_fields}
+            spec = parse(schema, merge_patch(current, patch), ("body",))
+            await kind.update(uow, row, spec)
+            revision = await uow.commit_revision()
+            return Written(kind.view(row), {}, revision)
+
+    async def delete(
+        self,
+        kind: Kind[Any],
+        name: str,
+        expected: set[int] | str | None,
+        actor: str,
+        *,
+        cascade: bool,
+    ) -> int | None:
+        async with self._db.sessions() as session, session.begin():
+            uow = UnitOfWork(session, actor)
+            row = await uow.get(kind.row, kind.kind, name, lock=True)
+            check_version(kind, name, row.version, expected)
+            await kind.delete(uow, row, cascade=cascade)
+            return await uow.commit_revision()

@@ -1,0 +1,1 @@
+"""Meridian: an open control plane for LLM inference across regions and clouds."""

@@ -1,0 +1,3 @@
+from meridian.cli import main
+
+main()

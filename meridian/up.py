@@ -1,0 +1,146 @@
+"""`meridian up`: the main job. A local control plane on an embedded PostgreSQL, fleet applied.
+
+Every part is a real process: PostgreSQL (through pg_ctl) and the control plane (a child
+running `meridian controlplane serve`). Ctrl-C stops them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import click
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from controlplane.client import apply_file, print_changes
+from controlplane.db import migrate
+from controlplane.db.engine import Database
+from controlplane.db.provision import database_url
+from controlplane.settings import Settings
+
+EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
+STOP_GRACE_S = 10.0
+
+
+def admin_token(settings: Settings) -> str:
+    """MERIDIAN_ADMIN_TOKEN, or one made once and kept in the data directory."""
+    if settings.admin_token is not None:
+        return settings.admin_token.get_secret_value()
+    path = settings.data_dir / "admin-token"
+    if path.exists():
+        return path.read_text().strip()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    path.touch(mode=0o600)
+    path.write_text(token + "\n")
+    return token
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+async def _wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 60) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with httpx.AsyncClient(timeout=2) as client:
+        while loop.time() < deadline:
+            if proc.returncode is not None:
+                raise click.ClickException(f"the control plane exited with {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(f"{url}/readyz")).status_code == 200:
+                    return
+            await asyncio.sleep(0.2)
+    raise click.ClickException(f"the control plane was not ready within {timeout_s:.0f} s")
+
+
+async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> None:
+    token = admin_token(settings)
+    api = f"http://{settings.host}:{settings.port}"
+    async with AsyncExitStack() as stack:
+        with console.status("starting PostgreSQL") as status:
+            db_url = await stack.enter_async_context(database_url(settings))
+            where = "external" if settings.database_url else f"embedded, {settings.data_dir}"
+            console.print(f"[green]✓[/] PostgreSQL ready ({where})")
+            status.update("migrating the schema")
+            db = Database.connect(db_url, pool_size=1)
+            try:
+                await migrate.upgrade(db.engine)
+            finally:
+                await db.close()
+            console.print(f"[green]✓[/] schema at {migrate.head()}")
+            status.update("starting the control plane")
+            env = {**os.environ, "MERIDIAN_DATABASE_URL": db_url, "MERIDIAN_ADMIN_TOKEN": token}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "meridian",
+                "controlplane",
+                "serve",
+                "--host",
+                settings.host,
+                "--port",
+                str(settings.port),
+                "--grpc-port",
+                str(settings.grpc_port),
+                env=env,
+            )
+            stack.push_async_callback(_stop, proc)
+            await _wait_ready(api, proc)
+            console.print(f"[green]✓[/] control plane ready on {api}")
+            status.update(f"applying {fleet}")
+            response = await asyncio.to_thread(apply_file, api, token, fleet, dry_run=False)
+            if response.status_code != 200:
+                raise click.ClickException(f"applying {fleet} failed: {response.text}")
+            print_changes(console, response.json())
+        table = Table(show_header=False, box=None)
+        table.add_row("API", api)
+        table.add_row("API docs", f"{api}/docs")
+        table.add_row("admin token", token)
+        table.add_row("try", f"curl -H 'Authorization: Bearer {token}' {api}/v1/regions")
+        console.print(table)
+        console.print("Ctrl-C stops everything.")
+        code = await proc.wait()
+        if code != 0:
+            raise click.ClickException(f"the control plane exited with {code}")
+
+
+@click.command("up")
+@click.option(
+    "--fleet",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=EXAMPLE_FLEET,
+    show_default=True,
+    help="fleet document to apply",
+)
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="REST port [8400]")
+def up_command(fleet: Path, port: int | None) -> None:
+    """Run a local fleet: PostgreSQL, the control plane, and the example fleet applied."""
+    settings = Settings().with_overrides(port=port)
+    console = Console()
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await run_local_fleet(settings, fleet, console)
+
+    try:
+        asyncio.run(main())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        console.print("stopped")
