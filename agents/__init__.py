@@ -1,0 +1,1 @@
+"""The regional node agents: config sync, engines, gateway and router. Built in later issues."""

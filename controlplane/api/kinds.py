@@ -32,7 +32,7 @@ def _written(written: Written, status: int = 200, location: str | None = None) -
 def kind_router(kind: Kind[Any]) -> APIRouter:
     router = APIRouter(prefix=f"/v1/{kind.plural}", tags=[kind.plural])
     create_body = kind.create_schema
-    update_body = kind.update_spec or kind.create_schema
+    update_body = kind.replace_schema
     one = {"model": kind.out, "description": f"the {kind.kind}"}
 
     @router.get("", response_model=Page, summary=f"List {kind.plural}")

@@ -63,7 +63,8 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         errors = _field_errors(exc)
         malformed = any(
-            e["type"] in {"json_invalid", "missing"} and e["field"] == "body" for e in errors
+            e["type"] == "json_invalid" or (e["type"] == "missing" and e["field"] == "body")
+            for e in errors
         )
         code = "malformed_body" if malformed else "validation_failed"
         summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])

@@ -8,6 +8,7 @@ PostgreSQL refuses to run as root, so under root the server runs as the `postgre
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -79,14 +80,14 @@ class EmbeddedPostgres:
         bin_dir: Path | None = None,
         server_settings: dict[str, str] | None = None,
     ) -> None:
-        self.root = root.resolve()
+        self._os_user = self._server_user()
+        self.root = self._reachable_root(root.resolve())
         self.pgdata = self.root / "data"
         self.logfile = self.root / "server.log"
         self._credentials_file = self.root / "credentials.json"
         self._bin_dir = bin_dir
         self._server_settings = server_settings or {}
         self._started_here = False
-        self._os_user = self._server_user()
 
     @staticmethod
     def _server_user() -> pwd.struct_passwd | None:
@@ -111,7 +112,6 @@ class EmbeddedPostgres:
         """Initialise the cluster if new, start it unless it runs, and create the database."""
         bin_dir = find_bin_dir(self._bin_dir)
         self.root.mkdir(parents=True, exist_ok=True)
-        self._check_reachable_by_server()
         if not (self.pgdata / "PG_VERSION").exists():
             await self._initdb(bin_dir)
         creds = self.credentials
@@ -192,17 +192,21 @@ class EmbeddedPostgres:
         if self._os_user is not None:
             os.chown(path, self._os_user.pw_uid, self._os_user.pw_gid)
 
-    def _check_reachable_by_server(self) -> None:
-        """Under root, every parent of the data directory must let `postgres` pass through."""
+    def _reachable_root(self, root: Path) -> Path:
+        """Under root, a place the `postgres` user can reach: `root` itself if every parent
+        lets it pass, else a directory of its own under /var/lib/meridian (say, for a
+        checkout under /root, which is private)."""
         if self._os_user is None:
-            return
-        for parent in self.root.parents:
-            mode = parent.stat()
-            if mode.st_uid != self._os_user.pw_uid and not mode.st_mode & stat.S_IXOTH:
-                raise EmbeddedDatabaseError(
-                    f"the postgres user cannot reach {self.root}: {parent} is not searchable "
-                    "by others. Choose another MERIDIAN_DATA_DIR (for example under /var/lib)."
-                )
+            return root
+        uid = self._os_user.pw_uid
+        for parent in root.parents:
+            info = parent.stat()
+            if info.st_uid != uid and not info.st_mode & stat.S_IXOTH:
+                digest = hashlib.sha256(str(root).encode()).hexdigest()[:12]
+                moved = Path("/var/lib/meridian") / f"postgres-{digest}"
+                log.warning("%s is private to root; PostgreSQL keeps its files in %s", root, moved)
+                return moved
+        return root
 
     async def _run(self, program: Path, *args: str, check: bool = True) -> int:
         kwargs: dict[str, object] = {}

@@ -74,12 +74,20 @@ class Kind(Generic[RowT]):
     @cached_property
     def create_schema(self) -> type[Spec]:
         """The spec with its name, as POST and a fleet document take it."""
-        name_type: Any = Name | None if self.name_prefix else Name
-        default: Any = None if self.name_prefix else ...
+        return self._named("Create", optional=self.name_prefix is not None)
+
+    @cached_property
+    def replace_schema(self) -> type[Spec]:
+        """What PUT takes: the update spec; a name, if given, must be the object's own."""
+        return self._named("Replace", optional=True, base=self.update_spec or self.spec)
+
+    def _named(self, suffix: str, *, optional: bool, base: type[Spec] | None = None) -> type[Spec]:
+        base = base or self.spec
+        name_type: Any = Name | None if optional else Name
         return create_model(
-            f"{self.spec.__name__.removesuffix('Spec')}Create",
-            __base__=self.spec,
-            name=(name_type, default),
+            f"{base.__name__.removesuffix('Spec')}{suffix}",
+            __base__=base,
+            name=(name_type, None if optional else ...),
         )
 
     # --- mapping between spec and row -------------------------------------------------

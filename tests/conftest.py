@@ -1,0 +1,74 @@
+"""The harness: a real PostgreSQL for the whole session, a fresh database for every test.
+
+PostgreSQL is started through the project's own EmbeddedPostgres (the machine's initdb and
+pg_ctl). The schema is migrated once into a template; each test gets a copy of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from controlplane.db import migrate
+from controlplane.db.embedded import UNSAFE_FAST, Credentials, EmbeddedPostgres
+from controlplane.db.engine import Database
+
+TEMPLATE = "meridian_template"
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def workdir() -> Iterator[Path]:
+    """A scratch directory that the `postgres` user can reach when the tests run as root."""
+    path = Path(tempfile.mkdtemp(prefix="meridian-tests-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def postgres(workdir: Path) -> AsyncIterator[Credentials]:
+    server = EmbeddedPostgres(workdir / "postgres", server_settings=UNSAFE_FAST)
+    credentials = await server.start()
+    admin = await asyncpg.connect(credentials.url("postgres"))
+    await admin.execute(f'CREATE DATABASE "{TEMPLATE}"')
+    await admin.close()
+    db = Database.connect(credentials.url(TEMPLATE), pool_size=1)
+    await migrate.upgrade(db.engine)
+    await db.close()
+    yield credentials
+    await server.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def database_url(postgres: Credentials) -> AsyncIterator[str]:
+    """A database of its own for one test, migrated to head."""
+    name = f"test_{os.getpid()}_{next(_counter)}"
+    admin = await asyncpg.connect(postgres.url("postgres"))
+    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
+    await admin.close()
+    yield postgres.url(name)
+    admin = await asyncpg.connect(postgres.url("postgres"))
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def empty_database_url(postgres: Credentials) -> AsyncIterator[str]:
+    """A database with no schema at all."""
+    name = f"empty_{os.getpid()}_{next(_counter)}"
+    admin = await asyncpg.connect(postgres.url("postgres"))
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    yield postgres.url(name)
+    admin = await asyncpg.connect(postgres.url("postgres"))
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()

@@ -1,0 +1,44 @@
+"""A small fleet that tests build on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+
+BASE: dict[str, Any] = {
+    "clouds": [{"name": "aws", "provider": "aws"}, {"name": "gcp", "provider": "gcp"}],
+    "regions": [
+        {
+            "name": "us-east",
+            "cloud": "aws",
+            "geography": "us-east",
+            "jurisdiction": "us",
+            "gateway_url": "http://10.0.0.1:8500",
+        },
+        {
+            "name": "eu-west",
+            "cloud": "gcp",
+            "geography": "eu-west",
+            "jurisdiction": "eu",
+            "gateway_url": "http://10.0.1.1:8500",
+        },
+    ],
+    "models": [
+        {
+            "name": "llama-8b",
+            "source": "meta-llama/Llama-3.1-8B-Instruct",
+            "context_length": 8192,
+            "min_gpu_memory_gb": 24,
+        }
+    ],
+    "tenants": [{"name": "acme", "tier": "standard"}],
+}
+
+
+def example() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    return loaded
