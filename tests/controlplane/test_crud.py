@@ -69,7 +69,8 @@ async def test_life_cycle(base: Api, plural: str) -> None:
     body, patch, field = CASES[plural]
     client = base.client
     created = await base.create(plural, body)
-    assert created["name"] == body["name"] and created["version"] == 1
+    assert created["name"] == body["name"]
+    assert created["version"] == 1
 
     got = await client.get(f"/v1/{plural}/{body['name']}")
     assert got.status_code == 200
@@ -105,21 +106,25 @@ async def test_put_replaces_the_whole_spec(base: Api) -> None:
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["policy"] == "least_load"
-    assert body["slo_ttft_ms"] is None and body["max_queue"] is None
+    assert body["slo_ttft_ms"] is None
+    assert body["max_queue"] is None
 
 
 async def test_secrets_are_shown_once(base: Api) -> None:
     key = await base.create("api-keys", {"name": "k", "tenant": "acme"})
     assert key["key"].startswith(key["prefix"] + ".")
     again = (await base.client.get("/v1/api-keys/k")).json()
-    assert "key" not in again and again["prefix"] == key["prefix"]
+    assert "key" not in again
+    assert again["prefix"] == key["prefix"]
     principal = await base.create("principals", {"name": "p", "role": "viewer"})
     assert "token" in principal
     assert "token" not in (await base.client.get("/v1/principals/p")).json()
     token = await base.create("bootstrap-tokens", {"region": "us-east"})
-    assert token["name"].startswith("bt-") and token["token"]
+    assert token["name"].startswith("bt-")
+    assert token["token"]
     listed = (await base.client.get("/v1/bootstrap-tokens")).json()["items"]
-    assert [t["region"] for t in listed] == ["us-east"] and "token" not in listed[0]
+    assert [t["region"] for t in listed] == ["us-east"]
+    assert "token" not in listed[0]
 
 
 async def test_a_revoked_key_stays_revoked(base: Api) -> None:
@@ -127,11 +132,13 @@ async def test_a_revoked_key_stays_revoked(base: Api) -> None:
     revoke = await base.client.patch(
         "/v1/api-keys/k", json={"revoked": True}, headers={"If-Match": '"1"'}
     )
-    assert revoke.json()["revoked"] is True and revoke.json()["revoked_at"]
+    assert revoke.json()["revoked"] is True
+    assert revoke.json()["revoked_at"]
     restore = await base.client.patch(
         "/v1/api-keys/k", json={"revoked": False}, headers={"If-Match": '"2"'}
     )
-    assert restore.status_code == 422 and restore.json()["code"] == "validation_failed"
+    assert restore.status_code == 422
+    assert restore.json()["code"] == "validation_failed"
 
 
 async def test_pagination_walks_every_item_once(base: Api) -> None:

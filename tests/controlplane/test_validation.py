@@ -82,7 +82,8 @@ async def test_unknown_reference_names_the_field(base: Api) -> None:
 
 async def test_duplicate_is_409(base: Api) -> None:
     response = await base.client.post("/v1/clouds", json={"name": "aws", "provider": "aws"})
-    assert response.status_code == 409 and response.json()["code"] == "already_exists"
+    assert response.status_code == 409
+    assert response.json()["code"] == "already_exists"
     await base.create("deployments", {"name": "d1", "model": "llama-8b", "region": "us-east"})
     again = await base.client.post(
         "/v1/deployments", json={"name": "d2", "model": "llama-8b", "region": "us-east"}
@@ -123,11 +124,13 @@ async def test_bad_fallback_chain_is_422(base: Api, peers: list[str], field: str
 
 async def test_if_match_is_required_and_checked(base: Api) -> None:
     missing = await base.client.patch("/v1/clouds/aws", json={"description": "x"})
-    assert missing.status_code == 428 and missing.json()["code"] == "precondition_required"
+    assert missing.status_code == 428
+    assert missing.json()["code"] == "precondition_required"
     stale = await base.client.patch(
         "/v1/clouds/aws", json={"description": "x"}, headers={"If-Match": '"7"'}
     )
-    assert stale.status_code == 412 and stale.json()["code"] == "version_mismatch"
+    assert stale.status_code == 412
+    assert stale.json()["code"] == "version_mismatch"
     assert (await base.client.get("/v1/clouds/aws")).json()["description"] == ""
     gone = await base.client.delete("/v1/clouds/gcp", headers={"If-Match": '"2"'})
     assert gone.status_code == 412
@@ -142,5 +145,6 @@ async def test_a_failed_patch_changes_nothing(base: Api) -> None:
     )
     assert response.status_code == 422
     region = (await base.client.get("/v1/regions/us-east")).json()
-    assert region["state"] == "active" and region["version"] == 1
+    assert region["state"] == "active"
+    assert region["version"] == 1
     assert await base.revision() == before

@@ -1,0 +1,101 @@
+"""The main job, run as a user runs it, and the embedded PostgreSQL it stands on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import asyncpg
+import httpx
+
+from controlplane.db.embedded import UNSAFE_FAST, EmbeddedPostgres
+from tests.controlplane.conftest import free_port
+
+
+async def test_embedded_postgres_keeps_data_across_restarts(workdir: Path) -> None:
+    root = workdir / "embedded-restart"
+    first = EmbeddedPostgres(root, server_settings=UNSAFE_FAST)
+    credentials = await first.start()
+    conn = await asyncpg.connect(credentials.url())
+    await conn.execute("CREATE TABLE kept (v text); INSERT INTO kept VALUES ('still here')")
+    await conn.close()
+    await first.stop()
+
+    second = EmbeddedPostgres(root)
+    again = await second.start()
+    assert again == credentials
+    conn = await asyncpg.connect(again.url())
+    assert await conn.fetchval("SELECT v FROM kept") == "still here"
+    await conn.close()
+    await second.stop()
+    try:
+        await asyncpg.connect(again.url(), timeout=2)
+        raise AssertionError("the server still answers after stop")
+    except OSError:
+        pass
+
+
+async def _run_up(data_dir: Path, port: int) -> tuple[asyncio.subprocess.Process, str]:
+    env = {
+        **os.environ,
+        "MERIDIAN_DATA_DIR": str(data_dir),
+        "COLUMNS": "200",
+        "MERIDIAN_GRPC_PORT": str(free_port()),
+    }
+    env.pop("MERIDIAN_DATABASE_URL", None)
+    env.pop("MERIDIAN_ADMIN_TOKEN", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "meridian",
+        "up",
+        "--port",
+        str(port),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    assert proc.stdout is not None
+    output = ""
+    while "Ctrl-C stops everything" not in output:
+        line = await asyncio.wait_for(proc.stdout.readline(), 90)
+        assert line, f"meridian up ended early:\n{output}"
+        output += line.decode()
+    return proc, output
+
+
+async def _interrupt(proc: asyncio.subprocess.Process) -> str:
+    proc.send_signal(signal.SIGINT)
+    rest, _ = await asyncio.wait_for(proc.communicate(), 60)
+    return rest.decode()
+
+
+async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> None:
+    data_dir = workdir / "up"
+    port = free_port()
+    proc, output = await _run_up(data_dir, port)
+    try:
+        token = (data_dir / "admin-token").read_text().strip()
+        assert token in output
+        assert f"http://127.0.0.1:{port}" in output
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}
+        ) as client:
+            regions = (await client.get("/v1/regions")).json()["items"]
+            assert sorted(r["name"] for r in regions) == ["eu-west", "us-east", "us-west"]
+            assert (await client.get("/v1/revision")).json() == {"revision": 1}
+    finally:
+        await _interrupt(proc)
+    assert proc.returncode == 0
+
+    # Again on the same data directory: the same database, nothing to change.
+    proc, output = await _run_up(data_dir, port)
+    try:
+        assert "no changes; revision 1" in output
+    finally:
+        await _interrupt(proc)
+    pid_file = next((data_dir / "postgres").rglob("postmaster.pid"), None)
+    assert pid_file is None, "PostgreSQL was left running"
