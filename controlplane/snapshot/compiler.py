@@ -1,0 +1,195 @@
+"""compile_region: the fleet at a revision in, one region's desired state out. No I/O."""
+
+from __future__ import annotations
+
+import math
+
+from controlplane.domain import EngineBackend, NodeState, RegionState
+from controlplane.schemas.fleet import FallbackRuleSpec
+from controlplane.snapshot.placement import place
+from controlplane.snapshot.types import (
+    DeploymentInfo,
+    FallbackChain,
+    FleetState,
+    KeyGrant,
+    ModelInfo,
+    NodePlan,
+    Peer,
+    RegionInfo,
+    RegionSnapshot,
+    Route,
+    TenantGrant,
+    Unplaced,
+    Worker,
+)
+
+
+def compile_region(state: FleetState, region: str) -> RegionSnapshot:
+    spec = state.regions[region]
+    deployments = {n: d for n, d in sorted(state.deployments.items()) if d.region == region}
+    nodes: list[NodePlan] = []
+    unplaced: list[Unplaced] = []
+    if spec.state is not RegionState.DISABLED:
+        nodes, unplaced = place(state, region)
+    models = sorted({d.model for d in deployments.values()})
+    return RegionSnapshot(
+        revision=state.revision,
+        region=RegionInfo(name=region, **spec.model_dump()),
+        models=[
+            ModelInfo(
+                name=m,
+                **state.models[m].model_dump(include={"source", "context_length", "capabilities"}),
+            )
+            for m in models
+        ],
+        deployments=[
+            DeploymentInfo(
+                name=n,
+                **d.model_dump(
+                    include={"model", "backend", "tp_size", "dp_size", "pd_mode", "engine_args"}
+                ),
+            )
+            for n, d in deployments.items()
+        ],
+        nodes=nodes,
+        unplaced=unplaced,
+        workers=_workers(state, region, nodes),
+        routes=[_route(state, region, m) for m in models],
+        fallback=_fallback(state, region),
+        tenants=_tenants(state, region),
+    )
+
+
+def _workers(state: FleetState, region: str, nodes: list[NodePlan]) -> list[Worker]:
+    if state.regions[region].state is RegionState.DISABLED:
+        return []
+    workers = [
+        Worker(
+            id=e.id, model=e.model, deployment=e.deployment, role=e.role, url=e.url, node=node.name
+        )
+        for node in nodes
+        for e in node.engines
+    ]
+    for name, d in sorted(state.deployments.items()):
+        if d.region == region and d.backend is EngineBackend.EXTERNAL:
+            workers += [
+                Worker(
+                    id=f"{name}/external-{i}",
+                    model=d.model,
+                    deployment=name,
+                    role="unified",
+                    url=url,
+                    node=None,
+                )
+                for i, url in enumerate(d.external_urls)
+            ]
+    return sorted(workers, key=lambda w: w.id)
+
+
+def _route(state: FleetState, region: str, model: str) -> Route:
+    """The region's own policy for the model, else the model's, else the default."""
+    candidates = sorted(
+        (p.region is None, name, p)
+        for name, p in state.routing_policies.items()
+        if p.model == model and p.region in (region, None)
+    )
+    if not candidates:
+        return Route(
+            model=model,
+            policy="cost",
+            params={},
+            slo_ttft_ms=None,
+            slo_itl_ms=None,
+            max_inflight=None,
+            max_queue=None,
+            source=None,
+        )
+    _, name, policy = candidates[0]
+    return Route(source=name, **policy.model_dump(exclude={"region"}))
+
+
+def _fallback(state: FleetState, region: str) -> list[FallbackChain]:
+    """Most specific rule first; only active peers, with what an agent needs to reach them."""
+
+    def specificity(item: tuple[str, FallbackRuleSpec]) -> tuple[bool, bool, str]:
+        name, rule = item
+        return (rule.model is None, rule.tenant_tier is None, name)
+
+    chains = []
+    for name, rule in sorted(state.fallback_rules.items(), key=specificity):
+        if rule.region != region:
+            continue
+        peers = [
+            Peer(
+                region=p,
+                cloud=state.regions[p].cloud,
+                jurisdiction=state.regions[p].jurisdiction,
+                gateway_url=state.regions[p].gateway_url,
+            )
+            for p in rule.peers
+            if state.regions[p].state is RegionState.ACTIVE
+        ]
+        chains.append(
+            FallbackChain(
+                rule=name,
+                model=rule.model,
+                tenant_tier=rule.tenant_tier,
+                triggers=rule.triggers,
+                thresholds=rule.thresholds,
+                peers=peers,
+            )
+        )
+    return chains
+
+
+def region_weight(state: FleetState, region: str) -> int:
+    """A region's share of capacity: GPUs on its active nodes plus its external endpoints."""
+    gpus = sum(
+        len(n.gpus)
+        for n in state.nodes.values()
+        if n.region == region and n.state is NodeState.ACTIVE
+    )
+    external = sum(len(d.external_urls) for d in state.deployments.values() if d.region == region)
+    return gpus + external
+
+
+def _share(quota: int | None, weight: int, total: int, regions: int) -> int | None:
+    if quota is None:
+        return None
+    if total == 0:
+        return math.ceil(quota / regions)
+    return math.ceil(quota * weight / total)
+
+
+def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
+    """Tenants allowed in this region, with its share of their global quotas."""
+    jurisdiction = state.regions[region].jurisdiction
+    grants = []
+    for name, tenant in sorted(state.tenants.items()):
+        allowed = tenant.allowed_jurisdictions
+        if allowed is not None and jurisdiction not in allowed:
+            continue
+        serving = [
+            r
+            for r, spec in state.regions.items()
+            if spec.state is RegionState.ACTIVE
+            and (allowed is None or spec.jurisdiction in allowed)
+        ]
+        weights = {r: region_weight(state, r) for r in serving}
+        total, weight, count = sum(weights.values()), weights.get(region, 0), max(len(serving), 1)
+        keys = [
+            KeyGrant(prefix=k.prefix, key_hash=k.key_hash, expires_at=k.expires_at)
+            for _, k in sorted(state.api_keys.items())
+            if k.tenant == name
+        ]
+        grants.append(
+            TenantGrant(
+                name=name,
+                tier=tenant.tier,
+                allowed_jurisdictions=allowed,
+                requests_per_minute=_share(tenant.requests_per_minute, weight, total, count),
+                tokens_per_minute=_share(tenant.tokens_per_minute, weight, total, count),
+                api_keys=keys,
+            )
+        )
+    return grants

@@ -1,0 +1,167 @@
+"""What the compiler reads (the fleet at a revision) and writes (one region's snapshot)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controlplane.domain import EngineBackend, FallbackTrigger, PdMode, RegionState
+from controlplane.schemas.access import TenantSpec
+from controlplane.schemas.fleet import (
+    CloudSpec,
+    DeploymentSpec,
+    FallbackRuleSpec,
+    FallbackThresholds,
+    Gpu,
+    ModelSpec,
+    NodeSpec,
+    RegionSpec,
+    RoutingPolicySpec,
+)
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ApiKeyState(Frozen):
+    tenant: str
+    prefix: str
+    key_hash: str
+    expires_at: datetime | None
+
+
+class FleetState(Frozen):
+    """Every object that shapes a snapshot, by name, as of one revision."""
+
+    revision: int
+    clouds: dict[str, CloudSpec] = Field(default_factory=dict)
+    regions: dict[str, RegionSpec] = Field(default_factory=dict)
+    nodes: dict[str, NodeSpec] = Field(default_factory=dict)
+    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    deployments: dict[str, DeploymentSpec] = Field(default_factory=dict)
+    routing_policies: dict[str, RoutingPolicySpec] = Field(default_factory=dict)
+    fallback_rules: dict[str, FallbackRuleSpec] = Field(default_factory=dict)
+    tenants: dict[str, TenantSpec] = Field(default_factory=dict)
+    api_keys: dict[str, ApiKeyState] = Field(default_factory=dict)
+
+
+class RegionInfo(Frozen):
+    name: str
+    cloud: str
+    geography: str
+    jurisdiction: str
+    state: RegionState
+    gateway_url: str | None
+
+
+class ModelInfo(Frozen):
+    name: str
+    source: str
+    context_length: int
+    capabilities: list[str]
+
+
+class DeploymentInfo(Frozen):
+    name: str
+    model: str
+    backend: EngineBackend
+    tp_size: int
+    dp_size: int
+    pd_mode: PdMode
+    engine_args: dict[str, Any]
+
+
+class Engine(Frozen):
+    """One engine process a node must run."""
+
+    id: str
+    deployment: str
+    model: str
+    backend: EngineBackend
+    role: str  # unified | prefill | decode
+    gpu_indexes: list[int]
+    port: int
+    url: str
+
+
+class NodePlan(Frozen):
+    name: str
+    hostname: str
+    gpus: list[Gpu]
+    engines: list[Engine]
+
+
+class Unplaced(Frozen):
+    deployment: str
+    role: str
+    count: int
+    reason: str
+
+
+class Worker(Frozen):
+    """An endpoint the region's router may send requests to."""
+
+    id: str
+    model: str
+    deployment: str
+    role: str
+    url: str
+    node: str | None
+
+
+class Route(Frozen):
+    model: str
+    policy: str
+    params: dict[str, Any]
+    slo_ttft_ms: int | None
+    slo_itl_ms: int | None
+    max_inflight: int | None
+    max_queue: int | None
+    source: str | None  # the routing policy it came from; None: the default
+
+
+class Peer(Frozen):
+    region: str
+    cloud: str
+    jurisdiction: str
+    gateway_url: str | None
+
+
+class FallbackChain(Frozen):
+    rule: str
+    model: str | None
+    tenant_tier: str | None
+    triggers: list[FallbackTrigger]
+    thresholds: FallbackThresholds
+    peers: list[Peer]
+
+
+class KeyGrant(Frozen):
+    prefix: str
+    key_hash: str
+    expires_at: datetime | None
+
+
+class TenantGrant(Frozen):
+    name: str
+    tier: str
+    allowed_jurisdictions: list[str] | None
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    api_keys: list[KeyGrant]
+
+
+class RegionSnapshot(Frozen):
+    revision: int
+    region: RegionInfo
+    models: list[ModelInfo]
+    deployments: list[DeploymentInfo]
+    nodes: list[NodePlan]
+    unplaced: list[Unplaced]
+    workers: list[Worker]
+    routes: list[Route]
+    fallback: list[FallbackChain]
+    tenants: list[TenantGrant]

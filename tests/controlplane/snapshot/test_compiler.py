@@ -1,0 +1,142 @@
+"""The snapshot compiler, tested without a database: the fleet in, one region's state out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.snapshot import FleetState, compile_region
+from controlplane.snapshot.types import ApiKeyState
+from tests.controlplane.fleet import example
+
+
+def state_from(document: dict[str, Any], revision: int = 7, **extra: Any) -> FleetState:
+    state: dict[str, Any] = {"revision": revision, **extra}
+    for key, items in document.items():
+        if key != "apiVersion":
+            state[key] = {
+                item["name"]: {k: v for k, v in item.items() if k != "name"} for item in items
+            }
+    return FleetState.model_validate(state)
+
+
+def test_engines_get_their_own_gpus() -> None:
+    snapshot = compile_region(state_from(example()), "us-east")
+    assert snapshot.revision == 7
+    (node,) = snapshot.nodes
+    placed = {e.id: e.gpu_indexes for e in node.engines}
+    assert placed == {"llama-us-east/unified-0": [0], "qwen-us-east/unified-0": [1, 2]}
+    assert len({e.port for e in node.engines}) == 2
+    assert snapshot.unplaced == []
+    assert [w.url for w in snapshot.workers] == [e.url for e in node.engines]
+
+
+def test_what_does_not_fit_is_reported() -> None:
+    document = example()
+    document["deployments"][2]["replicas"] = 3  # llama-eu-west: eu-west-1 has 2 GPUs
+    snapshot = compile_region(state_from(document), "eu-west")
+    assert len(snapshot.nodes[0].engines) == 2
+    (short,) = snapshot.unplaced
+    assert (short.deployment, short.role, short.count) == ("llama-eu-west", "unified", 1)
+
+
+def test_gpu_memory_is_respected() -> None:
+    document = example()
+    document["nodes"][1]["gpus"] = [{"index": 0, "model": "L4", "memory_gb": 24}]
+    document["deployments"].append(
+        {
+            "name": "qwen-us-west",
+            "model": "qwen2.5-32b-instruct",
+            "region": "us-west",
+            "backend": "sim",
+        }
+    )
+    snapshot = compile_region(state_from(document), "us-west")
+    assert [e.deployment for e in snapshot.nodes[0].engines] == ["llama-us-west"]
+    assert [u.deployment for u in snapshot.unplaced] == ["qwen-us-west"]
+
+
+def test_disaggregated_and_external_deployments() -> None:
+    document = example()
+    document["nodes"][2]["gpus"].append({"index": 2, "model": "H100", "memory_gb": 80})
+    document["deployments"][2].update(
+        pd_mode="disaggregated", prefill_replicas=1, decode_replicas=2, replicas=None
+    )
+    document["deployments"].append(
+        {
+            "name": "qwen-eu-west",
+            "model": "qwen2.5-32b-instruct",
+            "region": "eu-west",
+            "backend": "external",
+            "external_urls": ["http://10.1.0.5:30000"],
+        }
+    )
+    snapshot = compile_region(state_from(document), "eu-west")
+    roles = sorted(e.role for e in snapshot.nodes[0].engines)
+    assert roles == ["decode", "decode", "prefill"]
+    external = [w for w in snapshot.workers if w.node is None]
+    assert [(w.model, w.url) for w in external] == [
+        ("qwen2.5-32b-instruct", "http://10.1.0.5:30000")
+    ]
+    assert {m.name for m in snapshot.models} == {"llama-3.1-8b-instruct", "qwen2.5-32b-instruct"}
+
+
+def test_routes_prefer_the_region_then_the_model_then_the_default() -> None:
+    state = state_from(example())
+    eu = {r.model: r for r in compile_region(state, "eu-west").routes}
+    assert eu["llama-3.1-8b-instruct"].source == "llama-eu-west"
+    assert eu["llama-3.1-8b-instruct"].slo_ttft_ms == 600
+    us = {r.model: r for r in compile_region(state, "us-east").routes}
+    assert us["llama-3.1-8b-instruct"].source == "llama-default"
+    assert us["qwen2.5-32b-instruct"].policy == "cache_aware"
+    document = example()
+    document["routing_policies"] = []
+    (route,) = compile_region(state_from(document), "us-west").routes
+    assert (route.policy, route.source) == ("cost", None)
+
+
+def test_fallback_chain_carries_reachable_active_peers() -> None:
+    document = example()
+    chain = compile_region(state_from(document), "us-east").fallback[0]
+    assert [(p.region, p.jurisdiction, p.gateway_url) for p in chain.peers] == [
+        ("us-west", "us", "http://127.0.0.1:8502"),
+        ("eu-west", "eu", "http://127.0.0.1:8503"),
+    ]
+    assert chain.thresholds.ttft_ms == 800
+    document["regions"][1]["state"] = "disabled"
+    chain = compile_region(state_from(document), "us-east").fallback[0]
+    assert [p.region for p in chain.peers] == ["eu-west"]
+
+
+def test_tenants_follow_residency_and_split_quotas_by_capacity() -> None:
+    keys = {"k1": ApiKeyState(tenant="eurobank", prefix="mk-1", key_hash="a" * 64, expires_at=None)}
+    state = state_from(example(), api_keys=keys)
+    by_region = {
+        r: {t.name: t for t in compile_region(state, r).tenants}
+        for r in ("us-east", "us-west", "eu-west")
+    }
+    assert set(by_region["us-east"]) == {"acme"}
+    assert set(by_region["eu-west"]) == {"acme", "eurobank"}
+    # acme's 6000 rpm follow the GPUs: 3 in us-east, 1 in us-west, 2 in eu-west
+    assert [
+        by_region[r]["acme"].requests_per_minute for r in ("us-east", "us-west", "eu-west")
+    ] == [3000, 1000, 2000]
+    eurobank = by_region["eu-west"]["eurobank"]
+    assert eurobank.requests_per_minute == 1200
+    assert [k.key_hash for k in eurobank.api_keys] == ["a" * 64]
+
+
+def test_a_disabled_region_runs_nothing() -> None:
+    document = example()
+    document["regions"][0]["state"] = "disabled"
+    snapshot = compile_region(state_from(document), "us-east")
+    assert snapshot.nodes == []
+    assert snapshot.workers == []
+
+
+def test_the_same_state_compiles_the_same_way() -> None:
+    state = state_from(example())
+    assert compile_region(state, "us-east") == compile_region(state, "us-east")
+    assert (
+        compile_region(state, "us-east").model_dump_json()
+        == compile_region(state_from(example()), "us-east").model_dump_json()
+    )
