@@ -44,12 +44,13 @@ def admin_token(settings: Settings) -> str:
     return token
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
+async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within the grace period."""
     if proc.returncode is not None:
         return
     proc.send_signal(signal.SIGTERM)
     try:
-        await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+        await asyncio.wait_for(proc.wait(), grace_s)
     except TimeoutError:
         proc.kill()
         await proc.wait()
@@ -100,7 +101,7 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
                 str(settings.grpc_port),
                 env=env,
             )
-            stack.push_async_callback(_stop, proc)
+            stack.push_async_callback(stop_child, proc)
             await _wait_ready(api, proc)
             console.print(f"[green]✓[/] control plane ready on {api}")
             status.update(f"applying {fleet}")

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import asyncpg
@@ -48,27 +49,33 @@ async def postgres(workdir: Path) -> AsyncIterator[Credentials]:
     await server.stop()
 
 
+@asynccontextmanager
+async def _scratch_database(
+    postgres: Credentials, prefix: str, template: str | None
+) -> AsyncIterator[str]:
+    """A database for one test, dropped afterwards; a copy of `template` when given."""
+    name = f"{prefix}_{os.getpid()}_{next(_counter)}"
+    clause = f' TEMPLATE "{template}"' if template else ""
+    admin = await asyncpg.connect(postgres.url("postgres"))
+    await admin.execute(f'CREATE DATABASE "{name}"{clause}')
+    await admin.close()
+    try:
+        yield postgres.url(name)
+    finally:
+        admin = await asyncpg.connect(postgres.url("postgres"))
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def database_url(postgres: Credentials) -> AsyncIterator[str]:
     """A database of its own for one test, migrated to head."""
-    name = f"test_{os.getpid()}_{next(_counter)}"
-    admin = await asyncpg.connect(postgres.url("postgres"))
-    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
-    await admin.close()
-    yield postgres.url(name)
-    admin = await asyncpg.connect(postgres.url("postgres"))
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
+    async with _scratch_database(postgres, "test", TEMPLATE) as url:
+        yield url
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def empty_database_url(postgres: Credentials) -> AsyncIterator[str]:
     """A database with no schema at all."""
-    name = f"empty_{os.getpid()}_{next(_counter)}"
-    admin = await asyncpg.connect(postgres.url("postgres"))
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    yield postgres.url(name)
-    admin = await asyncpg.connect(postgres.url("postgres"))
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
+    async with _scratch_database(postgres, "empty", None) as url:
+        yield url

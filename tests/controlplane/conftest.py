@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -17,6 +16,7 @@ import pytest_asyncio
 from controlplane.api.app import create_app
 from controlplane.db.engine import Database
 from controlplane.settings import Settings
+from meridian.up import stop_child
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
@@ -121,10 +121,4 @@ async def server(database_url: str) -> AsyncIterator[Server]:
                 raise AssertionError("the server did not become ready in 30 s")
         yield Server(url, proc)
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_child(proc)
