@@ -56,7 +56,7 @@ async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = STOP_GRA
         await proc.wait()
 
 
-async def _wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 60) -> None:
+async def wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 60) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     async with httpx.AsyncClient(timeout=2) as client:
@@ -102,7 +102,7 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
                 env=env,
             )
             stack.push_async_callback(stop_child, proc)
-            await _wait_ready(api, proc)
+            await wait_ready(api, proc)
             console.print(f"[green]✓[/] control plane ready on {api}")
             status.update(f"applying {fleet}")
             response = await asyncio.to_thread(apply_file, api, token, fleet, dry_run=False)

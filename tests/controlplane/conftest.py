@@ -16,7 +16,7 @@ import pytest_asyncio
 from controlplane.api.app import create_app
 from controlplane.db.engine import Database
 from controlplane.settings import Settings
-from meridian.up import stop_child
+from meridian.up import stop_child, wait_ready
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
@@ -108,17 +108,7 @@ async def server(database_url: str) -> AsyncIterator[Server]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient() as client:
-            for _ in range(300):
-                try:
-                    if (await client.get(f"{url}/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert proc.returncode is None, "the server exited while starting"
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("the server did not become ready in 30 s")
+        await wait_ready(url, proc, timeout_s=30)
         yield Server(url, proc)
     finally:
         await stop_child(proc)
