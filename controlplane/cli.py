@@ -6,12 +6,11 @@ import asyncio
 import logging
 
 import click
-import uvicorn
 
-from controlplane.api.app import create_app
 from controlplane.db import migrate as migrations
 from controlplane.db.engine import Database
 from controlplane.db.provision import database_url
+from controlplane.runtime import Replica
 from controlplane.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -63,15 +62,6 @@ async def serve(settings: Settings) -> None:
     async with database_url(settings) as url:
         db = Database.connect(url)
         try:
-            app = create_app(settings, db)
-            config = uvicorn.Config(
-                app,
-                host=settings.host,
-                port=settings.port,
-                log_level=settings.log_level.lower(),
-                access_log=False,
-            )
-            log.info("serving the admin API on http://%s:%s", settings.host, settings.port)
-            await uvicorn.Server(config).serve()
+            await Replica(settings, db).serve()
         finally:
             await db.close()

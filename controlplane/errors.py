@@ -109,3 +109,35 @@ class EmbeddedDatabaseError(MeridianError):
     code = "embedded_database"
     status = 503
     title = "The embedded PostgreSQL could not be started"
+
+
+class InvalidBootstrapToken(Unauthenticated):
+    code = "bootstrap_token_invalid"
+    title = "The bootstrap token is not valid"
+
+
+class ExpiredBootstrapToken(Unauthenticated):
+    code = "bootstrap_token_expired"
+    title = "The bootstrap token has expired"
+
+
+class InvalidCredential(Unauthenticated):
+    code = "agent_credential_invalid"
+    title = "The agent credential is not valid"
+
+
+class WrongRegion(Forbidden):
+    code = "wrong_region"
+    title = "That region is not this agent's"
+
+
+class ProtocolViolation(MeridianError):
+    code = "protocol_violation"
+    status = 400
+    title = "The agent broke the protocol"
+
+
+class HeartbeatMissed(MeridianError):
+    code = "heartbeat_missed"
+    status = 408
+    title = "The agent stopped sending heartbeats"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Self
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _PLACEHOLDERS = {"changeme", "change-me", "secret", "password", "admin", "token", "xxx"}
@@ -27,6 +28,26 @@ class Settings(BaseSettings):
     port: int = Field(default=8400, ge=1, le=65535)
     grpc_port: int = Field(default=8401, ge=1, le=65535)
     log_level: str = "info"
+    advertise_host: str | None = Field(
+        default=None, description="the address other replicas and agents reach; default: host"
+    )
+    tls_cert_file: Path | None = Field(default=None, description="PEM certificate of the gRPC port")
+    tls_key_file: Path | None = Field(default=None, description="PEM private key of the gRPC port")
+    tls_client_ca_file: Path | None = Field(
+        default=None, description="PEM CA; set: agents must present a certificate it signed"
+    )
+    heartbeat_timeout_s: float = Field(
+        default=15.0, gt=0, le=3600, description="close an agent's stream after this silence"
+    )
+    etcd_endpoints: str | None = Field(
+        default=None, description="host:port[,host:port...]; unset: one replica, in-process"
+    )
+    etcd_prefix: str = Field(default="/meridian", pattern=r"^/[A-Za-z0-9/_-]*$")
+    lease_ttl_s: int = Field(default=4, ge=2, le=60, description="etcd lease of presence keys")
+    node_down_after_s: float = Field(
+        default=10.0, gt=0, le=3600, description="a node with no agent stream for this long is down"
+    )
+    replica_id: str | None = Field(default=None, description="default: host-pid-random")
 
     @field_validator("admin_token")
     @classmethod
@@ -38,6 +59,17 @@ class Settings(BaseSettings):
             raise ValueError("MERIDIAN_ADMIN_TOKEN must be a real secret of 16 characters or more")
         return value
 
+    @field_validator("etcd_endpoints")
+    @classmethod
+    def _endpoints(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        for part in value.split(","):
+            host, _, port = part.strip().removeprefix("http://").rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{part.strip()!r} is not host:port")
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _postgres_only(cls, value: str | None) -> str | None:
@@ -46,6 +78,27 @@ class Settings(BaseSettings):
         if not value.startswith(("postgresql://", "postgresql+asyncpg://", "postgres://")):
             raise ValueError("MERIDIAN_DATABASE_URL must be a postgresql:// URL")
         return value
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> Self:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set MERIDIAN_TLS_CERT_FILE and MERIDIAN_TLS_KEY_FILE together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("mutual TLS (MERIDIAN_TLS_CLIENT_CA_FILE) needs a server certificate")
+        for path in (self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file):
+            if path is not None and not path.is_file():
+                raise ValueError(f"{path}: no such file")
+        return self
+
+    @property
+    def etcd_hosts(self) -> list[tuple[str, int]]:
+        hosts = []
+        for part in (self.etcd_endpoints or "").split(","):
+            part = part.strip().removeprefix("http://")
+            if part:
+                host, _, port = part.rpartition(":")
+                hosts.append((host or part, int(port) if port.isdigit() else 2379))
+        return hosts
 
     def with_overrides(self, **values: object) -> Settings:
         """A copy with command-line values (those not None) over the environment's, validated."""

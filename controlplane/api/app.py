@@ -7,14 +7,23 @@ from fastapi import FastAPI
 from controlplane.api import operator, problems
 from controlplane.api.deps import Services
 from controlplane.api.kinds import kind_router
+from controlplane.coord.base import Coordinator, LocalCoordinator, replica_info
 from controlplane.db.engine import Database
 from controlplane.services.auth import Authenticator
 from controlplane.services.registry import KINDS
 from controlplane.services.resources import Resources
+from controlplane.services.revisions import RevisionFeed
 from controlplane.settings import Settings
 
 
-def create_app(settings: Settings, db: Database) -> FastAPI:
+def create_app(
+    settings: Settings,
+    db: Database,
+    feed: RevisionFeed | None = None,
+    coordinator: Coordinator | None = None,
+) -> FastAPI:
+    """The REST API; `feed` and `coordinator` come from the replica it runs in, if any."""
+    feed = feed or RevisionFeed()
     app = FastAPI(
         title="Meridian control plane",
         version="1",
@@ -24,8 +33,10 @@ def create_app(settings: Settings, db: Database) -> FastAPI:
     app.state.services = Services(
         settings=settings,
         db=db,
-        resources=Resources(db),
+        resources=Resources(db, feed),
         auth=Authenticator(db, settings.admin_token),
+        feed=feed,
+        coordinator=coordinator or LocalCoordinator(replica_info(settings)),
     )
     problems.install(app)
     app.include_router(operator.router)

@@ -7,9 +7,11 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from controlplane.coord.base import Coordinator
 from controlplane.db.engine import Database
 from controlplane.services.auth import Authenticator, Principal
 from controlplane.services.resources import ANY_VERSION, Resources
+from controlplane.services.revisions import RevisionFeed
 from controlplane.settings import Settings
 
 
@@ -19,6 +21,8 @@ class Services:
     db: Database
     resources: Resources
     auth: Authenticator
+    feed: RevisionFeed
+    coordinator: Coordinator
 
 
 def get_services(request: Request) -> Services:

@@ -68,7 +68,9 @@ async def apply(
     who.require(Role.OPERATOR)
     plan = parse_document(await _read_document(request))
     who.require(required_role(plan))
-    return await apply_plan(services.db, plan, who.name, dry_run=dry_run, cascade=cascade)
+    return await apply_plan(
+        services.db, services.feed, plan, who.name, dry_run=dry_run, cascade=cascade
+    )
 
 
 @router.get("/v1/revision", tags=["operator"], summary="The global config revision")
@@ -114,3 +116,13 @@ async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
             request.url.path,
         )
     return JSONResponse({"status": "ready", "schema": at})
+
+
+@router.get(
+    "/v1/cluster",
+    tags=["operator"],
+    summary="The control-plane replicas: this one, the leader, and every live one",
+)
+async def cluster(services: ServicesDep, who: CurrentPrincipal) -> dict[str, Any]:
+    who.require(Role.VIEWER)
+    return await services.coordinator.cluster()

@@ -54,6 +54,9 @@ class NodeRow(NamedRow):
     desired_revision: Mapped[int | None] = mapped_column(BigInteger)
     applied_revision: Mapped[int | None] = mapped_column(BigInteger)
     last_nack_reason: Mapped[str | None] = mapped_column(Text)
+    # Observed by the liveness sweeper, not set by operators: unknown | up | down.
+    health: Mapped[str] = mapped_column(String(16), default="unknown", server_default="unknown")
+    health_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     region: Mapped[RegionRow] = relationship(lazy="joined")
 

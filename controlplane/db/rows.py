@@ -1,6 +1,12 @@
 """Every row class, imported in one place so that the metadata is complete."""
 
 from controlplane.db.access_rows import ApiKeyRow, BootstrapTokenRow, PrincipalRow, TenantRow
+from controlplane.db.agent_rows import (
+    AgentRow,
+    NodeTelemetryRow,
+    RegionLoadRow,
+    TelemetrySampleRow,
+)
 from controlplane.db.audit_rows import AuditEventRow, ConfigRevisionRow
 from controlplane.db.base import Base, NamedRow
 from controlplane.db.fleet_rows import (
@@ -15,6 +21,7 @@ from controlplane.db.fleet_rows import (
 )
 
 __all__ = [
+    "AgentRow",
     "ApiKeyRow",
     "AuditEventRow",
     "Base",
@@ -27,8 +34,11 @@ __all__ = [
     "ModelRow",
     "NamedRow",
     "NodeRow",
+    "NodeTelemetryRow",
     "PrincipalRow",
+    "RegionLoadRow",
     "RegionRow",
     "RoutingPolicyRow",
+    "TelemetrySampleRow",
     "TenantRow",
 ]

@@ -62,6 +62,8 @@ class NodeSpec(Spec):
 
 
 class NodeStatus(Spec):
+    health: str = Field(description="unknown | up | down: whether an agent holds a stream")
+    health_changed_at: datetime | None
     last_heartbeat_at: datetime | None
     desired_revision: int | None
     applied_revision: int | None

@@ -24,6 +24,7 @@ from controlplane.services.fleet_kinds import (
     ROUTING_POLICY,
 )
 from controlplane.services.kind import Kind, parse
+from controlplane.services.revisions import RevisionFeed
 from controlplane.services.unit import Doc, UnitOfWork, current_revision
 
 API_VERSION = "meridian/v1"
@@ -91,11 +92,16 @@ class _DryRun(Exception):
         self.result = result
 
 
-async def apply_plan(db: Database, plan: Plan, actor: str, *, dry_run: bool, cascade: bool) -> Doc:
+async def apply_plan(
+    db: Database, feed: RevisionFeed, plan: Plan, actor: str, *, dry_run: bool, cascade: bool
+) -> Doc:
     try:
-        return await _apply(db, plan, actor, dry_run=dry_run, cascade=cascade)
+        result = await _apply(db, plan, actor, dry_run=dry_run, cascade=cascade)
     except _DryRun as preview:
         return preview.result
+    if result["changed"]:
+        await feed.published(result["revision"])
+    return result
 
 
 async def _apply(db: Database, plan: Plan, actor: str, *, dry_run: bool, cascade: bool) -> Doc:

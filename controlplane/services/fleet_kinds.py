@@ -86,6 +86,8 @@ class NodeKind(Kind[NodeRow]):
 
     def status(self, row: NodeRow) -> Doc:
         return {
+            "health": row.health or "unknown",
+            "health_changed_at": row.health_changed_at,
             "last_heartbeat_at": row.last_heartbeat_at,
             "desired_revision": row.desired_revision,
             "applied_revision": row.applied_revision,

@@ -13,6 +13,7 @@ from controlplane.db.engine import Database
 from controlplane.errors import MalformedBody, PreconditionRequired, VersionMismatch
 from controlplane.schemas.common import Spec
 from controlplane.services.kind import Kind, parse
+from controlplane.services.revisions import RevisionFeed
 from controlplane.services.secrets import new_name
 from controlplane.services.unit import Doc, UnitOfWork
 
@@ -67,8 +68,13 @@ def check_version(
 
 
 class Resources:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, feed: RevisionFeed) -> None:
         self._db = db
+        self._feed = feed
+
+    async def _published(self, written: Written) -> Written:
+        await self._feed.published(written.revision)
+        return written
 
     async def list(self, kind: Kind[Any], *, limit: int, cursor: str | None) -> Doc:
         query = select(kind.row).order_by(kind.row.name).limit(limit + 1)
@@ -93,8 +99,8 @@ class Resources:
         async with self._db.sessions() as session, session.begin():
             uow = UnitOfWork(session, actor)
             row, secret = await kind.create(uow, name, spec)
-            revision = await uow.commit_revision()
-            return Written(kind.view(row), secret, revision)
+            written = Written(kind.view(row), secret, await uow.commit_revision())
+        return await self._published(written)
 
     async def replace(
         self, kind: Kind[Any], name: str, spec: Spec, expected: set[int] | str | None, actor: str
@@ -104,8 +110,8 @@ class Resources:
             row = await uow.get(kind.row, kind.kind, name, lock=True)
             check_version(kind, name, row.version, expected)
             await kind.update(uow, row, spec)
-            revision = await uow.commit_revision()
-            return Written(kind.view(row), {}, revision)
+            written = Written(kind.view(row), {}, await uow.commit_revision())
+        return await self._published(written)
 
     async def patch(
         self, kind: Kind[Any], name: str, patch: Doc, expected: set[int] | str | None, actor: str
@@ -118,8 +124,8 @@ class Resources:
             current = {k: v for k, v in kind.doc(row).items() if k in schema.model_fields}
             spec = parse(schema, merge_patch(current, patch), ("body",))
             await kind.update(uow, row, spec)
-            revision = await uow.commit_revision()
-            return Written(kind.view(row), {}, revision)
+            written = Written(kind.view(row), {}, await uow.commit_revision())
+        return await self._published(written)
 
     async def delete(
         self,
@@ -135,4 +141,6 @@ class Resources:
             row = await uow.get(kind.row, kind.kind, name, lock=True)
             check_version(kind, name, row.version, expected)
             await kind.delete(uow, row, cascade=cascade)
-            return await uow.commit_revision()
+            revision = await uow.commit_revision()
+        await self._feed.published(revision)
+        return revision

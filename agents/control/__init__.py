@@ -1,0 +1,1 @@
+"""The agent's side of the Fleet protocol: registration and the sync stream."""

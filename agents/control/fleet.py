@@ -1,0 +1,126 @@
+"""A client of the control plane's Fleet service, over one gRPC channel.
+
+client = FleetClient("cp.example:8401", tls=ChannelTls(ca=...))
+done = await client.register(token, region="us-east", hostname="gpu-1")
+stream = client.sync(done.credential)
+await stream.hello(region="us-east", revision=0)
+snapshot = await stream.next_snapshot()
+await stream.ack(snapshot.revision)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1 import fleet_pb2_grpc as pb_grpc
+
+CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+
+
+@dataclass(frozen=True)
+class ChannelTls:
+    """The CA that signed the control plane's certificate; a client pair for mutual TLS."""
+
+    ca_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    server_name: str | None = None  # when the certificate's name is not the host dialled
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_file.read_bytes(),
+            private_key=self.key_file.read_bytes() if self.key_file else None,
+            certificate_chain=self.cert_file.read_bytes() if self.cert_file else None,
+        )
+
+
+def error_code(error: grpc.aio.AioRpcError) -> str | None:
+    """The control plane's stable error code of a failed call."""
+    for key, value in error.trailing_metadata() or ():
+        if key == "meridian-code":
+            return str(value)
+    return None
+
+
+class FleetClient:
+    def __init__(self, target: str, *, tls: ChannelTls | None = None) -> None:
+        options = list(CHANNEL_OPTIONS)
+        if tls is None:
+            self.channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            self.channel = grpc.aio.secure_channel(target, tls.credentials(), options=options)
+        self._stub = pb_grpc.FleetStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def register(
+        self,
+        token: str,
+        *,
+        region: str,
+        hostname: str,
+        node: str = "",
+        gpus: Iterable[pb.Gpu] = (),
+        agent_version: str = "",
+        timeout_s: float = 10.0,
+    ) -> pb.RegisterResponse:
+        request = pb.RegisterRequest(
+            bootstrap_token=token,
+            region=region,
+            node=node,
+            hostname=hostname,
+            gpus=list(gpus),
+            agent_version=agent_version,
+        )
+        response: pb.RegisterResponse = await self._stub.Register(request, timeout=timeout_s)
+        return response
+
+    def sync(self, credential: str) -> SyncStream:
+        call = self._stub.Sync(metadata=(("authorization", f"Bearer {credential}"),))
+        return SyncStream(call)
+
+
+class SyncStream:
+    """One Sync stream: write Hello, acks, nacks and heartbeats; read snapshots."""
+
+    def __init__(self, call: grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControlMessage]):
+        self.call = call
+
+    async def hello(
+        self, *, region: str, node: str = "", revision: int = 0, digest: str = ""
+    ) -> None:
+        hello = pb.Hello(region=region, node=node, revision=revision, digest=digest)
+        await self.call.write(pb.AgentMessage(hello=hello))
+
+    async def ack(self, revision: int) -> None:
+        await self.call.write(pb.AgentMessage(ack=pb.Ack(revision=revision)))
+
+    async def nack(self, revision: int, reason: str) -> None:
+        await self.call.write(pb.AgentMessage(nack=pb.Nack(revision=revision, reason=reason)))
+
+    async def heartbeat(self, telemetry: pb.Telemetry) -> None:
+        await self.call.write(pb.AgentMessage(heartbeat=pb.Heartbeat(telemetry=telemetry)))
+
+    async def next_snapshot(self) -> pb.Snapshot | None:
+        """The next snapshot, or None when the control plane ended the stream cleanly."""
+        message = await self.call.read()
+        if message is grpc.aio.EOF:
+            return None
+        assert isinstance(message, pb.ControlMessage)
+        return message.snapshot
+
+    def close(self) -> None:
+        self.call.cancel()

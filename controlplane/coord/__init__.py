@@ -1,0 +1,1 @@
+"""Coordination of control-plane replicas: leader, revision fan-out and presence."""

@@ -1,0 +1,80 @@
+"""The loops exactly one replica runs, the leader: the liveness sweeper and the rollup."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from controlplane.coord.base import Coordinator
+from controlplane.db.engine import Database
+from controlplane.services.liveness import Sweeper, rollup
+
+log = logging.getLogger(__name__)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Singletons:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        db: Database,
+        *,
+        down_after: timedelta,
+        sweep_every_s: float = 1.0,
+        rollup_every_s: float = 5.0,
+        keep_samples: timedelta = timedelta(minutes=15),
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self._coord = coordinator
+        self._db = db
+        self._down_after = down_after
+        self._sweeper = Sweeper(db, down_after)
+        self._sweep_every_s = sweep_every_s
+        self._rollup_every_s = rollup_every_s
+        self._keep = keep_samples
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self.leading_since: datetime | None = None
+
+    async def tick(self, last_rollup: datetime | None) -> datetime | None:
+        """One round; returns when the rollup last ran."""
+        now = self._clock()
+        if not self._coord.is_leader():
+            if self.leading_since is not None:
+                log.info("no longer the leader; singleton loops pause")
+            self.leading_since = None
+            return last_rollup
+        if self.leading_since is None:
+            log.info("leading: running the liveness sweeper and the capacity rollup")
+            self.leading_since = now
+            self._sweeper = Sweeper(self._db, self._down_after)  # absences count from now
+        present = set(await self._coord.connected_agents())
+        await self._sweeper.sweep(present, now)
+        if last_rollup is None or (now - last_rollup).total_seconds() >= self._rollup_every_s:
+            await rollup(self._db, now, self._keep)
+            return now
+        return last_rollup
+
+    async def _run(self) -> None:
+        last_rollup: datetime | None = None
+        while True:
+            try:
+                last_rollup = await self.tick(last_rollup)
+            except Exception:
+                log.exception("a singleton loop failed; will retry")
+            await asyncio.sleep(self._sweep_every_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="singletons")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,1 @@
+"""The gRPC Fleet service: registration, snapshots pushed down, acks and telemetry up."""

@@ -1,0 +1,138 @@
+"""The newest snapshot of every region, recompiled when the revision moves.
+
+A region's snapshot is replaced only when its content digest changes, so a commit that
+does not touch a region sends that region's agents nothing. Each region has an event that
+is set (and replaced) when its snapshot changes; the streams of that region wait on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from sqlalchemy import select
+
+from controlplane.db.agent_rows import RegionLoadRow
+from controlplane.db.engine import Database
+from controlplane.push.wire import peer_load_message, to_wire
+from controlplane.services.fleet_state import load_fleet_state
+from controlplane.services.unit import current_revision
+from controlplane.snapshot import compile_region
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RegionFeed:
+    """What a region's streams send: the snapshot, encoded once for all of them."""
+
+    revision: int
+    digest: str
+    message: bytes  # a serialized ControlMessage
+
+
+class SnapshotHub:
+    def __init__(self, db: Database, *, poll_s: float = 2.0) -> None:
+        self._db = db
+        self._poll_s = poll_s
+        self._snapshots: dict[str, pb.Snapshot] = {}
+        self._feeds: dict[str, RegionFeed] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._peer_load: dict[str, pb.PeerLoad] = {}
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self.revision = -1
+        self.last_compile_s = 0.0
+
+    def feed(self, region: str) -> RegionFeed | None:
+        return self._feeds.get(region)
+
+    def changed(self, region: str) -> asyncio.Event:
+        """The event that is set the next time this region's snapshot changes (or goes)."""
+        return self._changed.setdefault(region, asyncio.Event())
+
+    async def announce(self, revision: int) -> None:
+        """A revision was committed (here or on another replica)."""
+        if revision > self.revision:
+            await self.refresh()
+
+    async def refresh(self) -> None:
+        async with self._lock:
+            started = time.perf_counter()
+            state = await load_fleet_state(self._db)
+            if state.revision <= self.revision:
+                return
+            changed = []
+            for region in state.regions:
+                message = to_wire(compile_region(state, region))
+                old = self._snapshots.get(region)
+                if old is None or old.digest != message.digest:
+                    self._snapshots[region] = message
+                    changed.append(region)
+            gone = [r for r in self._snapshots if r not in state.regions]
+            for region in gone:
+                del self._snapshots[region]
+                self._feeds.pop(region, None)
+            for region in changed:
+                self._encode(region)
+            self.revision = state.revision
+            self.last_compile_s = time.perf_counter() - started
+            for region in [*changed, *gone]:
+                self._wake(region)
+            if changed or gone:
+                log.info(
+                    "revision %s changes %s",
+                    state.revision,
+                    ", ".join(changed + gone),
+                    extra={"revision": state.revision, "compile_s": self.last_compile_s},
+                )
+
+    def _encode(self, region: str) -> None:
+        snapshot = pb.Snapshot()
+        snapshot.CopyFrom(self._snapshots[region])
+        snapshot.peer_load.extend(v for k, v in sorted(self._peer_load.items()) if k != region)
+        message = pb.ControlMessage(snapshot=snapshot).SerializeToString()
+        self._feeds[region] = RegionFeed(snapshot.revision, snapshot.digest, message)
+
+    def _wake(self, region: str) -> None:
+        event = self._changed.pop(region, None)
+        if event is not None:
+            event.set()
+
+    async def load_peer_loads(self) -> None:
+        """Take the leader's newest rollup; later pushes carry it to the peer regions."""
+        async with self._db.sessions() as session:
+            rows = (await session.execute(select(RegionLoadRow))).unique().scalars()
+            loads = {row.region.name: peer_load_message(row.data) for row in rows}
+        if loads != self._peer_load:
+            async with self._lock:
+                self._peer_load = loads
+                for region in self._snapshots:
+                    self._encode(region)
+
+    async def _poll(self) -> None:
+        """Level-triggered safety net: notice revisions whose announcement was lost."""
+        while True:
+            try:
+                async with self._db.sessions() as session:
+                    revision = await current_revision(session)
+                if revision > self.revision:
+                    await self.refresh()
+                await self.load_peer_loads()
+            except Exception:
+                log.exception("polling the revision failed; will retry")
+            await asyncio.sleep(self._poll_s)
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._poll(), name="snapshot-hub-poll")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,212 @@
+"""The Fleet service: Register, and the Sync stream that pushes snapshots to one agent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+
+from controlplane.coord.base import AgentPresence, Coordinator
+from controlplane.db.engine import Database
+from controlplane.errors import (
+    HeartbeatMissed,
+    InvalidCredential,
+    ProtocolViolation,
+    WrongRegion,
+)
+from controlplane.push.hub import SnapshotHub
+from controlplane.push.status import guarded
+from controlplane.push.wire import telemetry_doc
+from controlplane.services import agents
+from controlplane.services.kind import parse
+from controlplane.services.reports import NodeReports
+from controlplane.services.revisions import RevisionFeed
+
+log = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Fleet"].full_name
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+@dataclass
+class StreamState:
+    """What one stream knows of its agent."""
+
+    revision: int  # the revision the agent runs
+    digest: str  # ... and that snapshot's content digest
+    sent: int = 0  # the newest revision sent on this stream
+    sent_digest: str = ""
+
+
+def bearer(context: Context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            return value.removeprefix("Bearer ").strip()
+    raise InvalidCredential("send the agent credential as `authorization: Bearer <credential>`")
+
+
+class FleetService:
+    def __init__(
+        self,
+        db: Database,
+        hub: SnapshotHub,
+        reports: NodeReports,
+        coordinator: Coordinator,
+        feed: RevisionFeed,
+        *,
+        heartbeat_timeout_s: float,
+    ) -> None:
+        self._db = db
+        self._hub = hub
+        self._reports = reports
+        self._coord = coordinator
+        self._feed = feed
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self.streams = 0
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Register": grpc.unary_unary_rpc_method_handler(
+                    self.register,
+                    request_deserializer=pb.RegisterRequest.FromString,
+                    response_serializer=pb.RegisterResponse.SerializeToString,
+                ),
+                # Snapshots are encoded once per region and written as bytes to every stream.
+                "Sync": grpc.stream_stream_rpc_method_handler(
+                    self.sync,
+                    request_deserializer=pb.AgentMessage.FromString,
+                    response_serializer=bytes,
+                ),
+            },
+        )
+
+    async def register(self, request: pb.RegisterRequest, context: Context) -> pb.RegisterResponse:
+        async with guarded(context):
+            given = parse(
+                agents.AgentRegistration,
+                {
+                    "region": request.region,
+                    "node": request.node or None,
+                    "hostname": request.hostname,
+                    "gpus": [
+                        {"index": g.index, "model": g.model, "memory_gb": g.memory_gb}
+                        for g in request.gpus
+                    ],
+                    "agent_version": request.agent_version,
+                },
+            )
+            done = await agents.register(self._db, request.bootstrap_token, given)
+            log.info(
+                "agent %s registered for node %s",
+                done.agent,
+                done.node,
+                extra={"region": done.region, "node_id": done.node},
+            )
+            await self._feed.published(done.revision)
+            return pb.RegisterResponse(
+                agent_id=done.agent, credential=done.credential, region=done.region, node=done.node
+            )
+        raise AssertionError("unreachable")  # guarded() aborts
+
+    async def sync(self, requests: object, context: Context) -> None:
+        async with guarded(context):
+            identity = await agents.authenticate(self._db, bearer(context))
+            first = await self._read(context)
+            if first is None or first.WhichOneof("body") != "hello":
+                raise ProtocolViolation("the first message of a stream must be Hello")
+            hello = first.hello
+            if hello.region and hello.region != identity.region:
+                raise WrongRegion(
+                    f"this agent belongs to region {identity.region!r}, not {hello.region!r}"
+                )
+            if hello.node and hello.node != identity.node:
+                raise WrongRegion(f"this credential is for node {identity.node!r}")
+            presence = AgentPresence(
+                identity.node, identity.region, self._coord.me.id, secrets.token_hex(4), time.time()
+            )
+            state = StreamState(hello.revision, hello.digest)
+            await self._coord.agent_connected(presence)
+            self.streams += 1
+            try:
+                await self._serve(context, identity, state)
+            finally:
+                self.streams -= 1
+                await self._coord.agent_disconnected(presence)
+
+    async def _serve(self, context: Context, who: agents.AgentIdentity, state: StreamState) -> None:
+        push = asyncio.create_task(self._push(context, who, state))
+        listen = asyncio.create_task(self._listen(context, who, state))
+        try:
+            done, _ = await asyncio.wait({push, listen}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (push, listen):
+                task.cancel()
+            await asyncio.gather(push, listen, return_exceptions=True)
+        for task in done:
+            task.result()
+
+    async def _push(self, context: Context, who: agents.AgentIdentity, state: StreamState) -> None:
+        while True:
+            changed = self._hub.changed(who.region)
+            feed = self._hub.feed(who.region)
+            if feed is None:
+                raise WrongRegion(f"region {who.region!r} no longer exists")
+            if feed.digest == state.digest and state.sent == 0:
+                # Same content under an older label (a replica restarted): nothing to send.
+                self._reports.applied(who.node_id, state.revision)
+                self._reports.desired(who.node_id, state.revision)
+                state.sent = state.revision
+            elif feed.revision > max(state.sent, state.revision):
+                await context.write(feed.message)
+                state.sent, state.sent_digest = feed.revision, feed.digest
+                self._reports.desired(who.node_id, feed.revision)
+            await changed.wait()
+
+    async def _listen(
+        self, context: Context, who: agents.AgentIdentity, state: StreamState
+    ) -> None:
+        while (message := await self._read(context)) is not None:
+            body = message.WhichOneof("body")
+            if body == "ack":
+                self._reports.applied(who.node_id, message.ack.revision)
+                if message.ack.revision == state.sent:
+                    state.revision, state.digest = state.sent, state.sent_digest
+            elif body == "nack":
+                nack = message.nack
+                log.warning(
+                    "node %s refused revision %s: %s",
+                    who.node,
+                    nack.revision,
+                    nack.reason,
+                    extra={"node_id": who.node, "region": who.region},
+                )
+                self._reports.nacked(who.node_id, nack.revision, nack.reason or "no reason given")
+            elif body == "heartbeat":
+                telemetry = message.heartbeat.telemetry
+                at = (
+                    telemetry.observed_at.ToDatetime(UTC)
+                    if telemetry.HasField("observed_at")
+                    else datetime.now(UTC)
+                )
+                self._reports.heartbeat(who.node_id, telemetry_doc(telemetry), at)
+
+    async def _read(self, context: Context) -> pb.AgentMessage | None:
+        try:
+            message = await asyncio.wait_for(context.read(), self._heartbeat_timeout_s)
+        except TimeoutError:
+            raise HeartbeatMissed(
+                f"nothing from the agent for {self._heartbeat_timeout_s:g} s; closing its stream"
+            ) from None
+        if message is grpc.aio.EOF:
+            return None
+        assert isinstance(message, pb.AgentMessage)
+        return message

@@ -1,0 +1,92 @@
+"""One control-plane replica: REST API, gRPC Fleet service, push hub and coordination."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import grpc
+import uvicorn
+
+from controlplane.api.app import create_app
+from controlplane.coord.base import Coordinator, LocalCoordinator, replica_info
+from controlplane.coord.etcd import EtcdCoordinator
+from controlplane.coord.singletons import Singletons
+from controlplane.db.engine import Database
+from controlplane.push.hub import SnapshotHub
+from controlplane.push.server import start_grpc
+from controlplane.push.service import FleetService
+from controlplane.services.reports import NodeReports
+from controlplane.services.revisions import RevisionFeed
+from controlplane.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def make_coordinator(settings: Settings) -> Coordinator:
+    me = replica_info(settings)
+    if settings.etcd_hosts:
+        return EtcdCoordinator(me, settings.etcd_hosts, settings.etcd_prefix, settings.lease_ttl_s)
+    return LocalCoordinator(me)
+
+
+class Replica:
+    def __init__(self, settings: Settings, db: Database) -> None:
+        self.settings = settings
+        self.db = db
+        self.feed = RevisionFeed()
+        self.coordinator = make_coordinator(settings)
+        self.hub = SnapshotHub(db)
+        self.reports = NodeReports(db)
+        self.service = FleetService(
+            db,
+            self.hub,
+            self.reports,
+            self.coordinator,
+            self.feed,
+            heartbeat_timeout_s=settings.heartbeat_timeout_s,
+        )
+        self.singletons = Singletons(
+            self.coordinator, db, down_after=timedelta(seconds=settings.node_down_after_s)
+        )
+        self.feed.subscribe(self.coordinator.publish_revision)
+        self.coordinator.on_revision(self.hub.announce)
+        self._grpc: grpc.aio.Server | None = None
+
+    async def serve(self) -> None:
+        """Run until cancelled or until the REST server is told to stop (SIGINT, SIGTERM)."""
+        settings = self.settings
+        await self.coordinator.start()
+        try:
+            await self.hub.start()
+            self.reports.start()
+            self._grpc = await start_grpc(self.service, settings)
+            self.singletons.start()
+            app = create_app(settings, self.db, self.feed, self.coordinator)
+            config = uvicorn.Config(
+                app,
+                host=settings.host,
+                port=settings.port,
+                log_level=settings.log_level.lower(),
+                access_log=False,
+            )
+            log.info(
+                "replica %s: admin API on http://%s:%s, agents on %s:%s (%s)",
+                self.coordinator.me.id,
+                settings.host,
+                settings.port,
+                settings.host,
+                settings.grpc_port,
+                "TLS" if settings.tls_cert_file else "plaintext",
+            )
+            await uvicorn.Server(config).serve()
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        await self.singletons.stop()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        await self.reports.stop()
+        await self.hub.stop()
+        await self.coordinator.stop()

@@ -1,0 +1,126 @@
+"""The leader's singleton work: mark nodes up or down, and roll telemetry up per region.
+
+Liveness comes from presence (an agent holds a stream to some replica), never from a
+timestamp in PostgreSQL; what it concludes is written there so the API can show it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from controlplane.db.agent_rows import NodeTelemetryRow, RegionLoadRow, TelemetrySampleRow
+from controlplane.db.engine import Database
+from controlplane.db.fleet_rows import NodeRow, RegionRow
+
+log = logging.getLogger(__name__)
+
+UP, DOWN, DEGRADED, UNKNOWN = "up", "down", "degraded", "unknown"
+
+
+@dataclass
+class Sweeper:
+    """Marks a node down once no replica has held its agent's stream for `down_after`."""
+
+    db: Database
+    down_after: timedelta
+    absent_since: dict[str, datetime] = field(default_factory=dict)
+
+    async def sweep(self, present: set[str], now: datetime) -> dict[str, str]:
+        """Write the nodes whose health changed; returns them, node -> new health."""
+        changed: dict[str, str] = {}
+        async with self.db.sessions() as session, session.begin():
+            nodes = (await session.execute(select(NodeRow))).unique().scalars().all()
+            for node in nodes:
+                health = self._health(node, present, now)
+                if health is not None and health != node.health:
+                    await session.execute(
+                        update(NodeRow)
+                        .where(NodeRow.id == node.id)
+                        .values(health=health, health_changed_at=now)
+                    )
+                    changed[node.name] = health
+        for name, health in changed.items():
+            log.info("node %s is %s", name, health, extra={"node_id": name})
+        return changed
+
+    def _health(self, node: NodeRow, present: set[str], now: datetime) -> str | None:
+        if node.name in present:
+            self.absent_since.pop(node.name, None)
+            return UP
+        if node.health != UP:
+            return None  # never seen, or already down: nothing new to say
+        since = self.absent_since.setdefault(node.name, now)
+        return DOWN if now - since >= self.down_after else None
+
+
+def region_health(nodes: list[NodeRow]) -> str:
+    states = {n.health for n in nodes}
+    if not nodes or states == {UNKNOWN}:
+        return UNKNOWN
+    if states <= {UP}:
+        return UP
+    if UP in states:
+        return DEGRADED
+    return DOWN
+
+
+def summarize(
+    region: str, nodes: list[NodeRow], latest: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
+    """A region's capacity and load: sums of its live nodes' latest telemetry."""
+    live = [latest[n.id] for n in nodes if n.health == UP and n.id in latest]
+    rates = [t.get("prefix_cache_hit_rate", 0.0) for t in live]
+
+    def worst(metric: str, quantile: str) -> float:
+        return max((float(t.get(metric, {}).get(quantile, 0.0)) for t in live), default=0.0)
+
+    return {
+        "region": region,
+        "health": region_health(nodes),
+        "nodes_up": sum(1 for n in nodes if n.health == UP),
+        "nodes_total": len(nodes),
+        "engines_ready": sum(
+            1 for t in live for e in t.get("engines", []) if e.get("state") == "ready"
+        ),
+        "inflight_requests": sum(int(t.get("inflight_requests", 0)) for t in live),
+        "queued_requests": sum(int(t.get("queued_requests", 0)) for t in live),
+        "prefix_cache_hit_rate": sum(rates) / len(rates) if rates else 0.0,
+        "ttft_ms": {q: worst("ttft_ms", q) for q in ("p50", "p90", "p99")},
+        "requests_per_second": sum(float(t.get("requests_per_second", 0.0)) for t in live),
+    }
+
+
+async def rollup(db: Database, now: datetime, keep: timedelta) -> dict[str, dict[str, Any]]:
+    """Write every region's load summary, and drop telemetry samples older than `keep`."""
+    async with db.sessions() as session, session.begin():
+        regions = (await session.execute(select(RegionRow))).unique().scalars().all()
+        nodes = (await session.execute(select(NodeRow))).unique().scalars().all()
+        latest = {
+            row.node_id: row.data
+            for row in (await session.execute(select(NodeTelemetryRow))).scalars()
+        }
+        summaries = {}
+        for region in regions:
+            mine = [n for n in nodes if n.region_id == region.id]
+            doc = summarize(region.name, mine, latest)
+            doc["updated_at"] = now.isoformat()
+            summaries[region.name] = doc
+            stmt = pg_insert(RegionLoadRow).values(
+                region_id=region.id, health=doc["health"], updated_at=now, data=doc
+            )
+            await session.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[RegionLoadRow.region_id],
+                    set_={"health": doc["health"], "updated_at": now, "data": doc},
+                )
+            )
+        await session.execute(
+            delete(TelemetrySampleRow).where(TelemetrySampleRow.observed_at < now - keep)
+        )
+    return summaries

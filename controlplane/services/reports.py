@@ -1,0 +1,149 @@
+"""What the streams learn of each node, buffered and written to PostgreSQL in batches.
+
+Thousands of agents ack a push within the same second; one UPDATE per ack would make the
+database the bottleneck of a push. Facts are merged per node in memory (newest wins) and
+flushed by one transaction every `interval_s`. Losing a batch in a crash is harmless: the
+agent says its revision again when it reconnects, and heartbeats come every few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import Table, bindparam, insert, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from controlplane.db.agent_rows import NodeTelemetryRow, TelemetrySampleRow
+from controlplane.db.engine import Database
+from controlplane.db.fleet_rows import NodeRow
+
+log = logging.getLogger(__name__)
+
+# Core table, not the ORM class: a list of parameter sets is then one plain executemany.
+NODES = cast(Table, NodeRow.__table__)
+
+UNSET: Any = object()
+
+
+@dataclass
+class NodeFacts:
+    desired_revision: int | None = None
+    applied_revision: int | None = None
+    nack_reason: str | None = UNSET  # UNSET: leave as is; None: clear
+    telemetry: dict[str, Any] | None = None
+    observed_at: datetime | None = None
+
+
+@dataclass
+class NodeReports:
+    db: Database
+    interval_s: float = 0.5
+    sample_every: timedelta = timedelta(seconds=15)
+    _pending: dict[int, NodeFacts] = field(default_factory=dict)
+    _last_sample: dict[int, datetime] = field(default_factory=dict)
+    _task: asyncio.Task[None] | None = None
+    _flushed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _facts(self, node_id: int) -> NodeFacts:
+        return self._pending.setdefault(node_id, NodeFacts())
+
+    def desired(self, node_id: int, revision: int) -> None:
+        self._facts(node_id).desired_revision = revision
+
+    def applied(self, node_id: int, revision: int) -> None:
+        facts = self._facts(node_id)
+        facts.applied_revision = revision
+        facts.nack_reason = None
+
+    def nacked(self, node_id: int, revision: int, reason: str) -> None:
+        self._facts(node_id).nack_reason = f"revision {revision}: {reason}"[:2000]
+
+    def heartbeat(self, node_id: int, telemetry: dict[str, Any], observed_at: datetime) -> None:
+        facts = self._facts(node_id)
+        facts.telemetry, facts.observed_at = telemetry, observed_at
+
+    async def flush(self) -> None:
+        batch, self._pending = self._pending, {}
+        if not batch:
+            return
+        async with self.db.sessions() as session, session.begin():
+            await _write_status(session, batch)
+            beats = {n: f for n, f in batch.items() if f.telemetry is not None}
+            if beats:
+                await self._write_telemetry(session, beats)
+
+    async def _write_telemetry(self, session: Any, beats: dict[int, NodeFacts]) -> None:
+        latest = [
+            {"node_id": n, "observed_at": f.observed_at, "data": f.telemetry}
+            for n, f in beats.items()
+        ]
+        stmt = pg_insert(NodeTelemetryRow).values(latest)
+        await session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[NodeTelemetryRow.node_id],
+                set_={"observed_at": stmt.excluded.observed_at, "data": stmt.excluded.data},
+            )
+        )
+        await session.execute(
+            update(NODES)
+            .where(NODES.c.id == bindparam("node"))
+            .values(last_heartbeat_at=bindparam("at")),
+            [{"node": n, "at": f.observed_at} for n, f in beats.items()],
+        )
+        samples = []
+        for n, f in beats.items():
+            if f.observed_at is None:
+                continue
+            last = self._last_sample.get(n)
+            if last is None or f.observed_at - last >= self.sample_every:
+                self._last_sample[n] = f.observed_at
+                samples.append({"node_id": n, "observed_at": f.observed_at, "data": f.telemetry})
+        if samples:
+            await session.execute(insert(TelemetrySampleRow), samples)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("writing node reports failed; will retry")
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="node-reports")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(Exception):
+            await self.flush()
+
+
+async def _write_status(session: Any, batch: dict[int, NodeFacts]) -> None:
+    """One executemany per shape of update, so that unset facts are left alone."""
+    shapes: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for node_id, f in batch.items():
+        values: dict[str, Any] = {}
+        if f.desired_revision is not None:
+            values["desired_revision"] = f.desired_revision
+        if f.applied_revision is not None:
+            values["applied_revision"] = f.applied_revision
+        if f.nack_reason is not UNSET:
+            values["last_nack_reason"] = f.nack_reason
+        if values:
+            params = {f"v_{column}": value for column, value in values.items()}
+            shapes.setdefault(tuple(sorted(values)), []).append({"node": node_id, **params})
+    for columns, rows in shapes.items():
+        await session.execute(
+            update(NODES)
+            .where(NODES.c.id == bindparam("node"))
+            .values({c: bindparam(f"v_{c}") for c in columns}),
+            rows,
+        )
