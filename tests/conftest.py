@@ -6,9 +6,11 @@ pg_ctl). The schema is migrated once into a template; each test gets a copy of i
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -79,3 +81,52 @@ async def empty_database_url(postgres: Credentials) -> AsyncIterator[str]:
     """A database with no schema at all."""
     async with _scratch_database(postgres, "empty", None) as url:
         yield url
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def etcd(workdir: Path) -> AsyncIterator[str]:
+    """A real single-member etcd (Debian's etcd-server) on loopback; yields host:port.
+
+    Tests share it and keep apart by each using a key prefix of its own.
+    """
+    binary = shutil.which("etcd")
+    if binary is None:
+        pytest.fail("etcd is not installed; ./scripts/test installs Debian's etcd-server")
+    client_port, peer_port = _free_port(), _free_port()
+    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    log = (workdir / "etcd.log").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        binary,
+        "--name=test",
+        f"--data-dir={workdir / 'etcd'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=test={peer}",
+        "--log-level=error",
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                if proc.returncode is not None:
+                    pytest.fail(f"etcd exited with {proc.returncode}; see {workdir}/etcd.log")
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", client_port)
+                    writer.close()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.1)
+        yield f"127.0.0.1:{client_port}"
+    finally:
+        proc.terminate()
+        await proc.wait()
+        log.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

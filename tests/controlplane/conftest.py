@@ -6,7 +6,7 @@ import asyncio
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,20 +81,18 @@ async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, s
 class Server:
     url: str
     process: asyncio.subprocess.Process
+    grpc_target: str = ""
 
 
-ServerFactory = Callable[[], Coroutine[Any, Any, Server]]
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def server(database_url: str) -> AsyncIterator[Server]:
-    """`meridian controlplane serve` as a real child process on a fresh database."""
-    port = free_port()
-    env = {
+async def start_server(database_url: str, **env: str) -> Server:
+    """`meridian controlplane serve` as a real child process; MERIDIAN_* settings in `env`."""
+    port, grpc_port = free_port(), free_port()
+    child_env = {
         **os.environ,
         "MERIDIAN_DATABASE_URL": database_url,
         "MERIDIAN_ADMIN_TOKEN": ADMIN_TOKEN,
         "MERIDIAN_LOG_LEVEL": "warning",
+        **{f"MERIDIAN_{key.upper()}": value for key, value in env.items()},
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -104,11 +102,24 @@ async def server(database_url: str) -> AsyncIterator[Server]:
         "serve",
         "--port",
         str(port),
-        env=env,
+        "--grpc-port",
+        str(grpc_port),
+        env=child_env,
     )
-    url = f"http://127.0.0.1:{port}"
+    server = Server(f"http://127.0.0.1:{port}", proc, f"127.0.0.1:{grpc_port}")
     try:
-        await wait_ready(url, proc, timeout_s=30)
-        yield Server(url, proc)
-    finally:
+        await wait_ready(server.url, proc, timeout_s=30)
+    except BaseException:
         await stop_child(proc)
+        raise
+    return server
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def server(database_url: str) -> AsyncIterator[Server]:
+    """`meridian controlplane serve` as a real child process on a fresh database."""
+    started = await start_server(database_url)
+    try:
+        yield started
+    finally:
+        await stop_child(started.process)

@@ -1,0 +1,28 @@
+"""A control-plane process with the example fleet applied, and agents to connect to it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+
+from meridian.up import stop_child
+from tests.controlplane.conftest import Server, start_server
+from tests.controlplane.push.kit import Agent, bootstrap_token, seed
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def cp(database_url: str) -> AsyncIterator[Server]:
+    """One replica, no etcd; short timeouts so that liveness shows within a test."""
+    server = await start_server(database_url, heartbeat_timeout_s="2", node_down_after_s="1")
+    try:
+        await seed(server.url)
+        yield server
+    finally:
+        await stop_child(server.process)
+
+
+async def registered(server: Server, region: str, node: str = "") -> Agent:
+    agent = Agent(server.grpc_target, region)
+    await agent.register(await bootstrap_token(server.url, region), node=node)
+    return agent

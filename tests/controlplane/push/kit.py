@@ -1,0 +1,180 @@
+"""Agents for the tests: a real Fleet client, with its snapshots read into a queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import httpx
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+
+from agents.control.fleet import ChannelTls, FleetClient, SyncStream
+from tests.controlplane.conftest import ADMIN_TOKEN
+from tests.controlplane.fleet import EXAMPLE
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+async def seed(url: str) -> int:
+    """Apply examples/fleet.yaml; the revision it made."""
+    async with httpx.AsyncClient(base_url=url, headers=ADMIN, timeout=30) as http:
+        response = await http.post(
+            "/v1/apply",
+            content=EXAMPLE.read_bytes(),
+            headers={"Content-Type": "application/yaml"},
+        )
+        assert response.status_code == 200, response.text
+        return int(response.json()["revision"])
+
+
+async def bootstrap_token(url: str, region: str) -> str:
+    async with httpx.AsyncClient(base_url=url, headers=ADMIN, timeout=30) as http:
+        response = await http.post("/v1/bootstrap-tokens", json={"region": region})
+        assert response.status_code == 201, response.text
+        return str(response.json()["token"])
+
+
+async def get(url: str, path: str) -> Any:
+    async with httpx.AsyncClient(base_url=url, headers=ADMIN, timeout=30) as http:
+        response = await http.get(path)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+async def patch(url: str, path: str, body: dict[str, Any]) -> Any:
+    async with httpx.AsyncClient(base_url=url, headers=ADMIN, timeout=30) as http:
+        response = await http.patch(path, json=body, headers={"If-Match": "*"})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+async def eventually(probe: Any, *, within_s: float = 10.0, every_s: float = 0.2) -> Any:
+    """Poll `probe()` until it returns something truthy; fail after `within_s`."""
+    async with asyncio.timeout(within_s):
+        # Another process changes what we poll, so there is no Event to wait on.
+        while not (value := await probe()):  # noqa: ASYNC110
+            await asyncio.sleep(every_s)
+    return value
+
+
+@dataclass
+class Agent:
+    """One registered agent and, once connected, its stream."""
+
+    target: str
+    region: str
+    credential: str = ""
+    node: str = ""
+    tls: ChannelTls | None = None
+    revision: int = 0
+    digest: str = ""
+    snapshots: asyncio.Queue[pb.Snapshot | BaseException | None] = field(
+        default_factory=asyncio.Queue
+    )
+    _client: FleetClient | None = None
+    _stream: SyncStream | None = None
+    _reader: asyncio.Task[None] | None = None
+    _beats: asyncio.Task[None] | None = None
+    heartbeat_every_s: float = 0.5  # as a live agent does; `silence()` stops it
+
+    @property
+    def client(self) -> FleetClient:
+        if self._client is None:
+            self._client = FleetClient(self.target, tls=self.tls)
+        return self._client
+
+    async def register(self, token: str, hostname: str = "127.0.0.1", node: str = "") -> None:
+        done = await self.client.register(token, region=self.region, hostname=hostname, node=node)
+        self.credential, self.node = done.credential, done.node
+
+    async def connect(self, target: str | None = None, *, region: str | None = None) -> None:
+        """Open a stream (to `target` if given) and say the revision this agent runs."""
+        await self.disconnect()
+        if target is not None and target != self.target:
+            if self._client is not None:
+                await self._client.close()
+            self.target, self._client = target, None
+        self.snapshots = asyncio.Queue()
+        self._stream = self.client.sync(self.credential)
+        await self._stream.hello(
+            region=region or self.region, node=self.node, revision=self.revision, digest=self.digest
+        )
+        self._reader = asyncio.create_task(self._read(self._stream))
+        self._beats = asyncio.create_task(self._beat(self._stream))
+
+    async def _beat(self, stream: SyncStream) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            while True:
+                await asyncio.sleep(self.heartbeat_every_s)
+                telemetry = pb.Telemetry()
+                telemetry.observed_at.GetCurrentTime()
+                await stream.heartbeat(telemetry)
+
+    async def silence(self) -> None:
+        """Stop the periodic heartbeats, as a hung agent would."""
+        await _cancel(self._beats)
+        self._beats = None
+
+    async def _read(self, stream: SyncStream) -> None:
+        try:
+            while (snapshot := await stream.next_snapshot()) is not None:
+                await self.snapshots.put(snapshot)
+            await self.snapshots.put(None)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+            await self.snapshots.put(exc)
+
+    async def next(self, within_s: float = 10.0) -> pb.Snapshot:
+        item = await asyncio.wait_for(self.snapshots.get(), within_s)
+        if not isinstance(item, pb.Snapshot):
+            raise AssertionError(f"expected a snapshot, the stream gave {item!r}")
+        return item
+
+    async def ended(self, within_s: float = 10.0) -> BaseException | None:
+        """Wait for the stream to end; the error it ended with."""
+        async with asyncio.timeout(within_s):
+            while isinstance(item := await self.snapshots.get(), pb.Snapshot):
+                pass
+        return item
+
+    async def nothing(self, for_s: float = 1.5) -> None:
+        with contextlib.suppress(TimeoutError):
+            item = await asyncio.wait_for(self.snapshots.get(), for_s)
+            raise AssertionError(f"expected nothing, got {item!r}")
+
+    async def apply(self, snapshot: pb.Snapshot) -> None:
+        """Take a snapshot as good: ack it and remember it, as an agent does."""
+        assert self._stream is not None
+        await self._stream.ack(snapshot.revision)
+        self.revision, self.digest = snapshot.revision, snapshot.digest
+
+    async def refuse(self, snapshot: pb.Snapshot, reason: str) -> None:
+        assert self._stream is not None
+        await self._stream.nack(snapshot.revision, reason)
+
+    async def heartbeat(self, telemetry: pb.Telemetry) -> None:
+        assert self._stream is not None
+        await self._stream.heartbeat(telemetry)
+
+    async def disconnect(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        await _cancel(self._beats)
+        await _cancel(self._reader)
+        self._reader = self._beats = None
+
+    async def close(self) -> None:
+        await self.disconnect()
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

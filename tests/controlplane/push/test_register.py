@@ -1,0 +1,112 @@
+"""Only a valid bootstrap token of the region registers an agent, and only for that region."""
+
+from __future__ import annotations
+
+import asyncpg
+import grpc
+import pytest
+
+from agents.control.fleet import FleetClient, error_code
+from tests.controlplane.conftest import Server
+from tests.controlplane.push.conftest import registered
+from tests.controlplane.push.kit import Agent, bootstrap_token, get
+
+
+async def refused(client: FleetClient, token: str, **given: str) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client.register(token, **{"hostname": "127.0.0.1", **given})  # type: ignore[arg-type]
+    return caught.value.code(), error_code(caught.value) or ""
+
+
+async def test_bad_expired_and_foreign_tokens_are_refused_and_change_nothing(
+    cp: Server, database_url: str
+) -> None:
+    client = FleetClient(cp.grpc_target)
+    try:
+        east_token = await bootstrap_token(cp.url, "us-east")
+        before = await get(cp.url, "/v1/revision")
+        nodes_before = await get(cp.url, "/v1/nodes")
+
+        assert await refused(client, "mb-00000000.not-a-token", region="us-east") == (
+            grpc.StatusCode.UNAUTHENTICATED,
+            "bootstrap_token_invalid",
+        )
+        assert await refused(client, east_token, region="eu-west") == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "wrong_region",
+        )
+        # A node of another region cannot be claimed with this region's token.
+        assert await refused(client, east_token, region="us-east", node="eu-west-1") == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "wrong_region",
+        )
+        assert await refused(client, east_token, region="us-east", hostname="-bad-") == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "validation_failed",
+        )
+
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute("UPDATE bootstrap_tokens SET expires_at = now() - interval '1 s'")
+        finally:
+            await conn.close()
+        assert await refused(client, east_token, region="us-east") == (
+            grpc.StatusCode.UNAUTHENTICATED,
+            "bootstrap_token_expired",
+        )
+
+        assert await get(cp.url, "/v1/revision") == before
+        assert await get(cp.url, "/v1/nodes") == nodes_before
+    finally:
+        await client.close()
+
+
+async def test_a_stream_needs_a_valid_credential_and_its_own_region(cp: Server) -> None:
+    stranger = Agent(cp.grpc_target, "us-east", credential="ma-00000000.forged")
+    agent = await registered(cp, "us-east")
+    try:
+        await stranger.connect()
+        error = await stranger.ended()
+        assert isinstance(error, grpc.aio.AioRpcError)
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert error_code(error) == "agent_credential_invalid"
+
+        await agent.connect(region="eu-west")  # a us-east agent asks for eu-west
+        error = await agent.ended()
+        assert isinstance(error, grpc.aio.AioRpcError)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert error_code(error) == "wrong_region"
+
+        await agent.connect()
+        assert (await agent.next()).region.name == "us-east"
+    finally:
+        await stranger.close()
+        await agent.close()
+
+
+async def test_registering_again_replaces_the_credential(cp: Server) -> None:
+    token = await bootstrap_token(cp.url, "us-west")
+    first = Agent(cp.grpc_target, "us-west")
+    await first.register(token)
+    old_credential = first.credential
+    await first.register(token, node=first.node)
+    try:
+        assert first.node == "us-west-1"
+        assert first.credential != old_credential
+        old = Agent(cp.grpc_target, "us-west", credential=old_credential, node=first.node)
+        await old.connect()
+        error = await old.ended()
+        assert isinstance(error, grpc.aio.AioRpcError)
+        assert error_code(error) == "agent_credential_invalid"
+        await old.close()
+
+        # An agent on a host the fleet does not declare gets a node of its own.
+        other = Agent(cp.grpc_target, "us-west")
+        await other.register(token, hostname="gpu-17.example")
+        assert other.node == "us-west-gpu-17-example"
+        node = await get(cp.url, f"/v1/nodes/{other.node}")
+        assert node["region"] == "us-west"
+        assert node["hostname"] == "gpu-17.example"
+        await other.close()
+    finally:
+        await first.close()
