@@ -40,7 +40,7 @@ async def test_a_new_agent_gets_its_own_regions_snapshot_and_its_ack_is_recorded
 
         async def acked() -> bool:
             node = await node_status(cp, "us-east-1")
-            return node["applied_revision"] == snapshot.revision and node["health"] == "up"
+            return bool(node["applied_revision"] == snapshot.revision and node["health"] == "up")
 
         await eventually(acked)
         node = await node_status(cp, "us-east-1")
@@ -144,7 +144,7 @@ async def test_heartbeats_are_stored_and_silence_ends_the_stream(cp: Server) -> 
 
         # ... and the liveness sweeper marks the node down once nobody holds it.
         async def down() -> bool:
-            return (await node_status(cp, agent.node))["health"] == "down"
+            return bool((await node_status(cp, agent.node))["health"] == "down")
 
         await eventually(down)
     finally:
