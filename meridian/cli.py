@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from bench.cli import bench
 from controlplane.cli import controlplane
 from controlplane.client import apply_command
 from meridian.up import up_command
@@ -18,3 +19,4 @@ def main() -> None:
 main.add_command(controlplane)
 main.add_command(apply_command)
 main.add_command(up_command)
+main.add_command(bench)

@@ -10,6 +10,7 @@ await stream.ack(snapshot.revision)
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,25 +95,34 @@ class FleetClient:
 
 
 class SyncStream:
-    """One Sync stream: write Hello, acks, nacks and heartbeats; read snapshots."""
+    """One Sync stream: write Hello, acks, nacks and heartbeats; read snapshots.
+
+    gRPC allows one write in flight per call, and acks and heartbeats come from different
+    tasks, so writes take turns.
+    """
 
     def __init__(self, call: grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControlMessage]):
         self.call = call
+        self._writing = asyncio.Lock()
+
+    async def _write(self, message: pb.AgentMessage) -> None:
+        async with self._writing:
+            await self.call.write(message)
 
     async def hello(
         self, *, region: str, node: str = "", revision: int = 0, digest: str = ""
     ) -> None:
         hello = pb.Hello(region=region, node=node, revision=revision, digest=digest)
-        await self.call.write(pb.AgentMessage(hello=hello))
+        await self._write(pb.AgentMessage(hello=hello))
 
     async def ack(self, revision: int) -> None:
-        await self.call.write(pb.AgentMessage(ack=pb.Ack(revision=revision)))
+        await self._write(pb.AgentMessage(ack=pb.Ack(revision=revision)))
 
     async def nack(self, revision: int, reason: str) -> None:
-        await self.call.write(pb.AgentMessage(nack=pb.Nack(revision=revision, reason=reason)))
+        await self._write(pb.AgentMessage(nack=pb.Nack(revision=revision, reason=reason)))
 
     async def heartbeat(self, telemetry: pb.Telemetry) -> None:
-        await self.call.write(pb.AgentMessage(heartbeat=pb.Heartbeat(telemetry=telemetry)))
+        await self._write(pb.AgentMessage(heartbeat=pb.Heartbeat(telemetry=telemetry)))
 
     async def next_snapshot(self) -> pb.Snapshot | None:
         """The next snapshot, or None when the control plane ended the stream cleanly."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -12,6 +12,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
@@ -59,6 +60,11 @@ class NodeRow(NamedRow):
     health_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     region: Mapped[RegionRow] = relationship(lazy="joined")
+
+
+# The Core table of nodes: bulk status writes (acks, heartbeats, health) go through it as
+# one executemany, without the ORM's per-object bookkeeping.
+NODES = cast(Table, NodeRow.__table__)
 
 
 class ModelRow(NamedRow):

@@ -8,7 +8,6 @@ is set (and replaced) when its snapshot changes; the streams of that region wait
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -44,7 +43,8 @@ class SnapshotHub:
         self._changed: dict[str, asyncio.Event] = {}
         self._peer_load: dict[str, pb.PeerLoad] = {}
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._wanted = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
         self.revision = -1
         self.last_compile_s = 0.0
 
@@ -56,9 +56,22 @@ class SnapshotHub:
         return self._changed.setdefault(region, asyncio.Event())
 
     async def announce(self, revision: int) -> None:
-        """A revision was committed (here or on another replica)."""
+        """A revision was committed (here or on another replica): recompile soon.
+
+        Returns at once, so a REST write does not wait for the compile; announcements that
+        arrive while a compile runs are coalesced into one more compile.
+        """
         if revision > self.revision:
-            await self.refresh()
+            self._wanted.set()
+
+    async def _compile_when_wanted(self) -> None:
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("compiling snapshots failed; the poll will retry")
 
     async def refresh(self) -> None:
         async with self._lock:
@@ -85,8 +98,9 @@ class SnapshotHub:
                 self._wake(region)
             if changed or gone:
                 log.info(
-                    "revision %s changes %s",
+                    "revision %s compiled in %.3f s; changes %s",
                     state.revision,
+                    self.last_compile_s,
                     ", ".join(changed + gone),
                     extra={"revision": state.revision, "compile_s": self.last_compile_s},
                 )
@@ -129,10 +143,12 @@ class SnapshotHub:
 
     async def start(self) -> None:
         await self.refresh()
-        self._task = asyncio.create_task(self._poll(), name="snapshot-hub-poll")
+        self._tasks = [
+            asyncio.create_task(self._compile_when_wanted(), name="snapshot-hub-compile"),
+            asyncio.create_task(self._poll(), name="snapshot-hub-poll"),
+        ]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from controlplane.db.agent_rows import NodeTelemetryRow, RegionLoadRow, TelemetrySampleRow
 from controlplane.db.engine import Database
-from controlplane.db.fleet_rows import NodeRow, RegionRow
+from controlplane.db.fleet_rows import NODES, NodeRow, RegionRow
 
 log = logging.getLogger(__name__)
 
@@ -34,28 +34,32 @@ class Sweeper:
     async def sweep(self, present: set[str], now: datetime) -> dict[str, str]:
         """Write the nodes whose health changed; returns them, node -> new health."""
         changed: dict[str, str] = {}
+        rows: list[dict[str, Any]] = []
         async with self.db.sessions() as session, session.begin():
-            nodes = (await session.execute(select(NodeRow))).unique().scalars().all()
-            for node in nodes:
-                health = self._health(node, present, now)
-                if health is not None and health != node.health:
-                    await session.execute(
-                        update(NodeRow)
-                        .where(NodeRow.id == node.id)
-                        .values(health=health, health_changed_at=now)
-                    )
-                    changed[node.name] = health
+            query = select(NodeRow.id, NodeRow.name, NodeRow.health).order_by(NodeRow.id)
+            for node_id, name, was in (await session.execute(query)).all():
+                health = self._health(name, was, present, now)
+                if health is not None and health != was:
+                    changed[name] = health
+                    rows.append({"node": node_id, "v_health": health, "v_at": now})
+            if rows:  # in id order: see NodeReports.flush
+                await session.execute(
+                    update(NODES)
+                    .where(NODES.c.id == bindparam("node"))
+                    .values(health=bindparam("v_health"), health_changed_at=bindparam("v_at")),
+                    rows,
+                )
         for name, health in changed.items():
             log.info("node %s is %s", name, health, extra={"node_id": name})
         return changed
 
-    def _health(self, node: NodeRow, present: set[str], now: datetime) -> str | None:
-        if node.name in present:
-            self.absent_since.pop(node.name, None)
+    def _health(self, name: str, was: str, present: set[str], now: datetime) -> str | None:
+        if name in present:
+            self.absent_since.pop(name, None)
             return UP
-        if node.health != UP:
+        if was != UP:
             return None  # never seen, or already down: nothing new to say
-        since = self.absent_since.setdefault(node.name, now)
+        since = self.absent_since.setdefault(name, now)
         return DOWN if now - since >= self.down_after else None
 
 

@@ -13,19 +13,17 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, update
+from sqlalchemy import bindparam, insert, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from controlplane.db.agent_rows import NodeTelemetryRow, TelemetrySampleRow
 from controlplane.db.engine import Database
-from controlplane.db.fleet_rows import NodeRow
+from controlplane.db.fleet_rows import NODES
 
 log = logging.getLogger(__name__)
 
-# Core table, not the ORM class: a list of parameter sets is then one plain executemany.
-NODES = cast(Table, NodeRow.__table__)
 
 UNSET: Any = object()
 
@@ -68,14 +66,22 @@ class NodeReports:
         facts.telemetry, facts.observed_at = telemetry, observed_at
 
     async def flush(self) -> None:
-        batch, self._pending = self._pending, {}
+        # Rows are written in node-id order, as every writer of nodes does, so concurrent
+        # transactions (the sweeper, registrations) cannot deadlock with this one.
+        batch, self._pending = dict(sorted(self._pending.items())), {}
         if not batch:
             return
-        async with self.db.sessions() as session, session.begin():
-            await _write_status(session, batch)
-            beats = {n: f for n, f in batch.items() if f.telemetry is not None}
-            if beats:
-                await self._write_telemetry(session, beats)
+        try:
+            async with self.db.sessions() as session, session.begin():
+                await _write_status(session, batch)
+                beats = {n: f for n, f in batch.items() if f.telemetry is not None}
+                if beats:
+                    await self._write_telemetry(session, beats)
+        except BaseException:
+            for node_id, facts in batch.items():  # keep them for the next try; newer win
+                newer = self._pending.get(node_id)
+                self._pending[node_id] = facts if newer is None else _merge(facts, newer)
+            raise
 
     async def _write_telemetry(self, session: Any, beats: dict[int, NodeFacts]) -> None:
         latest = [
@@ -124,6 +130,16 @@ class NodeReports:
                 await self._task
         with contextlib.suppress(Exception):
             await self.flush()
+
+
+def _merge(older: NodeFacts, newer: NodeFacts) -> NodeFacts:
+    return NodeFacts(
+        desired_revision=newer.desired_revision or older.desired_revision,
+        applied_revision=newer.applied_revision or older.applied_revision,
+        nack_reason=older.nack_reason if newer.nack_reason is UNSET else newer.nack_reason,
+        telemetry=newer.telemetry or older.telemetry,
+        observed_at=newer.observed_at or older.observed_at,
+    )
 
 
 async def _write_status(session: Any, batch: dict[int, NodeFacts]) -> None:

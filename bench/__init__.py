@@ -1,0 +1,1 @@
+"""Benchmarks: one command each, a table printed, figures measured side by side in one run."""

@@ -1,0 +1,53 @@
+"""`meridian bench ...`"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+import click
+
+from bench.propagation import Options, run
+
+
+@click.group("bench")
+def bench() -> None:
+    """Benchmarks; each prints a table and can write its figures as JSON."""
+
+
+@bench.command("propagation")
+@click.option("--agents", type=click.IntRange(1, 20_000), default=100, show_default=True)
+@click.option("--regions", type=click.IntRange(1, 100), default=10, show_default=True)
+@click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option(
+    "--heartbeat-s",
+    type=click.FloatRange(0.5, 60),
+    default=5.0,
+    show_default=True,
+    help="each agent's heartbeat interval, the background load on the control plane",
+)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def propagation_command(
+    agents: int, regions: int, rounds: int, heartbeat_s: float, out: Path | None
+) -> None:
+    """Time from a REST write to the ack of every agent.
+
+    Starts PostgreSQL and a control plane as separate processes, connects AGENTS simulated
+    agent streams from this process, then times ROUNDS writes that change every region.
+    """
+    root = Path(tempfile.mkdtemp(prefix="meridian-bench-"))
+    root.chmod(0o755)  # the embedded PostgreSQL runs as `postgres` when we are root
+    options = Options(
+        agents=agents,
+        regions=min(regions, agents),
+        rounds=rounds,
+        heartbeat_s=heartbeat_s,
+        out=out,
+        root=root,
+    )
+    try:
+        asyncio.run(run(options))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
