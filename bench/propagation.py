@@ -116,16 +116,21 @@ class Swarm:
 
         self.agents = list(await asyncio.gather(*(one(i, n) for i, n in enumerate(nodes))))
 
-    async def connect(self, progress: Progress) -> None:
+    async def connect(self, progress: Progress, batch: int = 250) -> None:
+        """Open the streams a batch at a time, each batch waiting for its first snapshots."""
         task = progress.add_task("opening streams, first snapshots", total=len(self.agents))
-        first = [asyncio.Event() for _ in self.agents]
-        for i, agent in enumerate(self.agents):
-            agent.stream = self.client_for(i).sync(agent.credential)
-            await agent.stream.hello(region=agent.region, node=agent.node)
-            self.tasks.append(asyncio.create_task(self._listen(agent, first[i], progress, task)))
-            self.tasks.append(asyncio.create_task(self._beat(agent, i)))
-        for event in first:
-            await event.wait()
+        for start in range(0, len(self.agents), batch):
+            first = []
+            for i in range(start, min(start + batch, len(self.agents))):
+                agent, arrived = self.agents[i], asyncio.Event()
+                agent.stream = self.client_for(i).sync(agent.credential)
+                await agent.stream.hello(region=agent.region, node=agent.node)
+                listen = self._listen(agent, arrived, progress, task)
+                self.tasks.append(asyncio.create_task(listen))
+                self.tasks.append(asyncio.create_task(self._beat(agent, i)))
+                first.append(arrived)
+            for event in first:
+                await event.wait()
 
     async def _listen(
         self, agent: SimAgent, first: asyncio.Event, progress: Progress, task: Any

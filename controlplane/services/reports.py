@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, insert, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from controlplane.db.agent_rows import NodeTelemetryRow, TelemetrySampleRow
@@ -73,6 +73,13 @@ class NodeReports:
             return
         try:
             async with self.db.sessions() as session, session.begin():
+                # Lock the rows first, in id order; later statements touch them in any order.
+                await session.execute(
+                    select(NODES.c.id)
+                    .where(NODES.c.id.in_(list(batch)))
+                    .order_by(NODES.c.id)
+                    .with_for_update()
+                )
                 await _write_status(session, batch)
                 beats = {n: f for n, f in batch.items() if f.telemetry is not None}
                 if beats:
