@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -21,6 +21,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from controlplane.db.base import Base, NamedRow
+
+if TYPE_CHECKING:
+    from controlplane.db.agent_rows import RegionLoadRow
 
 Json = dict[str, Any]
 
@@ -42,6 +45,8 @@ class RegionRow(NamedRow):
     gateway_url: Mapped[str | None] = mapped_column(Text)
 
     cloud: Mapped[CloudRow] = relationship(lazy="joined")
+    # The leader's latest rollup of the region (agent_rows.RegionLoadRow); read-only here.
+    load: Mapped[RegionLoadRow | None] = relationship(lazy="selectin", viewonly=True, uselist=False)
 
 
 class NodeRow(NamedRow):

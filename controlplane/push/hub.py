@@ -79,6 +79,7 @@ class SnapshotHub:
             state = await load_fleet_state(self._db)
             if state.revision <= self.revision:
                 return
+            self._peer_load = await self._read_peer_loads()
             changed = []
             for region in state.regions:
                 message = to_wire(compile_region(state, region))
@@ -117,11 +118,14 @@ class SnapshotHub:
         if event is not None:
             event.set()
 
-    async def load_peer_loads(self) -> None:
-        """Take the leader's newest rollup; later pushes carry it to the peer regions."""
+    async def _read_peer_loads(self) -> dict[str, pb.PeerLoad]:
         async with self._db.sessions() as session:
             rows = (await session.execute(select(RegionLoadRow))).unique().scalars()
-            loads = {row.region.name: peer_load_message(row.data) for row in rows}
+            return {row.region.name: peer_load_message(row.data) for row in rows}
+
+    async def load_peer_loads(self) -> None:
+        """Take the leader's newest rollup; later pushes carry it to the peer regions."""
+        loads = await self._read_peer_loads()
         if loads != self._peer_load:
             async with self._lock:
                 self._peer_load = loads

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
 from pydantic import Field, model_validator
 
@@ -159,7 +159,14 @@ class CloudOut(Meta, CloudSpec):
     pass
 
 
-class RegionOut(Meta, RegionSpec):
+class RegionStatus(Spec):
+    health: str = Field(description="unknown | up | degraded | down, from its nodes")
+    load: dict[str, Any] | None = Field(
+        description="capacity and load, rolled up from the nodes' latest telemetry"
+    )
+
+
+class RegionOut(Meta, RegionStatus, RegionSpec):
     pass
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import inspect, select
 
+from controlplane.db.agent_rows import RegionLoadRow
 from controlplane.db.fleet_rows import (
     CloudRow,
     DeploymentRow,
@@ -45,6 +46,17 @@ class CloudKind(Kind[CloudRow]):
 class RegionKind(Kind[RegionRow]):
     kind, plural, row, spec, out = "region", "regions", RegionRow, RegionSpec, RegionOut
     refs = {"cloud": (CloudRow, "cloud")}
+
+    def status(self, row: RegionRow) -> Doc:
+        # Only what is loaded already: a region just created has no rollup, and reading an
+        # unloaded relationship here would be I/O outside the session's async context.
+        load = inspect(row).attrs.load.loaded_value
+        if not isinstance(load, RegionLoadRow):
+            load = None
+        return {
+            "health": load.health if load is not None else "unknown",
+            "load": load.data if load is not None else None,
+        }
 
     async def dependents(self, uow: UnitOfWork, row: RegionRow) -> list[Dependent]:
         found = await super().dependents(uow, row)

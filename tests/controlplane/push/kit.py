@@ -79,6 +79,7 @@ class Agent:
     _reader: asyncio.Task[None] | None = None
     _beats: asyncio.Task[None] | None = None
     heartbeat_every_s: float = 0.5  # as a live agent does; `silence()` stops it
+    telemetry: pb.Telemetry = field(default_factory=pb.Telemetry)  # what the heartbeats say
 
     @property
     def client(self) -> FleetClient:
@@ -110,6 +111,7 @@ class Agent:
             while True:
                 await asyncio.sleep(self.heartbeat_every_s)
                 telemetry = pb.Telemetry()
+                telemetry.CopyFrom(self.telemetry)
                 telemetry.observed_at.GetCurrentTime()
                 await stream.heartbeat(telemetry)
 

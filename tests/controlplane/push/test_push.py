@@ -142,10 +142,46 @@ async def test_heartbeats_are_stored_and_silence_ends_the_stream(cp: Server) -> 
         assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert error_code(error) == "heartbeat_missed"
 
-        # ... and the liveness sweeper marks the node down once nobody holds it.
+        # ... and the liveness sweeper marks the node down once nobody holds it, and then
+        # its region, whose only node it is.
         async def down() -> bool:
             return bool((await node_status(cp, agent.node))["health"] == "down")
 
         await eventually(down)
+
+        async def region_down() -> bool:
+            return bool((await get(cp.url, "/v1/regions/us-east"))["health"] == "down")
+
+        await eventually(region_down, within_s=15)
     finally:
         await agent.close()
+
+
+async def test_a_regions_load_reaches_its_peers_in_their_next_snapshot(cp: Server) -> None:
+    east, eu = await registered(cp, "us-east"), await registered(cp, "eu-west")
+    try:
+        east.telemetry = pb.Telemetry(inflight_requests=7, queued_requests=3)
+        east.telemetry.engines.add(id="e1", state="ready")
+        for agent in (east, eu):
+            await agent.connect()
+            await agent.apply(await agent.next())
+
+        async def rolled_up() -> dict[str, Any] | None:
+            region = await get(cp.url, "/v1/regions/us-east")
+            load = region["load"]
+            return region if load and load["inflight_requests"] == 7 else None
+
+        region = await eventually(rolled_up, within_s=20)
+        assert region["health"] == "up"
+        assert region["load"]["engines_ready"] == 1
+
+        await patch(cp.url, "/v1/deployments/llama-eu-west", {"replicas": 1})
+        snapshot = await eu.next()
+        peers = {p.region: p for p in snapshot.peer_load}
+        assert "eu-west" not in peers  # a region is not its own peer
+        assert peers["us-east"].inflight_requests == 7
+        assert peers["us-east"].queued_requests == 3
+        assert peers["us-east"].health == "up"
+    finally:
+        await east.close()
+        await eu.close()
