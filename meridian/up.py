@@ -112,6 +112,7 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
         table = Table(show_header=False, box=None)
         table.add_row("API", api)
         table.add_row("API docs", f"{api}/docs")
+        table.add_row("agents (gRPC)", f"{settings.host}:{settings.grpc_port}")
         table.add_row("admin token", token)
         table.add_row("try", f"curl -H 'Authorization: Bearer {token}' {api}/v1/regions")
         console.print(table)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -18,3 +20,22 @@ def test_only_postgres_urls() -> None:
     with pytest.raises(ValidationError, match="postgresql"):
         Settings(database_url="sqlite:///x.db")
     assert Settings(database_url="").database_url is None
+
+
+def test_etcd_endpoints_are_host_port_pairs() -> None:
+    with pytest.raises(ValidationError, match="not host:port"):
+        Settings(etcd_endpoints="etcd-1:2379,etcd-2")
+    settings = Settings(etcd_endpoints="etcd-1:2379, http://10.0.0.2:2380")
+    assert settings.etcd_hosts == [("etcd-1", 2379), ("10.0.0.2", 2380)]
+    assert Settings().etcd_hosts == []
+
+
+def test_tls_needs_a_certificate_and_its_key(tmp_path: Path) -> None:
+    cert = tmp_path / "server.crt"
+    cert.write_text("not checked here")
+    with pytest.raises(ValidationError, match="together"):
+        Settings(tls_cert_file=cert)
+    with pytest.raises(ValidationError, match="no such file"):
+        Settings(tls_cert_file=cert, tls_key_file=tmp_path / "missing.key")
+    with pytest.raises(ValidationError, match="needs a server certificate"):
+        Settings(tls_client_ca_file=cert)

@@ -110,3 +110,17 @@ async def test_registering_again_replaces_the_credential(cp: Server) -> None:
         await other.close()
     finally:
         await first.close()
+
+
+async def test_a_stream_must_begin_with_hello(cp: Server) -> None:
+    agent = await registered(cp, "eu-west")
+    stream = agent.client.sync(agent.credential)
+    try:
+        await stream.ack(1)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stream.next_snapshot()
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_code(refused.value) == "protocol_violation"
+    finally:
+        stream.close()
+        await agent.close()
