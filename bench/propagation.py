@@ -12,8 +12,6 @@ import asyncio
 import json
 import os
 import secrets
-import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +28,7 @@ from agents.control.fleet import FleetClient, SyncStream
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
-from meridian.up import stop_child, wait_ready
+from meridian.procs import ControlPlane, start_control_plane, stop_child
 
 AGENTS_PER_CHANNEL = 50
 
@@ -190,36 +188,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def _start_control_plane(db_url: str, token: str, console: Console) -> tuple[Any, str, str]:
-    port, grpc_port = _free_port(), _free_port()
+async def _start_control_plane(db_url: str, token: str, console: Console) -> ControlPlane:
     env = {
-        **os.environ,
         "MERIDIAN_DATABASE_URL": db_url,
         "MERIDIAN_ADMIN_TOKEN": token,
         "MERIDIAN_LOG_LEVEL": os.environ.get("MERIDIAN_LOG_LEVEL", "warning"),
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "meridian",
-        "controlplane",
-        "serve",
-        "--port",
-        str(port),
-        "--grpc-port",
-        str(grpc_port),
-        env=env,
+    cp = await start_control_plane(env)
+    console.print(
+        f"[green]✓[/] control plane (pid {cp.process.pid}) on {cp.url}, gRPC {cp.grpc_target}"
     )
-    url = f"http://127.0.0.1:{port}"
-    await wait_ready(url, proc, timeout_s=60)
-    console.print(f"[green]✓[/] control plane (pid {proc.pid}) on {url}, gRPC :{grpc_port}")
-    return proc, url, f"127.0.0.1:{grpc_port}"
+    return cp
 
 
 async def _measure(options: Options, http: httpx.AsyncClient, swarm: Swarm) -> list[float]:
@@ -255,7 +234,8 @@ async def run(options: Options) -> dict[str, Any]:
         await migrate.upgrade(db.engine)
         await db.close()
         console.print(f"[green]✓[/] PostgreSQL (embedded, {root})")
-        proc, url, target = await _start_control_plane(db_url, token, console)
+        cp = await _start_control_plane(db_url, token, console)
+        proc, url, target = cp.process, cp.url, cp.grpc_target
         doc = fleet_document(options.agents, options.regions)
         headers = {"Authorization": f"Bearer {token}"}
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as http:

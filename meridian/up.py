@@ -7,16 +7,12 @@ running `meridian controlplane serve`). Ctrl-C stops them all.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import secrets
 import signal
-import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import click
-import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -25,9 +21,9 @@ from controlplane.db import migrate
 from controlplane.db.engine import Database
 from controlplane.db.provision import database_url
 from controlplane.settings import Settings
+from meridian.procs import start_control_plane, stop_child
 
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
-STOP_GRACE_S = 10.0
 
 
 def admin_token(settings: Settings) -> str:
@@ -42,32 +38,6 @@ def admin_token(settings: Settings) -> str:
     path.touch(mode=0o600)
     path.write_text(token + "\n")
     return token
-
-
-async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM, then SIGKILL if it has not ended within the grace period."""
-    if proc.returncode is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), grace_s)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-
-
-async def wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 60) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    async with httpx.AsyncClient(timeout=2) as client:
-        while loop.time() < deadline:
-            if proc.returncode is not None:
-                raise click.ClickException(f"the control plane exited with {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (await client.get(f"{url}/readyz")).status_code == 200:
-                    return
-            await asyncio.sleep(0.2)
-    raise click.ClickException(f"the control plane was not ready within {timeout_s:.0f} s")
 
 
 async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> None:
@@ -86,23 +56,12 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
                 await db.close()
             console.print(f"[green]✓[/] schema at {migrate.head()}")
             status.update("starting the control plane")
-            env = {**os.environ, "MERIDIAN_DATABASE_URL": db_url, "MERIDIAN_ADMIN_TOKEN": token}
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "meridian",
-                "controlplane",
-                "serve",
-                "--host",
-                settings.host,
-                "--port",
-                str(settings.port),
-                "--grpc-port",
-                str(settings.grpc_port),
-                env=env,
+            env = {"MERIDIAN_DATABASE_URL": db_url, "MERIDIAN_ADMIN_TOKEN": token}
+            cp = await start_control_plane(
+                env, host=settings.host, port=settings.port, grpc_port=settings.grpc_port
             )
+            proc = cp.process
             stack.push_async_callback(stop_child, proc)
-            await wait_ready(api, proc)
             console.print(f"[green]✓[/] control plane ready on {api}")
             status.update(f"applying {fleet}")
             response = await asyncio.to_thread(apply_file, api, token, fleet, dry_run=False)

@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -23,6 +22,7 @@ import pytest_asyncio
 from controlplane.db import migrate
 from controlplane.db.embedded import UNSAFE_FAST, Credentials, EmbeddedPostgres
 from controlplane.db.engine import Database
+from meridian.procs import free_port
 
 TEMPLATE = "meridian_template"
 _counter = itertools.count()
@@ -92,7 +92,7 @@ async def etcd(workdir: Path) -> AsyncIterator[str]:
     binary = shutil.which("etcd")
     if binary is None:
         pytest.fail("etcd is not installed; ./scripts/test installs Debian's etcd-server")
-    client_port, peer_port = _free_port(), _free_port()
+    client_port, peer_port = free_port(), free_port()
     client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     log = (workdir / "etcd.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
@@ -124,9 +124,3 @@ async def etcd(workdir: Path) -> AsyncIterator[str]:
         proc.terminate()
         await proc.wait()
         log.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ import pytest_asyncio
 from controlplane.api.app import create_app
 from controlplane.db.engine import Database
 from controlplane.settings import Settings
-from meridian.up import stop_child, wait_ready
+from meridian.procs import ControlPlane, start_control_plane, stop_child
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
@@ -56,12 +55,6 @@ async def api(database_url: str) -> AsyncIterator[Api]:
     await db.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run `meridian ARGS` as a child process; its exit code and its output."""
     proc = await asyncio.create_subprocess_exec(
@@ -77,42 +70,18 @@ async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, s
     return proc.returncode or 0, output.decode()
 
 
-@dataclass
-class Server:
-    url: str
-    process: asyncio.subprocess.Process
-    grpc_target: str = ""
+Server = ControlPlane
 
 
 async def start_server(database_url: str, **env: str) -> Server:
     """`meridian controlplane serve` as a real child process; MERIDIAN_* settings in `env`."""
-    port, grpc_port = free_port(), free_port()
-    child_env = {
-        **os.environ,
+    settings = {
         "MERIDIAN_DATABASE_URL": database_url,
         "MERIDIAN_ADMIN_TOKEN": ADMIN_TOKEN,
         "MERIDIAN_LOG_LEVEL": "warning",
         **{f"MERIDIAN_{key.upper()}": value for key, value in env.items()},
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "meridian",
-        "controlplane",
-        "serve",
-        "--port",
-        str(port),
-        "--grpc-port",
-        str(grpc_port),
-        env=child_env,
-    )
-    server = Server(f"http://127.0.0.1:{port}", proc, f"127.0.0.1:{grpc_port}")
-    try:
-        await wait_ready(server.url, proc, timeout_s=30)
-    except BaseException:
-        await stop_child(proc)
-        raise
-    return server
+    return await start_control_plane(settings, timeout_s=30)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

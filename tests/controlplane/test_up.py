@@ -12,7 +12,7 @@ import asyncpg
 import httpx
 
 from controlplane.db.embedded import UNSAFE_FAST, EmbeddedPostgres
-from tests.controlplane.conftest import free_port
+from meridian.procs import free_port
 
 
 async def test_embedded_postgres_keeps_data_across_restarts(workdir: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from meridian.up import stop_child
+from meridian.procs import stop_child
 from tests.controlplane.conftest import Server, start_server
 from tests.controlplane.push.kit import Agent, bootstrap_token, eventually, get, patch, seed
 

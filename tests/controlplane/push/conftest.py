@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
-from meridian.up import stop_child
+from meridian.procs import stop_child
 from tests.controlplane.conftest import Server, start_server
 from tests.controlplane.push.kit import Agent, bootstrap_token, seed
 

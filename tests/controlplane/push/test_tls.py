@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agents.control.fleet import ChannelTls, FleetClient
-from meridian.up import stop_child
+from meridian.procs import stop_child
 from tests.controlplane.conftest import start_server
 from tests.controlplane.push.kit import Agent, bootstrap_token, seed
 

@@ -1,0 +1,95 @@
+"""Child processes of Meridian's own: the control plane started, awaited and stopped.
+
+`meridian up`, the benchmarks and the tests all start `meridian controlplane serve` this way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import click
+import httpx
+
+STOP_GRACE_S = 10.0
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within the grace period."""
+    if proc.returncode is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), grace_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+async def wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 60) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with httpx.AsyncClient(timeout=2) as client:
+        while loop.time() < deadline:
+            if proc.returncode is not None:
+                raise click.ClickException(f"the control plane exited with {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(f"{url}/readyz")).status_code == 200:
+                    return
+            await asyncio.sleep(0.2)
+    raise click.ClickException(f"the control plane was not ready within {timeout_s:.0f} s")
+
+
+@dataclass
+class ControlPlane:
+    """A running `meridian controlplane serve`."""
+
+    process: asyncio.subprocess.Process
+    url: str
+    grpc_target: str
+
+
+async def start_control_plane(
+    env: Mapping[str, str],
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    grpc_port: int | None = None,
+    timeout_s: float = 60,
+) -> ControlPlane:
+    """Start it with `env` over this process's environment and wait until it is ready."""
+    port, grpc_port = port or free_port(), grpc_port or free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "meridian",
+        "controlplane",
+        "serve",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--grpc-port",
+        str(grpc_port),
+        env={**os.environ, **env},
+    )
+    started = ControlPlane(proc, f"http://{host}:{port}", f"{host}:{grpc_port}")
+    try:
+        await wait_ready(started.url, proc, timeout_s)
+    except BaseException:
+        await stop_child(proc)
+        raise
+    return started
