@@ -141,3 +141,9 @@ class HeartbeatMissed(MeridianError):
     code = "heartbeat_missed"
     status = 408
     title = "The agent stopped sending heartbeats"
+
+
+class CoordinationUnavailable(MeridianError):
+    code = "coordination_unavailable"
+    status = 503
+    title = "etcd cannot be reached"

@@ -83,22 +83,20 @@ async def empty_database_url(postgres: Credentials) -> AsyncIterator[str]:
         yield url
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def etcd(workdir: Path) -> AsyncIterator[str]:
-    """A real single-member etcd (Debian's etcd-server) on loopback; yields host:port.
-
-    Tests share it and keep apart by each using a key prefix of its own.
-    """
+@asynccontextmanager
+async def running_etcd(data_dir: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """A real single-member etcd (Debian's etcd-server) on loopback: (host:port, process)."""
     binary = shutil.which("etcd")
     if binary is None:
         pytest.fail("etcd is not installed; ./scripts/test installs Debian's etcd-server")
     client_port, peer_port = free_port(), free_port()
     client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
-    log = (workdir / "etcd.log").open("wb")
+    await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
+    log = (data_dir / "etcd.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
         binary,
         "--name=test",
-        f"--data-dir={workdir / 'etcd'}",
+        f"--data-dir={data_dir / 'data'}",
         f"--listen-client-urls={client}",
         f"--advertise-client-urls={client}",
         f"--listen-peer-urls={peer}",
@@ -112,15 +110,23 @@ async def etcd(workdir: Path) -> AsyncIterator[str]:
         async with asyncio.timeout(30):
             while True:
                 if proc.returncode is not None:
-                    pytest.fail(f"etcd exited with {proc.returncode}; see {workdir}/etcd.log")
+                    pytest.fail(f"etcd exited with {proc.returncode}; see {data_dir}/etcd.log")
                 try:
                     _, writer = await asyncio.open_connection("127.0.0.1", client_port)
                     writer.close()
                     break
                 except OSError:
                     await asyncio.sleep(0.1)
-        yield f"127.0.0.1:{client_port}"
+        yield f"127.0.0.1:{client_port}", proc
     finally:
-        proc.terminate()
-        await proc.wait()
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
         log.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def etcd(workdir: Path) -> AsyncIterator[str]:
+    """One etcd for the session; tests keep apart by each using a key prefix of its own."""
+    async with running_etcd(workdir / "etcd") as (endpoint, _):
+        yield endpoint

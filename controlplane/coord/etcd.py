@@ -23,6 +23,7 @@ from typing import Any
 import aetcd
 
 from controlplane.coord.base import AgentPresence, Coordinator, ReplicaInfo
+from controlplane.errors import CoordinationUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +136,12 @@ class EtcdCoordinator(Coordinator):
         return self._leader == self.me.id
 
     async def cluster(self) -> dict[str, Any]:
-        found = await self._client.get_prefix(self._key("replicas", ""))
+        try:
+            found = await self._client.get_prefix(self._key("replicas", ""))
+            leader = await self._client.get(self._key("leader"))
+        except Exception as exc:
+            raise CoordinationUnavailable(f"etcd did not answer: {exc}") from exc
         replicas = sorted((json.loads(kv.value) for kv in found), key=lambda r: r["id"])
-        leader = await self._client.get(self._key("leader"))
         return {
             "self": self.me.id,
             "leader": leader.value.decode() if leader is not None else None,

@@ -7,13 +7,24 @@ import itertools
 import os
 import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest_asyncio
 
 from meridian.procs import stop_child
+from tests.conftest import running_etcd
 from tests.controlplane.conftest import Server, start_server
-from tests.controlplane.push.kit import Agent, bootstrap_token, eventually, get, patch, seed
+from tests.controlplane.push.kit import (
+    ADMIN,
+    Agent,
+    bootstrap_token,
+    eventually,
+    get,
+    patch,
+    seed,
+)
 
 _prefixes = itertools.count()
 
@@ -132,3 +143,27 @@ async def test_killing_the_leader_hands_the_singletons_over_and_agents_resume(
     finally:
         for agent in (resuming, lost, steady):
             await agent.close()
+
+
+async def test_without_etcd_a_replica_keeps_serving_and_says_why(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with running_etcd(tmp_path / "etcd") as (endpoint, etcd_process):
+        server = await start_server(database_url, etcd_endpoints=endpoint, lease_ttl_s="2")
+        try:
+            await seed(server.url)
+            agent = await connected(server, "us-west")
+            etcd_process.kill()
+            await etcd_process.wait()
+
+            async with httpx.AsyncClient(base_url=server.url, headers=ADMIN) as http:
+                response = await http.get("/v1/cluster")
+            assert response.status_code == 503
+            assert response.json()["code"] == "coordination_unavailable"
+
+            # PostgreSQL holds the truth: writes and pushes go on without etcd.
+            await patch(server.url, "/v1/routing-policies/llama-default", {"slo_ttft_ms": 900})
+            assert (await agent.next(within_s=10)).revision > agent.revision
+            await agent.close()
+        finally:
+            await stop_child(server.process)
