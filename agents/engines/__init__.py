@@ -1,0 +1,1 @@
+"""Engines an agent runs: the SGLang launcher, the simulator, and external endpoints."""

@@ -1,0 +1,1 @@
+"""An SGLang-compatible simulator: same HTTP API and metrics, a calibrated cost model."""

@@ -1,0 +1,139 @@
+"""A radix tree of cached token prefixes with a capacity in tokens and LRU eviction.
+
+It follows SGLang's RadixCache: edges hold runs of tokens, a request's prompt is matched
+against the tree for its cached prefix, the sequence is inserted once computed, and when
+the tree is over capacity the least recently used leaves that no running request holds
+are evicted first.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Sequence
+
+Tokens = Sequence[int]
+
+
+class Node:
+    __slots__ = ("children", "key", "last_access", "lock_ref", "parent")
+
+    def __init__(self, key: tuple[int, ...], parent: Node | None, now: float) -> None:
+        self.key = key
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.last_access = now
+        self.lock_ref = 0
+
+
+class RadixCache:
+    def __init__(self, capacity_tokens: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if capacity_tokens < 0:
+            raise ValueError("capacity_tokens must not be negative")
+        self.capacity = capacity_tokens
+        self._clock = clock
+        self.root = Node((), None, clock())
+        self.size = 0  # tokens held
+
+    def match(self, tokens: Tokens) -> tuple[int, Node]:
+        """How many leading tokens are cached, and the node where the match ends."""
+        node, matched, now = self.root, 0, self._clock()
+        node.last_access = now
+        while matched < len(tokens):
+            child = node.children.get(tokens[matched])
+            if child is None:
+                break
+            common = _common(child.key, tokens, matched)
+            child.last_access = now
+            if common < len(child.key):
+                node = self._split(child, common)
+                matched += common
+                break
+            node, matched = child, matched + common
+        return matched, node
+
+    def insert(self, tokens: Tokens) -> int:
+        """Cache a computed sequence; returns how many tokens were new. May evict others."""
+        matched, node = self.match(tokens)
+        new = len(tokens) - matched
+        if new == 0:
+            return 0
+        self.lock(node)  # the prefix we extend must survive the eviction below
+        try:
+            self.evict(self.size + new - self.capacity)
+        finally:
+            self.unlock(node)
+        room = min(new, self.capacity - self.size)
+        if room <= 0:
+            return 0
+        leaf = Node(tuple(tokens[matched : matched + room]), node, self._clock())
+        node.children[leaf.key[0]] = leaf
+        self.size += room
+        return room
+
+    def lock(self, node: Node) -> None:
+        """A running request holds this prefix: it and its ancestors are not evicted."""
+        current: Node | None = node
+        while current is not None:
+            current.lock_ref += 1
+            current = current.parent
+
+    def unlock(self, node: Node) -> None:
+        current: Node | None = node
+        while current is not None:
+            current.lock_ref -= 1
+            current = current.parent
+
+    def evict(self, tokens: int) -> int:
+        """Free at least `tokens` tokens if unlocked leaves allow; returns how many freed."""
+        if tokens <= 0:
+            return 0
+        order = itertools.count()
+        heap = [(n.last_access, next(order), n) for n in self._leaves() if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < tokens and heap:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[leaf.key[0]]
+            freed += len(leaf.key)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, next(order), parent))
+        self.size -= freed
+        return freed
+
+    def reset(self) -> None:
+        self.root = Node((), None, self._clock())
+        self.size = 0
+
+    def _split(self, child: Node, at: int) -> Node:
+        """Cut `child`'s edge after `at` tokens; returns the new middle node."""
+        parent = child.parent
+        assert parent is not None
+        middle = Node(child.key[:at], parent, child.last_access)
+        middle.lock_ref = child.lock_ref
+        parent.children[middle.key[0]] = middle
+        child.key = child.key[at:]
+        child.parent = middle
+        middle.children[child.key[0]] = child
+        return middle
+
+    def _leaves(self) -> list[Node]:
+        found, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif node is not self.root:
+                found.append(node)
+        return found
+
+
+def _common(key: tuple[int, ...], tokens: Tokens, start: int) -> int:
+    n = min(len(key), len(tokens) - start)
+    i = 0
+    while i < n and key[i] == tokens[start + i]:
+        i += 1
+    return i
