@@ -65,9 +65,7 @@ class Settings(BaseSettings):
         if not value:
             return None
         for part in value.split(","):
-            host, _, port = part.strip().removeprefix("http://").rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"{part.strip()!r} is not host:port")
+            _endpoint(part)
         return value
 
     @field_validator("database_url")
@@ -92,15 +90,17 @@ class Settings(BaseSettings):
 
     @property
     def etcd_hosts(self) -> list[tuple[str, int]]:
-        hosts = []
-        for part in (self.etcd_endpoints or "").split(","):
-            part = part.strip().removeprefix("http://")
-            if part:
-                host, _, port = part.rpartition(":")
-                hosts.append((host or part, int(port) if port.isdigit() else 2379))
-        return hosts
+        return [_endpoint(part) for part in (self.etcd_endpoints or "").split(",") if part.strip()]
 
     def with_overrides(self, **values: object) -> Settings:
         """A copy with command-line values (those not None) over the environment's, validated."""
         given = {key: value for key, value in values.items() if value is not None}
         return type(self).model_validate({**self.model_dump(), **given})
+
+
+def _endpoint(part: str) -> tuple[str, int]:
+    """`host:port` (an `http://` in front is allowed) as (host, port); ValueError otherwise."""
+    host, _, port = part.strip().removeprefix("http://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{part.strip()!r} is not host:port")
+    return host, int(port)

@@ -69,7 +69,6 @@ class FleetService:
         self._coord = coordinator
         self._feed = feed
         self._heartbeat_timeout_s = heartbeat_timeout_s
-        self.streams = 0
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -135,11 +134,9 @@ class FleetService:
             )
             state = StreamState(hello.revision, hello.digest)
             await self._coord.agent_connected(presence)
-            self.streams += 1
             try:
                 await self._serve(context, identity, state)
             finally:
-                self.streams -= 1
                 await self._coord.agent_disconnected(presence)
 
     async def _serve(self, context: Context, who: agents.AgentIdentity, state: StreamState) -> None:
