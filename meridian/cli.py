@@ -1,22 +1,44 @@
-"""The `meridian` command: one entry point for the control plane, the agents and operators."""
+"""The `meridian` command: one entry point for the control plane, the agents and operators.
+
+Subcommands are imported when called, so that `meridian sim` and `meridian agent run` start
+in half a second without loading the control plane's libraries.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
-from bench.cli import bench
-from controlplane.cli import controlplane
-from controlplane.client import apply_command
-from meridian.up import up_command
+COMMANDS = {
+    "controlplane": ("controlplane.cli", "controlplane", "Run and manage the control plane."),
+    "apply": ("controlplane.client", "apply_command", "Apply a fleet document."),
+    "up": ("meridian.up", "up_command", "Run a whole local fleet."),
+    "bench": ("bench.cli", "bench", "Run benchmarks."),
+    "agent": ("agents.cli", "agent", "Run a node agent."),
+    "sim": ("agents.engines.sim.cli", "sim_command", "Serve a simulated SGLang engine."),
+}
 
 
-@click.group()
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attribute, _ = COMMANDS[cmd_name]
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup)
 @click.version_option(package_name="meridian")
 def main() -> None:
     """Meridian: a control plane for LLM inference across regions and clouds."""
-
-
-main.add_command(controlplane)
-main.add_command(apply_command)
-main.add_command(up_command)
-main.add_command(bench)

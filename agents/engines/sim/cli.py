@@ -1,0 +1,86 @@
+"""`meridian sim`: one simulated SGLang server, with launch_server's flag names."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+import uvicorn
+from pydantic import ValidationError
+
+from agents.engines.sim.config import SimConfig
+from agents.engines.sim.server import Simulator, bootstrap_app
+
+SHUTDOWN_GRACE_S = 5
+
+
+@click.command("sim")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=30000, show_default=True)
+@click.option("--model", "--served-model-name", "served_model_name", required=True,
+              help="the model name it serves")  # fmt: skip
+@click.option("--model-path", type=click.Path(path_type=Path), default=None,
+              help="reported as model_path; default: the bundled tokenizer directory")  # fmt: skip
+@click.option("--tp-size", "--tp", "tp_size", type=int, default=1)
+@click.option("--dp-size", "--dp", "dp_size", type=int, default=1)
+@click.option("--mem-fraction-static", type=float, default=0.88)
+@click.option("--max-running-requests", type=int, default=256)
+@click.option("--max-total-tokens", type=int, default=None)
+@click.option("--context-length", type=int, default=131072)
+@click.option("--stream-interval", type=int, default=1)
+@click.option("--schedule-policy", default="fcfs")
+@click.option(
+    "--disaggregation-mode", type=click.Choice(["null", "prefill", "decode"]), default="null"
+)
+@click.option("--disaggregation-bootstrap-port", type=int, default=8998)
+@click.option("--enable-metrics", is_flag=True)
+@click.option("--enable-cache-report", is_flag=True)
+@click.option("--startup-s", type=float, default=0.0, help="seconds before /health turns 200")
+@click.option("--slow-factor", type=float, default=1.0, help="multiplies every step's time")
+@click.option("--error-rate", type=float, default=0.0, help="fraction of requests answered 500")
+@click.option("--hang", is_flag=True, help="start hung: no step runs, /health never answers")
+@click.option("--crash-after-s", type=float, default=None, help="exit abruptly after this long")
+@click.option("--seed", type=int, default=0)
+def sim_command(**options: Any) -> None:
+    """Serve SGLang's HTTP API from a calibrated simulator (no GPU, no weights).
+
+    Costs follow SGLang serving Llama-3.1-8B on one H100; see agents/engines/sim/cost.py.
+    """
+    options = {k: v for k, v in options.items() if v is not None}
+    try:
+        config = SimConfig(**options)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise click.UsageError(
+            f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}"
+        ) from error
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    asyncio.run(serve(config))
+
+
+async def serve(config: SimConfig) -> None:
+    simulator = Simulator(config)
+    servers = [_server(simulator.app(), config.host, config.port, lifespan="on")]
+    if config.role == "prefill":
+        kv_app = bootstrap_app(simulator.kv)
+        servers.append(_server(kv_app, config.host, config.disaggregation_bootstrap_port, "off"))
+    await asyncio.gather(*(s.serve() for s in servers))
+
+
+def _server(app: Any, host: str, port: int, lifespan: str) -> uvicorn.Server:
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan=lifespan,  # type: ignore[arg-type]
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        )
+    )

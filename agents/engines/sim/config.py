@@ -1,0 +1,57 @@
+"""The simulator's settings: the launch_server flags it understands, and its own knobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.engines.sim.cost import CostModel
+from agents.engines.sim.tokens import MODEL_DIR
+
+VERSION = "0.5.0-meridian-sim"
+
+
+class SimConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=30000, ge=1, le=65535)
+    served_model_name: str = Field(min_length=1)
+    model_path: Path = MODEL_DIR
+    tp_size: int = Field(default=1, ge=1, le=64)
+    dp_size: int = Field(default=1, ge=1, le=64)
+    mem_fraction_static: float = Field(default=0.88, gt=0, le=1)
+    max_running_requests: int = Field(default=256, ge=1, le=65536)
+    max_total_tokens: int = Field(default=CostModel().max_total_tokens, ge=16)
+    context_length: int = Field(default=131072, ge=16)
+    stream_interval: int = Field(default=1, ge=1, le=1024)
+    schedule_policy: str = "fcfs"
+    disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
+    disaggregation_bootstrap_port: int = Field(default=8998, ge=1, le=65535)
+    enable_metrics: bool = False
+    enable_cache_report: bool = False
+    # Simulator knobs.
+    startup_s: float = Field(default=0.0, ge=0, le=600, description="time to 'load weights'")
+    slow_factor: float = Field(default=1.0, gt=0, le=1000)
+    error_rate: float = Field(default=0.0, ge=0, le=1)
+    hang: bool = False
+    crash_after_s: float | None = Field(default=None, ge=0)
+    seed: int = 0
+
+    @property
+    def role(self) -> Literal["unified", "prefill", "decode"]:
+        return "unified" if self.disaggregation_mode == "null" else self.disaggregation_mode
+
+    def cost(self) -> CostModel:
+        return CostModel(max_total_tokens=self.max_total_tokens)
+
+    def server_info(self) -> dict[str, object]:
+        """Every flag, flat, as SGLang's /server_info shows them."""
+        flags = self.model_dump(mode="json")
+        flags["model_path"] = str(self.model_path)
+        flags["tokenizer_path"] = str(self.model_path)
+        flags["chunked_prefill_size"] = 8192
+        flags["enable_kv_events"] = False
+        return flags

@@ -1,0 +1,160 @@
+"""What every generation endpoint shares: the request bodies, PD hand-over, and progress."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse
+
+from agents.engines.sim.engine import Engine, Request
+from agents.engines.sim.metrics import Metrics
+
+DEFAULT_MAX_NEW_TOKENS = 128
+KV_WAIT_S = 30.0
+
+
+class SimError(Exception):
+    """Answered in SGLang's error shape: {"object": "error", "message", "type", "code"}."""
+
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+    def response(self) -> JSONResponse:
+        body = {"object": "error", "message": self.message, "type": self.kind, "code": self.status}
+        return JSONResponse(body, status_code=self.status)
+
+
+class Body(BaseModel):
+    """Unknown fields are accepted, as SGLang accepts them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    stream: bool = False
+    rid: str | None = None
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    bootstrap_room: int | None = Field(default=None, ge=0)
+
+
+B = TypeVar("B", bound=BaseModel)
+
+
+async def parse(http: HttpRequest, model: type[B]) -> B:
+    if "json" not in http.headers.get("content-type", ""):
+        raise SimError(400, "the request body must be JSON (Content-Type: application/json)")
+    try:
+        return model.model_validate(json.loads(await http.body()))
+    except json.JSONDecodeError as error:
+        raise SimError(400, f"the body is not valid JSON: {error}") from error
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise SimError(400, f"{where}: {first['msg']}") from error
+
+
+@dataclass
+class Kv:
+    """PD: where prefilled KV caches are announced (prefill role) and fetched (decode role)."""
+
+    metrics: Metrics
+    ready: dict[int, int]  # bootstrap room -> prompt tokens, on a prefill server
+    arrived: asyncio.Condition
+
+    @classmethod
+    def new(cls, metrics: Metrics) -> Kv:
+        return cls(metrics, {}, asyncio.Condition())
+
+    async def publish(self, room: int, tokens: int) -> None:
+        async with self.arrived:
+            self.ready[room] = tokens
+            self.metrics.prefill_inflight = len(self.ready)
+            self.arrived.notify_all()
+
+    async def take(self, room: int, timeout_s: float) -> int | None:
+        """The prefill side of a fetch: wait for the room's prefill, then hand it over."""
+        async with self.arrived:
+            try:
+                await asyncio.wait_for(self.arrived.wait_for(lambda: room in self.ready), timeout_s)
+            except TimeoutError:
+                return None
+            tokens = self.ready.pop(room)
+            self.metrics.prefill_inflight = len(self.ready)
+            return tokens
+
+
+async def start(engine: Engine, kv: Kv, body: Body, request: Request) -> None:
+    """Queue a request; in decode role, after its KV cache has come from the prefill server."""
+    if engine.role == "decode":
+        await _receive_kv(engine, kv, body, request)
+    engine.submit(request)
+    if engine.role == "prefill" and body.bootstrap_room is not None:
+        asyncio.get_running_loop().create_task(_announce(kv, body.bootstrap_room, request))
+
+
+async def _announce(kv: Kv, room: int, request: Request) -> None:
+    await request.ended.wait()
+    if request.finish == "length":
+        await kv.publish(room, len(request.prompt))
+
+
+async def _receive_kv(engine: Engine, kv: Kv, body: Body, request: Request) -> None:
+    if body.bootstrap_host is None or body.bootstrap_port is None or body.bootstrap_room is None:
+        raise SimError(400, "a decode server needs bootstrap_host, bootstrap_port, bootstrap_room")
+    url = f"http://{body.bootstrap_host}:{body.bootstrap_port}/kv/{body.bootstrap_room}"
+    kv.metrics.transfer_queue += 1
+    started = engine.now()
+    try:
+        async with httpx.AsyncClient(timeout=KV_WAIT_S + 5) as client:
+            answer = await client.get(url, params={"timeout_s": KV_WAIT_S})
+        if answer.status_code != 200:
+            raise SimError(
+                503, f"no KV cache from the prefill server: {answer.text}", "ServiceUnavailable"
+            )
+        await asyncio.sleep(engine.cost.kv_transfer(int(answer.json()["tokens"])))
+    except httpx.HTTPError as error:
+        raise SimError(
+            503, f"the prefill server is unreachable: {error}", "ServiceUnavailable"
+        ) from error
+    finally:
+        kv.metrics.transfer_queue -= 1
+    kv.metrics.last_transfer_ms = (engine.now() - started) * 1000
+    request.prefilled = True
+
+
+async def progress(engine: Engine, request: Request) -> AsyncIterator[int]:
+    """The generated count at each change the stream interval lets through; aborts if dropped."""
+    sent = 0
+    try:
+        while not request.done:
+            await request.changed.wait()
+            request.changed.clear()
+            if request.generated > sent or request.done:
+                sent = request.generated
+                yield sent
+    finally:
+        if not request.done:
+            engine.abort(request)
+
+
+async def finished(engine: Engine, request: Request) -> None:
+    try:
+        await request.ended.wait()
+    finally:
+        if not request.done:
+            engine.abort(request)
+
+
+def finish_reason(request: Request) -> dict[str, Any] | None:
+    if request.finish == "length":
+        return {"type": "length", "length": request.generated}
+    if request.finish == "abort":
+        return {"type": "abort", "message": "aborted"}
+    return None

@@ -1,0 +1,167 @@
+"""`/v1/completions` and `/v1/chat/completions` in SGLang's OpenAI shapes, streamed or not."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from agents.engines.sim import tokens
+from agents.engines.sim.engine import Engine, Request
+from agents.engines.sim.generation import (
+    DEFAULT_MAX_NEW_TOKENS,
+    Body,
+    Kv,
+    SimError,
+    finished,
+    parse,
+    progress,
+    start,
+)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class OpenAiBody(Body):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    stream_options: StreamOptions | None = None
+
+    @property
+    def limit(self) -> int:
+        """sglang-router rewrites chat `max_tokens` as `max_completion_tokens`: read both."""
+        for value in (self.max_completion_tokens, self.max_tokens):
+            if value is not None:
+                return value
+        return DEFAULT_MAX_NEW_TOKENS
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatBody(OpenAiBody):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class CompletionBody(OpenAiBody):
+    prompt: str | list[str] | list[int]
+
+
+class Shape:
+    """What differs between chat and completions: object names and where the text goes."""
+
+    def __init__(self, chat: bool, served: str, report_cache: bool) -> None:
+        self.chat, self.served, self.report_cache = chat, served, report_cache
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{time.time_ns():x}"
+        self.created = int(time.time())
+
+    def head(self, streaming: bool) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        if streaming and self.chat:
+            kind = "chat.completion.chunk"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.served}
+
+    def choice(
+        self, text: str, finish: str | None, *, streaming: bool, first: bool
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if not self.chat:
+            body["text"] = text
+        elif streaming:
+            body["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+        else:
+            body["message"] = {"role": "assistant", "content": text, "tool_calls": None}
+        body["matched_stop"] = None
+        return body
+
+    def usage(self, request: Request) -> dict[str, Any]:
+        prompt, completion = len(request.prompt), request.generated
+        details = {"cached_tokens": request.cached} if self.report_cache else None
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": details,
+        }
+
+
+async def chat(
+    http: HttpRequest, engine: Engine, kv: Kv, served: str, report_cache: bool
+) -> Response:
+    body = await parse(http, ChatBody)
+    prompt = tokens.encode(tokens.chat_prompt([m.model_dump() for m in body.messages]))
+    return await _answer(engine, kv, body, prompt, Shape(True, served, report_cache))
+
+
+async def completions(
+    http: HttpRequest, engine: Engine, kv: Kv, served: str, report_cache: bool
+) -> Response:
+    body = await parse(http, CompletionBody)
+    if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
+        if len(body.prompt) != 1:
+            raise SimError(400, "the simulator completes one prompt at a time")
+        prompt = tokens.encode(str(body.prompt[0]))
+    elif isinstance(body.prompt, str):
+        prompt = tokens.encode(body.prompt)
+    else:
+        prompt = [int(i) for i in body.prompt]
+    return await _answer(engine, kv, body, prompt, Shape(False, served, report_cache))
+
+
+async def _answer(
+    engine: Engine, kv: Kv, body: OpenAiBody, prompt: list[int], shape: Shape
+) -> Response:
+    request = engine.new_request(prompt, body.limit, body.rid)
+    await start(engine, kv, body, request)
+    if body.stream:
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        return StreamingResponse(
+            _stream(engine, request, shape, usage), media_type="text/event-stream"
+        )
+    await finished(engine, request)
+    text = tokens.decode(request.output[: request.generated])
+    answer = shape.head(streaming=False)
+    answer["choices"] = [shape.choice(text, _reason(request), streaming=False, first=True)]
+    answer["usage"] = shape.usage(request)
+    return JSONResponse(answer)
+
+
+async def _stream(
+    engine: Engine, request: Request, shape: Shape, usage: bool
+) -> AsyncIterator[bytes]:
+    sent, first = 0, True
+    async for count in progress(engine, request):
+        text = tokens.decode(request.output[sent:count])
+        if sent:
+            text = " " + text
+        sent = count
+        chunk = shape.head(streaming=True)
+        chunk["choices"] = [shape.choice(text, _reason(request), streaming=True, first=first)]
+        first = False
+        yield _event(chunk)
+    if usage:
+        chunk = shape.head(streaming=True)
+        chunk["choices"] = []
+        chunk["usage"] = shape.usage(request)
+        yield _event(chunk)
+    yield b"data: [DONE]\n\n"
+
+
+def _reason(request: Request) -> str | None:
+    return request.finish if request.finish in ("length", "abort") else None
+
+
+def _event(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"

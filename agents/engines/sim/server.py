@@ -1,0 +1,278 @@
+"""The simulator's HTTP server: SGLang's endpoints, its metrics, and an admin endpoint for faults.
+
+POST /sim/faults {"slow_factor": 3, "error_rate": 0.1, "hang": true, "crash": true} changes the
+faults of a running simulator; GET /sim/faults shows them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from agents.engines.sim import native, openai
+from agents.engines.sim.config import VERSION, SimConfig
+from agents.engines.sim.engine import Engine, EngineBusy, Faults, InjectedError
+from agents.engines.sim.generation import Kv, SimError, finished, parse
+from agents.engines.sim.metrics import Metrics
+
+log = logging.getLogger(__name__)
+CRASH_EXIT_CODE = 70
+
+
+class FaultChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    slow_factor: float | None = Field(default=None, gt=0, le=1000)
+    error_rate: float | None = Field(default=None, ge=0, le=1)
+    hang: bool | None = None
+    crash: bool = False
+
+
+class Simulator:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.metrics = Metrics(config.served_model_name, config.role)
+        self.engine = Engine(
+            cost=config.cost(),
+            max_running=config.max_running_requests,
+            stream_interval=config.stream_interval,
+            role=config.role,
+            faults=Faults(config.slow_factor, config.error_rate, config.hang),
+            observer=self.metrics,
+            seed=config.seed,
+        )
+        self.engine.set_hang(config.hang)
+        self.metrics.engine = self.engine
+        self.kv = Kv.new(self.metrics)
+        self.started = time.time()
+        self.ready = False
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self.engine.run()), group.create_task(self._start())]
+            if self.config.crash_after_s is not None:
+                tasks.append(group.create_task(self._crash_after(self.config.crash_after_s)))
+            yield
+            for task in tasks:
+                task.cancel()
+
+    async def _start(self) -> None:
+        await asyncio.sleep(self.config.startup_s)
+        self.ready = True
+        log.info("simulator ready", extra={"model": self.config.served_model_name})
+
+    async def _crash_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        crash()
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self.health),
+            Route("/health_generate", self.health_generate),
+            Route("/model_info", self.model_info),
+            Route("/get_model_info", self.model_info),
+            Route("/server_info", self.server_info),
+            Route("/get_server_info", self.server_info),
+            Route("/get_load", self.load),
+            Route("/v1/loads", self.load),
+            Route("/v1/models", self.models),
+            Route(
+                "/generate",
+                self._guard(lambda r: native.generate(r, self.engine, self.kv)),
+                methods=["POST"],
+            ),
+            Route("/v1/completions", self._guard(self._completions), methods=["POST"]),
+            Route("/v1/chat/completions", self._guard(self._chat), methods=["POST"]),
+            Route("/flush_cache", self._guard(self.flush_cache), methods=["GET", "POST"]),
+            Route("/abort_request", self._guard(self.abort_request), methods=["POST"]),
+            Route("/metrics", self.prometheus),
+            Route("/sim/faults", self._guard(self.faults), methods=["GET", "POST"]),
+        ]
+        return Starlette(routes=routes, lifespan=self.lifespan)
+
+    def _guard(
+        self, handler: Callable[[HttpRequest], Awaitable[Response]]
+    ) -> Callable[[HttpRequest], Awaitable[Response]]:
+        async def guarded(request: HttpRequest) -> Response:
+            try:
+                return await handler(request)
+            except SimError as error:
+                return error.response()
+            except InjectedError as error:
+                return SimError(500, str(error), "InternalServerError").response()
+
+        return guarded
+
+    async def _chat(self, request: HttpRequest) -> Response:
+        c = self.config
+        return await openai.chat(
+            request, self.engine, self.kv, c.served_model_name, c.enable_cache_report
+        )
+
+    async def _completions(self, request: HttpRequest) -> Response:
+        c = self.config
+        return await openai.completions(
+            request, self.engine, self.kv, c.served_model_name, c.enable_cache_report
+        )
+
+    async def health(self, _request: HttpRequest) -> Response:
+        if not self.ready:
+            return Response(status_code=503)
+        await self.engine.until_unhung()  # a hung engine answers nothing
+        return Response(status_code=200)
+
+    async def health_generate(self, _request: HttpRequest) -> Response:
+        if not self.ready or self.engine.role != "unified":
+            return Response(status_code=200 if self.ready else 503)
+        try:
+            probe = self.engine.new_request([1], 1)
+        except InjectedError:
+            return Response(status_code=503)
+        self.engine.submit(probe)
+        await finished(self.engine, probe)
+        return Response(status_code=200)
+
+    async def model_info(self, _request: HttpRequest) -> Response:
+        path = str(self.config.model_path)
+        return JSONResponse(
+            {
+                "model_path": path,
+                "tokenizer_path": path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+            }
+        )
+
+    async def server_info(self, _request: HttpRequest) -> Response:
+        info = self.config.server_info()
+        info["internal_states"] = [self._state()]
+        info["version"] = VERSION
+        return JSONResponse(info)
+
+    def _state(self) -> dict[str, object]:
+        engine = self.engine
+        return {
+            "dp_rank": 0,
+            "num_running_reqs": len(engine.running),
+            "num_waiting_reqs": len(engine.waiting),
+            "num_used_tokens": engine.used_tokens,
+            "token_usage": engine.used_tokens / engine.cost.max_total_tokens,
+            "max_total_num_tokens": engine.cost.max_total_tokens,
+            "cache_tokens": engine.cache.size,
+        }
+
+    async def load(self, _request: HttpRequest) -> Response:
+        engine = self.engine
+        pending = sum(len(r.prompt) for r in engine.waiting)
+        return JSONResponse(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": len(engine.running) + len(engine.waiting),
+                    "num_waiting_reqs": len(engine.waiting),
+                    "num_tokens": engine.used_tokens,
+                    "num_pending_tokens": pending,
+                    "ts_tic": time.time(),
+                }
+            ]
+        )
+
+    async def models(self, _request: HttpRequest) -> Response:
+        c = self.config
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": c.served_model_name,
+                        "object": "model",
+                        "created": int(self.started),
+                        "owned_by": "sglang",
+                        "root": c.served_model_name,
+                        "max_model_len": c.context_length,
+                    }
+                ],
+            }
+        )
+
+    async def flush_cache(self, _request: HttpRequest) -> Response:
+        try:
+            self.engine.flush()
+        except EngineBusy:
+            return PlainTextResponse("Cache not flushed: requests are running.", status_code=400)
+        return PlainTextResponse("Cache flushed.")
+
+    async def abort_request(self, request: HttpRequest) -> Response:
+        body = await parse(request, _Abort)
+        if body.abort_all:
+            self.engine.abort_all()
+        elif body.rid:
+            for victim in [*self.engine.waiting, *self.engine.running]:
+                if victim.rid == body.rid:
+                    self.engine.abort(victim)
+        return Response(status_code=200)
+
+    async def prometheus(self, _request: HttpRequest) -> Response:
+        if not self.config.enable_metrics:
+            return PlainTextResponse(
+                "metrics are off: start with --enable-metrics", status_code=404
+            )
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def faults(self, request: HttpRequest) -> Response:
+        if request.method == "POST":
+            change = await parse(request, FaultChange)
+            if change.crash:
+                asyncio.get_running_loop().call_later(0.05, crash)
+            faults = self.engine.faults
+            if change.slow_factor is not None:
+                faults.slow_factor = change.slow_factor
+            if change.error_rate is not None:
+                faults.error_rate = change.error_rate
+            if change.hang is not None:
+                self.engine.set_hang(change.hang)
+        f = self.engine.faults
+        return JSONResponse(
+            {"slow_factor": f.slow_factor, "error_rate": f.error_rate, "hang": f.hang}
+        )
+
+
+class _Abort(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    rid: str | None = None
+    abort_all: bool = False
+
+
+def crash() -> None:
+    """The crash fault: die at once, as a segfaulting engine does, without cleanup."""
+    log.error("simulator crashing on purpose")
+    os._exit(CRASH_EXIT_CODE)
+
+
+def bootstrap_app(kv: Kv) -> Starlette:
+    """A prefill server's bootstrap port: decode servers fetch a room's KV cache here."""
+
+    async def fetch(request: HttpRequest) -> Response:
+        room = int(request.path_params["room"])
+        timeout_s = min(60.0, float(request.query_params.get("timeout_s", "30")))
+        tokens = await kv.take(room, timeout_s)
+        if tokens is None:
+            return JSONResponse(
+                {"message": f"room {room} was never prefilled here"}, status_code=404
+            )
+        return JSONResponse({"room": room, "tokens": tokens})
+
+    return Starlette(routes=[Route("/kv/{room:int}", fetch)])

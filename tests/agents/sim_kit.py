@@ -1,0 +1,72 @@
+"""Simulators as real child processes, for the agent's tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from meridian.procs import free_port, stop_child
+
+
+@dataclass
+class Sim:
+    process: asyncio.subprocess.Process
+    url: str
+    port: int
+
+    def client(self, timeout: float = 10) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=timeout)
+
+    async def healthy(self, timeout_s: float = 30) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        async with self.client(timeout=2) as client:
+            while loop.time() < deadline:
+                assert self.process.returncode is None, "the simulator exited"
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get("/health")).status_code == 200:
+                        return
+                await asyncio.sleep(0.1)
+        raise TimeoutError("the simulator did not become healthy")
+
+
+@contextlib.asynccontextmanager
+async def running_sim(
+    *args: str, model: str = "llama", port: int | None = None
+) -> AsyncIterator[Sim]:
+    port = port or free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "meridian",
+        "sim",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        *args,
+    ]
+    process = await asyncio.create_subprocess_exec(*command)
+    sim = Sim(process, f"http://127.0.0.1:{port}", port)
+    try:
+        await sim.healthy()
+        yield sim
+    finally:
+        await stop_child(process, grace_s=5)
+
+
+async def sse(response: httpx.Response) -> list[Any]:
+    """The `data:` events of a streamed response, decoded; `[DONE]` kept as the string."""
+    events: list[Any] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: ") :]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
