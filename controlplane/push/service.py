@@ -52,6 +52,9 @@ def bearer(context: Context) -> str:
     raise InvalidCredential("send the agent credential as `authorization: Bearer <credential>`")
 
 
+STREAM_ACCEPTED = "meridian-stream-accepted"
+
+
 class FleetService:
     def __init__(
         self,
@@ -135,6 +138,8 @@ class FleetService:
             state = StreamState(hello.revision, hello.digest)
             await self._coord.agent_connected(presence)
             try:
+                # Tells the agent at once that its Hello was taken, even if nothing is newer.
+                await context.send_initial_metadata(((STREAM_ACCEPTED, "1"),))
                 await self._serve(context, identity, state)
             finally:
                 await self._coord.agent_disconnected(presence)

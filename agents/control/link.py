@@ -1,0 +1,162 @@
+"""The agent's side of the Fleet stream: register, say what it has, apply, ack or nack, beat.
+
+It never gives up: every failure (control plane down, stream cut, credential refused) ends
+in a jittered, growing pause and another try, while the engines go on as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+
+from agents.control.fleet import ChannelTls, FleetClient, SyncStream, error_code
+from agents.control.store import Identity, Store
+from agents.engines.gpus import Gpu
+from agents.errors import RegistrationFailed, SnapshotInvalid
+from agents.settings import AgentSettings
+
+log = logging.getLogger(__name__)
+AGENT_VERSION = "meridian-agent/0.4"
+STREAM_ACCEPTED = "meridian-stream-accepted"
+FORGET_CREDENTIAL = {"agent_credential_invalid"}
+
+
+@dataclass
+class LinkState:
+    connected: bool = False
+    reached: bool = False  # the control plane has answered at least once since start
+    last_error: str = ""
+    agent_id: str = ""
+    node: str = ""
+
+
+Apply = Callable[[pb.Snapshot], Awaitable[None]]  # raises SnapshotInvalid
+
+
+class ControlLink:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        store: Store,
+        *,
+        current: Callable[[], pb.Snapshot | None],
+        apply: Apply,
+        telemetry: Callable[[], pb.Telemetry],
+        gpus: list[Gpu] | None,
+    ) -> None:
+        self.settings, self.store = settings, store
+        self._current, self._apply, self._telemetry = current, apply, telemetry
+        self._gpus = gpus or []
+        self.state = LinkState()
+        identity = store.load_identity()
+        self.state.node = settings.node or (identity.node if identity else "")
+
+    def tls(self) -> ChannelTls | None:
+        s = self.settings
+        if s.tls_ca_file is None:
+            return None
+        return ChannelTls(s.tls_ca_file, s.tls_cert_file, s.tls_key_file, s.tls_server_name)
+
+    async def run(self) -> None:
+        backoff = self.settings.reconnect_min_s
+        while True:
+            client = FleetClient(self.settings.control_plane, tls=self.tls())
+            try:
+                identity = await self._identity(client)
+                await self._session(client, identity)
+                self.state.last_error = ""
+            except grpc.aio.AioRpcError as error:
+                code = error_code(error)
+                self.state.last_error = f"{error.code().name}: {error.details()}"
+                if code in FORGET_CREDENTIAL:
+                    await asyncio.to_thread(self._forget_credential)
+            except (RegistrationFailed, OSError) as error:
+                self.state.last_error = str(error)
+            finally:
+                await client.close()
+            if self.state.connected:
+                backoff = self.settings.reconnect_min_s  # it worked once: start small again
+            self.state.connected = False
+            if self.state.last_error:
+                log.warning("control plane: %s", self.state.last_error)
+            await asyncio.sleep(backoff / 2 + random.uniform(0, backoff / 2))
+            backoff = min(self.settings.reconnect_max_s, backoff * 2)
+
+    async def _identity(self, client: FleetClient) -> Identity:
+        identity = await asyncio.to_thread(self.store.load_identity)
+        if identity is not None and identity.credential and identity.region == self.settings.region:
+            self.state.agent_id, self.state.node = identity.agent_id, identity.node
+            return identity
+        token = self.settings.bootstrap_token
+        if token is None:
+            raise RegistrationFailed("no credential on disk and no bootstrap token to get one")
+        answer = await client.register(
+            token.get_secret_value(),
+            region=self.settings.region,
+            hostname=self.settings.hostname,
+            node=self.state.node,
+            gpus=[pb.Gpu(index=g.index, model=g.model, memory_gb=g.memory_gb) for g in self._gpus],
+            agent_version=AGENT_VERSION,
+        )
+        identity = Identity(answer.agent_id, answer.region, answer.node, answer.credential)
+        await asyncio.to_thread(self.store.save_identity, identity)
+        self.state.agent_id, self.state.node = identity.agent_id, identity.node
+        log.info("registered as node %s of region %s", identity.node, identity.region)
+        return identity
+
+    def _forget_credential(self) -> None:
+        identity = self.store.load_identity()
+        if identity is not None:
+            self.store.save_identity(
+                Identity(identity.agent_id, identity.region, identity.node, "")
+            )
+
+    async def _session(self, client: FleetClient, identity: Identity) -> None:
+        stream = client.sync(identity.credential)
+        beats: asyncio.Task[None] | None = None
+        try:
+            have = self._current()
+            await stream.hello(
+                region=self.settings.region,
+                node=identity.node,
+                revision=have.revision if have else 0,
+                digest=have.digest if have else "",
+            )
+            metadata = await stream.call.initial_metadata()
+            if metadata is None or STREAM_ACCEPTED not in dict(metadata):
+                await stream.call.wait_for_connection()
+                await stream.next_snapshot()  # raises the refusal's status
+                return
+            self.state.connected = self.state.reached = True
+            self.state.last_error = ""
+            log.info("connected to the control plane at %s", self.settings.control_plane)
+            beats = asyncio.get_running_loop().create_task(self._beat(stream))
+            while (snapshot := await stream.next_snapshot()) is not None:
+                await self._take(stream, snapshot)
+        finally:
+            if beats is not None:
+                beats.cancel()
+            stream.close()
+
+    async def _take(self, stream: SyncStream, snapshot: pb.Snapshot) -> None:
+        try:
+            await self._apply(snapshot)
+        except SnapshotInvalid as refused:
+            log.warning("refused revision %s: %s", snapshot.revision, refused.message)
+            await stream.nack(snapshot.revision, refused.message)
+            return
+        await stream.ack(snapshot.revision)
+
+    async def _beat(self, stream: SyncStream) -> None:
+        try:
+            while True:
+                await stream.heartbeat(self._telemetry())
+                await asyncio.sleep(self.settings.heartbeat_s)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+            log.debug("heartbeats stop with the stream: %s", error)

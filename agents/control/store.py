@@ -1,0 +1,87 @@
+"""What an agent keeps on disk: its identity, and the last good snapshot, written atomically.
+
+A write goes to a temporary file in the same directory, is flushed to the disk, and then
+renamed over the old file, so a crash leaves either the old snapshot or the new one, never
+half of one. The credential file is readable by its owner only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from google.protobuf.message import DecodeError
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Identity:
+    agent_id: str
+    region: str
+    node: str
+    credential: str
+
+
+class Store:
+    def __init__(self, data_dir: Path) -> None:
+        self.dir = data_dir
+        self.snapshot_path = data_dir / "snapshot.pb"
+        self.identity_path = data_dir / "identity.json"
+
+    def prepare(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def load_snapshot(self) -> pb.Snapshot | None:
+        try:
+            data = self.snapshot_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        snapshot = pb.Snapshot()
+        try:
+            snapshot.ParseFromString(data)
+        except DecodeError:
+            log.error("%s is not a snapshot; setting it aside", self.snapshot_path)
+            self.snapshot_path.replace(self.snapshot_path.with_suffix(".corrupt"))
+            return None
+        return snapshot
+
+    def save_snapshot(self, snapshot: pb.Snapshot) -> None:
+        _write_atomically(self.snapshot_path, snapshot.SerializeToString(), mode=0o600)
+
+    def load_identity(self) -> Identity | None:
+        try:
+            document = json.loads(self.identity_path.read_text())
+            return Identity(**document)
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError):
+            log.error("%s is unreadable; the agent will register again", self.identity_path)
+            return None
+
+    def save_identity(self, identity: Identity) -> None:
+        data = json.dumps(asdict(identity), indent=2).encode()
+        _write_atomically(self.identity_path, data, mode=0o600)
+
+
+def _write_atomically(path: Path, data: bytes, *, mode: int) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

@@ -1,0 +1,226 @@
+"""One engine's life: start, wait for readiness, probe, restart with backoff, drain and stop.
+
+States: starting -> ready <-> unhealthy; a process that exits or stays unhealthy is killed
+and started again after 1, 2, 4 ... seconds (capped); after `crash_loop_restarts` failures
+in a row it is left down as `crash_loop` until the snapshot changes it. A stop drains first
+(no new work is routed to a draining engine; it waits for running requests), then SIGTERM to
+the engine's process group, then SIGKILL after the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from agents.engines.base import Backend, EngineSpec
+from agents.settings import AgentSettings
+
+log = logging.getLogger(__name__)
+UNHEALTHY_AFTER = 2  # failed probes in a row before the engine is reported unhealthy
+RESTART_AFTER = 5  # failed probes in a row before it is restarted
+
+
+class EngineState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    UNHEALTHY = "unhealthy"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    CRASH_LOOP = "crash_loop"
+
+
+@dataclass
+class Load:
+    running: int = 0
+    waiting: int = 0
+
+
+class EngineRunner:
+    def __init__(self, spec: EngineSpec, backend: Backend, settings: AgentSettings, log_dir: Path):
+        self.spec, self.backend, self.settings = spec, backend, settings
+        self.log_path = log_dir / f"{spec.id.replace('/', '__')}.log"
+        self.state = EngineState.STARTING
+        self.failures = 0  # in a row
+        self.restarts = 0
+        self.last_exit: int | None = None
+        self.reason = ""
+        self.load = Load()
+        self.process: asyncio.subprocess.Process | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._http = httpx.AsyncClient(timeout=settings.probe_timeout_s)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process and self.process.returncode is None else None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._life(), name=self.spec.id)
+
+    async def stop(self) -> None:
+        """Drain, SIGTERM, SIGKILL; then it stays stopped."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.process is not None and self.process.returncode is None:
+            self.state = EngineState.DRAINING
+            await self._drain()
+            await self._terminate()
+        self.state = EngineState.STOPPED
+        await self._http.aclose()
+
+    async def _life(self) -> None:
+        if not self.backend.launched:
+            await self._probe_forever()
+            return
+        while True:
+            ready_since: float | None = None
+            try:
+                await self._spawn()
+                ready_since = await self._until_ready()
+                if ready_since is not None:
+                    await self._watch()
+            except Exception as error:  # a loop boundary: report, back off, go on
+                log.exception("engine %s failed", self.spec.id, extra={"engine_id": self.spec.id})
+                self.reason = f"{type(error).__name__}: {error}"
+            await self._terminate()
+            loop = asyncio.get_running_loop()
+            if (
+                ready_since is not None
+                and loop.time() - ready_since >= self.settings.restart_backoff_max_s
+            ):
+                self.failures = 0  # it ran well for a while: this is a fresh failure
+            self.failures += 1
+            if self.failures >= self.settings.crash_loop_restarts:
+                self.state = EngineState.CRASH_LOOP
+                self.reason = f"{self.failures} failures in a row; last: {self.reason}"
+                log.error("engine %s is crash-looping: %s", self.spec.id, self.reason)
+                return
+            backoff = min(
+                self.settings.restart_backoff_max_s,
+                self.settings.restart_backoff_s * 2 ** (self.failures - 1),
+            )
+            self.state = EngineState.STARTING
+            await asyncio.sleep(backoff)
+            self.restarts += 1
+
+    async def _spawn(self) -> None:
+        launch = self.backend.launch(self.spec)
+        output = await asyncio.to_thread(_open_log, self.log_path)
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *launch.argv,
+                env={**os.environ, **launch.env},
+                stdout=output,
+                stderr=output,
+                start_new_session=True,  # its own process group: signals reach its children
+            )
+        finally:
+            output.close()
+        self.state = EngineState.STARTING
+        log.info("engine %s started, pid %s", self.spec.id, self.process.pid)
+
+    async def _until_ready(self) -> float | None:
+        """The loop time it became healthy; None if it exited or timed out first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.engine_start_timeout_s
+        while loop.time() < deadline:
+            if self._exited():
+                return None
+            if await self._probe():
+                self.state = EngineState.READY
+                self.reason = ""
+                return loop.time()
+            await asyncio.sleep(min(0.2, self.settings.probe_interval_s))
+        self.reason = f"not healthy within {self.settings.engine_start_timeout_s:.0f} s"
+        return None
+
+    async def _watch(self) -> None:
+        failed = 0
+        while not self._exited():
+            await asyncio.sleep(self.settings.probe_interval_s)
+            if self._exited():
+                break
+            if await self._probe():
+                failed = 0
+                self.state = EngineState.READY
+                continue
+            failed += 1
+            if failed >= UNHEALTHY_AFTER:
+                self.state = EngineState.UNHEALTHY
+                self.reason = f"{failed} health probes failed in a row"
+            if failed >= RESTART_AFTER:
+                return
+
+    async def _probe_forever(self) -> None:
+        """An external engine: only its health is ours to know."""
+        failed = 0
+        while True:
+            if await self._probe():
+                failed = 0
+                self.state, self.reason = EngineState.READY, ""
+            else:
+                failed += 1
+                if failed >= UNHEALTHY_AFTER or self.state is EngineState.STARTING:
+                    self.state = EngineState.UNHEALTHY
+                    self.reason = f"{self.spec.url} does not answer /health"
+            await asyncio.sleep(self.settings.probe_interval_s)
+
+    def _exited(self) -> bool:
+        if self.process is None or self.process.returncode is None:
+            return False
+        self.last_exit = self.process.returncode
+        self.reason = f"exited with {self.process.returncode}"
+        return True
+
+    async def _probe(self) -> bool:
+        try:
+            health = await self._http.get(f"{self.spec.url}/health")
+            if health.status_code != 200:
+                return False
+            loads = (await self._http.get(f"{self.spec.url}/get_load")).json()
+            waiting = sum(int(d.get("num_waiting_reqs", 0)) for d in loads)
+            self.load = Load(sum(int(d.get("num_reqs", 0)) for d in loads) - waiting, waiting)
+            return True
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+            return False
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.drain_timeout_s
+        while loop.time() < deadline and not self._exited():
+            if not await self._probe() or self.load.running + self.load.waiting == 0:
+                return
+            await asyncio.sleep(0.2)
+
+    async def _terminate(self) -> None:
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), self.settings.stop_grace_s)
+        except TimeoutError:
+            log.warning("engine %s ignored SIGTERM; killing it", self.spec.id)
+            _signal_group(process.pid, signal.SIGKILL)
+            await process.wait()
+        self.last_exit = process.returncode
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("ab")

@@ -1,0 +1,39 @@
+"""Settings of an agent process, from flags or `MERIDIAN_AGENT_*` variables, built once in main."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MERIDIAN_AGENT_", extra="ignore", frozen=True)
+
+    control_plane: str = Field(min_length=3, description="HOST:PORT of a control plane's gRPC port")
+    region: str = Field(min_length=1, max_length=63)
+    bootstrap_token: SecretStr | None = Field(
+        default=None, description="exchanged for a credential on first start; kept out of disk"
+    )
+    node: str = Field(default="", description="the node to claim; default: the one recorded")
+    hostname: str = Field(default_factory=socket.gethostname)
+    data_dir: Path = Path(".meridian-agent")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8500, ge=1, le=65535)
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_server_name: str | None = None
+    heartbeat_s: float = Field(default=5.0, gt=0, le=300)
+    reconnect_min_s: float = Field(default=0.5, gt=0, le=60)
+    reconnect_max_s: float = Field(default=15.0, gt=0, le=3600)
+    probe_interval_s: float = Field(default=2.0, gt=0, le=300)
+    probe_timeout_s: float = Field(default=3.0, gt=0, le=300)
+    engine_start_timeout_s: float = Field(default=900.0, gt=0, description="SGLang loads weights")
+    restart_backoff_s: float = Field(default=1.0, gt=0, le=600)
+    restart_backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
+    crash_loop_restarts: int = Field(default=5, ge=1, le=1000, description="failures in a row")
+    drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
+    stop_grace_s: float = Field(default=10.0, ge=0, le=600)

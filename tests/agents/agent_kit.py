@@ -1,0 +1,80 @@
+"""Node agents as real child processes (`meridian agent run`), for the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from meridian.procs import free_port, stop_child
+
+FAST = {
+    "MERIDIAN_AGENT_HEARTBEAT_S": "1",
+    "MERIDIAN_AGENT_RECONNECT_MIN_S": "0.2",
+    "MERIDIAN_AGENT_RECONNECT_MAX_S": "1",
+    "MERIDIAN_AGENT_PROBE_INTERVAL_S": "0.3",
+    "MERIDIAN_AGENT_DRAIN_TIMEOUT_S": "2",
+    "MERIDIAN_AGENT_STOP_GRACE_S": "3",
+}
+
+
+@dataclass
+class AgentProc:
+    process: asyncio.subprocess.Process
+    url: str
+
+    async def status(self) -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=5) as client:
+            response = await client.get(f"{self.url}/agent/status")
+            assert response.status_code == 200, response.text
+            body: dict[str, Any] = response.json()
+            return body
+
+    async def stop(self) -> int:
+        await stop_child(self.process, grace_s=20)
+        return self.process.returncode or 0
+
+
+async def start_agent(
+    control_plane: str, region: str, data_dir: Path, *, token: str | None = None, node: str = ""
+) -> AgentProc:
+    port = free_port()
+    args = ["--control-plane", control_plane, "--region", region, "--data-dir", str(data_dir)]
+    args += ["--port", str(port)] + (["--bootstrap-token", token] if token else [])
+    args += ["--node", node] if node else []
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "meridian", "agent", "run", *args, env={**os.environ, **FAST}
+    )
+    agent = AgentProc(process, f"http://127.0.0.1:{port}")
+    async with httpx.AsyncClient(timeout=2) as client:
+        for _ in range(100):
+            assert process.returncode is None, "the agent exited"
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(f"{agent.url}/healthz")).status_code == 200:
+                    return agent
+            await asyncio.sleep(0.1)
+    await stop_child(process)
+    raise TimeoutError("the agent's port never answered")
+
+
+@contextlib.asynccontextmanager
+async def running_agent(
+    control_plane: str, region: str, data_dir: Path, **kwargs: Any
+) -> AsyncIterator[AgentProc]:
+    agent = await start_agent(control_plane, region, data_dir, **kwargs)
+    try:
+        yield agent
+    finally:
+        await agent.stop()
+
+
+def engines_ready(status: dict[str, Any], count: int) -> bool:
+    engines = status["engines"]
+    return len(engines) == count and all(e["state"] == "ready" for e in engines)

@@ -1,0 +1,133 @@
+"""The agent daemon against a real control plane: engines, nacks, and life without the control
+plane. Everything runs as child processes: the control plane, the agent, the simulators."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from meridian.procs import free_port, start_control_plane, stop_child
+from tests.agents.agent_kit import engines_ready, running_agent, start_agent
+from tests.controlplane.conftest import ADMIN_TOKEN, start_server
+from tests.controlplane.push.kit import bootstrap_token, eventually, get, patch, seed
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def _status_when(agent: Any, check: Any, within_s: float = 30) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        status: dict[str, Any] = await agent.status()
+        return status if check(status) else None
+
+    result: dict[str, Any] = await eventually(probe, within_s=within_s)
+    return result
+
+
+async def test_agent_runs_the_node_engines_and_reports_them(
+    database_url: str, tmp_path: Path
+) -> None:
+    cp = await start_server(database_url)
+    try:
+        revision = await seed(cp.url)
+        token = await bootstrap_token(cp.url, "us-east")
+        async with running_agent(
+            cp.grpc_target, "us-east", tmp_path, token=token, node="us-east-1"
+        ) as agent:
+            status = await _status_when(agent, lambda s: engines_ready(s, 2))
+            node = await eventually(lambda: _applied(cp.url, "us-east-1", revision), within_s=15)
+            async with httpx.AsyncClient(timeout=5) as client:
+                models = (await client.get("http://127.0.0.1:30001/v1/models")).json()
+    finally:
+        await stop_child(cp.process)
+    assert status["node"] == "us-east-1"
+    assert status["revision"] == revision
+    assert status["source"] == "control-plane"
+    assert status["control_plane"]["connected"] is True
+    engines = {e["id"]: e for e in status["engines"]}
+    assert engines["llama-us-east/unified-0"]["gpus"] == [0]
+    assert engines["qwen-us-east/unified-0"]["gpus"] == [1, 2]  # tp 2: two GPUs, none shared
+    assert {e["backend"] for e in engines.values()} == {"sim"}
+    assert [g["index"] for g in status["gpus"]] == [0, 1, 2]
+    assert {g["source"] for g in status["gpus"]} == {"declared"}
+    assert models["data"][0]["id"] == "qwen2.5-32b-instruct"
+    assert node["health"] == "up"
+
+
+async def _applied(url: str, node: str, revision: int) -> dict[str, Any] | None:
+    found: dict[str, Any] = await get(url, f"/v1/nodes/{node}")
+    return found if found["applied_revision"] == revision else None
+
+
+async def test_a_snapshot_the_node_cannot_run_is_nacked_and_the_old_one_kept(
+    database_url: str, tmp_path: Path
+) -> None:
+    cp = await start_server(database_url)
+    try:
+        revision = await seed(cp.url)
+        token = await bootstrap_token(cp.url, "us-west")
+        async with running_agent(
+            cp.grpc_target, "us-west", tmp_path, token=token, node="us-west-1"
+        ) as agent:
+            before = await _status_when(agent, lambda s: engines_ready(s, 1))
+            await patch(
+                cp.url,
+                "/v1/deployments/llama-us-west",
+                {"engine_args": {"no-such-flag": 1}},
+            )
+            node = await eventually(lambda: _nacked(cp.url, "us-west-1"), within_s=15)
+            after = await agent.status()
+    finally:
+        await stop_child(cp.process)
+    assert "no-such-flag" in node["last_nack_reason"]
+    assert node["applied_revision"] == revision
+    assert node["desired_revision"] > revision
+    assert after["revision"] == revision
+    assert after["engines"][0]["pid"] == before["engines"][0]["pid"]  # left running as it was
+    assert after["engines"][0]["state"] == "ready"
+
+
+async def _nacked(url: str, node: str) -> dict[str, Any] | None:
+    found: dict[str, Any] = await get(url, f"/v1/nodes/{node}")
+    return found if found["last_nack_reason"] else None
+
+
+async def test_an_agent_restarted_while_the_control_plane_is_down_comes_back_from_disk(
+    database_url: str, tmp_path: Path
+) -> None:
+    port, grpc_port = free_port(), free_port()
+    env = {
+        "MERIDIAN_DATABASE_URL": database_url,
+        "MERIDIAN_ADMIN_TOKEN": ADMIN_TOKEN,
+        "MERIDIAN_LOG_LEVEL": "warning",
+    }
+    cp = await start_control_plane(env, port=port, grpc_port=grpc_port)
+    target = cp.grpc_target
+    try:
+        revision = await seed(cp.url)
+        token = await bootstrap_token(cp.url, "us-west")
+        agent = await start_agent(target, "us-west", tmp_path, token=token, node="us-west-1")
+        await _status_when(agent, lambda s: engines_ready(s, 1) and s["revision"] == revision)
+        assert await agent.stop() == 0
+    finally:
+        await stop_child(cp.process)
+
+    # The control plane is gone. The agent starts again, with no token, from its data dir.
+    agent = await start_agent(target, "us-west", tmp_path)
+    try:
+        alone = await _status_when(agent, lambda s: engines_ready(s, 1))
+        cp = await start_control_plane(env, port=port, grpc_port=grpc_port)
+        try:
+            back = await _status_when(agent, lambda s: s["source"] == "control-plane")
+        finally:
+            await stop_child(cp.process)
+    finally:
+        await agent.stop()
+    assert alone["revision"] == revision
+    assert alone["source"] == "disk"
+    assert alone["control_plane"]["connected"] is False
+    assert alone["node"] == "us-west-1"
+    assert back["revision"] == revision
+    assert back["engines"][0]["pid"] == alone["engines"][0]["pid"]  # nothing restarted
