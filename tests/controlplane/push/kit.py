@@ -60,6 +60,9 @@ async def eventually(probe: Any, *, within_s: float = 10.0, every_s: float = 0.2
     return value
 
 
+EXAMPLE_HOSTS = {"us-east": "127.0.0.1", "us-west": "127.0.0.2", "eu-west": "127.0.0.3"}
+
+
 @dataclass
 class Agent:
     """One registered agent and, once connected, its stream."""
@@ -87,8 +90,10 @@ class Agent:
             self._client = FleetClient(self.target, tls=self.tls)
         return self._client
 
-    async def register(self, token: str, hostname: str = "127.0.0.1", node: str = "") -> None:
-        done = await self.client.register(token, region=self.region, hostname=hostname, node=node)
+    async def register(self, token: str, hostname: str | None = None, node: str = "") -> None:
+        """By default from the host of the region's node in examples/fleet.yaml: claims it."""
+        host = hostname or EXAMPLE_HOSTS.get(self.region, "127.0.0.1")
+        done = await self.client.register(token, region=self.region, hostname=host, node=node)
         self.credential, self.node = done.credential, done.node
 
     async def connect(self, target: str | None = None, *, region: str | None = None) -> None:
