@@ -105,12 +105,11 @@ class EngineRunner:
                 self.reason = f"{self.failures} failures in a row; last: {self.reason}"
                 log.error("engine %s is crash-looping: %s", self.spec.id, self.reason)
                 return
-            backoff = min(
-                self.settings.restart_backoff_max_s,
-                self.settings.restart_backoff_s * 2 ** (self.failures - 1),
-            )
             self.state = EngineState.STARTING
-            await asyncio.sleep(backoff)
+            s = self.settings
+            await asyncio.sleep(
+                backoff_s(self.failures, s.restart_backoff_s, s.restart_backoff_max_s)
+            )
             self.restarts += 1
 
     async def _spawn(self) -> None:
@@ -214,6 +213,11 @@ class EngineRunner:
             _signal_group(process.pid, signal.SIGKILL)
             await process.wait()
         self.last_exit = process.returncode
+
+
+def backoff_s(failures: int, base_s: float, cap_s: float) -> float:
+    """The pause before the next start after `failures` failures in a row: doubling, capped."""
+    return float(min(cap_s, base_s * 2 ** (failures - 1)))
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -7,14 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from meridian.procs import free_port, start_control_plane, stop_child
 from tests.agents.agent_kit import engines_ready, running_agent, start_agent
 from tests.controlplane.conftest import ADMIN_TOKEN, start_server
 from tests.controlplane.push.kit import bootstrap_token, eventually, get, patch, seed
-
-pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 async def _status_when(agent: Any, check: Any, within_s: float = 30) -> dict[str, Any]:

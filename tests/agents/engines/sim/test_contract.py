@@ -11,8 +11,6 @@ import pytest
 from meridian.procs import free_port
 from tests.agents.sim_kit import Sim, running_sim, sse
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
-
 JSON = {"content-type": "application/json"}
 METRICS = [
     "sglang:prompt_tokens_total",

@@ -10,12 +10,9 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
 from meridian.procs import free_port, stop_child
 from tests.agents.sim_kit import Sim, running_sim, sse
-
-pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 async def _served(sim: Sim) -> float:

@@ -1,0 +1,105 @@
+"""The launchers build the command lines SGLang documents (../shared/SGLANG_API.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from agents.engines.backends import SglangBackend, SimBackend
+from agents.engines.base import EngineSpec
+from agents.errors import SnapshotInvalid
+
+API_DOC = Path(__file__).resolve().parents[3].parent / "shared" / "SGLANG_API.md"
+
+
+def documented_flags() -> set[str]:
+    text = API_DOC.read_text()
+    section = text.split("## launch_server flags an orchestrator sets", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"`(--[a-z-]+)", section))
+
+
+def spec(**changes: object) -> EngineSpec:
+    base = EngineSpec(
+        id="llama/prefill-0",
+        deployment="llama",
+        model="llama-3.1-8b-instruct",
+        backend="sglang",
+        role="unified",
+        url="http://10.0.0.5:30002",
+        host="10.0.0.5",
+        port=30002,
+        gpu_indexes=(2, 3),
+        model_source="meta-llama/Llama-3.1-8B-Instruct",
+        context_length=131072,
+        tp_size=2,
+        dp_size=1,
+        engine_args=(("mem-fraction-static", 0.85), ("max-running-requests", 64)),
+    )
+    return EngineSpec(**{**base.__dict__, **changes})
+
+
+def flag_values(argv: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for i, item in enumerate(argv):
+        if item.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            out[item] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+def test_sglang_argv_uses_only_documented_flags_with_the_deployment_settings() -> None:
+    launch = SglangBackend(python="/usr/bin/python3").launch(spec())
+    assert launch.argv[:3] == ["/usr/bin/python3", "-m", "sglang.launch_server"]
+    flags = flag_values(launch.argv)
+    assert set(flags) <= documented_flags(), set(flags) - documented_flags()
+    assert flags["--model-path"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert flags["--served-model-name"] == "llama-3.1-8b-instruct"
+    assert flags["--host"] == "10.0.0.5"
+    assert flags["--port"] == "30002"
+    assert flags["--tp-size"] == "2"
+    assert flags["--dp-size"] == "1"
+    assert flags["--mem-fraction-static"] == "0.85"
+    assert flags["--max-running-requests"] == "64"
+    assert flags["--context-length"] == "131072"
+    assert "--enable-metrics" in flags
+    assert "--enable-cache-report" in flags
+    assert "--disaggregation-mode" not in flags
+    assert launch.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2,3"}
+
+
+def test_sglang_argv_for_pd_roles_and_kv_events() -> None:
+    backend = SglangBackend()
+    prefill = flag_values(backend.launch(spec(role="prefill", kv_events=True)).argv)
+    decode = flag_values(backend.launch(spec(role="decode")).argv)
+    assert prefill["--disaggregation-mode"] == "prefill"
+    assert prefill["--disaggregation-bootstrap-port"] == "40002"
+    assert decode["--disaggregation-mode"] == "decode"
+    assert "--disaggregation-bootstrap-port" not in decode
+    events = json.loads(prefill["--kv-events-config"] or "")
+    assert events == {"publisher": "zmq", "endpoint": "tcp://*:50002", "topic": "kv-events"}
+    assert set(prefill) | set(decode) <= documented_flags()
+
+
+def test_engine_args_may_not_take_over_what_meridian_sets() -> None:
+    with pytest.raises(SnapshotInvalid, match="--port"):
+        SglangBackend().validate(spec(engine_args=(("port", 1),)))
+    with pytest.raises(SnapshotInvalid, match="needs 2 GPUs"):
+        SglangBackend().validate(spec(gpu_indexes=(0,)))
+
+
+def test_the_sim_launcher_takes_the_same_settings_and_refuses_flags_it_lacks() -> None:
+    sim = SimBackend(python="py")
+    launch = sim.launch(spec(backend="sim", role="prefill"))
+    assert launch.argv[:4] == ["py", "-m", "meridian", "sim"]
+    flags = flag_values(launch.argv)
+    assert flags["--served-model-name"] == "llama-3.1-8b-instruct"
+    assert flags["--port"] == "30002"
+    assert flags["--disaggregation-bootstrap-port"] == "40002"
+    assert flags["--mem-fraction-static"] == "0.85"
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    sim.validate(spec(backend="sim"))
+    with pytest.raises(SnapshotInvalid, match="no flag --watchdog-timeout"):
+        sim.validate(spec(backend="sim", engine_args=(("watchdog-timeout", 30),)))

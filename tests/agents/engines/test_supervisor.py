@@ -1,0 +1,152 @@
+"""The supervisor with the simulator as a real child process: crash, restart, backoff, crash
+loop, hang, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agents.engines.backends import backends
+from agents.engines.base import EngineSpec, Scalar
+from agents.engines.runner import EngineRunner, EngineState, backoff_s
+from agents.engines.supervisor import Supervisor
+from agents.settings import AgentSettings
+from meridian.procs import free_port
+
+SETTINGS = AgentSettings(
+    control_plane="127.0.0.1:1",
+    region="test",
+    probe_interval_s=0.2,
+    probe_timeout_s=0.5,
+    restart_backoff_s=0.2,
+    restart_backoff_max_s=5,
+    crash_loop_restarts=3,
+    drain_timeout_s=10,
+    stop_grace_s=3,
+)
+
+
+def sim_spec(engine_id: str = "d/unified-0", args: dict[str, Scalar] | None = None) -> EngineSpec:
+    port = free_port()
+    return EngineSpec(
+        id=engine_id,
+        deployment="d",
+        model="llama",
+        backend="sim",
+        role="unified",
+        url=f"http://127.0.0.1:{port}",
+        port=port,
+        gpu_indexes=(0,),
+        engine_args=tuple(sorted((args or {}).items())),
+    )
+
+
+@pytest.fixture
+async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
+    sup = Supervisor(SETTINGS, backends(), tmp_path)
+    task = asyncio.create_task(sup.run())
+    yield sup
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def until(check: Callable[[], bool], within_s: float = 20) -> None:
+    async with asyncio.timeout(within_s):
+        while not check():  # noqa: ASYNC110 - state changes in another task, no event to share
+            await asyncio.sleep(0.05)
+
+
+def runner(sup: Supervisor, spec: EngineSpec) -> EngineRunner:
+    return sup.runners[spec.id]
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    assert [backoff_s(n, 1.0, 10.0) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+
+
+async def test_a_crashed_engine_is_restarted(supervisor: Supervisor) -> None:
+    spec = sim_spec()
+    supervisor.want([spec])
+    await until(lambda: spec.id in supervisor.runners)
+    engine = runner(supervisor, spec)
+    await until(lambda: engine.state is EngineState.READY)
+    first_pid = engine.pid
+    async with httpx.AsyncClient() as client:
+        await client.post(f"{spec.url}/sim/faults", json={"crash": True})
+    await until(lambda: engine.restarts == 1 and engine.state is EngineState.READY)
+    assert engine.pid is not None
+    assert engine.pid != first_pid
+    assert engine.last_exit == 70
+
+
+async def test_an_engine_that_keeps_failing_ends_in_crash_loop(supervisor: Supervisor) -> None:
+    spec = sim_spec(args={"max-running-requests": 0})  # the simulator refuses it and exits 2
+    supervisor.want([spec])
+    await until(lambda: spec.id in supervisor.runners)
+    engine = runner(supervisor, spec)
+    await until(lambda: engine.state is EngineState.CRASH_LOOP)
+    assert engine.restarts == SETTINGS.crash_loop_restarts - 1
+    assert engine.last_exit == 2
+    assert "3 failures in a row" in engine.reason
+    await asyncio.sleep(1.0)
+    assert engine.restarts == SETTINGS.crash_loop_restarts - 1  # it stays down
+    status = supervisor.status()[0]
+    assert status["state"] == "crash_loop"
+    assert status["pid"] is None
+
+
+async def test_a_hung_engine_turns_unhealthy_and_is_restarted(supervisor: Supervisor) -> None:
+    spec = sim_spec()
+    supervisor.want([spec])
+    await until(lambda: spec.id in supervisor.runners)
+    engine = runner(supervisor, spec)
+    await until(lambda: engine.state is EngineState.READY)
+    async with httpx.AsyncClient() as client:
+        await client.post(f"{spec.url}/sim/faults", json={"hang": True})
+    await until(lambda: engine.state is EngineState.UNHEALTHY)
+    await until(lambda: engine.restarts == 1 and engine.state is EngineState.READY)
+
+
+async def test_stopping_drains_running_requests_first(supervisor: Supervisor) -> None:
+    spec = sim_spec(args={"slow-factor": 15})
+    supervisor.want([spec])
+    await until(lambda: spec.id in supervisor.runners)
+    engine = runner(supervisor, spec)
+    await until(lambda: engine.state is EngineState.READY)
+    pid = engine.pid
+    assert pid is not None
+    async with httpx.AsyncClient(timeout=30) as client:
+        body = {"text": "finish me", "sampling_params": {"max_new_tokens": 12}}
+        call = asyncio.create_task(client.post(f"{spec.url}/generate", json=body))
+        await until(lambda: engine.load.running == 1)
+        supervisor.want([])
+        await until(lambda: engine.state is EngineState.DRAINING)
+        answer = await call
+    await supervisor.settled()
+    assert answer.status_code == 200
+    assert answer.json()["meta_info"]["completion_tokens"] == 12
+    assert engine.state is EngineState.STOPPED
+    assert supervisor.runners == {}
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+async def test_a_changed_spec_replaces_the_engine_and_others_are_left_alone(
+    supervisor: Supervisor,
+) -> None:
+    keep, change = sim_spec("keep/unified-0"), sim_spec("change/unified-0")
+    supervisor.want([keep, change])
+    await until(lambda: len(supervisor.ready()) == 2)
+    kept_pid, old_pid = supervisor.runners[keep.id].pid, supervisor.runners[change.id].pid
+    changed = EngineSpec(**{**change.__dict__, "engine_args": (("stream-interval", 2),)})
+    supervisor.want([keep, changed])
+    await supervisor.settled()
+    await until(lambda: len(supervisor.ready()) == 2)
+    assert supervisor.runners[keep.id].pid == kept_pid
+    assert supervisor.runners[change.id].pid != old_pid
+    assert supervisor.runners[change.id].spec == changed
