@@ -1,7 +1,10 @@
-"""`meridian up`: the main job. A local control plane on an embedded PostgreSQL, fleet applied.
+"""`meridian up`: the main job. A local control plane on an embedded PostgreSQL, the fleet
+applied, and one agent per declared node running its simulated engines.
 
-Every part is a real process: PostgreSQL (through pg_ctl) and the control plane (a child
-running `meridian controlplane serve`). Ctrl-C stops them all.
+Every part is a real process: PostgreSQL (through pg_ctl), the control plane (`meridian
+controlplane serve`), the agents (`meridian agent run`) and their engines (`meridian sim`).
+Ctrl-C stops them all: the agents drain and stop their engines, then the control plane and
+PostgreSQL stop.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from controlplane.db import migrate
 from controlplane.db.engine import Database
 from controlplane.db.provision import database_url
 from controlplane.settings import Settings
+from meridian.local_agents import await_engines, local_nodes, print_engines, start_agents
 from meridian.procs import start_control_plane, stop_child
 
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
@@ -68,11 +72,26 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
             if response.status_code != 200:
                 raise click.ClickException(f"applying {fleet} failed: {response.text}")
             print_changes(console, response.json())
+        nodes = local_nodes(fleet)
+        agents = await start_agents(
+            stack,
+            nodes,
+            api=api,
+            admin_token=token,
+            grpc_target=cp.grpc_target,
+            data_dir=settings.data_dir / "agents",
+            log_dir=settings.data_dir / "logs",
+        )
+        console.print(f"[green]✓[/] {len(agents)} agent(s) started; waiting for their engines")
+        print_engines(console, agents, await await_engines(console, agents))
         table = Table(show_header=False, box=None)
         table.add_row("API", api)
         table.add_row("API docs", f"{api}/docs")
         table.add_row("agents (gRPC)", f"{settings.host}:{settings.grpc_port}")
         table.add_row("admin token", token)
+        for agent in agents:
+            table.add_row(f"agent {agent.node.name}", f"{agent.node.url}/agent/status")
+        table.add_row("logs", str(settings.data_dir / "logs"))
         table.add_row("try", f"curl -H 'Authorization: Bearer {token}' {api}/v1/regions")
         console.print(table)
         console.print("Ctrl-C stops everything.")
@@ -91,7 +110,7 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="REST port [8400]")
 def up_command(fleet: Path, port: int | None) -> None:
-    """Run a local fleet: PostgreSQL, the control plane, and the example fleet applied."""
+    """Run a local fleet: PostgreSQL, the control plane, the fleet applied, agents and engines."""
     settings = Settings().with_overrides(port=port)
     console = Console()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+import pytest
 
 from controlplane.db.embedded import UNSAFE_FAST, EmbeddedPostgres
 from meridian.procs import free_port
@@ -81,21 +82,44 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         token = (data_dir / "admin-token").read_text().strip()
         assert token in output
         assert f"http://127.0.0.1:{port}" in output
+        assert "22 object(s) changed; revision 1" in output
+        for engine in ENGINES:
+            assert f"✓ {engine}  ready" in output, output
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}
         ) as client:
             regions = (await client.get("/v1/regions")).json()["items"]
             assert sorted(r["name"] for r in regions) == ["eu-west", "us-east", "us-west"]
-            assert (await client.get("/v1/revision")).json() == {"revision": 1}
+            revision = (await client.get("/v1/revision")).json()["revision"]
+            engine_pids = []
+            for agent_port in (8501, 8502, 8503):
+                status = (await client.get(f"http://127.0.0.1:{agent_port}/agent/status")).json()
+                assert status["source"] == "control-plane"
+                engine_pids += [e["pid"] for e in status["engines"]]
     finally:
         await _interrupt(proc)
     assert proc.returncode == 0
+    assert len(engine_pids) == len(ENGINES)
+    for pid in engine_pids:  # every engine was stopped, not orphaned
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
-    # Again on the same data directory: the same database, nothing to change.
+    # Again on the same data directory: the same database, nothing to change, the agents keep
+    # their identities.
     proc, output = await _run_up(data_dir, port)
     try:
-        assert "no changes; revision 1" in output
+        assert f"no changes; revision {revision}" in output  # no new bootstrap tokens either
+        assert f"✓ {ENGINES[0]}  ready" in output
     finally:
         await _interrupt(proc)
     pid_file = next((data_dir / "postgres").rglob("postmaster.pid"), None)
     assert pid_file is None, "PostgreSQL was left running"
+
+
+ENGINES = [
+    "llama-us-east/unified-0",
+    "qwen-us-east/unified-0",
+    "llama-us-west/unified-0",
+    "llama-eu-west/unified-0",
+    "llama-eu-west/unified-1",
+]
