@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from bench.propagation import Options, run
+from bench.sim import run as run_sim
 
 
 @click.group("bench")
@@ -51,3 +52,14 @@ def propagation_command(
         asyncio.run(run(options))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@bench.command("sim")
+@click.option("--engines", type=click.IntRange(1, 64), default=8, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 4096), default=64, show_default=True)
+@click.option("--seconds", type=click.FloatRange(1, 3600), default=15, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def sim_command(engines: int, concurrency: int, seconds: float, out: Path | None) -> None:
+    """The simulator beside its published calibration figure, and the CPU and memory that
+    ENGINES simulators and a load generator take on this machine."""
+    asyncio.run(run_sim(engines, concurrency, seconds, out))

@@ -21,6 +21,7 @@ from agents.engines.sim import tokens
 from agents.engines.sim.cost import CostModel
 from agents.engines.sim.radix import Node, RadixCache
 
+CATCH_UP_S = 0.05
 Role = Literal["unified", "prefill", "decode"]
 Finish = Literal["length", "abort"]
 
@@ -106,6 +107,7 @@ class Engine:
         self._unhung.set()
         self._ids = itertools.count()
         self.generated_total = 0
+        self._deadline = 0.0
 
     def now(self) -> float:
         return self._clock()
@@ -216,7 +218,13 @@ class Engine:
                 self._advance(request)
 
     async def _step(self, seconds: float) -> None:
-        await self._sleep(seconds * self.faults.slow_factor)
+        """Steps keep time against a deadline, so the timer's lateness does not add up; after
+        an idle spell (or a lag of more than CATCH_UP_S) the deadline starts again from now."""
+        now = self.now()
+        if now - self._deadline > CATCH_UP_S:
+            self._deadline = now
+        self._deadline += seconds * self.faults.slow_factor
+        await self._sleep(self._deadline - now)
         await self._unhung.wait()
 
     def _advance(self, request: Request) -> None:
