@@ -10,6 +10,22 @@ from agents.engines.sim.cli import sim_command
 from agents.errors import SnapshotInvalid
 
 
+def _served_flags(spec: EngineSpec) -> list[str]:
+    """What SGLang and the simulator are both told: name, address, parallelism, PD role."""
+    out = [
+        "--served-model-name", spec.model,
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--tp-size", str(spec.tp_size),
+        "--dp-size", str(spec.dp_size),
+        "--enable-metrics",
+        "--enable-cache-report",
+    ]  # fmt: skip
+    if spec.context_length and "context-length" not in spec.args:
+        out += ["--context-length", str(spec.context_length)]
+    return out + _pd_flags(spec)
+
+
 def _pd_flags(spec: EngineSpec) -> list[str]:
     if spec.role == "unified":
         return []
@@ -36,20 +52,8 @@ class SglangBackend(Backend):
             )
 
     def launch(self, spec: EngineSpec) -> Launch:
-        argv = [
-            self.python, "-m", "sglang.launch_server",
-            "--model-path", spec.model_source,
-            "--served-model-name", spec.model,
-            "--host", spec.host,
-            "--port", str(spec.port),
-            "--tp-size", str(spec.tp_size),
-            "--dp-size", str(spec.dp_size),
-            "--enable-metrics",
-            "--enable-cache-report",
-        ]  # fmt: skip
-        if spec.context_length and "context-length" not in spec.args:
-            argv += ["--context-length", str(spec.context_length)]
-        argv += _pd_flags(spec)
+        argv = [self.python, "-m", "sglang.launch_server", "--model-path", spec.model_source]
+        argv += _served_flags(spec)
         if spec.kv_events:
             config = {
                 "publisher": "zmq",
@@ -86,19 +90,7 @@ class SimBackend(Backend):
             )
 
     def launch(self, spec: EngineSpec) -> Launch:
-        argv = [
-            self.python, "-m", "meridian", "sim",
-            "--served-model-name", spec.model,
-            "--host", spec.host,
-            "--port", str(spec.port),
-            "--tp-size", str(spec.tp_size),
-            "--dp-size", str(spec.dp_size),
-            "--enable-metrics",
-            "--enable-cache-report",
-        ]  # fmt: skip
-        if spec.context_length and "context-length" not in spec.args:
-            argv += ["--context-length", str(spec.context_length)]
-        argv += _pd_flags(spec) + flags(spec.args)
+        argv = [self.python, "-m", "meridian", "sim", *_served_flags(spec), *flags(spec.args)]
         return Launch(argv, gpu_env(spec))
 
 

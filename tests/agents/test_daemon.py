@@ -3,14 +3,16 @@ plane. Everything runs as child processes: the control plane, the agent, the sim
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from meridian.procs import free_port, start_control_plane, stop_child
-from tests.agents.agent_kit import engines_ready, running_agent, start_agent
-from tests.controlplane.conftest import ADMIN_TOKEN, start_server
+from tests.agents.agent_kit import AgentProc, engines_ready, running_agent, start_agent
+from tests.controlplane.conftest import ADMIN_TOKEN, Server, start_server
 from tests.controlplane.push.kit import bootstrap_token, eventually, get, patch, seed
 
 
@@ -23,22 +25,30 @@ async def _status_when(agent: Any, check: Any, within_s: float = 30) -> dict[str
     return result
 
 
-async def test_agent_runs_the_node_engines_and_reports_them(
-    database_url: str, tmp_path: Path
-) -> None:
+@contextlib.asynccontextmanager
+async def agent_of(
+    database_url: str, data_dir: Path, region: str
+) -> AsyncIterator[tuple[Server, AgentProc, int]]:
+    """A control plane with the example fleet, and an agent on the region's declared node."""
     cp = await start_server(database_url)
     try:
         revision = await seed(cp.url)
-        token = await bootstrap_token(cp.url, "us-east")
-        async with running_agent(
-            cp.grpc_target, "us-east", tmp_path, token=token, node="us-east-1"
-        ) as agent:
-            status = await _status_when(agent, lambda s: engines_ready(s, 2))
-            node = await eventually(lambda: _applied(cp.url, "us-east-1", revision), within_s=15)
-            async with httpx.AsyncClient(timeout=5) as client:
-                models = (await client.get("http://127.0.0.1:30001/v1/models")).json()
+        token = await bootstrap_token(cp.url, region)
+        node = f"{region}-1"
+        async with running_agent(cp.grpc_target, region, data_dir, token=token, node=node) as agent:
+            yield cp, agent, revision
     finally:
         await stop_child(cp.process)
+
+
+async def test_agent_runs_the_node_engines_and_reports_them(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with agent_of(database_url, tmp_path, "us-east") as (cp, agent, revision):
+        status = await _status_when(agent, lambda s: engines_ready(s, 2))
+        node = await eventually(lambda: _applied(cp.url, "us-east-1", revision), within_s=15)
+        async with httpx.AsyncClient(timeout=5) as client:
+            models = (await client.get("http://127.0.0.1:30001/v1/models")).json()
     assert status["node"] == "us-east-1"
     assert status["revision"] == revision
     assert status["source"] == "control-plane"
@@ -61,23 +71,12 @@ async def _applied(url: str, node: str, revision: int) -> dict[str, Any] | None:
 async def test_a_snapshot_the_node_cannot_run_is_nacked_and_the_old_one_kept(
     database_url: str, tmp_path: Path
 ) -> None:
-    cp = await start_server(database_url)
-    try:
-        revision = await seed(cp.url)
-        token = await bootstrap_token(cp.url, "us-west")
-        async with running_agent(
-            cp.grpc_target, "us-west", tmp_path, token=token, node="us-west-1"
-        ) as agent:
-            before = await _status_when(agent, lambda s: engines_ready(s, 1))
-            await patch(
-                cp.url,
-                "/v1/deployments/llama-us-west",
-                {"engine_args": {"no-such-flag": 1}},
-            )
-            node = await eventually(lambda: _nacked(cp.url, "us-west-1"), within_s=15)
-            after = await agent.status()
-    finally:
-        await stop_child(cp.process)
+    async with agent_of(database_url, tmp_path, "us-west") as (cp, agent, revision):
+        before = await _status_when(agent, lambda s: engines_ready(s, 1))
+        bad = {"engine_args": {"no-such-flag": 1}}
+        await patch(cp.url, "/v1/deployments/llama-us-west", bad)
+        node = await eventually(lambda: _nacked(cp.url, "us-west-1"), within_s=15)
+        after = await agent.status()
     assert "no-such-flag" in node["last_nack_reason"]
     assert node["applied_revision"] == revision
     assert node["desired_revision"] > revision
