@@ -62,7 +62,6 @@ class Agent:
         self.nvml = gpus.discover()
         self.supervisor = Supervisor(settings, self.backends, settings.data_dir / "engines")
         self.snapshot: pb.Snapshot | None = None
-        self.source = "none"  # none | disk | control-plane
         self.link = ControlLink(
             settings,
             self.store,
@@ -71,6 +70,13 @@ class Agent:
             telemetry=self.telemetry,
             gpus=self.nvml,
         )
+
+    @property
+    def source(self) -> str:
+        """Where the snapshot in force stands: `disk` until the control plane has answered."""
+        if self.snapshot is None:
+            return "none"
+        return "control-plane" if self.link.state.reached else "disk"
 
     async def apply(self, snapshot: pb.Snapshot) -> None:
         """Check, persist, then act; a snapshot that fails the check changes nothing."""
@@ -95,7 +101,6 @@ class Agent:
         except SnapshotInvalid as error:
             log.error("the snapshot on disk cannot run here: %s", error.message)
             return
-        self.source = "disk"
         log.info("started from the snapshot on disk, revision %s", snapshot.revision)
 
     async def serve(self) -> None:
@@ -137,8 +142,6 @@ class Agent:
 
     def status(self) -> dict[str, Any]:
         link = self.link.state
-        if link.reached and self.snapshot is not None:
-            self.source = "control-plane"
         gpu_list = inventory(self.snapshot, link.node, self.nvml)
         return {
             "region": self.settings.region,

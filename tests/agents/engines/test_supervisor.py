@@ -17,6 +17,7 @@ from agents.engines.runner import EngineRunner, EngineState, backoff_s
 from agents.engines.supervisor import Supervisor
 from agents.settings import AgentSettings
 from meridian.procs import free_port
+from tests.agents.sim_kit import running_sim
 
 SETTINGS = AgentSettings(
     control_plane="127.0.0.1:1",
@@ -150,3 +151,24 @@ async def test_a_changed_spec_replaces_the_engine_and_others_are_left_alone(
     assert supervisor.runners[keep.id].pid == kept_pid
     assert supervisor.runners[change.id].pid != old_pid
     assert supervisor.runners[change.id].spec == changed
+
+
+async def test_an_external_engine_is_probed_and_never_launched(supervisor: Supervisor) -> None:
+    async with running_sim() as sim:
+        up = EngineSpec("ext/external-0", "ext", "llama", "external", "unified", sim.url)
+        gone = EngineSpec(
+            "ext/external-1",
+            "ext",
+            "llama",
+            "external",
+            "unified",
+            f"http://127.0.0.1:{free_port()}",
+        )
+        supervisor.want([up, gone])
+        await until(lambda: len(supervisor.runners) == 2)
+        await until(lambda: supervisor.runners[up.id].state is EngineState.READY)
+        await until(lambda: supervisor.runners[gone.id].state is EngineState.UNHEALTHY)
+        assert all(r.pid is None and r.process is None for r in supervisor.runners.values())
+        supervisor.want([])
+        await supervisor.settled()
+        assert sim.process.returncode is None  # stopping an external engine leaves it running
