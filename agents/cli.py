@@ -10,6 +10,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from agents.control.store import Store
 from agents.daemon import Agent
 from agents.settings import AgentSettings
 
@@ -45,5 +46,10 @@ def run(**options: Any) -> None:
         first = error.errors()[0]
         name = str(first["loc"][0]).replace("_", "-") if first["loc"] else "settings"
         raise click.UsageError(f"--{name}: {first['msg']}") from error
+    if settings.bootstrap_token is None and Store(settings.data_dir).load_identity() is None:
+        raise click.UsageError(
+            f"{settings.data_dir} holds no agent identity yet: give --bootstrap-token for the "
+            "first start (POST /v1/bootstrap-tokens on the control plane makes one)"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(Agent(settings).serve())
