@@ -22,6 +22,7 @@ from typing import IO
 import httpx
 
 from agents.engines.base import Backend, EngineSpec
+from agents.engines.children import Adopted, PidFile, kill_group
 from agents.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -47,20 +48,21 @@ class Load:
 class EngineRunner:
     def __init__(self, spec: EngineSpec, backend: Backend, settings: AgentSettings, log_dir: Path):
         self.spec, self.backend, self.settings = spec, backend, settings
-        self.log_path = log_dir / f"{spec.id.replace('/', '__')}.log"
+        self.log_path = log_dir / f"{file_stem(spec.id)}.log"
+        self.pidfile = PidFile(pid_path(log_dir, spec.id))
         self.state = EngineState.STARTING
         self.failures = 0  # in a row
         self.restarts = 0
         self.last_exit: int | None = None
         self.reason = ""
         self.load = Load()
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: asyncio.subprocess.Process | Adopted | None = None
         self._task: asyncio.Task[None] | None = None
         self._http = httpx.AsyncClient(timeout=settings.probe_timeout_s)
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if self.process and self.process.returncode is None else None
+        return self.process.pid if self.process is not None and not self._exited() else None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._life(), name=self.spec.id)
@@ -71,7 +73,7 @@ class EngineRunner:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.process is not None and self.process.returncode is None:
+        if self.process is not None and not self._exited():
             self.state = EngineState.DRAINING
             await self._drain()
             await self._terminate()
@@ -85,7 +87,8 @@ class EngineRunner:
         while True:
             ready_since: float | None = None
             try:
-                await self._spawn()
+                if not await self._adopt():
+                    await self._spawn()
                 ready_since = await self._until_ready()
                 if ready_since is not None:
                     await self._watch()
@@ -112,6 +115,17 @@ class EngineRunner:
             )
             self.restarts += 1
 
+    async def _adopt(self) -> bool:
+        """Take over the engine a previous agent left running, if it runs these settings."""
+        if self.process is not None:  # a restart: start afresh
+            return False
+        adopted = await asyncio.to_thread(self.pidfile.adopt, self.backend.launch(self.spec))
+        if adopted is None:
+            return False
+        self.process = adopted
+        log.info("engine %s adopted, pid %s", self.spec.id, adopted.pid)
+        return True
+
     async def _spawn(self) -> None:
         launch = self.backend.launch(self.spec)
         output = await asyncio.to_thread(_open_log, self.log_path)
@@ -125,6 +139,7 @@ class EngineRunner:
             )
         finally:
             output.close()
+        await asyncio.to_thread(self.pidfile.write, self.process.pid, launch)
         self.state = EngineState.STARTING
         log.info("engine %s started, pid %s", self.spec.id, self.process.pid)
 
@@ -175,7 +190,11 @@ class EngineRunner:
             await asyncio.sleep(self.settings.probe_interval_s)
 
     def _exited(self) -> bool:
-        if self.process is None or self.process.returncode is None:
+        if self.process is None:
+            return False
+        if isinstance(self.process, Adopted):
+            self.process.alive()
+        if self.process.returncode is None:
             return False
         self.last_exit = self.process.returncode
         self.reason = f"exited with {self.process.returncode}"
@@ -203,16 +222,18 @@ class EngineRunner:
 
     async def _terminate(self) -> None:
         process = self.process
-        if process is None or process.returncode is not None:
+        if process is None:
             return
-        _signal_group(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), self.settings.stop_grace_s)
-        except TimeoutError:
-            log.warning("engine %s ignored SIGTERM; killing it", self.spec.id)
-            _signal_group(process.pid, signal.SIGKILL)
-            await process.wait()
-        self.last_exit = process.returncode
+        if not self._exited():
+            kill_group(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), self.settings.stop_grace_s)
+            except TimeoutError:
+                log.warning("engine %s ignored SIGTERM; killing it", self.spec.id)
+                kill_group(process.pid, signal.SIGKILL)
+                await process.wait()
+            self.last_exit = process.returncode
+        await asyncio.to_thread(self.pidfile.remove)
 
 
 def backoff_s(failures: int, base_s: float, cap_s: float) -> float:
@@ -220,9 +241,12 @@ def backoff_s(failures: int, base_s: float, cap_s: float) -> float:
     return float(min(cap_s, base_s * 2 ** (failures - 1)))
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)
+def file_stem(engine_id: str) -> str:
+    return engine_id.replace("/", "__")
+
+
+def pid_path(log_dir: Path, engine_id: str) -> Path:
+    return log_dir / f"{file_stem(engine_id)}.pid"
 
 
 def _open_log(path: Path) -> IO[bytes]:

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agents.engines.base import Backend, EngineSpec
-from agents.engines.runner import EngineRunner, EngineState
+from agents.engines.children import reap_strays
+from agents.engines.runner import EngineRunner, EngineState, pid_path
 from agents.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ class Supervisor:
         self._changed = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._reaped = False
 
     def want(self, specs: Sequence[EngineSpec]) -> None:
         self._desired = {s.id: s for s in specs}
@@ -48,6 +50,12 @@ class Supervisor:
             await self.stop_all()
 
     async def _reconcile(self, desired: dict[str, EngineSpec]) -> None:
+        if not self._reaped:  # engines a previous agent left running and no one wants now
+            keep = {pid_path(self.log_dir, i) for i in desired}
+            stopped = await asyncio.to_thread(reap_strays, self.log_dir, keep)
+            if stopped:
+                log.info("stopped %d engine(s) left by a previous agent", stopped)
+            self._reaped = True
         leaving = [r for i, r in self.runners.items() if i not in desired or desired[i] != r.spec]
         if leaving:
             log.info("stopping %d engine(s)", len(leaving))

@@ -4,12 +4,14 @@ plane. Everything runs as child processes: the control plane, the agent, the sim
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from agents.engines.children import start_ticks
 from meridian.procs import free_port, start_control_plane, stop_child
 from tests.agents.agent_kit import AgentProc, engines_ready, running_agent, start_agent
 from tests.controlplane.conftest import ADMIN_TOKEN, Server, start_server
@@ -105,12 +107,19 @@ async def test_an_agent_restarted_while_the_control_plane_is_down_comes_back_fro
         revision = await seed(cp.url)
         token = await bootstrap_token(cp.url, "us-west")
         agent = await start_agent(target, "us-west", tmp_path, token=token, node="us-west-1")
-        await _status_when(agent, lambda s: engines_ready(s, 1) and s["revision"] == revision)
-        assert await agent.stop() == 0
+        first = await _status_when(
+            agent, lambda s: engines_ready(s, 1) and s["revision"] == revision
+        )
     finally:
         await stop_child(cp.process)
 
-    # The control plane is gone. The agent starts again, with no token, from its data dir.
+    # The control plane is gone, and the agent is killed outright: its engine serves on.
+    agent.process.kill()
+    await agent.process.wait()
+    engine_pid = first["engines"][0]["pid"]
+    os.kill(engine_pid, 0)
+
+    # The agent starts again, with no token, from its data dir, and adopts the engine.
     agent = await start_agent(target, "us-west", tmp_path)
     try:
         alone = await _status_when(agent, lambda s: engines_ready(s, 1))
@@ -125,5 +134,8 @@ async def test_an_agent_restarted_while_the_control_plane_is_down_comes_back_fro
     assert alone["source"] == "disk"
     assert alone["control_plane"]["connected"] is False
     assert alone["node"] == "us-west-1"
+    assert alone["engines"][0]["pid"] == engine_pid  # adopted, not restarted
     assert back["revision"] == revision
-    assert back["engines"][0]["pid"] == alone["engines"][0]["pid"]  # nothing restarted
+    assert back["engines"][0]["pid"] == engine_pid
+    assert start_ticks(engine_pid) is None  # a clean stop ends the adopted engine too (or
+    # leaves a zombie for init to reap: it was the killed agent's child)

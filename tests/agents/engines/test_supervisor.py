@@ -13,6 +13,7 @@ import pytest
 
 from agents.engines.backends import backends
 from agents.engines.base import EngineSpec, Scalar
+from agents.engines.children import start_ticks
 from agents.engines.runner import EngineRunner, EngineState, backoff_s
 from agents.engines.supervisor import Supervisor
 from agents.settings import AgentSettings
@@ -172,3 +173,35 @@ async def test_an_external_engine_is_probed_and_never_launched(supervisor: Super
         supervisor.want([])
         await supervisor.settled()
         assert sim.process.returncode is None  # stopping an external engine leaves it running
+
+
+async def _abandon(sup: Supervisor, task: asyncio.Task[None]) -> None:
+    """What an agent killed outright does: leave its engines running, unsupervised."""
+    for engine in sup.runners.values():
+        assert engine._task is not None
+        engine._task.cancel()
+    sup.runners.clear()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_new_supervisor_adopts_a_wanted_engine_and_stops_strays(tmp_path: Path) -> None:
+    wanted, stray = sim_spec("wanted/unified-0"), sim_spec("stray/unified-0")
+    old = Supervisor(SETTINGS, backends(), tmp_path)
+    old_task = asyncio.create_task(old.run())
+    old.want([wanted, stray])
+    await until(lambda: len(old.ready()) == 2)
+    pids = {i: r.pid for i, r in old.runners.items()}
+    await _abandon(old, old_task)
+
+    new = Supervisor(SETTINGS, backends(), tmp_path)
+    new_task = asyncio.create_task(new.run())
+    try:
+        new.want([wanted])
+        await until(lambda: len(new.ready()) == 1)
+        assert new.runners[wanted.id].pid == pids[wanted.id]
+        await until(lambda: start_ticks(pids[stray.id] or 0) is None)
+    finally:
+        new_task.cancel()
+        await asyncio.gather(new_task, return_exceptions=True)
+    assert start_ticks(pids[wanted.id] or 0) is None  # stopped with its new supervisor
