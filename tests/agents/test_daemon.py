@@ -63,11 +63,13 @@ async def test_agent_runs_the_node_engines_and_reports_them(
     assert {g["source"] for g in status["gpus"]} == {"declared"}
     assert models["data"][0]["id"] == "qwen2.5-32b-instruct"
     assert node["health"] == "up"
+    assert node["last_heartbeat_at"] is not None  # telemetry arrives
 
 
 async def _applied(url: str, node: str, revision: int) -> dict[str, Any] | None:
     found: dict[str, Any] = await get(url, f"/v1/nodes/{node}")
-    return found if found["applied_revision"] == revision else None
+    done = found["applied_revision"] == revision and found["last_heartbeat_at"] is not None
+    return found if done else None
 
 
 async def test_a_snapshot_the_node_cannot_run_is_nacked_and_the_old_one_kept(
