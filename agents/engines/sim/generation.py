@@ -67,10 +67,11 @@ class Kv:
     metrics: Metrics
     ready: dict[int, int]  # bootstrap room -> prompt tokens, on a prefill server
     arrived: asyncio.Condition
+    announcing: set[asyncio.Task[None]]  # held here: the loop keeps only weak references
 
     @classmethod
     def new(cls, metrics: Metrics) -> Kv:
-        return cls(metrics, {}, asyncio.Condition())
+        return cls(metrics, {}, asyncio.Condition(), set())
 
     async def publish(self, room: int, tokens: int) -> None:
         async with self.arrived:
@@ -96,7 +97,9 @@ async def start(engine: Engine, kv: Kv, body: Body, request: Request) -> None:
         await _receive_kv(engine, kv, body, request)
     engine.submit(request)
     if engine.role == "prefill" and body.bootstrap_room is not None:
-        asyncio.get_running_loop().create_task(_announce(kv, body.bootstrap_room, request))
+        task = asyncio.get_running_loop().create_task(_announce(kv, body.bootstrap_room, request))
+        kv.announcing.add(task)
+        task.add_done_callback(kv.announcing.discard)
 
 
 async def _announce(kv: Kv, room: int, request: Request) -> None:

@@ -44,7 +44,9 @@ class FleetStub:
     `authorization: Bearer <credential>` metadata. The agent sends Hello first with the
     revision it has; the control plane sends a newer snapshot of the agent's own region,
     or nothing, and again after every change that alters that region's snapshot. The
-    agent acks or nacks every snapshot and sends heartbeats.
+    agent acks or nacks every snapshot and sends heartbeats. Once the control plane has
+    taken the Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the
+    agent knows it is connected even when no snapshot is due.
     """
 
 @_typing.type_check_only
@@ -59,7 +61,9 @@ class FleetAsyncStub(FleetStub):
     `authorization: Bearer <credential>` metadata. The agent sends Hello first with the
     revision it has; the control plane sends a newer snapshot of the agent's own region,
     or nothing, and again after every change that alters that region's snapshot. The
-    agent acks or nacks every snapshot and sends heartbeats.
+    agent acks or nacks every snapshot and sends heartbeats. Once the control plane has
+    taken the Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the
+    agent knows it is connected even when no snapshot is due.
     """
 
 class FleetServicer(metaclass=_abc_1.ABCMeta):
@@ -83,7 +87,9 @@ class FleetServicer(metaclass=_abc_1.ABCMeta):
         `authorization: Bearer <credential>` metadata. The agent sends Hello first with the
         revision it has; the control plane sends a newer snapshot of the agent's own region,
         or nothing, and again after every change that alters that region's snapshot. The
-        agent acks or nacks every snapshot and sends heartbeats.
+        agent acks or nacks every snapshot and sends heartbeats. Once the control plane has
+        taken the Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the
+        agent knows it is connected even when no snapshot is due.
         """
 
 def add_FleetServicer_to_server(servicer: FleetServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
