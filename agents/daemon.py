@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
-from google.protobuf.timestamp_pb2 import Timestamp
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -29,6 +28,7 @@ from agents.engines.backends import backends
 from agents.engines.supervisor import Supervisor
 from agents.errors import SnapshotInvalid
 from agents.settings import AgentSettings
+from agents.telemetry import TelemetryWindow
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class Agent:
         self.nvml = gpus.discover()
         self.supervisor = Supervisor(settings, self.backends, settings.data_dir / "engines")
         self.snapshot: pb.Snapshot | None = None
+        self.window = TelemetryWindow()
         self.link = ControlLink(
             settings,
             self.store,
@@ -162,32 +163,5 @@ class Agent:
         }
 
     def telemetry(self) -> pb.Telemetry:
-        now = Timestamp()
-        now.GetCurrentTime()
-        engines = [
-            pb.EngineStatus(
-                id=r.spec.id,
-                deployment=r.spec.deployment,
-                model=r.spec.model,
-                state=str(r.state),
-                inflight_requests=r.load.running,
-                queued_requests=r.load.waiting,
-            )
-            for r in self.supervisor.runners.values()
-        ]
-        used = {m.index: m for m in gpus.memory()} if self.nvml is not None else {}
-        memory = [
-            pb.GpuMemory(
-                index=g.index,
-                used_gb=used[g.index].used_gb if g.index in used else 0.0,
-                total_gb=float(g.memory_gb),
-            )
-            for g in inventory(self.snapshot, self.link.state.node, self.nvml)
-        ]
-        return pb.Telemetry(
-            observed_at=now,
-            engines=engines,
-            gpus=memory,
-            inflight_requests=sum(e.inflight_requests for e in engines),
-            queued_requests=sum(e.queued_requests for e in engines),
-        )
+        gpu_list = inventory(self.snapshot, self.link.state.node, self.nvml)
+        return self.window.report(self.supervisor.runners.values(), gpu_list, self.nvml is not None)

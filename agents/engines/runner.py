@@ -21,6 +21,7 @@ from typing import IO
 
 import httpx
 
+from agents.engines import metrics
 from agents.engines.base import Backend, EngineSpec
 from agents.engines.children import Adopted, PidFile, kill_group
 from agents.settings import AgentSettings
@@ -56,6 +57,7 @@ class EngineRunner:
         self.last_exit: int | None = None
         self.reason = ""
         self.load = Load()
+        self.counters: metrics.Counters | None = None  # as of the last probe
         self.process: asyncio.subprocess.Process | Adopted | None = None
         self._task: asyncio.Task[None] | None = None
         self._http = httpx.AsyncClient(timeout=settings.probe_timeout_s)
@@ -208,6 +210,9 @@ class EngineRunner:
             loads = (await self._http.get(f"{self.spec.url}/get_load")).json()
             waiting = sum(int(d.get("num_waiting_reqs", 0)) for d in loads)
             self.load = Load(sum(int(d.get("num_reqs", 0)) for d in loads) - waiting, waiting)
+            scrape = await self._http.get(f"{self.spec.url}/metrics")
+            if scrape.status_code == 200:  # engines started without --enable-metrics: 404
+                self.counters = metrics.parse(scrape.text)
             return True
         except (httpx.HTTPError, ValueError, TypeError, AttributeError):
             return False

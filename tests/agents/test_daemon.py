@@ -3,6 +3,7 @@ plane. Everything runs as child processes: the control plane, the agent, the sim
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
@@ -51,6 +52,11 @@ async def test_agent_runs_the_node_engines_and_reports_them(
         node = await eventually(lambda: _applied(cp.url, "us-east-1", revision), within_s=15)
         async with httpx.AsyncClient(timeout=5) as client:
             models = (await client.get("http://127.0.0.1:30001/v1/models")).json()
+            traffic = asyncio.create_task(_same_prompt_again_and_again(client))
+            try:
+                load = await eventually(lambda: _served(cp.url, "us-east"), within_s=30)
+            finally:
+                traffic.cancel()
     assert status["node"] == "us-east-1"
     assert status["revision"] == revision
     assert status["source"] == "control-plane"
@@ -64,6 +70,22 @@ async def test_agent_runs_the_node_engines_and_reports_them(
     assert models["data"][0]["id"] == "qwen2.5-32b-instruct"
     assert node["health"] == "up"
     assert node["last_heartbeat_at"] is not None  # telemetry arrives
+    # ...with what the engines served, read from their metrics, rolled up for the region
+    assert load["prefix_cache_hit_rate"] > 0.5
+    assert load["ttft_ms"]["p50"] > 0
+    assert load["engines_ready"] == 2
+
+
+async def _same_prompt_again_and_again(client: httpx.AsyncClient) -> None:
+    body = {"text": "a prompt the cache will know", "sampling_params": {"max_new_tokens": 2}}
+    while True:
+        await client.post("http://127.0.0.1:30000/generate", json=body)
+        await asyncio.sleep(0.05)
+
+
+async def _served(url: str, region: str) -> dict[str, Any] | None:
+    load: dict[str, Any] | None = (await get(url, f"/v1/regions/{region}"))["load"]
+    return load if load and load["requests_per_second"] > 0 else None
 
 
 async def _applied(url: str, node: str, revision: int) -> dict[str, Any] | None:

@@ -1,0 +1,81 @@
+"""What a heartbeat tells the control plane: engine states and loads, GPU memory, and what the
+engines served since the last heartbeat (request rate, prefix-cache hit rate, TTFT and ITL
+percentiles), from their own metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+
+from agents.engines import gpus
+from agents.engines.metrics import Counters, quantile
+from agents.engines.runner import EngineRunner
+
+
+class TelemetryWindow:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last: dict[str, Counters] = {}
+        self._at: float | None = None
+
+    def report(
+        self, runners: Iterable[EngineRunner], gpu_list: Iterable[gpus.Gpu], nvml: bool
+    ) -> pb.Telemetry:
+        runners = list(runners)
+        served, seconds = self._since_last(runners)
+        now = Timestamp()
+        now.GetCurrentTime()
+        engines = [
+            pb.EngineStatus(
+                id=r.spec.id,
+                deployment=r.spec.deployment,
+                model=r.spec.model,
+                state=str(r.state),
+                inflight_requests=r.load.running,
+                queued_requests=r.load.waiting,
+            )
+            for r in runners
+        ]
+        used = {m.index: m.used_gb for m in gpus.memory()} if nvml else {}
+        return pb.Telemetry(
+            observed_at=now,
+            engines=engines,
+            gpus=[
+                pb.GpuMemory(index=g.index, used_gb=used.get(g.index, 0.0), total_gb=g.memory_gb)
+                for g in gpu_list
+            ],
+            inflight_requests=sum(e.inflight_requests for e in engines),
+            queued_requests=sum(e.queued_requests for e in engines),
+            prefix_cache_hit_rate=(
+                served.cached_tokens / served.prompt_tokens if served.prompt_tokens else 0.0
+            ),
+            ttft_ms=_percentiles(served.ttft),
+            itl_ms=_percentiles(served.itl),
+            requests_per_second=served.requests / seconds if seconds > 0 else 0.0,
+        )
+
+    def _since_last(self, runners: list[EngineRunner]) -> tuple[Counters, float]:
+        """Summed over the engines; an engine seen for the first time adds nothing yet."""
+        now = self._clock()
+        total, current = Counters(), {}
+        for runner in runners:
+            if runner.counters is None:
+                continue
+            current[runner.spec.id] = runner.counters
+            before = self._last.get(runner.spec.id)
+            if before is not None:
+                total = total.plus(runner.counters.minus(before))
+        seconds = now - self._at if self._at is not None else 0.0
+        self._last, self._at = current, now
+        return total, seconds
+
+
+def _percentiles(buckets: dict[float, float]) -> pb.Percentiles:
+    return pb.Percentiles(
+        p50=quantile(buckets, 0.5) * 1000,
+        p90=quantile(buckets, 0.9) * 1000,
+        p99=quantile(buckets, 0.99) * 1000,
+    )
