@@ -97,6 +97,9 @@ class EngineRunner:
             except Exception as error:  # a loop boundary: report, back off, go on
                 log.exception("engine %s failed", self.spec.id, extra={"engine_id": self.spec.id})
                 self.reason = f"{type(error).__name__}: {error}"
+            if self.process is not None and self._exited():
+                self.last_exit = self.process.returncode
+                self.reason = f"exited with {self.process.returncode}"
             await self._terminate()
             loop = asyncio.get_running_loop()
             if (
@@ -196,11 +199,7 @@ class EngineRunner:
             return False
         if isinstance(self.process, Adopted):
             self.process.alive()
-        if self.process.returncode is None:
-            return False
-        self.last_exit = self.process.returncode
-        self.reason = f"exited with {self.process.returncode}"
-        return True
+        return self.process.returncode is not None
 
     async def _probe(self) -> bool:
         try:
