@@ -101,6 +101,25 @@ class DeploymentRow(NamedRow):
     region: Mapped[RegionRow] = relationship(lazy="joined")
 
 
+class EngineSlotRow(Base):
+    """Where an engine was placed: its node, GPUs and port, kept so that engines stay put.
+
+    Written in the same transaction as the change that placed it; a deployment's or a node's
+    deletion takes its slots along.
+    """
+
+    __tablename__ = "engine_slots"
+    __table_args__ = (UniqueConstraint("node_id", "port"),)
+
+    engine_id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(
+        ForeignKey("deployments.id", ondelete="CASCADE"), index=True
+    )
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    gpu_indexes: Mapped[list[int]] = mapped_column(JSONB)
+    port: Mapped[int] = mapped_column(Integer)
+
+
 class RoutingPolicyRow(NamedRow):
     __tablename__ = "routing_policies"
     __table_args__ = (

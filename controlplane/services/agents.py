@@ -23,6 +23,7 @@ from controlplane.errors import (
 from controlplane.schemas.common import Name, Spec
 from controlplane.schemas.fleet import Gpu, NodeSpec
 from controlplane.services.fleet_kinds import NODE
+from controlplane.services.placements import commit
 from controlplane.services.secrets import hash_secret, new_name, new_secret
 from controlplane.services.unit import UnitOfWork
 
@@ -87,7 +88,7 @@ async def register(db: Database, token: str, given: AgentRegistration) -> Regist
         agent.credential_hash = secret.digest
         agent.agent_version = given.agent_version
         agent.registered_with = found.name
-        revision = await uow.commit_revision()
+        revision = await commit(uow)
         return Registration(agent.name, secret.value, region.name, node.name, revision)
 
 

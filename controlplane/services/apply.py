@@ -13,33 +13,13 @@ from sqlalchemy import select
 from controlplane.db.engine import Database
 from controlplane.domain import Role
 from controlplane.errors import ValidationFailed
-from controlplane.services.access_kinds import TENANT
-from controlplane.services.fleet_kinds import (
-    CLOUD,
-    DEPLOYMENT,
-    FALLBACK,
-    MODEL,
-    NODE,
-    REGION,
-    ROUTING_POLICY,
-)
 from controlplane.services.kind import Kind, parse
+from controlplane.services.placements import commit
+from controlplane.services.registry import APPLY_KINDS
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.unit import Doc, UnitOfWork, current_revision
 
 API_VERSION = "meridian/v1"
-# Document keys, in dependency order: a kind refers only to kinds before it.
-APPLY_KINDS: dict[str, Kind[Any]] = {
-    "clouds": CLOUD,
-    "regions": REGION,
-    "nodes": NODE,
-    "models": MODEL,
-    "deployments": DEPLOYMENT,
-    "routing_policies": ROUTING_POLICY,
-    "fallback_rules": FALLBACK,
-    "tenants": TENANT,
-}
-
 Plan = list[tuple[Kind[Any], list[tuple[str, Any]]]]
 
 
@@ -123,5 +103,5 @@ async def _apply(db: Database, plan: Plan, actor: str, *, dry_run: bool, cascade
         result = {"dry_run": dry_run, "changed": bool(changes), "changes": changes}
         if dry_run:
             raise _DryRun({**result, "revision": await current_revision(session)})
-        revision = await uow.commit_revision() or await current_revision(session)
+        revision = await commit(uow) or await current_revision(session)
     return {**result, "revision": revision}

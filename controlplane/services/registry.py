@@ -46,3 +46,15 @@ KINDS: list[Kind[Any]] = [
     BOOTSTRAP_TOKEN,
 ]
 BY_PLURAL: dict[str, Kind[Any]] = {kind.plural: kind for kind in KINDS}
+
+# Document keys, in dependency order: a kind refers only to kinds before it.
+APPLY_KINDS: dict[str, Kind[Any]] = {
+    "clouds": CLOUD,
+    "regions": REGION,
+    "nodes": NODE,
+    "models": MODEL,
+    "deployments": DEPLOYMENT,
+    "routing_policies": ROUTING_POLICY,
+    "fallback_rules": FALLBACK,
+    "tenants": TENANT,
+}

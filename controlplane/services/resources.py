@@ -13,6 +13,7 @@ from controlplane.db.engine import Database
 from controlplane.errors import MalformedBody, PreconditionRequired, VersionMismatch
 from controlplane.schemas.common import Spec
 from controlplane.services.kind import Kind, parse
+from controlplane.services.placements import commit
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.secrets import new_name
 from controlplane.services.unit import Doc, UnitOfWork
@@ -99,7 +100,7 @@ class Resources:
         async with self._db.sessions() as session, session.begin():
             uow = UnitOfWork(session, actor)
             row, secret = await kind.create(uow, name, spec)
-            written = Written(kind.view(row), secret, await uow.commit_revision())
+            written = Written(kind.view(row), secret, await commit(uow))
         return await self._published(written)
 
     async def replace(
@@ -110,7 +111,7 @@ class Resources:
             row = await uow.get(kind.row, kind.kind, name, lock=True)
             check_version(kind, name, row.version, expected)
             await kind.update(uow, row, spec)
-            written = Written(kind.view(row), {}, await uow.commit_revision())
+            written = Written(kind.view(row), {}, await commit(uow))
         return await self._published(written)
 
     async def patch(
@@ -124,7 +125,7 @@ class Resources:
             current = {k: v for k, v in kind.doc(row).items() if k in schema.model_fields}
             spec = parse(schema, merge_patch(current, patch), ("body",))
             await kind.update(uow, row, spec)
-            written = Written(kind.view(row), {}, await uow.commit_revision())
+            written = Written(kind.view(row), {}, await commit(uow))
         return await self._published(written)
 
     async def delete(
@@ -141,6 +142,6 @@ class Resources:
             row = await uow.get(kind.row, kind.kind, name, lock=True)
             check_version(kind, name, row.version, expected)
             await kind.delete(uow, row, cascade=cascade)
-            revision = await uow.commit_revision()
+            revision = await commit(uow)
         await self._feed.published(revision)
         return revision

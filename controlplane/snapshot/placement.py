@@ -1,4 +1,11 @@
-"""Engines onto GPUs: first fit, by name, so the same state always places the same way."""
+"""Engines onto GPUs: sticky first, then first fit, so the same state always places the same way.
+
+An engine that has a slot (the node, GPUs and port it was given before, kept in PostgreSQL)
+keeps it while that slot still fits: the node is active, the GPUs exist, are free and have
+the memory, and the port is free. Only the engines without a slot that fits are placed anew:
+first fit over the nodes by name, on the lowest free port. Adding or removing a deployment
+therefore moves no other engine.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ from dataclasses import dataclass, field
 
 from controlplane.domain import EngineBackend, NodeState, PdMode
 from controlplane.schemas.fleet import DeploymentSpec, NodeSpec
-from controlplane.snapshot.types import Engine, FleetState, NodePlan, Unplaced
+from controlplane.snapshot.types import Engine, FleetState, NodePlan, Slot, Unplaced
 
 ENGINE_BASE_PORT = 30000
 
@@ -18,15 +25,36 @@ class _Node:
     free: list[int]  # GPU indexes not yet given to an engine
     engines: list[Engine] = field(default_factory=list)
 
-    def take(self, count: int, min_memory_gb: int) -> list[int] | None:
+    def fits(self, gpus: list[int], min_memory_gb: int) -> bool:
+        return all(i in self.free and self._memory(i) >= min_memory_gb for i in gpus)
+
+    def first_fit(self, count: int, min_memory_gb: int) -> list[int] | None:
         fit = [i for i in self.free if self._memory(i) >= min_memory_gb][:count]
-        if len(fit) < count:
-            return None
-        self.free = [i for i in self.free if i not in fit]
-        return fit
+        return fit if len(fit) == count else None
+
+    def port_free(self, port: int) -> bool:
+        return all(e.port != port for e in self.engines)
+
+    def lowest_free_port(self) -> int:
+        taken = {e.port for e in self.engines}
+        return next(p for p in range(ENGINE_BASE_PORT, ENGINE_BASE_PORT + 65536) if p not in taken)
+
+    def add(self, engine: Engine) -> None:
+        self.free = [i for i in self.free if i not in engine.gpu_indexes]
+        self.engines.append(engine)
 
     def _memory(self, index: int) -> int:
-        return next(g.memory_gb for g in self.spec.gpus if g.index == index)
+        return next((g.memory_gb for g in self.spec.gpus if g.index == index), -1)
+
+
+@dataclass(frozen=True)
+class _Want:
+    engine_id: str
+    deployment: str
+    spec: DeploymentSpec
+    role: str
+    need: int
+    memory: int
 
 
 def _roles(spec: DeploymentSpec) -> list[tuple[str, int]]:
@@ -37,63 +65,82 @@ def _roles(spec: DeploymentSpec) -> list[tuple[str, int]]:
 
 def place(state: FleetState, region: str) -> tuple[list[NodePlan], list[Unplaced]]:
     """Each GPU goes to at most one engine; what does not fit is reported, not dropped."""
-    nodes = [
-        _Node(name, spec, sorted(g.index for g in spec.gpus))
+    nodes = {
+        name: _Node(name, spec, sorted(g.index for g in spec.gpus))
         for name, spec in sorted(state.nodes.items())
         if spec.region == region and spec.state is NodeState.ACTIVE
+    }
+    wants = _wants(state, region)
+    homeless = [w for w in wants if not _keep(nodes, w, state.slots.get(w.engine_id))]
+    missing: dict[tuple[str, str], tuple[int, _Want]] = {}
+    for want in homeless:
+        if not _first_fit(nodes, want):
+            count, _ = missing.get((want.deployment, want.role), (0, want))
+            missing[(want.deployment, want.role)] = (count + 1, want)
+    unplaced = [
+        Unplaced(
+            deployment=w.deployment,
+            role=w.role,
+            count=count,
+            reason=f"no active node has {w.need} free GPU(s) with {w.memory} GB or more",
+        )
+        for count, w in missing.values()
     ]
-    unplaced: list[Unplaced] = []
-    for name, spec in sorted(state.deployments.items()):
-        if spec.region != region or spec.backend is EngineBackend.EXTERNAL:
-            continue
-        need = spec.tp_size * spec.dp_size
-        memory = state.models[spec.model].min_gpu_memory_gb
-        for role, count in _roles(spec):
-            missing = 0
-            for index in range(count):
-                if not _place_one(nodes, name, spec, role, index, need, memory):
-                    missing += 1
-            if missing:
-                unplaced.append(
-                    Unplaced(
-                        deployment=name,
-                        role=role,
-                        count=missing,
-                        reason=f"no active node has {need} free GPU(s) with {memory} GB or more",
-                    )
-                )
     plans = [
-        NodePlan(name=n.name, hostname=n.spec.hostname, gpus=n.spec.gpus, engines=n.engines)
-        for n in nodes
+        NodePlan(
+            name=n.name,
+            hostname=n.spec.hostname,
+            gpus=n.spec.gpus,
+            engines=sorted(n.engines, key=lambda e: e.id),
+        )
+        for n in nodes.values()
     ]
     return plans, unplaced
 
 
-def _place_one(
-    nodes: list[_Node],
-    name: str,
-    spec: DeploymentSpec,
-    role: str,
-    index: int,
-    need: int,
-    memory: int,
-) -> bool:
-    for node in nodes:
-        gpus = node.take(need, memory)
-        if gpus is None:
+def _wants(state: FleetState, region: str) -> list[_Want]:
+    wants = []
+    for name, spec in sorted(state.deployments.items()):
+        if spec.region != region or spec.backend is EngineBackend.EXTERNAL:
             continue
-        port = ENGINE_BASE_PORT + len(node.engines)
-        node.engines.append(
-            Engine(
-                id=f"{name}/{role}-{index}",
-                deployment=name,
-                model=spec.model,
-                backend=spec.backend,
-                role=role,
-                gpu_indexes=gpus,
-                port=port,
-                url=f"http://{node.spec.hostname}:{port}",
-            )
-        )
-        return True
+        memory = state.models[spec.model].min_gpu_memory_gb
+        for role, count in _roles(spec):
+            for index in range(count):
+                engine_id = f"{name}/{role}-{index}"
+                wants.append(
+                    _Want(engine_id, name, spec, role, spec.tp_size * spec.dp_size, memory)
+                )
+    return wants
+
+
+def _keep(nodes: dict[str, _Node], want: _Want, slot: Slot | None) -> bool:
+    """Give the engine its old slot back if that still fits."""
+    if slot is None or slot.node not in nodes or len(slot.gpu_indexes) != want.need:
+        return False
+    node = nodes[slot.node]
+    if not node.fits(slot.gpu_indexes, want.memory) or not node.port_free(slot.port):
+        return False
+    node.add(_engine(node, want, sorted(slot.gpu_indexes), slot.port))
+    return True
+
+
+def _first_fit(nodes: dict[str, _Node], want: _Want) -> bool:
+    for node in nodes.values():
+        gpus = node.first_fit(want.need, want.memory)
+        if gpus is not None:
+            node.add(_engine(node, want, gpus, node.lowest_free_port()))
+            return True
     return False
+
+
+def _engine(node: _Node, want: _Want, gpus: list[int], port: int) -> Engine:
+    return Engine(
+        id=want.engine_id,
+        deployment=want.deployment,
+        model=want.spec.model,
+        backend=want.spec.backend,
+        role=want.role,
+        gpu_indexes=gpus,
+        port=port,
+        url=f"http://{node.spec.hostname}:{port}",
+    )

@@ -33,6 +33,15 @@ class ApiKeyState(Frozen):
     expires_at: datetime | None
 
 
+class Slot(Frozen):
+    """Where an engine was placed. Kept while it still fits, so that engines do not move (and
+    restart) when something unrelated changes."""
+
+    node: str
+    gpu_indexes: list[int]
+    port: int
+
+
 class FleetState(Frozen):
     """Every object that shapes a snapshot, by name, as of one revision."""
 
@@ -46,6 +55,7 @@ class FleetState(Frozen):
     fallback_rules: dict[str, FallbackRuleSpec] = Field(default_factory=dict)
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
     api_keys: dict[str, ApiKeyState] = Field(default_factory=dict)
+    slots: dict[str, Slot] = Field(default_factory=dict)  # by engine id
 
 
 class RegionInfo(Frozen):

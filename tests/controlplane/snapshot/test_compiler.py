@@ -140,3 +140,44 @@ def test_the_same_state_compiles_the_same_way() -> None:
         compile_region(state, "us-east").model_dump_json()
         == compile_region(state_from(example()), "us-east").model_dump_json()
     )
+
+
+def _placed(snapshot: Any) -> dict[str, tuple[list[int], int]]:
+    return {e.id: (e.gpu_indexes, e.port) for n in snapshot.nodes for e in n.engines}
+
+
+def _slots(snapshot: Any) -> dict[str, dict[str, Any]]:
+    return {
+        e.id: {"node": n.name, "gpu_indexes": e.gpu_indexes, "port": e.port}
+        for n in snapshot.nodes
+        for e in n.engines
+    }
+
+
+def test_engines_keep_their_slots_when_a_deployment_is_added_before_them() -> None:
+    document = example()
+    document["nodes"][2]["gpus"].append({"index": 2, "model": "H100-SXM-80GB", "memory_gb": 80})
+    before = compile_region(state_from(document), "eu-west")
+    document["deployments"].append(
+        {"name": "a-qwen-eu-west", "model": "qwen2.5-32b-instruct", "region": "eu-west",
+         "backend": "sim"}
+    )  # fmt: skip
+    # Without slots, first fit in name order would give "a-qwen" GPU 0 and port 30000.
+    moved = compile_region(state_from(document), "eu-west")
+    assert _placed(moved)["a-qwen-eu-west/unified-0"] == ([0], 30000)
+    after = compile_region(state_from(document, slots=_slots(before)), "eu-west")
+    placed = _placed(after)
+    for engine, slot in _placed(before).items():
+        assert placed[engine] == slot
+    assert placed["a-qwen-eu-west/unified-0"] == ([2], 30002)
+
+
+def test_a_slot_that_no_longer_fits_is_placed_anew() -> None:
+    document = example()
+    before = compile_region(state_from(document), "eu-west")
+    slots = _slots(before)
+    slots["llama-eu-west/unified-1"]["gpu_indexes"] = [7]  # that GPU is gone
+    slots["llama-eu-west/unified-0"]["port"] = 31000  # a port is a port: kept
+    placed = _placed(compile_region(state_from(document, slots=slots), "eu-west"))
+    assert placed["llama-eu-west/unified-0"] == ([0], 31000)
+    assert placed["llama-eu-west/unified-1"] == ([1], 30000)  # the lowest free port
