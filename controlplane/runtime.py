@@ -16,6 +16,7 @@ from controlplane.db.engine import Database
 from controlplane.push.hub import SnapshotHub
 from controlplane.push.server import start_grpc
 from controlplane.push.service import FleetService
+from controlplane.services.placements import seed_slots
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
 from controlplane.settings import Settings
@@ -58,6 +59,7 @@ class Replica:
         settings = self.settings
         await self.coordinator.start()
         try:
+            await seed_slots(self.db)
             await self.hub.start()
             self.reports.start()
             self._grpc = await start_grpc(self.service, settings)

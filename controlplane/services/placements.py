@@ -13,6 +13,8 @@ from __future__ import annotations
 from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from controlplane.db.audit_rows import ConfigRevisionRow
+from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import DeploymentRow, EngineSlotRow, NodeRow
 from controlplane.services.fleet_kinds import DEPLOYMENT, MODEL, NODE, REGION
 from controlplane.services.fleet_state import PLACEMENT_KEYS, read_fleet_state
@@ -29,6 +31,15 @@ async def commit(uow: UnitOfWork) -> int | None:
     if any(change.kind in PLACEMENT_KINDS for change in uow.changes):
         await keep_slots(uow.session)
     return revision
+
+
+async def seed_slots(db: Database) -> None:
+    """At start: record the slots of a fleet that has none yet (a database from before slots).
+    Placing without slots gives what the agents already run, so nothing moves."""
+    async with db.sessions() as session, session.begin():
+        lock = select(ConfigRevisionRow.id).where(ConfigRevisionRow.id == 1).with_for_update()
+        await session.execute(lock)
+        await keep_slots(session)
 
 
 async def keep_slots(session: AsyncSession) -> None:

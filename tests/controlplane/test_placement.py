@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest_asyncio
+from sqlalchemy import delete, func, select
 
 from controlplane.db.engine import Database
+from controlplane.db.fleet_rows import EngineSlotRow
 from controlplane.services.fleet_state import region_snapshots
+from controlplane.services.placements import seed_slots
 from tests.controlplane.conftest import Api
 from tests.controlplane.fleet import example
 
@@ -75,3 +78,23 @@ async def test_engines_stay_put_when_deployments_come_and_go(api: Api, db: Datab
         "llama-eu-west/unified-1": ([1], 30001),
         "llama-eu-west/unified-2": ([2], 30002),
     }
+
+
+async def test_a_database_from_before_slots_keeps_what_agents_run(api: Api, db: Database) -> None:
+    document = example()
+    document["nodes"][1]["gpus"].append({"index": 1, **H100})  # us-west-1: two GPUs
+    assert (await api.client.post("/v1/apply", json=document)).status_code == 200
+    running = await placed(db, "us-west")
+    assert running == {"llama-us-west/unified-0": ([0], 30000)}
+    async with db.sessions() as session, session.begin():
+        await session.execute(delete(EngineSlotRow))  # as in a database upgraded to 0003
+    await seed_slots(db)  # what a control plane does when it starts
+    async with db.sessions() as session:
+        assert await session.scalar(select(func.count()).select_from(EngineSlotRow)) == 5
+    # A deployment that sorts first takes the free GPU; the running engine stays.
+    await api.create(
+        "deployments",
+        {"name": "a-qwen-us-west", "model": "qwen2.5-32b-instruct", "region": "us-west",
+         "backend": "sim"},
+    )  # fmt: skip
+    assert await placed(db, "us-west") == {**running, "a-qwen-us-west/unified-0": ([1], 30001)}
