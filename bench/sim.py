@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agents.engines.sim.cost import CostModel
-from meridian.procs import free_port, stop_child
+from meridian.procs import free_port, stop_child, wait_ready
 
 PUBLISHED_PREFILL_TOK_S = 27_670.26  # sglang PR #1060, Llama-3.1-8B-Instruct, one H100
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -44,17 +44,8 @@ async def start_sims(count: int, *extra: str) -> list[Sim]:
             sys.executable, "-m", "meridian", "sim", "--model", "llama", "--port", str(port), *extra
         )
         sims.append(Sim(process, f"http://127.0.0.1:{port}"))
-    async with httpx.AsyncClient(timeout=2) as client:
-        for sim in sims:
-            for _ in range(200):
-                try:
-                    if (await client.get(f"{sim.url}/health")).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.1)
-            else:
-                raise RuntimeError(f"the simulator at {sim.url} did not start")
+    for sim in sims:
+        await wait_ready(sim.url, sim.process, 20, path="/health", what="a simulator")
     return sims
 
 

@@ -15,7 +15,7 @@ import sys
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -23,6 +23,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agents.engines.runner import open_log
 from meridian.procs import free_port, stop_child
 
 ENGINES_TIMEOUT_S = 180.0
@@ -88,7 +89,7 @@ async def start_agents(
         if not await asyncio.to_thread((node_dir / "identity.json").exists):
             token = await _bootstrap_token(api, admin_token, node.region)
             env["MERIDIAN_AGENT_BOOTSTRAP_TOKEN"] = token
-        log = await asyncio.to_thread(_open_log, log_dir / f"agent-{node.name}.log")
+        log = await asyncio.to_thread(open_log, log_dir / f"agent-{node.name}.log")
         with log:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "meridian", "agent", "run", *args,
@@ -97,11 +98,6 @@ async def start_agents(
         stack.push_async_callback(stop_child, process, AGENT_STOP_GRACE_S)
         agents.append(RunningAgent(node, process))
     return agents
-
-
-def _open_log(path: Path) -> IO[bytes]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("ab")
 
 
 async def _bootstrap_token(api: str, admin_token: str, region: str) -> str:

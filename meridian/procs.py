@@ -39,18 +39,26 @@ async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = STOP_GRA
         await proc.wait()
 
 
-async def wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 60) -> None:
+async def wait_ready(
+    url: str,
+    proc: asyncio.subprocess.Process,
+    timeout_s: float = 60,
+    *,
+    path: str = "/readyz",
+    what: str = "the control plane",
+) -> None:
+    """Poll `url + path` until it answers 200; fail if `proc` exits or time runs out."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     async with httpx.AsyncClient(timeout=2) as client:
         while loop.time() < deadline:
             if proc.returncode is not None:
-                raise click.ClickException(f"the control plane exited with {proc.returncode}")
+                raise click.ClickException(f"{what} exited with {proc.returncode}")
             with contextlib.suppress(httpx.HTTPError):
-                if (await client.get(f"{url}/readyz")).status_code == 200:
+                if (await client.get(f"{url}{path}")).status_code == 200:
                     return
             await asyncio.sleep(0.2)
-    raise click.ClickException(f"the control plane was not ready within {timeout_s:.0f} s")
+    raise click.ClickException(f"{what} was not ready within {timeout_s:.0f} s")
 
 
 @dataclass

@@ -32,7 +32,6 @@ class LinkState:
     connected: bool = False
     reached: bool = False  # the control plane has answered at least once since start
     last_error: str = ""
-    agent_id: str = ""
     node: str = ""
 
 
@@ -91,7 +90,7 @@ class ControlLink:
     async def _identity(self, client: FleetClient) -> Identity:
         identity = await asyncio.to_thread(self.store.load_identity)
         if identity is not None and identity.credential and identity.region == self.settings.region:
-            self.state.agent_id, self.state.node = identity.agent_id, identity.node
+            self.state.node = identity.node
             return identity
         token = self.settings.bootstrap_token
         if token is None:
@@ -106,7 +105,7 @@ class ControlLink:
         )
         identity = Identity(answer.agent_id, answer.region, answer.node, answer.credential)
         await asyncio.to_thread(self.store.save_identity, identity)
-        self.state.agent_id, self.state.node = identity.agent_id, identity.node
+        self.state.node = identity.node
         log.info("registered as node %s of region %s", identity.node, identity.region)
         return identity
 

@@ -133,7 +133,7 @@ class EngineRunner:
 
     async def _spawn(self) -> None:
         launch = self.backend.launch(self.spec)
-        output = await asyncio.to_thread(_open_log, self.log_path)
+        output = await asyncio.to_thread(open_log, self.log_path)
         try:
             self.process = await asyncio.create_subprocess_exec(
                 *launch.argv,
@@ -253,6 +253,6 @@ def pid_path(log_dir: Path, engine_id: str) -> Path:
     return log_dir / f"{file_stem(engine_id)}.pid"
 
 
-def _open_log(path: Path) -> IO[bytes]:
+def open_log(path: Path) -> IO[bytes]:
     path.parent.mkdir(parents=True, exist_ok=True)
     return path.open("ab")

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from meridian.procs import free_port, stop_child
+from meridian.procs import free_port, stop_child, wait_ready
 
 FAST = {
     "MERIDIAN_AGENT_HEARTBEAT_S": "1",
@@ -53,15 +53,12 @@ async def start_agent(
         sys.executable, "-m", "meridian", "agent", "run", *args, env={**os.environ, **FAST}
     )
     agent = AgentProc(process, f"http://127.0.0.1:{port}")
-    async with httpx.AsyncClient(timeout=2) as client:
-        for _ in range(100):
-            assert process.returncode is None, "the agent exited"
-            with contextlib.suppress(httpx.HTTPError):
-                if (await client.get(f"{agent.url}/healthz")).status_code == 200:
-                    return agent
-            await asyncio.sleep(0.1)
-    await stop_child(process)
-    raise TimeoutError("the agent's port never answered")
+    try:
+        await wait_ready(agent.url, process, 10, path="/healthz", what="the agent")
+    except BaseException:
+        await stop_child(process)
+        raise
+    return agent
 
 
 @contextlib.asynccontextmanager

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from meridian.procs import free_port, stop_child
+from meridian.procs import free_port, stop_child, wait_ready
 
 
 @dataclass
@@ -25,16 +25,7 @@ class Sim:
         return httpx.AsyncClient(base_url=self.url, timeout=timeout)
 
     async def healthy(self, timeout_s: float = 30) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        async with self.client(timeout=2) as client:
-            while loop.time() < deadline:
-                assert self.process.returncode is None, "the simulator exited"
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get("/health")).status_code == 200:
-                        return
-                await asyncio.sleep(0.1)
-        raise TimeoutError("the simulator did not become healthy")
+        await wait_ready(self.url, self.process, timeout_s, path="/health", what="the simulator")
 
 
 @contextlib.asynccontextmanager
