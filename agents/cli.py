@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Any
 
 import click
+import uvloop
 from pydantic import ValidationError
 
 from agents.control.store import Store
@@ -52,4 +52,4 @@ def run(**options: Any) -> None:
             "first start (POST /v1/bootstrap-tokens on the control plane makes one)"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(Agent(settings).serve())
+    uvloop.run(Agent(settings).serve())

@@ -1,57 +1,42 @@
-"""The node agent: the control link, the engine supervisor and the agent's HTTP port, together.
+"""The node agent, composed: the control link, the engine supervisor, the worker table and its
+load poller, the router and the gateway on the agent's HTTP port, in one TaskGroup.
 
 On start it applies the snapshot on disk, if any, so a node whose control plane is down still
-runs its engines; then it keeps the stream to the control plane and applies what comes.
+runs its engines and serves; then it keeps the stream to the control plane and applies what
+comes. Each long-running loop catches, logs and starts again at its boundary, so none stops
+unnoticed while the gateway goes on serving.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import uvicorn
+from aiohttp import web
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
+from agents.control.compile import compile_config
 from agents.control.link import ControlLink
 from agents.control.plan import engine_specs, inventory
 from agents.control.store import Store
 from agents.engines import gpus
 from agents.engines.backends import backends
+from agents.engines.runner import EngineState
 from agents.engines.supervisor import Supervisor
 from agents.errors import SnapshotInvalid
+from agents.gateway.service import Gateway
+from agents.http import build_app
+from agents.router.router import Router
 from agents.settings import AgentSettings
 from agents.telemetry import TelemetryWindow
+from agents.workers.poller import LoadPoller
+from agents.workers.table import WorkerTable
 
 log = logging.getLogger(__name__)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn, minus re-raising SIGTERM after its shutdown: that would kill the agent before
-    it stops its engines. The agent handles the signals itself."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._stop)
-        try:
-            yield
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-
-    def _stop(self) -> None:
-        if self.should_exit:
-            self.force_exit = True
-        self.should_exit = True
+LOOP_RESTART_S = 1.0
 
 
 class Agent:
@@ -60,7 +45,19 @@ class Agent:
         self.store = Store(settings.data_dir)
         self.backends = backends()
         self.nvml = gpus.discover()
-        self.supervisor = Supervisor(settings, self.backends, settings.data_dir / "engines")
+        self.table = WorkerTable()
+        self.supervisor = Supervisor(
+            settings, self.backends, settings.data_dir / "engines", self._engine_state
+        )
+        self.router = Router(self.table)
+        token = settings.operator_token
+        self.operator_token = token.get_secret_value() if token is not None else None
+        self.gateway = Gateway(
+            self.router,
+            operator_token=self.operator_token,
+            connect_timeout_s=settings.upstream_connect_timeout_s,
+        )
+        self.poller = LoadPoller(self.table, settings.load_poll_s, settings.probe_timeout_s)
         self.snapshot: pb.Snapshot | None = None
         self.window = TelemetryWindow()
         self.link = ControlLink(
@@ -79,8 +76,12 @@ class Agent:
             return "none"
         return "control-plane" if self.link.state.reached else "disk"
 
+    def _engine_state(self, engine_id: str, state: EngineState) -> None:
+        self.table.set_engine_state(engine_id, str(state))
+
     async def apply(self, snapshot: pb.Snapshot) -> None:
-        """Check, persist, then act; a snapshot that fails the check changes nothing."""
+        """Check and compile, persist, then act; a snapshot that fails changes nothing."""
+        config = compile_config(snapshot)
         specs = engine_specs(
             snapshot,
             region=self.settings.region,
@@ -90,6 +91,10 @@ class Agent:
         )
         await asyncio.to_thread(self.store.save_snapshot, snapshot)
         self.snapshot = snapshot
+        self.table.replace(config.workers)
+        for engine_id, runner in self.supervisor.runners.items():
+            self.table.set_engine_state(engine_id, str(runner.state))
+        self.gateway.configure(config)
         self.supervisor.want(specs)
         log.info("applied revision %s: %d engine(s) here", snapshot.revision, len(specs))
 
@@ -108,38 +113,39 @@ class Agent:
         """Run until SIGINT or SIGTERM; then stop every engine it started."""
         await asyncio.to_thread(self.store.prepare)
         await self._from_disk()
-        tasks = [
-            asyncio.create_task(self.supervisor.run(), name="supervisor"),
-            asyncio.create_task(self.link.run(), name="control-link"),
-        ]
-        config = uvicorn.Config(
-            self.app(),
-            host=self.settings.host,
-            port=self.settings.port,
-            log_level="warning",
-            access_log=False,
-        )
+        await self.gateway.start()
+        app = build_app(self.gateway, self.status, self.operator_token)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.host, self.settings.port, backlog=4096)
+        await site.start()
         log.info(
-            "agent of region %s on http://%s:%s", self.settings.region, config.host, config.port
+            "agent of region %s on http://%s:%s",
+            self.settings.region,
+            self.settings.host,
+            self.settings.port,
         )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         try:
-            await _Server(config).serve()
+            async with asyncio.TaskGroup() as group:
+                loops = [
+                    group.create_task(_forever("supervisor", self.supervisor.run)),
+                    group.create_task(_forever("control-link", self.link.run)),
+                    group.create_task(_forever("load-poller", self.poller.run)),
+                ]
+                await stop.wait()
+                log.info("stopping: engines drain first")
+                for task in loops:
+                    task.cancel()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
             await self.supervisor.stop_all()
-
-    def app(self) -> Starlette:
-        return Starlette(
-            routes=[Route("/healthz", self._healthz), Route("/agent/status", self._status)]
-        )
-
-    async def _healthz(self, _request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
-
-    async def _status(self, _request: Request) -> JSONResponse:
-        return JSONResponse(self.status())
+            await runner.cleanup()
+            await self.gateway.close()
 
     def status(self) -> dict[str, Any]:
         link = self.link.state
@@ -162,6 +168,18 @@ class Agent:
             ],
         }
 
-    def telemetry(self) -> pb.Telemetry:
+    async def telemetry(self) -> pb.Telemetry:
         gpu_list = inventory(self.snapshot, self.link.state.node, self.nvml)
-        return self.window.report(self.supervisor.runners.values(), gpu_list, self.nvml is not None)
+        used = await asyncio.to_thread(gpus.memory) if self.nvml is not None else []
+        return self.window.report(self.supervisor.runners.values(), gpu_list, used)
+
+
+async def _forever(name: str, run: Callable[[], Awaitable[None]]) -> None:
+    """A loop boundary: a loop that fails is logged and started again, never lost."""
+    while True:
+        try:
+            await run()
+            log.error("%s returned; starting it again", name)
+        except Exception:
+            log.exception("%s failed; starting it again", name)
+        await asyncio.sleep(LOOP_RESTART_S)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,3 +38,30 @@ class AgentSettings(BaseSettings):
     crash_loop_restarts: int = Field(default=5, ge=1, le=1000, description="failures in a row")
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
+    operator_token: SecretStr | None = Field(
+        default=None,
+        description="guards /agent/* and lets its holder ask for x-meridian-route; required "
+        "when the port listens beyond loopback",
+    )
+    load_poll_s: float = Field(default=0.2, gt=0, le=60, description="workers' /get_load")
+    upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _guarded_when_public(self) -> AgentSettings:
+        if self.operator_token is None and not _loopback(self.host):
+            raise ValueError(
+                f"the agent listens on {self.host}, beyond loopback: set "
+                "MERIDIAN_AGENT_OPERATOR_TOKEN (16 characters or more) to guard /agent/*"
+            )
+        if self.operator_token is not None and len(self.operator_token.get_secret_value()) < 16:
+            raise ValueError("the operator token needs 16 characters or more")
+        return self
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

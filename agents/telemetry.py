@@ -22,8 +22,12 @@ class TelemetryWindow:
         self._at: float | None = None
 
     def report(
-        self, runners: Iterable[EngineRunner], gpu_list: Iterable[gpus.Gpu], nvml: bool
+        self,
+        runners: Iterable[EngineRunner],
+        gpu_list: Iterable[gpus.Gpu],
+        memory: Iterable[gpus.GpuMemory],
     ) -> pb.Telemetry:
+        """`memory` is NVML's reading, taken off the event loop by the caller."""
         runners = list(runners)
         served, seconds = self._since_last(runners)
         now = Timestamp()
@@ -39,7 +43,7 @@ class TelemetryWindow:
             )
             for r in runners
         ]
-        used = {m.index: m.used_gb for m in gpus.memory()} if nvml else {}
+        used = {m.index: m.used_gb for m in memory}
         return pb.Telemetry(
             observed_at=now,
             engines=engines,

@@ -46,7 +46,7 @@ class ControlLink:
         *,
         current: Callable[[], pb.Snapshot | None],
         apply: Apply,
-        telemetry: Callable[[], pb.Telemetry],
+        telemetry: Callable[[], Awaitable[pb.Telemetry]],
         gpus: list[Gpu] | None,
     ) -> None:
         self.settings, self.store = settings, store
@@ -155,7 +155,7 @@ class ControlLink:
     async def _beat(self, stream: SyncStream) -> None:
         try:
             while True:
-                await stream.heartbeat(self._telemetry())
+                await stream.heartbeat(await self._telemetry())
                 await asyncio.sleep(self.settings.heartbeat_s)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
             log.debug("heartbeats stop with the stream: %s", error)

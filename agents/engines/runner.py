@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -46,12 +47,23 @@ class Load:
     waiting: int = 0
 
 
+StateListener = Callable[[str, EngineState], None]
+
+
 class EngineRunner:
-    def __init__(self, spec: EngineSpec, backend: Backend, settings: AgentSettings, log_dir: Path):
+    def __init__(
+        self,
+        spec: EngineSpec,
+        backend: Backend,
+        settings: AgentSettings,
+        log_dir: Path,
+        on_state: StateListener | None = None,
+    ):
         self.spec, self.backend, self.settings = spec, backend, settings
+        self._on_state = on_state
+        self._state = EngineState.STARTING
         self.log_path = log_dir / f"{file_stem(spec.id)}.log"
         self.pidfile = PidFile(pid_path(log_dir, spec.id))
-        self.state = EngineState.STARTING
         self.failures = 0  # in a row
         self.restarts = 0
         self.last_exit: int | None = None
@@ -61,6 +73,18 @@ class EngineRunner:
         self.process: asyncio.subprocess.Process | Adopted | None = None
         self._task: asyncio.Task[None] | None = None
         self._http = httpx.AsyncClient(timeout=settings.probe_timeout_s)
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    @state.setter
+    def state(self, state: EngineState) -> None:
+        """Every change is told to the listener (the worker table) at once."""
+        if state is not self._state:
+            self._state = state
+            if self._on_state is not None:
+                self._on_state(self.spec.id, state)
 
     @property
     def pid(self) -> int | None:
@@ -211,7 +235,7 @@ class EngineRunner:
             self.load = Load(sum(int(d.get("num_reqs", 0)) for d in loads) - waiting, waiting)
             scrape = await self._http.get(f"{self.spec.url}/metrics")
             if scrape.status_code == 200:  # engines started without --enable-metrics: 404
-                self.counters = metrics.parse(scrape.text)
+                self.counters = await asyncio.to_thread(metrics.parse, scrape.text)
             return True
         except (httpx.HTTPError, ValueError, TypeError, AttributeError):
             return False

@@ -11,15 +11,22 @@ from pathlib import Path
 
 from agents.engines.base import Backend, EngineSpec
 from agents.engines.children import reap_strays
-from agents.engines.runner import EngineRunner, EngineState, pid_path
+from agents.engines.runner import EngineRunner, EngineState, StateListener, pid_path
 from agents.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 
 
 class Supervisor:
-    def __init__(self, settings: AgentSettings, backends: Mapping[str, Backend], log_dir: Path):
+    def __init__(
+        self,
+        settings: AgentSettings,
+        backends: Mapping[str, Backend],
+        log_dir: Path,
+        on_state: StateListener | None = None,
+    ):
         self.settings = settings
+        self.on_state = on_state
         self.backends = backends
         self.log_dir = log_dir
         self.runners: dict[str, EngineRunner] = {}
@@ -65,8 +72,10 @@ class Supervisor:
         for engine_id, spec in sorted(desired.items()):
             if engine_id not in self.runners:
                 runner = EngineRunner(
-                    spec, self.backends[spec.backend], self.settings, self.log_dir
+                    spec, self.backends[spec.backend], self.settings, self.log_dir, self.on_state
                 )
+                if self.on_state is not None:
+                    self.on_state(engine_id, runner.state)
                 self.runners[engine_id] = runner
                 runner.start()
 

@@ -110,6 +110,8 @@ class SnapshotHub:
         snapshot = pb.Snapshot()
         snapshot.CopyFrom(self._snapshots[region])
         snapshot.peer_load.extend(v for k, v in sorted(self._peer_load.items()) if k != region)
+        own = self._peer_load.get(region)
+        snapshot.agents_up = own.nodes_up if own is not None else 0
         message = pb.ControlMessage(snapshot=snapshot).SerializeToString()
         self._feeds[region] = RegionFeed(snapshot.revision, snapshot.digest, message)
 

@@ -24,12 +24,13 @@ def to_wire(snapshot: RegionSnapshot) -> pb.Snapshot:
 
 
 def digest(message: pb.Snapshot) -> str:
-    """sha256 of what the agent must run and how it must route: not the revision, not load."""
+    """sha256 of what the agent must run and how it must route: not the revision, not load, not the agents up."""
     content = pb.Snapshot()
     content.CopyFrom(message)
     content.revision = 0
     content.ClearField("digest")
     content.ClearField("peer_load")
+    content.ClearField("agents_up")
     return hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()
 
 

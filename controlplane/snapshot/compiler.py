@@ -6,7 +6,7 @@ import math
 
 from controlplane.domain import EngineBackend, NodeState, RegionState
 from controlplane.schemas.fleet import FallbackRuleSpec
-from controlplane.snapshot.placement import place
+from controlplane.snapshot.placement import KV_EVENTS_PORT_OFFSET, place
 from controlplane.snapshot.types import (
     DeploymentInfo,
     FallbackChain,
@@ -32,6 +32,8 @@ def compile_region(state: FleetState, region: str) -> RegionSnapshot:
     if spec.state is not RegionState.DISABLED:
         nodes, unplaced = place(state, region)
     models = sorted({d.model for d in deployments.values()})
+    routes = [_route(state, region, m) for m in models]
+    nodes = _with_kv_events(nodes, {r.model for r in routes if r.params.get("kv_events") is True})
     return RegionSnapshot(
         revision=state.revision,
         region=RegionInfo(name=region, **spec.model_dump()),
@@ -54,7 +56,7 @@ def compile_region(state: FleetState, region: str) -> RegionSnapshot:
         nodes=nodes,
         unplaced=unplaced,
         workers=_workers(state, region, nodes),
-        routes=[_route(state, region, m) for m in models],
+        routes=routes,
         fallback=_fallback(state, region),
         tenants=_tenants(state, region),
     )
@@ -65,7 +67,14 @@ def _workers(state: FleetState, region: str, nodes: list[NodePlan]) -> list[Work
         return []
     workers = [
         Worker(
-            id=e.id, model=e.model, deployment=e.deployment, role=e.role, url=e.url, node=node.name
+            id=e.id,
+            model=e.model,
+            deployment=e.deployment,
+            role=e.role,
+            url=e.url,
+            node=node.name,
+            bootstrap_port=e.bootstrap_port,
+            kv_events_port=e.kv_events_port,
         )
         for node in nodes
         for e in node.engines
@@ -84,6 +93,24 @@ def _workers(state: FleetState, region: str, nodes: list[NodePlan]) -> list[Work
                 for i, url in enumerate(d.external_urls)
             ]
     return sorted(workers, key=lambda w: w.id)
+
+
+def _with_kv_events(nodes: list[NodePlan], models: set[str]) -> list[NodePlan]:
+    """Engines of a model whose route sets `kv_events: true` publish their cache events on
+    their port + 20000; routers subscribe there."""
+    return [
+        n.model_copy(
+            update={
+                "engines": [
+                    e.model_copy(update={"kv_events_port": e.port + KV_EVENTS_PORT_OFFSET})
+                    if e.model in models
+                    else e
+                    for e in n.engines
+                ]
+            }
+        )
+        for n in nodes
+    ]
 
 
 def _route(state: FleetState, region: str, model: str) -> Route:

@@ -16,6 +16,8 @@ from controlplane.schemas.fleet import DeploymentSpec, NodeSpec
 from controlplane.snapshot.types import Engine, FleetState, NodePlan, Slot, Unplaced
 
 ENGINE_BASE_PORT = 30000
+BOOTSTRAP_PORT_OFFSET = 10_000  # a prefill engine serves its PD bootstrap port here
+KV_EVENTS_PORT_OFFSET = 20_000  # an engine publishes its KV-cache events here
 
 
 @dataclass
@@ -143,4 +145,5 @@ def _engine(node: _Node, want: _Want, gpus: list[int], port: int) -> Engine:
         gpu_indexes=gpus,
         port=port,
         url=f"http://{node.spec.hostname}:{port}",
+        bootstrap_port=port + BOOTSTRAP_PORT_OFFSET if want.role == "prefill" else None,
     )

@@ -95,6 +95,8 @@ class Engine(Frozen):
     gpu_indexes: list[int]
     port: int
     url: str
+    bootstrap_port: int | None = None  # prefill engines: the PD bootstrap port
+    kv_events_port: int | None = None  # engines that publish KV-cache events
 
 
 class NodePlan(Frozen):
@@ -120,6 +122,8 @@ class Worker(Frozen):
     role: str
     url: str
     node: str | None
+    bootstrap_port: int | None = None
+    kv_events_port: int | None = None
 
 
 class Route(Frozen):

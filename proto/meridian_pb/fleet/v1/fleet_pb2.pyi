@@ -422,9 +422,14 @@ class Snapshot(_message.Message):
     FALLBACK_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     PEER_LOAD_FIELD_NUMBER: _builtins.int
+    AGENTS_UP_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     digest: _builtins.str
     """sha256 of the content (everything but revision, digest and peer_load)."""
+    agents_up: _builtins.int
+    """Agents of this region up as of sending (from the leader's rollup); advisory, not part
+    of the digest. Gateways split the region's quota share over them.
+    """
     @_builtins.property
     def region(self) -> Global___RegionInfo: ...
     @_builtins.property
@@ -462,10 +467,11 @@ class Snapshot(_message.Message):
         fallback: _abc.Iterable[Global___FallbackChain] | None = ...,
         tenants: _abc.Iterable[Global___TenantGrant] | None = ...,
         peer_load: _abc.Iterable[Global___PeerLoad] | None = ...,
+        agents_up: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["region", b"region"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "tenants", b"tenants", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents_up", b"agents_up", "deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "tenants", b"tenants", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -586,6 +592,8 @@ class Engine(_message.Message):
     GPU_INDEXES_FIELD_NUMBER: _builtins.int
     PORT_FIELD_NUMBER: _builtins.int
     URL_FIELD_NUMBER: _builtins.int
+    BOOTSTRAP_PORT_FIELD_NUMBER: _builtins.int
+    KV_EVENTS_PORT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     deployment: _builtins.str
     model: _builtins.str
@@ -593,6 +601,10 @@ class Engine(_message.Message):
     role: _builtins.str
     port: _builtins.int
     url: _builtins.str
+    bootstrap_port: _builtins.int
+    """A prefill engine's PD bootstrap port; unset for other roles."""
+    kv_events_port: _builtins.int
+    """Where the engine publishes KV-cache events (ZMQ), when its model's route asks for them."""
     @_builtins.property
     def gpu_indexes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -606,12 +618,21 @@ class Engine(_message.Message):
         gpu_indexes: _abc.Iterable[_builtins.int] | None = ...,
         port: _builtins.int = ...,
         url: _builtins.str = ...,
+        bootstrap_port: _builtins.int | None = ...,
+        kv_events_port: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_port", b"_bootstrap_port", "_kv_events_port", b"_kv_events_port", "bootstrap_port", b"bootstrap_port", "kv_events_port", b"kv_events_port"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "deployment", b"deployment", "gpu_indexes", b"gpu_indexes", "id", b"id", "model", b"model", "port", b"port", "role", b"role", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_port", b"_bootstrap_port", "_kv_events_port", b"_kv_events_port", "backend", b"backend", "bootstrap_port", b"bootstrap_port", "deployment", b"deployment", "gpu_indexes", b"gpu_indexes", "id", b"id", "kv_events_port", b"kv_events_port", "model", b"model", "port", b"port", "role", b"role", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__bootstrap_port: _TypeAlias = _typing.Literal["bootstrap_port"]  # noqa: Y015
+    _WhichOneofArgType__bootstrap_port: _TypeAlias = _typing.Literal["_bootstrap_port", b"_bootstrap_port"]  # noqa: Y015
+    _WhichOneofReturnType__kv_events_port: _TypeAlias = _typing.Literal["kv_events_port"]  # noqa: Y015
+    _WhichOneofArgType__kv_events_port: _TypeAlias = _typing.Literal["_kv_events_port", b"_kv_events_port"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bootstrap_port) -> _WhichOneofReturnType__bootstrap_port | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_events_port) -> _WhichOneofReturnType__kv_events_port | None: ...
 
 Global___Engine: _TypeAlias = Engine  # noqa: Y015
 
@@ -683,12 +704,18 @@ class Worker(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     URL_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
+    BOOTSTRAP_PORT_FIELD_NUMBER: _builtins.int
+    KV_EVENTS_PORT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     model: _builtins.str
     deployment: _builtins.str
     role: _builtins.str
     url: _builtins.str
     node: _builtins.str
+    bootstrap_port: _builtins.int
+    """A prefill worker's PD bootstrap port: routers send it as `bootstrap_port`."""
+    kv_events_port: _builtins.int
+    """The ZMQ port of the worker's KV-cache events, on the worker's host; unset: none."""
     def __init__(
         self,
         *,
@@ -698,13 +725,24 @@ class Worker(_message.Message):
         role: _builtins.str = ...,
         url: _builtins.str = ...,
         node: _builtins.str | None = ...,
+        bootstrap_port: _builtins.int | None = ...,
+        kv_events_port: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_node", b"_node", "node", b"node"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_port", b"_bootstrap_port", "_kv_events_port", b"_kv_events_port", "_node", b"_node", "bootstrap_port", b"bootstrap_port", "kv_events_port", b"kv_events_port", "node", b"node"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_node", b"_node", "deployment", b"deployment", "id", b"id", "model", b"model", "node", b"node", "role", b"role", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_port", b"_bootstrap_port", "_kv_events_port", b"_kv_events_port", "_node", b"_node", "bootstrap_port", b"bootstrap_port", "deployment", b"deployment", "id", b"id", "kv_events_port", b"kv_events_port", "model", b"model", "node", b"node", "role", b"role", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__bootstrap_port: _TypeAlias = _typing.Literal["bootstrap_port"]  # noqa: Y015
+    _WhichOneofArgType__bootstrap_port: _TypeAlias = _typing.Literal["_bootstrap_port", b"_bootstrap_port"]  # noqa: Y015
+    _WhichOneofReturnType__kv_events_port: _TypeAlias = _typing.Literal["kv_events_port"]  # noqa: Y015
+    _WhichOneofArgType__kv_events_port: _TypeAlias = _typing.Literal["_kv_events_port", b"_kv_events_port"]  # noqa: Y015
     _WhichOneofReturnType__node: _TypeAlias = _typing.Literal["node"]  # noqa: Y015
     _WhichOneofArgType__node: _TypeAlias = _typing.Literal["_node", b"_node"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bootstrap_port) -> _WhichOneofReturnType__bootstrap_port | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_events_port) -> _WhichOneofReturnType__kv_events_port | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__node) -> _WhichOneofReturnType__node | None: ...
 
 Global___Worker: _TypeAlias = Worker  # noqa: Y015

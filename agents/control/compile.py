@@ -1,0 +1,209 @@
+"""A snapshot compiled, when it is applied, into the immutable config the gateway reads.
+
+Everything a request needs is here, checked once: routes with their policy parameters
+validated, API keys by hash, each tenant's share of its quota on this node, fallback chains.
+A policy whose parameters do not validate raises SnapshotInvalid, so the snapshot is nacked on
+arrival and never found wanting at request time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlsplit
+
+from google.protobuf import json_format
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from pydantic import ValidationError
+
+from agents.errors import SnapshotInvalid
+from agents.router.params import PolicyParams, params_for
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    context_length: int
+    capabilities: frozenset[str]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """An endpoint of the region that the router may send requests to."""
+
+    id: str
+    model: str
+    deployment: str
+    role: str  # unified | prefill | decode
+    url: str
+    node: str | None
+    bootstrap_port: int | None = None
+    kv_events_port: int | None = None
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    model: str
+    policy: str
+    params: PolicyParams
+    slo_ttft_s: float | None
+    slo_itl_s: float | None
+    max_inflight: int | None  # per worker, from this gateway
+    max_queue: int  # requests waiting for admission, per model
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Policy instances live on across snapshots while this stays the same."""
+        return (self.model, self.policy, self.params.model_dump_json())
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    tier: str
+    jurisdictions: frozenset[str] | None  # None: any
+    requests_per_minute: float | None  # this node's share
+    tokens_per_minute: float | None
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    tenant: Tenant
+    prefix: str
+    expires_at: float | None  # unix seconds
+
+
+@dataclass(frozen=True)
+class FallbackChain:
+    rule: str
+    model: str | None
+    tenant_tier: str | None
+    triggers: tuple[str, ...]
+    peers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    revision: int
+    digest: str
+    region: str
+    cloud: str
+    jurisdiction: str
+    agents_up: int
+    models: Mapping[str, ModelConfig] = field(default_factory=dict)
+    routes: Mapping[str, RouteConfig] = field(default_factory=dict)
+    workers: tuple[WorkerSpec, ...] = ()
+    keys: Mapping[str, ApiKey] = field(default_factory=dict)  # by SHA-256 hex of the key
+    fallback: tuple[FallbackChain, ...] = ()
+
+    def workers_of(self, model: str) -> list[WorkerSpec]:
+        return [w for w in self.workers if w.model == model]
+
+
+DEFAULT_MAX_QUEUE = 256
+
+
+def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
+    """Raises SnapshotInvalid for a policy or parameter the router does not have."""
+    models = {
+        m.name: ModelConfig(m.name, m.context_length, frozenset(m.capabilities))
+        for m in snapshot.models
+    }
+    routes = {r.model: _route(r) for r in snapshot.routes}
+    agents_up = max(1, snapshot.agents_up)
+    keys: dict[str, ApiKey] = {}
+    for grant in snapshot.tenants:
+        tenant = Tenant(
+            name=grant.name,
+            tier=grant.tier,
+            jurisdictions=(
+                frozenset(grant.allowed_jurisdictions.names)
+                if grant.HasField("allowed_jurisdictions")
+                else None
+            ),
+            requests_per_minute=_node_share(grant, "requests_per_minute", agents_up),
+            tokens_per_minute=_node_share(grant, "tokens_per_minute", agents_up),
+        )
+        for key in grant.api_keys:
+            expires = key.expires_at.ToSeconds() if key.HasField("expires_at") else None
+            keys[key.key_hash] = ApiKey(tenant, key.prefix, float(expires) if expires else None)
+    workers = tuple(
+        WorkerSpec(
+            id=w.id,
+            model=w.model,
+            deployment=w.deployment,
+            role=w.role or "unified",
+            url=w.url.rstrip("/"),
+            node=w.node if w.HasField("node") else None,
+            bootstrap_port=w.bootstrap_port if w.HasField("bootstrap_port") else None,
+            kv_events_port=w.kv_events_port if w.HasField("kv_events_port") else None,
+        )
+        for w in snapshot.workers
+    )
+    for worker in workers:
+        if worker.role == "prefill" and worker.bootstrap_port is None:
+            raise SnapshotInvalid(f"prefill worker {worker.id} has no bootstrap port")
+    return RegionConfig(
+        revision=snapshot.revision,
+        digest=snapshot.digest,
+        region=snapshot.region.name,
+        cloud=snapshot.region.cloud,
+        jurisdiction=snapshot.region.jurisdiction,
+        agents_up=agents_up,
+        models=MappingProxyType(models),
+        routes=MappingProxyType(routes),
+        workers=workers,
+        keys=MappingProxyType(keys),
+        fallback=tuple(
+            FallbackChain(
+                rule=c.rule,
+                model=c.model if c.HasField("model") else None,
+                tenant_tier=c.tenant_tier if c.HasField("tenant_tier") else None,
+                triggers=tuple(c.triggers),
+                peers=tuple(p.region for p in c.peers),
+            )
+            for c in snapshot.fallback
+        ),
+    )
+
+
+def _route(route: pb.Route) -> RouteConfig:
+    raw: dict[str, Any] = (
+        json_format.MessageToDict(route.params) if route.HasField("params") else {}
+    )
+    try:
+        params = params_for(route.policy, raw)
+    except KeyError:
+        raise SnapshotInvalid(
+            f"model {route.model}: no routing policy named {route.policy!r}"
+        ) from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "params"
+        raise SnapshotInvalid(
+            f"model {route.model}: policy {route.policy} params.{where}: {first['msg']}"
+        ) from None
+    return RouteConfig(
+        model=route.model,
+        policy=route.policy,
+        params=params,
+        slo_ttft_s=route.slo_ttft_ms / 1000 if route.HasField("slo_ttft_ms") else None,
+        slo_itl_s=route.slo_itl_ms / 1000 if route.HasField("slo_itl_ms") else None,
+        max_inflight=route.max_inflight if route.HasField("max_inflight") else None,
+        max_queue=route.max_queue if route.HasField("max_queue") else DEFAULT_MAX_QUEUE,
+    )
+
+
+def _node_share(grant: pb.TenantGrant, name: str, agents_up: int) -> float | None:
+    """The region's share of a tenant's quota, split over the region's agents that are up."""
+    if not grant.HasField(name):  # type: ignore[arg-type]
+        return None
+    value: int = getattr(grant, name)
+    return max(1.0, math.ceil(value / agents_up))

@@ -1,0 +1,94 @@
+"""Admission: a request waits, bounded, for a worker that can take it within the SLO.
+
+Per model at most `max_queue` requests wait; one more is answered 429 with Retry-After at
+once. A waiting request is re-placed whenever a request of its model moves on (first byte,
+end) or a load poll lands; it is admitted when the best worker's predicted TTFT plus what it
+has waited fits the SLO, and answered 429 when its SLO has passed in the queue. A model with
+no worker serving at all is answered 503 with Retry-After. Nothing waits without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+from agents.control.compile import RouteConfig
+from agents.gateway.errors import NoHealthyWorker, Overloaded, QueueFull
+from agents.router.policies import RouteRequest
+from agents.router.router import Decision, Router
+
+DEFAULT_WAIT_S = 10.0  # the longest wait of a model without an SLO
+RECHECK_S = 0.05  # a waiting request is placed again at least this often
+
+
+class Admission:
+    def __init__(self, router: Router, clock: Callable[[], float] = time.monotonic) -> None:
+        self.router = router
+        self.clock = clock
+        self.waiting: dict[str, int] = {}
+        self._events: dict[str, asyncio.Event] = {}
+
+    def notify(self, model: str) -> None:
+        event = self._events.pop(model, None)
+        if event is not None:
+            event.set()
+
+    def notify_all(self) -> None:
+        for model in list(self._events):
+            self.notify(model)
+
+    async def place(
+        self, route: RouteConfig, request: RouteRequest, exclude: set[str], since: float
+    ) -> Decision:
+        """The decision to act on; raises QueueFull, Overloaded or NoHealthyWorker."""
+        slo = route.slo_ttft_s
+        deadline = since + (slo if slo is not None else DEFAULT_WAIT_S)
+        queued = False
+        try:
+            while True:
+                decision = self.router.route(route, request, exclude)
+                if decision.ranked and _fits(decision, slo, self.clock() - since):
+                    return decision
+                if not decision.ranked and not decision.vetoed:
+                    raise NoHealthyWorker(
+                        f"no worker of {route.model} is serving "
+                        f"({decision.unavailable} of {decision.total} unavailable)",
+                        retry_after_s=2,
+                    )
+                if not queued:
+                    if self.waiting.get(route.model, 0) >= route.max_queue:
+                        raise QueueFull(
+                            f"{route.model} has {route.max_queue} requests waiting already",
+                            retry_after_s=_retry_s(slo),
+                        )
+                    self.waiting[route.model] = self.waiting.get(route.model, 0) + 1
+                    queued = True
+                left = deadline - self.clock()
+                if left <= 0:
+                    raise Overloaded(
+                        f"no worker of {route.model} could start it within "
+                        f"{(slo or DEFAULT_WAIT_S) * 1000:.0f} ms",
+                        retry_after_s=_retry_s(slo),
+                    )
+                event = self._events.setdefault(route.model, asyncio.Event())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(left, RECHECK_S))
+        finally:
+            if queued:
+                self.waiting[route.model] -= 1
+
+
+def _fits(decision: Decision, slo: float | None, waited: float) -> bool:
+    predicted = decision.best_ttft_s
+    if slo is None or predicted is None:
+        return True
+    best = decision.ranked[0]
+    if best.view.inflight == 0 and best.load == 0:
+        return True  # an idle worker: nothing to wait for, whatever the estimate says
+    return waited + predicted <= slo
+
+
+def _retry_s(slo: float | None) -> int:
+    return max(1, round(slo if slo is not None else 1))

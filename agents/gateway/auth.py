@@ -1,0 +1,44 @@
+"""Who is calling: a tenant's API key checked against the snapshot's hashes, with expiry and
+the tenant's jurisdictions; never a call to the control plane."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Callable
+
+from agents.control.compile import RegionConfig, Tenant
+from agents.gateway.errors import Forbidden, Unauthenticated
+
+
+def bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
+
+
+def authenticate(
+    header: str | None, config: RegionConfig, clock: Callable[[], float] = time.time
+) -> Tenant:
+    token = bearer(header)
+    if token is None:
+        raise Unauthenticated("an API key is required: Authorization: Bearer <key>")
+    key = config.keys.get(hashlib.sha256(token.encode()).hexdigest())
+    if key is None:
+        raise Unauthenticated("the API key is not valid in this region")
+    if key.expires_at is not None and key.expires_at <= clock():
+        raise Unauthenticated(f"the API key {key.prefix} has expired")
+    tenant = key.tenant
+    if tenant.jurisdictions is not None and config.jurisdiction not in tenant.jurisdictions:
+        raise Forbidden(
+            f"tenant {tenant.name} may not be served in jurisdiction {config.jurisdiction}"
+        )
+    return tenant
+
+
+def same_secret(given: str | None, expected: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())

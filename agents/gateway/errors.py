@@ -1,0 +1,105 @@
+"""The gateway's errors: RFC 9457 problem details with a stable `code`, which are also OpenAI's
+error shape (`{"error": {"message", "type", "code", "param"}}`), so both kinds of client
+read them. Rendered in one place."""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from agents.errors import AgentError
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class GatewayError(AgentError):
+    status = 500
+    code = "internal_error"
+    kind = "api_error"  # OpenAI's error `type`
+    title = "Internal error"
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None, param: str | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.param = param
+
+    def response(self, headers: dict[str, str]) -> web.Response:
+        body = {
+            "type": f"urn:meridian:problem:{self.code}",
+            "title": self.title,
+            "status": self.status,
+            "detail": self.message,
+            "code": self.code,
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "code": self.code,
+                "param": self.param,
+            },
+        }
+        if self.retry_after_s is not None:
+            headers = {**headers, "Retry-After": str(self.retry_after_s)}
+        return web.Response(
+            body=orjson.dumps(body), status=self.status, headers=headers, content_type=PROBLEM_JSON
+        )
+
+
+class BadRequest(GatewayError):
+    status, code, kind, title = 400, "invalid_request", "invalid_request_error", "Invalid request"
+
+
+class ContextTooLong(GatewayError):
+    status, code, kind = 400, "context_length_exceeded", "invalid_request_error"
+    title = "Prompt longer than the model's context"
+
+
+class CapabilityMissing(GatewayError):
+    status, code, kind = 400, "capability_unsupported", "invalid_request_error"
+    title = "The model lacks a capability the request needs"
+
+
+class Unauthenticated(GatewayError):
+    status, code, kind, title = 401, "invalid_api_key", "authentication_error", "Unauthenticated"
+
+
+class Forbidden(GatewayError):
+    status, code, kind, title = 403, "forbidden", "permission_error", "Forbidden"
+
+
+class ModelNotFound(GatewayError):
+    status, code, kind, title = 404, "model_not_found", "invalid_request_error", "Unknown model"
+
+
+class NotFound(GatewayError):
+    status, code, kind, title = 404, "not_found", "invalid_request_error", "Not found"
+
+
+class UnsupportedMediaType(GatewayError):
+    status, code, kind = 415, "unsupported_media_type", "invalid_request_error"
+    title = "Unsupported media type"
+
+
+class QuotaExceeded(GatewayError):
+    status, code, kind, title = 429, "quota_exceeded", "rate_limit_error", "Quota exceeded"
+
+
+class QueueFull(GatewayError):
+    status, code, kind, title = 429, "queue_full", "rate_limit_error", "Model is at capacity"
+
+
+class Overloaded(GatewayError):
+    status, code, kind = 429, "overloaded", "rate_limit_error"
+    title = "No worker can answer within the SLO"
+
+
+class NoHealthyWorker(GatewayError):
+    status, code, kind = 503, "no_healthy_worker", "service_unavailable"
+    title = "No healthy worker for the model"
+
+
+class UpstreamFailed(GatewayError):
+    status, code, kind, title = 502, "upstream_failed", "api_error", "The engine failed"
+
+
+class NotReady(GatewayError):
+    status, code, kind, title = 503, "not_ready", "service_unavailable", "No snapshot yet"

@@ -1,0 +1,107 @@
+"""The byte relay between an engine and the client. A stream passes through as the engine wrote
+it, cut only at event boundaries; the gateway reads just the event that carries the usage,
+found by a substring search, and drops it when the client did not ask for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+USAGE = b'"usage"'
+EVENT_END = b"\n\n"
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+class StreamMeter:
+    """Event-aligns a stream's chunks and takes its usage on the way."""
+
+    def __init__(self, native: bool, keep_usage: bool) -> None:
+        self.native, self.keep_usage = native, keep_usage
+        self.usage = Usage()
+        self._partial = b""
+        self._last = b""  # the last whole event seen (native streams carry usage in each)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The whole events in what came so far, as they are; a partial one waits."""
+        if self._partial:
+            chunk, self._partial = self._partial + chunk, b""
+        end = chunk.rfind(EVENT_END)
+        if end < 0:
+            self._partial = chunk
+            return b""
+        end += len(EVENT_END)
+        if end < len(chunk):
+            chunk, self._partial = chunk[:end], chunk[end:]
+        if self.native:
+            self._last = chunk
+        elif USAGE in chunk:
+            chunk = self._take_usage(chunk)
+        return chunk
+
+    def rest(self) -> bytes:
+        """What is left at the end (a stream that did not end with a blank line)."""
+        rest, self._partial = self._partial, b""
+        return rest
+
+    def finish(self) -> Usage:
+        if self.native and self._last:
+            events = [e for e in self._last.split(EVENT_END) if e.startswith(b"data: {")]
+            if events:
+                meta = _loads(events[-1][6:]).get("meta_info") or {}
+                self.usage = Usage(
+                    meta.get("prompt_tokens"), meta.get("completion_tokens"),
+                    meta.get("cached_tokens"),
+                )  # fmt: skip
+        return self.usage
+
+    def _take_usage(self, chunk: bytes) -> bytes:
+        kept: list[bytes] = []
+        for event in chunk.split(EVENT_END)[:-1]:
+            if USAGE in event and event.startswith(b"data: {"):
+                doc = _loads(event[6:])
+                usage = doc.get("usage")
+                if isinstance(usage, dict):
+                    self.usage = usage_of(usage)
+                    if not self.keep_usage and doc.get("choices") == []:
+                        continue  # the chunk the gateway asked for, not the client
+            kept.append(event + EVENT_END)
+        return b"".join(kept)
+
+
+def usage_of(usage: dict[str, Any]) -> Usage:
+    details = usage.get("prompt_tokens_details") or {}
+    return Usage(
+        usage.get("prompt_tokens"),
+        usage.get("completion_tokens"),
+        details.get("cached_tokens") if isinstance(details, dict) else None,
+    )
+
+
+def body_usage(body: bytes, native: bool) -> Usage:
+    """The usage of a whole (non-streamed) answer."""
+    doc = _loads(body)
+    if native:
+        if isinstance(doc, list):  # a batch: the first one's
+            doc = doc[0] if doc else {}
+        meta = doc.get("meta_info") or {}
+        return Usage(
+            meta.get("prompt_tokens"), meta.get("completion_tokens"), meta.get("cached_tokens")
+        )
+    usage = doc.get("usage")
+    return usage_of(usage) if isinstance(usage, dict) else Usage()
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return {}
+    return doc if isinstance(doc, dict | list) else {}

@@ -1,0 +1,147 @@
+"""An inference request as the gateway needs it: parsed once, validated before any engine sees
+it, and the body passed on as the client sent it but for what the gateway adds in front."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from agents.control.compile import ModelConfig, RegionConfig
+from agents.gateway.errors import (
+    BadRequest,
+    CapabilityMissing,
+    ContextTooLong,
+    ModelNotFound,
+)
+
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+
+
+@dataclass
+class Inference:
+    path: str  # the engine's endpoint: /v1/chat/completions, /v1/completions or /generate
+    body: bytes  # as the client sent it
+    model: str
+    stream: bool
+    key: bytes  # the prompt, for the prefix index
+    wants_usage: bool  # the client asked for the usage chunk of a stream
+    has_stream_options: bool
+    native: bool  # SGLang's /generate
+
+    def upstream_body(self, rid: str, extra: bytes = b"") -> bytes:
+        """The client's body with `rid` (and `extra` fields) put in front; the client's own
+        fields come later and so win where they repeat a name (as JSON parsers read it)."""
+        head = b'{"rid":' + orjson.dumps(rid) + b","
+        if self.stream and not self.native and not self.has_stream_options:
+            head += b'"stream_options":{"include_usage":true},'
+        return head + extra + self.body.lstrip()[1:]
+
+
+def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, ModelConfig]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise BadRequest(f"the body is not JSON: {error}") from None
+    if not isinstance(body, dict) or not body:
+        raise BadRequest("the body must be a JSON object")
+    native = path == "/generate"
+    model = _model(body, config, native)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be true or false", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object", param="stream_options")
+    if path == "/v1/chat/completions":
+        key = _chat_key(body, model)
+    elif path == "/v1/completions":
+        key = _prompt_key(body.get("prompt"), "prompt")
+    else:
+        key = _native_key(body)
+    wants_usage = bool(options and options.get("include_usage"))
+    inference = Inference(
+        path, raw, model.name, stream, key, wants_usage, options is not None, native
+    )
+    return inference, model
+
+
+def check_context(model: ModelConfig, prompt_tokens: int) -> None:
+    if model.context_length and prompt_tokens > model.context_length:
+        raise ContextTooLong(
+            f"the prompt is about {prompt_tokens} tokens; "
+            f"{model.name} takes {model.context_length}",
+            param="messages",
+        )
+
+
+def _model(body: dict[str, Any], config: RegionConfig, native: bool) -> ModelConfig:
+    name = body.get("model")
+    if name is None and native and len(config.models) == 1:
+        return next(iter(config.models.values()))  # /generate names no model: the only one
+    if not isinstance(name, str) or not name:
+        raise BadRequest("model is required", param="model")
+    model = config.models.get(name)
+    if model is None:
+        raise ModelNotFound(f"the model {name!r} is not served in region {config.region}")
+    return model
+
+
+def _chat_key(body: dict[str, Any], model: ModelConfig) -> bytes:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list", param="messages")
+    if (body.get("tools") or body.get("functions")) and "tools" not in model.capabilities:
+        raise CapabilityMissing(f"{model.name} does not take tools", param="tools")
+    parts: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest("each message needs a role", param="messages")
+        parts.append(message["role"])
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict):
+                    raise BadRequest("content parts must be objects", param="messages")
+                if part.get("type") in IMAGE_PARTS and "vision" not in model.capabilities:
+                    raise CapabilityMissing(f"{model.name} does not take images", param="messages")
+                text = part.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+        elif content is not None:
+            raise BadRequest("content must be a string or a list of parts", param="messages")
+    return "\n".join(parts).encode()
+
+
+def _prompt_key(prompt: Any, param: str) -> bytes:
+    if isinstance(prompt, str):
+        return prompt.encode()
+    if isinstance(prompt, list) and prompt:
+        first = prompt[0]
+        if isinstance(first, str):
+            return first.encode()
+        if all(isinstance(i, int) for i in prompt):
+            return _ids(prompt)
+        if isinstance(first, list) and all(isinstance(i, int) for i in first):
+            return _ids(first)
+    raise BadRequest(f"{param} must be a string, a list of them, or token ids", param=param)
+
+
+def _native_key(body: dict[str, Any]) -> bytes:
+    if "text" in body:
+        return _prompt_key(body["text"], "text")
+    if "input_ids" in body:
+        return _prompt_key(body["input_ids"], "input_ids")
+    raise BadRequest("/generate needs text or input_ids", param="text")
+
+
+def _ids(ids: list[int]) -> bytes:
+    """Token ids as bytes, four a token, so a block of the index covers whole tokens."""
+    try:
+        return array("i", ids).tobytes()
+    except OverflowError:
+        raise BadRequest("token ids must be 32-bit integers") from None

@@ -1,0 +1,313 @@
+"""The gateway: OpenAI API in, auth, quotas, admission, the router's choice, the engine's bytes
+out. The only I/O on a request's path is the call to the engine.
+
+A worker that fails before the first byte reaches the client (refused, reset, 5xx, a stream
+that ends before its first event) has the request retried on the next worker. A client that
+goes away has its upstream request closed and aborted, so the engine stops working on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from agents.control.compile import RegionConfig, Tenant
+from agents.gateway import auth
+from agents.gateway.admission import Admission
+from agents.gateway.errors import GatewayError, NotReady, UnsupportedMediaType, UpstreamFailed
+from agents.gateway.quotas import Quotas
+from agents.gateway.relay import StreamMeter, Usage, body_usage
+from agents.gateway.requests import Inference, check_context, parse
+from agents.router.policies import Candidate, RouteRequest
+from agents.router.router import Router, Ticket
+
+log = logging.getLogger(__name__)
+MAX_ATTEMPTS = 3
+OPERATOR = Tenant("operator", "operator", None, None, None)
+HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+
+
+class _Retry(Exception):
+    """The worker failed before the client saw a byte: try the next one."""
+
+
+class _ClientGone(Exception):
+    """The client closed its connection."""
+
+
+class Gateway:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        operator_token: str | None,
+        connect_timeout_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.router = router
+        self.admission = Admission(router, clock)
+        self.quotas = Quotas(clock)
+        self.config: RegionConfig | None = None
+        self.operator_token = operator_token
+        self.clock = clock
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+        self._http: aiohttp.ClientSession | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        router.table.on_change(self.admission.notify_all)
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        self._http = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, auto_decompress=False
+        )
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+    def configure(self, config: RegionConfig) -> None:
+        self.router.configure(config)
+        self.config = config
+
+    def headers(self, request_id: str) -> dict[str, str]:
+        region = self.config.region if self.config is not None else ""
+        return {"X-Request-ID": request_id, "x-meridian-region": region}
+
+    async def models_or_error(self, request: web.Request) -> web.Response:
+        try:
+            return await self._models(request)
+        except GatewayError as error:
+            return error.response(self.headers(uuid.uuid4().hex))
+
+    async def _models(self, request: web.Request) -> web.Response:
+        config = self._config()
+        self._caller(request, config)
+        created = int(time.time())
+        data = [
+            {"id": m.name, "object": "model", "created": created, "owned_by": "meridian",
+             "root": m.name, "max_model_len": m.context_length}
+            for m in sorted(config.models.values(), key=lambda m: m.name)
+        ]  # fmt: skip
+        return web.Response(
+            body=orjson.dumps({"object": "list", "data": data}),
+            content_type="application/json",
+            headers={"x-meridian-region": config.region},
+        )
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
+        headers = self.headers(request_id[:128])
+        try:
+            return await self._infer(request, request_id[:128], headers)
+        except GatewayError as error:
+            return error.response(headers)
+
+    def _config(self) -> RegionConfig:
+        if self.config is None:
+            raise NotReady("this agent has no snapshot yet", retry_after_s=2)
+        return self.config
+
+    def _caller(self, request: web.Request, config: RegionConfig) -> tuple[Tenant, bool]:
+        """The tenant, and whether it may see the fleet's inside."""
+        header = request.headers.get("Authorization")
+        if self.operator_token and auth.same_secret(auth.bearer(header), self.operator_token):
+            return OPERATOR, True
+        return auth.authenticate(header, config), False
+
+    async def _infer(
+        self, request: web.Request, request_id: str, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        since = self.clock()
+        config = self._config()
+        tenant, insider = self._caller(request, config)
+        if request.content_type not in ("application/json", ""):
+            raise UnsupportedMediaType(f"send application/json, not {request.content_type}")
+        inference, model = parse(request.path, await request.read(), config)
+        route_request = self.router.request(model.name, inference.key)
+        check_context(model, route_request.prompt_tokens)
+        route = config.routes.get(model.name)
+        if route is None:
+            raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
+        if tenant is not OPERATOR:
+            self.quotas.admit(tenant, route_request.prompt_tokens)
+        debug = insider and request.headers.get("x-meridian-debug") == "1"
+        tried: set[str] = set()
+        try:
+            for attempt in range(MAX_ATTEMPTS):
+                decision = await self.admission.place(route, route_request, tried, since)
+                chosen = decision.ranked[0]
+                if debug:
+                    headers["x-meridian-route"] = orjson.dumps(
+                        decision.describe(chosen.worker.id) | {"attempt": attempt + 1}
+                    ).decode()
+                try:
+                    response, usage = await self._attempt(
+                        request, inference, request_id, chosen, route_request, headers
+                    )
+                except _Retry as why:
+                    log.warning("request %s: %s", request_id, why, extra={"request_id": request_id})
+                    tried.add(chosen.worker.id)
+                    continue
+                if tenant is not OPERATOR and usage.prompt_tokens is not None:
+                    used = usage.prompt_tokens + (usage.completion_tokens or 0)
+                    self.quotas.settle(tenant, route_request.prompt_tokens, used)
+                return response
+        except GatewayError:
+            if tenant is not OPERATOR:
+                self.quotas.settle(tenant, route_request.prompt_tokens, 0)
+            raise
+        raise UpstreamFailed(f"{MAX_ATTEMPTS} workers failed the request", retry_after_s=1)
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        inference: Inference,
+        request_id: str,
+        chosen: Candidate,
+        route_request: RouteRequest,
+        headers: dict[str, str],
+    ) -> tuple[web.StreamResponse, Usage]:
+        assert self._http is not None
+        worker = chosen.worker
+        ticket = self.router.dispatched(chosen, route_request)
+        url = f"{worker.url}{inference.path}"
+        body = inference.upstream_body(request_id)
+        upstream_headers = {"Content-Type": "application/json", "X-Request-ID": request_id}
+        try:
+            upstream = await self._http.post(url, data=body, headers=upstream_headers)
+        except (aiohttp.ClientError, OSError) as error:
+            self._failed(ticket)
+            raise _Retry(f"{worker.id}: {type(error).__name__}: {error}") from None
+        except asyncio.CancelledError:
+            self._gone(ticket, worker.url, request_id)
+            raise
+        try:
+            if upstream.status >= 500:
+                self._failed(ticket)
+                raise _Retry(f"{worker.id} answered {upstream.status}")
+            if inference.stream and upstream.status == 200:
+                return await self._stream(request, inference, upstream, ticket, headers)
+            data = await upstream.read()
+        except (aiohttp.ClientError, OSError) as error:
+            self._failed(ticket)
+            raise _Retry(f"{worker.id}: {type(error).__name__}: {error}") from None
+        except asyncio.CancelledError:
+            self._gone(ticket, worker.url, request_id)
+            raise
+        finally:
+            upstream.release()
+        usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
+        self._finished(ticket, inference, usage)
+        out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
+        out.update(headers)
+        return web.Response(body=data, status=upstream.status, headers=out), usage
+
+    async def _stream(
+        self,
+        request: web.Request,
+        inference: Inference,
+        upstream: aiohttp.ClientResponse,
+        ticket: Ticket,
+        headers: dict[str, str],
+    ) -> tuple[web.StreamResponse, Usage]:
+        meter = StreamMeter(inference.native, keep_usage=inference.wants_usage)
+        response: web.StreamResponse | None = None
+        rid = upstream.request_info.headers.get("X-Request-ID", "")
+        try:
+            async for chunk in upstream.content.iter_any():
+                data = meter.feed(chunk)
+                if not data:
+                    continue
+                if response is None:
+                    self.router.first_byte(ticket)
+                    self.admission.notify(ticket.model)
+                    response = web.StreamResponse(headers=headers)
+                    response.content_type = "text/event-stream"
+                    response.headers["Cache-Control"] = "no-cache"
+                    await _to_client(response.prepare(request))
+                await _to_client(response.write(data))
+            rest = meter.rest()
+        except _ClientGone:
+            self._gone(ticket, str(upstream.url.origin()), rid)
+            assert response is not None  # only writes to the client raise it
+            return response, meter.usage
+        except asyncio.CancelledError:
+            self._gone(ticket, str(upstream.url.origin()), rid)
+            raise
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as error:
+            self._failed(ticket)
+            if response is None:  # nothing reached the client: another worker may answer
+                raise _Retry(f"{ticket.worker_id}: stream broke: {error}") from None
+            await _write_quietly(response, _stream_error("the engine's stream broke"))
+            return response, meter.usage
+        if response is None:
+            self._failed(ticket)
+            raise _Retry(f"{ticket.worker_id}: the stream ended before its first event")
+        if rest:
+            await _write_quietly(response, rest, eof=False)
+        usage = meter.finish()
+        self._finished(ticket, inference, usage)
+        await _write_quietly(response, b"")
+        return response, usage
+
+    def _finished(self, ticket: Ticket, inference: Inference, usage: Usage) -> None:
+        self.router.finished(
+            ticket, len(inference.key), usage.prompt_tokens, usage.completion_tokens
+        )
+        self.admission.notify(ticket.model)
+
+    def _failed(self, ticket: Ticket) -> None:
+        self.router.failed(ticket)
+        self.admission.notify(ticket.model)
+
+    def _gone(self, ticket: Ticket, worker_url: str, rid: str) -> None:
+        """The client went away: free the worker and tell the engine to stop."""
+        if ticket.done:
+            return
+        self.router.abandoned(ticket)
+        self.admission.notify(ticket.model)
+        if self._http is None or not rid:
+            return
+        task = asyncio.get_running_loop().create_task(self._abort(worker_url, rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort(self, worker_url: str, rid: str) -> None:
+        assert self._http is not None
+        try:
+            async with self._http.post(
+                f"{worker_url}/abort_request", json={"rid": rid},
+                timeout=aiohttp.ClientTimeout(total=5),
+            ):  # fmt: skip
+                pass
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            log.info("abort of %s at %s: %s", rid, worker_url, error)
+
+
+async def _to_client(write: Awaitable[object]) -> None:
+    try:
+        await write
+    except ConnectionResetError as error:  # aiohttp's ClientConnectionResetError is one
+        raise _ClientGone(str(error)) from None
+
+
+def _stream_error(message: str) -> bytes:
+    error = {"error": {"message": message, "type": "api_error", "code": "upstream_failed"}}
+    return b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
+
+
+async def _write_quietly(response: web.StreamResponse, data: bytes, eof: bool = True) -> None:
+    try:
+        if data:
+            await response.write(data)
+        if eof:
+            await response.write_eof()
+    except ConnectionResetError:
+        pass

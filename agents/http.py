@@ -1,0 +1,42 @@
+"""The one HTTP app on the agent's port: the gateway's OpenAI and SGLang routes, /healthz, and
+/agent/* behind the operator token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from agents.gateway.auth import bearer, same_secret
+from agents.gateway.errors import GatewayError, Unauthenticated
+from agents.gateway.service import Gateway
+
+
+def build_app(
+    gateway: Gateway, status: Callable[[], dict[str, Any]], operator_token: str | None
+) -> web.Application:
+    async def healthz(_request: web.Request) -> web.Response:
+        return _json({"status": "ok"})
+
+    async def agent_status(request: web.Request) -> web.Response:
+        if operator_token is not None and not same_secret(
+            bearer(request.headers.get("Authorization")), operator_token
+        ):
+            error: GatewayError = Unauthenticated("/agent/* needs the operator token")
+            return error.response({})
+        return _json(status())
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", gateway.infer)
+    app.router.add_post("/v1/completions", gateway.infer)
+    app.router.add_post("/generate", gateway.infer)
+    app.router.add_get("/v1/models", gateway.models_or_error)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/agent/status", agent_status)
+    return app
+
+
+def _json(doc: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(doc), content_type="application/json")

@@ -1,0 +1,84 @@
+"""Each routing policy's parameters: a typed model, validated when the snapshot is compiled.
+
+Unknown parameters are refused, so a typo is a nack with a reason rather than a default
+silently in force.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PolicyParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kv_events: bool = Field(
+        default=False, description="engines publish KV-cache events; routers use them"
+    )
+    prefix_index_blocks: int = Field(
+        default=65_536, ge=64, le=16_777_216, description="per worker; LRU beyond it"
+    )
+    prefix_block_bytes: int = Field(default=64, ge=8, le=4096)
+
+
+class RoundRobinParams(PolicyParams):
+    pass
+
+
+class LeastLoadParams(PolicyParams):
+    pass
+
+
+class PowerOfTwoParams(PolicyParams):
+    pass
+
+
+class CacheAwareParams(PolicyParams):
+    """SGLang's router semantics, so that the comparison is like for like."""
+
+    cache_threshold: float = Field(default=0.3, ge=0, le=1)
+    balance_abs_threshold: int = Field(default=64, ge=0)
+    balance_rel_threshold: float = Field(default=1.5, ge=1)
+
+
+class CostParams(PolicyParams):
+    """The time-based cost router: predicted seconds to first token, cheapest wins."""
+
+    max_kv_usage: float = Field(
+        default=0.95, gt=0, le=1, description="veto a worker whose KV pool is fuller"
+    )
+    max_waiting: int = Field(
+        default=64, ge=1, description="veto a worker with more requests queued than this"
+    )
+    prefill_tokens_per_s: float = Field(
+        default=20_000, gt=0, description="a worker's prefill rate until it is learned"
+    )
+    decode_step_s: float = Field(
+        default=0.01, gt=0, description="a worker's decode step until it is learned"
+    )
+    chunk_tokens: int = Field(
+        default=8192, ge=64, description="prefill chunk: each costs the running batch a step"
+    )
+    pd_local_max_tokens: int = Field(
+        default=256, ge=0, description="PD: prefill on the decode worker at most this uncached"
+    )
+    pd_local_max_ratio: float = Field(
+        default=0.1, ge=0, le=1, description="...or at most this share of the prompt uncached"
+    )
+
+
+POLICY_PARAMS: dict[str, type[PolicyParams]] = {
+    "round_robin": RoundRobinParams,
+    "least_load": LeastLoadParams,
+    "power_of_two": PowerOfTwoParams,
+    "cache_aware": CacheAwareParams,
+    "cost": CostParams,
+}
+
+
+def params_for(policy: str, raw: dict[str, Any]) -> PolicyParams:
+    """Raises KeyError for an unknown policy, ValidationError for bad parameters."""
+    model = POLICY_PARAMS[policy]
+    return model.model_validate(raw)

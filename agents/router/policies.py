@@ -1,0 +1,178 @@
+"""Routing policies: pure decisions over candidates. A policy ranks the candidate workers for a
+request (best first), says why, and may learn from what it dispatched (its prefix index).
+
+One instance per (model, policy, parameters) lives on across snapshots while these are
+unchanged, so its prefix state survives a snapshot that changes something else.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass, field
+
+from agents.control.compile import WorkerSpec
+from agents.router.params import CacheAwareParams, CostParams, PolicyParams
+from agents.router.prefix import PrefixIndex
+from agents.router.view import WorkerView
+from agents.workers.table import WorkerEntry
+
+
+@dataclass
+class RouteRequest:
+    model: str
+    key: bytes  # what the prefix index matches: the prompt as the engine will see it
+    prompt_tokens: int  # estimated
+    tokens_per_byte: float  # the model's, learned from usage
+    hashes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Candidate:
+    worker: WorkerSpec
+    entry: WorkerEntry
+    view: WorkerView
+    matched_tokens: int = 0
+    ttft_s: float = 0.0  # predicted time to first token (cost policy)
+    veto: str = ""
+
+    @property
+    def load(self) -> int:
+        """Requests at the engine: as polled, plus what this gateway sent since."""
+        polled = self.entry.load.running + self.entry.load.waiting + self.view.sent_since_poll
+        return max(polled, self.view.inflight)
+
+
+@dataclass
+class Ranking:
+    ranked: list[Candidate]  # best first; vetoed workers left out
+    reason: str
+    vetoed: list[Candidate] = field(default_factory=list)
+
+
+class Policy:
+    name = "policy"
+    uses_prefix = False
+
+    def __init__(self, params: PolicyParams) -> None:
+        self.params = params
+        self.index = PrefixIndex(params.prefix_block_bytes, params.prefix_index_blocks)
+
+    def rank(self, candidates: list[Candidate], request: RouteRequest) -> Ranking:
+        raise NotImplementedError
+
+    def dispatched(self, worker_id: str, request: RouteRequest) -> None:
+        if self.uses_prefix:
+            self.index.insert(worker_id, request.hashes)
+
+    def match(self, candidates: list[Candidate], request: RouteRequest) -> None:
+        """Fill in each candidate's matched prompt tokens from the prefix index."""
+        request.hashes = self.index.hashes(request.key)
+        blocks = self.index.match(request.hashes)
+        per_block = self.index.block_bytes * request.tokens_per_byte
+        for c in candidates:
+            c.matched_tokens = min(
+                request.prompt_tokens, int(blocks.get(c.worker.id, 0) * per_block)
+            )
+
+
+class RoundRobin(Policy):
+    name = "round_robin"
+
+    def __init__(self, params: PolicyParams) -> None:
+        super().__init__(params)
+        self._next = itertools.count()
+
+    def rank(self, candidates: list[Candidate], request: RouteRequest) -> Ranking:
+        ordered = sorted(candidates, key=lambda c: c.worker.id)
+        start = next(self._next) % len(ordered)
+        return Ranking(ordered[start:] + ordered[:start], "next in turn")
+
+
+class LeastLoad(Policy):
+    name = "least_load"
+
+    def rank(self, candidates: list[Candidate], request: RouteRequest) -> Ranking:
+        random.shuffle(candidates)  # ties go anywhere, not always to the first
+        return Ranking(sorted(candidates, key=lambda c: c.load), "fewest requests")
+
+
+class PowerOfTwo(Policy):
+    name = "power_of_two"
+
+    def rank(self, candidates: list[Candidate], request: RouteRequest) -> Ranking:
+        pair = random.sample(candidates, min(2, len(candidates)))
+        pair.sort(key=lambda c: c.load)
+        rest = sorted((c for c in candidates if c not in pair), key=lambda c: c.load)
+        return Ranking(pair + rest, "lighter of two at random")
+
+
+class CacheAware(Policy):
+    """SGLang router's cache_aware: balance when loads are far apart, else the longest prefix
+    match above the threshold, else the worker with the smallest cache."""
+
+    name = "cache_aware"
+    uses_prefix = True
+
+    def rank(self, candidates: list[Candidate], request: RouteRequest) -> Ranking:
+        p = self.params
+        assert isinstance(p, CacheAwareParams)
+        self.match(candidates, request)
+        loads = [c.view.inflight for c in candidates]
+        high, low = max(loads), min(loads)
+        by_load = sorted(candidates, key=lambda c: (c.view.inflight, c.worker.id))
+        if high - low > p.balance_abs_threshold and high > low * p.balance_rel_threshold:
+            return Ranking(by_load, f"balance: in flight {low}..{high}")
+        best = max(candidates, key=lambda c: (c.matched_tokens, -c.view.inflight))
+        rate = best.matched_tokens / request.prompt_tokens if request.prompt_tokens else 0.0
+        if rate > p.cache_threshold:
+            rest = [c for c in by_load if c is not best]
+            return Ranking([best, *rest], f"prefix match {rate:.2f} > {p.cache_threshold}")
+        smallest = sorted(candidates, key=lambda c: (self.index.size(c.worker.id), c.view.inflight))
+        return Ranking(smallest, f"prefix match {rate:.2f}: smallest cache")
+
+
+class Cost(Policy):
+    """Predicted seconds to first token per worker: the prefill queued there, plus this
+    request's uncached prompt at the worker's learned prefill rate, plus a decode step of the
+    running batch for each prefill chunk. Cheapest wins; cache affinity is a saving in that sum,
+    never gated on request counts. A worker whose KV pool or queue is past its limit is vetoed."""
+
+    name = "cost"
+    uses_prefix = True
+
+    def rank(self, candidates: list[Candidate], request: RouteRequest) -> Ranking:
+        p = self.params
+        assert isinstance(p, CostParams)
+        self.match(candidates, request)
+        ok: list[Candidate] = []
+        vetoed: list[Candidate] = []
+        for c in candidates:
+            load, view = c.entry.load, c.view
+            if load.kv_usage > p.max_kv_usage:
+                c.veto = f"kv usage {load.kv_usage:.2f} > {p.max_kv_usage}"
+            elif load.waiting + view.sent_since_poll > p.max_waiting:
+                c.veto = f"queue {load.waiting + view.sent_since_poll} > {p.max_waiting}"
+            uncached = request.prompt_tokens - c.matched_tokens
+            queued = max(load.pending_tokens + view.tokens_since_poll, view.queued_tokens)
+            work = queued + uncached
+            busy = load.running + view.sent_since_poll > 0 or view.inflight > 0
+            steps = math.ceil(work / p.chunk_tokens) if busy else 0
+            c.ttft_s = work / view.prefill_tokens_per_s + steps * view.decode_step_s
+            (vetoed if c.veto else ok).append(c)
+        ok.sort(key=lambda c: (c.ttft_s, c.load, c.worker.id))
+        if not ok:
+            return Ranking([], "every worker vetoed", vetoed)
+        best = ok[0]
+        return Ranking(
+            ok,
+            f"cheapest predicted ttft {best.ttft_s * 1000:.0f} ms, {best.matched_tokens} "
+            f"of {request.prompt_tokens} tokens cached",
+            vetoed,
+        )
+
+
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p for p in (RoundRobin, LeastLoad, PowerOfTwo, CacheAware, Cost)
+}

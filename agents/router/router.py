@@ -1,0 +1,206 @@
+"""The region's router: candidates from the worker table, ranked by the model's policy, with
+the router's own load, breaker and learned-speed state; every decision records why.
+
+No I/O and no HTTP library here: the gateway tells the router what it dispatched and what it
+saw (first byte, end, failure), and the router learns from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agents.control.compile import RegionConfig, RouteConfig
+from agents.router.params import CostParams
+from agents.router.policies import POLICIES, Candidate, Policy, RouteRequest
+from agents.router.view import WorkerView
+from agents.workers.table import WorkerTable
+
+DEFAULT_TOKENS_PER_BYTE = 0.25
+SERVING_ROLES = ("unified", "decode")
+
+
+@dataclass
+class Decision:
+    policy: str
+    ranked: list[Candidate]
+    reason: str
+    vetoed: list[Candidate] = field(default_factory=list)
+    unavailable: int = 0  # workers of the model not serving or with an open breaker
+    total: int = 0  # workers of the model
+
+    @property
+    def best_ttft_s(self) -> float | None:
+        return self.ranked[0].ttft_s if self.ranked and self.policy == "cost" else None
+
+    def describe(self, chosen: str | None, top: int = 3) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "worker": chosen,
+            "reason": self.reason,
+            "candidates": [
+                {"worker": c.worker.id, "ttft_ms": round(c.ttft_s * 1000, 1),
+                 "matched_tokens": c.matched_tokens, "load": c.load}
+                for c in self.ranked[:top]
+            ],
+            "vetoed": {c.worker.id: c.veto for c in self.vetoed},
+        }  # fmt: skip
+
+
+@dataclass
+class Ticket:
+    """One dispatch to one worker, for what comes back."""
+
+    worker_id: str
+    model: str
+    sent_at: float
+    prompt_tokens: int
+    uncached_tokens: int
+    queued_ahead: int  # prefill tokens the worker had queued when this was sent
+    first_at: float | None = None
+    done: bool = False
+
+
+class Router:
+    def __init__(self, table: WorkerTable, clock: Callable[[], float] = time.monotonic) -> None:
+        self.table = table
+        self.clock = clock
+        self.views: dict[str, WorkerView] = {}
+        self._policies: dict[tuple[str, str, str], Policy] = {}
+        self._by_model: dict[str, Policy] = {}
+        self._bytes: dict[str, tuple[float, float]] = {}  # model -> (prompt bytes, tokens)
+
+    def configure(self, config: RegionConfig) -> None:
+        """A new snapshot: keep the policies and views of what did not change."""
+        policies, by_model = {}, {}
+        for route in config.routes.values():
+            policy = self._policies.get(route.key) or POLICIES[route.policy](route.params)
+            policies[route.key] = by_model[route.model] = policy
+        self._policies, self._by_model = policies, by_model
+        views = {}
+        for worker in config.workers:
+            own = config.routes.get(worker.model)
+            params = own.params if own is not None else CostParams()
+            views[worker.id] = self.views.get(worker.id) or WorkerView(
+                worker.id,
+                getattr(params, "prefill_tokens_per_s", CostParams().prefill_tokens_per_s),
+                getattr(params, "decode_step_s", CostParams().decode_step_s),
+            )
+        self.views = views
+        for policy in policies.values():
+            policy.index.forget_others(set(views))
+
+    def tokens_per_byte(self, model: str) -> float:
+        seen = self._bytes.get(model)
+        if seen is None or seen[0] < 4096:
+            return DEFAULT_TOKENS_PER_BYTE
+        return seen[1] / seen[0]
+
+    def request(self, model: str, key: bytes) -> RouteRequest:
+        ratio = self.tokens_per_byte(model)
+        return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio)
+
+    def route(self, route: RouteConfig, request: RouteRequest, exclude: set[str]) -> Decision:
+        policy = self._by_model[route.model]
+        now = self.clock()
+        candidates, total, unavailable = [], 0, 0
+        for entry in self.table.entries.values():
+            worker = entry.spec
+            if worker.model != route.model or worker.role not in SERVING_ROLES:
+                continue
+            total += 1
+            view = self.views.get(worker.id)
+            if view is None or worker.id in exclude:
+                continue
+            if entry.polls != view.poll_seen:  # the engine's load now counts what we sent
+                view.poll_seen, view.sent_since_poll, view.tokens_since_poll = entry.polls, 0, 0
+            if not entry.serving or not view.breaker.allows(now):
+                unavailable += 1
+                continue
+            if route.max_inflight is not None and view.inflight >= route.max_inflight:
+                candidates.append(Candidate(worker, entry, view, veto="max in flight"))
+                continue
+            candidates.append(Candidate(worker, entry, view))
+        full = [c for c in candidates if c.veto]
+        open_ = [c for c in candidates if not c.veto]
+        if not open_:
+            return Decision(policy.name, [], "no worker can take it", full, unavailable, total)
+        ranking = policy.rank(open_, request)
+        return Decision(
+            policy.name, ranking.ranked, ranking.reason, full + ranking.vetoed, unavailable, total
+        )
+
+    def dispatched(self, chosen: Candidate, request: RouteRequest) -> Ticket:
+        view = chosen.view
+        policy = self._by_model.get(request.model)
+        if policy is not None:
+            policy.dispatched(chosen.worker.id, request)
+        uncached = max(0, request.prompt_tokens - chosen.matched_tokens)
+        ahead = max(chosen.entry.load.pending_tokens + view.tokens_since_poll, view.queued_tokens)
+        view.inflight += 1
+        view.queued_tokens += uncached
+        view.sent_since_poll += 1
+        view.tokens_since_poll += uncached
+        view.breaker.dispatched()
+        return Ticket(
+            chosen.worker.id, request.model, self.clock(), request.prompt_tokens, uncached, ahead
+        )
+
+    def first_byte(self, ticket: Ticket) -> None:
+        if ticket.first_at is not None:
+            return
+        ticket.first_at = self.clock()
+        view = self.views.get(ticket.worker_id)
+        if view is None:
+            return
+        view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
+        view.learn_prefill(
+            ticket.queued_ahead + ticket.uncached_tokens, ticket.first_at - ticket.sent_at
+        )
+        view.breaker.succeeded()
+
+    def finished(
+        self, ticket: Ticket, prompt_bytes: int, prompt_tokens: int | None, completion: int | None
+    ) -> None:
+        """The answer is complete; usage, where the engine reported it, teaches the router."""
+        if ticket.done:
+            return
+        self.first_byte(ticket)
+        ticket.done = True
+        now = self.clock()
+        view = self.views.get(ticket.worker_id)
+        if view is not None:
+            view.inflight = max(0, view.inflight - 1)
+            if completion and completion > 1 and ticket.first_at is not None:
+                view.learn_decode((now - ticket.first_at) / (completion - 1))
+        if prompt_tokens and prompt_bytes:
+            seen_bytes, seen_tokens = self._bytes.get(ticket.model, (0.0, 0.0))
+            if seen_bytes > 1e8:  # keep it moving: halve the history
+                seen_bytes, seen_tokens = seen_bytes / 2, seen_tokens / 2
+            self._bytes[ticket.model] = (seen_bytes + prompt_bytes, seen_tokens + prompt_tokens)
+
+    def failed(self, ticket: Ticket) -> None:
+        """The worker failed this request (refused, reset, 5xx) before or while answering."""
+        if ticket.done:
+            return
+        ticket.done = True
+        view = self.views.get(ticket.worker_id)
+        if view is None:
+            return
+        view.inflight = max(0, view.inflight - 1)
+        if ticket.first_at is None:
+            view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
+        view.breaker.failed(self.clock())
+
+    def abandoned(self, ticket: Ticket) -> None:
+        """The client went away: not the worker's fault."""
+        if ticket.done:
+            return
+        ticket.done = True
+        view = self.views.get(ticket.worker_id)
+        if view is not None:
+            view.inflight = max(0, view.inflight - 1)
+            if ticket.first_at is None:
+                view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
+            view.breaker.probing = False

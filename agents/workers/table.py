@@ -1,0 +1,98 @@
+"""The live worker table: every worker of the region, as its health checks and load polls see it.
+
+Written by the supervisor (the state of this node's engines) and the load poller (every
+worker's reachability and `/get_load`); read by the router. Touched on the event loop only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from agents.control.compile import WorkerSpec
+
+# Engine states (the supervisor's) under which a local engine takes no new work.
+NOT_SERVING = frozenset({"starting", "draining", "stopped", "crash_loop", "unhealthy"})
+
+
+@dataclass
+class EngineLoad:
+    """What the engine says of itself at the last poll."""
+
+    running: int = 0
+    waiting: int = 0
+    used_tokens: int = 0
+    pending_tokens: int = 0
+    max_total_tokens: int = 0
+    at: float = 0.0  # monotonic time of the poll
+
+    @property
+    def kv_usage(self) -> float:
+        return self.used_tokens / self.max_total_tokens if self.max_total_tokens else 0.0
+
+
+@dataclass
+class WorkerEntry:
+    spec: WorkerSpec
+    reachable: bool = False  # the poller got an answer lately
+    failed_polls: int = 0
+    engine_state: str | None = None  # the supervisor's, for engines of this node
+    load: EngineLoad = field(default_factory=EngineLoad)
+    polls: int = 0  # answered polls, so the router can tell fresh load from old
+
+    @property
+    def serving(self) -> bool:
+        """Reachable, and not starting, draining or stopped by its supervisor."""
+        return self.reachable and self.engine_state not in NOT_SERVING
+
+
+class WorkerTable:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.entries: dict[str, WorkerEntry] = {}
+        self._listeners: list[Callable[[], None]] = []
+
+    def replace(self, specs: Iterable[WorkerSpec]) -> None:
+        """A new snapshot's workers; an unchanged worker keeps what is known of it."""
+        entries: dict[str, WorkerEntry] = {}
+        for spec in specs:
+            old = self.entries.get(spec.id)
+            if old is not None and old.spec == spec:
+                entries[spec.id] = old
+            else:
+                entries[spec.id] = WorkerEntry(spec)
+        self.entries = entries
+        self.changed()
+
+    def get(self, worker_id: str) -> WorkerEntry | None:
+        return self.entries.get(worker_id)
+
+    def set_engine_state(self, worker_id: str, state: str) -> None:
+        entry = self.entries.get(worker_id)
+        if entry is not None and entry.engine_state != state:
+            entry.engine_state = state
+            self.changed()
+
+    def polled(self, worker_id: str, load: EngineLoad | None, fail_after: int) -> None:
+        """A poll's outcome: its load, or None when the worker did not answer."""
+        entry = self.entries.get(worker_id)
+        if entry is None:
+            return
+        if load is None:
+            entry.failed_polls += 1
+            if entry.failed_polls >= fail_after:
+                entry.reachable = False
+        else:
+            if load.max_total_tokens == 0:
+                load.max_total_tokens = entry.load.max_total_tokens
+            entry.load, entry.failed_polls, entry.reachable = load, 0, True
+            entry.polls += 1
+        self.changed()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def changed(self) -> None:
+        for listener in self._listeners:
+            listener()
