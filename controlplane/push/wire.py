@@ -24,7 +24,8 @@ def to_wire(snapshot: RegionSnapshot) -> pb.Snapshot:
 
 
 def digest(message: pb.Snapshot) -> str:
-    """sha256 of what the agent must run and how it must route: not the revision, not load, not the agents up."""
+    """sha256 of what the agent must run and how it must route: not the revision, not load,
+    not the agents up."""
     content = pb.Snapshot()
     content.CopyFrom(message)
     content.revision = 0

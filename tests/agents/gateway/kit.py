@@ -1,0 +1,77 @@
+"""A region to send requests to: a control plane on the example fleet, an agent whose gateway
+serves it, and the simulated engines the agent runs, all real processes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from meridian.procs import stop_child
+from tests.agents.agent_kit import AgentProc, engines_ready, running_agent
+from tests.controlplane.conftest import Server, start_server
+from tests.controlplane.push.kit import ADMIN, bootstrap_token, eventually, seed
+
+
+@dataclass
+class Region:
+    cp: Server
+    agent: AgentProc
+    revision: int
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.agent.url}/v1"
+
+    async def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        headers = {**ADMIN, "If-Match": "*"} if method in ("PATCH", "PUT", "DELETE") else ADMIN
+        async with httpx.AsyncClient(base_url=self.cp.url, headers=headers, timeout=30) as http:
+            response = await http.request(method, path, json=body)
+            assert response.status_code < 300, response.text
+            return response.json() if response.content else None
+
+    async def api_key(self, tenant: str) -> str:
+        return str((await self.admin("POST", "/v1/api-keys", {"tenant": tenant}))["key"])
+
+    async def applied(self, revision: int | None = None) -> dict[str, Any]:
+        """The agent's status once it runs the control plane's newest revision."""
+        want = revision or int((await self.admin("GET", "/v1/revision"))["revision"])
+
+        async def probe() -> dict[str, Any] | None:
+            status = await self.agent.status()
+            return status if status["revision"] is not None and status["revision"] >= want else None
+
+        result: dict[str, Any] = await eventually(probe, within_s=20)
+        return result
+
+
+@contextlib.asynccontextmanager
+async def region_of(
+    database_url: str, data_dir: Path, region: str, engines: int
+) -> AsyncIterator[Region]:
+    """The example fleet's region with its node's agent, once its engines are ready."""
+    cp = await start_server(database_url)
+    try:
+        revision = await seed(cp.url)
+        token = await bootstrap_token(cp.url, region)
+        node = f"{region}-1"
+        async with running_agent(cp.grpc_target, region, data_dir, token=token, node=node) as agent:
+
+            async def ready() -> bool:
+                return engines_ready(await agent.status(), engines)
+
+            await eventually(ready, within_s=30)
+            yield Region(cp, agent, revision)
+    finally:
+        await stop_child(cp.process)
+
+
+async def sim_load(url: str) -> int:
+    """Requests an engine holds, running or waiting, as it says itself."""
+    async with httpx.AsyncClient(timeout=5) as http:
+        ranks = (await http.get(f"{url}/get_load")).json()
+    return sum(int(r["num_reqs"]) for r in ranks)

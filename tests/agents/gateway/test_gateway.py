@@ -1,0 +1,294 @@
+"""The region's OpenAI endpoint on the agent's port, as a client sees it: the official `openai`
+client, streamed and not; keys, revocation and quotas from the snapshot alone; a client that
+goes away; a full queue; and serving on with the control plane gone."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from meridian.procs import stop_child
+from tests.agents.gateway.kit import region_of, sim_load
+from tests.controlplane.push.kit import eventually
+
+LLAMA = "llama-3.1-8b-instruct"
+QWEN = "qwen2.5-32b-instruct"
+ENGINE = "http://127.0.0.1:30000"  # us-east-1's first engine: llama (the sorted first slot)
+
+
+async def test_the_openai_client_works_unchanged_streamed_and_not(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with region_of(database_url, tmp_path, "us-east", engines=2) as region:
+        key = await region.api_key("acme")
+        await region.applied()
+        client = openai.AsyncOpenAI(base_url=region.base_url, api_key=key, max_retries=0)
+        models = await client.models.list()
+        raw = await client.chat.completions.with_raw_response.create(
+            model=LLAMA,
+            messages=[{"role": "user", "content": "say something"}],
+            max_tokens=5,
+            extra_headers={"X-Request-ID": "req-from-the-client"},
+        )
+        answer = raw.parse()
+        stream = await client.chat.completions.create(
+            model=LLAMA, messages=[{"role": "user", "content": "count"}], max_tokens=6, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+        with_usage = await client.chat.completions.create(
+            model=LLAMA,
+            messages=[{"role": "user", "content": "count"}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        last = [chunk async for chunk in with_usage][-1]
+        completion = await client.completions.create(model=QWEN, prompt="once upon", max_tokens=4)
+        async with httpx.AsyncClient(timeout=10) as http:
+            native = await http.post(
+                f"{region.agent.url}/generate",
+                json={"model": LLAMA, "text": "hi", "sampling_params": {"max_new_tokens": 3}},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        await client.close()
+    assert sorted(m.id for m in models.data) == [LLAMA, QWEN]
+    assert raw.headers["x-request-id"] == "req-from-the-client"
+    assert raw.headers["x-meridian-region"] == "us-east"
+    assert "x-meridian-route" not in raw.headers  # tenants never see worker names
+    assert answer.choices[0].message.content
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 5
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text.split()) == 6
+    assert all(c.usage is None for c in chunks)  # the usage chunk only when asked for
+    assert last.choices == []
+    assert last.usage is not None
+    assert last.usage.completion_tokens == 3
+    assert completion.choices[0].text
+    assert completion.model == QWEN
+    assert native.status_code == 200
+    assert native.json()["meta_info"]["completion_tokens"] == 3
+
+
+async def test_bad_keys_unknown_models_and_missing_capabilities_get_openai_errors(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with region_of(database_url, tmp_path, "us-east", engines=2) as region:
+        key = await region.api_key("acme")
+        await region.applied()
+        good = openai.AsyncOpenAI(base_url=region.base_url, api_key=key, max_retries=0)
+        bad = openai.AsyncOpenAI(base_url=region.base_url, api_key="mk-nope.nope", max_retries=0)
+        hello = [{"role": "user", "content": "hello"}]
+        with pytest.raises(openai.AuthenticationError) as unauthenticated:
+            await bad.chat.completions.create(model=LLAMA, messages=hello)  # type: ignore[arg-type]
+        with pytest.raises(openai.NotFoundError) as unknown:
+            await good.chat.completions.create(model="gpt-9", messages=hello)  # type: ignore[arg-type]
+        tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+        with pytest.raises(openai.BadRequestError) as no_tools:
+            await good.chat.completions.create(
+                model=QWEN,
+                messages=hello,  # type: ignore[arg-type]
+                tools=[tool],  # type: ignore[list-item]
+            )
+        too_long = [{"role": "user", "content": "word " * 40_000}]
+        with pytest.raises(openai.BadRequestError) as long_prompt:
+            await good.chat.completions.create(model=QWEN, messages=too_long)  # type: ignore[arg-type]
+        await good.close()
+        await bad.close()
+        async with httpx.AsyncClient(timeout=10) as http:
+            load = await sim_load(ENGINE)
+            status = await http.get(f"{region.agent.url}/agent/status")
+    assert unauthenticated.value.status_code == 401
+    assert unauthenticated.value.code == "invalid_api_key"
+    assert unknown.value.code == "model_not_found"
+    assert no_tools.value.code == "capability_unsupported"
+    assert long_prompt.value.code == "context_length_exceeded"
+    assert load == 0  # none of them reached an engine
+    assert status.status_code == 200  # loopback and no operator token: open
+
+
+async def test_a_revoked_key_stops_working_with_the_next_snapshot(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with region_of(database_url, tmp_path, "us-west", engines=1) as region:
+        created = await region.admin("POST", "/v1/api-keys", {"tenant": "acme"})
+        await region.applied()
+        client = openai.AsyncOpenAI(base_url=region.base_url, api_key=created["key"], max_retries=0)
+        hello = [{"role": "user", "content": "hello"}]
+        before = await client.chat.completions.create(model=LLAMA, messages=hello, max_tokens=1)  # type: ignore[arg-type]
+        await region.admin("PATCH", f"/v1/api-keys/{created['name']}", {"revoked": True})
+        await region.applied()
+        with pytest.raises(openai.AuthenticationError):
+            await client.chat.completions.create(model=LLAMA, messages=hello, max_tokens=1)  # type: ignore[arg-type]
+        await client.close()
+    assert before.choices[0].message.content
+
+
+async def test_a_tenant_over_its_quota_gets_429_with_retry_after_and_others_do_not(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with region_of(database_url, tmp_path, "us-west", engines=1) as region:
+        await region.admin("POST", "/v1/tenants", {"name": "tiny", "requests_per_minute": 2})
+        tiny, acme = await region.api_key("tiny"), await region.api_key("acme")
+        await region.applied()
+        body = {"model": LLAMA, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        url = f"{region.agent.url}/v1/chat/completions"
+        async with httpx.AsyncClient(timeout=10) as http:
+            answers = [
+                await http.post(url, json=body, headers={"Authorization": f"Bearer {tiny}"})
+                for _ in range(3)
+            ]
+            others = [
+                await http.post(url, json=body, headers={"Authorization": f"Bearer {acme}"})
+                for _ in range(3)
+            ]
+    codes = [a.status_code for a in answers]
+    assert codes[0] == 200
+    assert 429 in codes
+    refused = next(a for a in answers if a.status_code == 429)
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert refused.json()["error"]["code"] == "quota_exceeded"
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    assert [o.status_code for o in others] == [200, 200, 200]
+
+
+async def test_a_client_that_goes_away_mid_stream_aborts_the_engine_request(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with region_of(database_url, tmp_path, "us-west", engines=1) as region:
+        key = await region.api_key("acme")
+        await region.applied()
+        engine = "http://127.0.0.2:30000"
+        async with httpx.AsyncClient(timeout=10) as http:
+            await http.post(f"{engine}/sim/faults", json={"slow_factor": 50})
+            body = {
+                "model": LLAMA,
+                "messages": [{"role": "user", "content": "a long story"}],
+                "max_tokens": 4000,
+                "stream": True,
+            }
+            async with http.stream(
+                "POST",
+                f"{region.agent.url}/v1/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {key}"},
+            ) as response:
+                async for _ in response.aiter_bytes():
+                    break  # the first event, then the client leaves
+                during = await sim_load(engine)
+            for _ in range(50):
+                if await sim_load(engine) == 0:
+                    break
+                await asyncio.sleep(0.1)
+            after = await sim_load(engine)
+    assert response.status_code == 200
+    assert during == 1
+    assert after == 0  # the engine stopped working on it
+
+
+async def test_past_the_queue_bound_the_answer_is_429_at_once(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with region_of(database_url, tmp_path, "us-west", engines=1) as region:
+        key = await region.api_key("acme")
+        policy = {"name": "tight", "model": LLAMA, "region": "us-west", "policy": "least_load",
+                  "max_inflight": 1, "max_queue": 1}  # fmt: skip
+        await region.admin("POST", "/v1/routing-policies", policy)
+        await region.applied()
+        await _slow("http://127.0.0.2:30000")
+        body = {"model": LLAMA, "messages": [{"role": "user", "content": "x"}], "max_tokens": 200}
+        url = f"{region.agent.url}/v1/chat/completions"
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(timeout=30) as http:
+            first = asyncio.create_task(http.post(url, json=body, headers=headers))
+            await asyncio.sleep(0.3)
+            second = asyncio.create_task(http.post(url, json=body, headers=headers))
+            await asyncio.sleep(0.3)
+            started = asyncio.get_running_loop().time()
+            third = await http.post(url, json=body, headers=headers)
+            waited = asyncio.get_running_loop().time() - started
+            first.cancel()
+            second.cancel()
+            await asyncio.gather(first, second, return_exceptions=True)
+    assert third.status_code == 429
+    assert third.json()["code"] == "queue_full"
+    assert int(third.headers["Retry-After"]) >= 1
+    assert waited < 2  # at once, not after a wait
+
+
+async def test_the_gateway_serves_on_with_the_control_plane_killed(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with region_of(database_url, tmp_path, "us-west", engines=1) as region:
+        await region.admin("POST", "/v1/tenants", {"name": "tiny", "requests_per_minute": 2})
+        tiny, acme = await region.api_key("tiny"), await region.api_key("acme")
+        await region.applied()
+        region.cp.process.kill()
+        await stop_child(region.cp.process)
+        body = {"model": LLAMA, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        url = f"{region.agent.url}/v1/chat/completions"
+        async with httpx.AsyncClient(timeout=10) as http:
+            served = await http.post(url, json=body, headers={"Authorization": f"Bearer {acme}"})
+            stranger = await http.post(url, json=body, headers={"Authorization": "Bearer mk-x.y"})
+            tiny_answers = [
+                (await http.post(url, json=body, headers={"Authorization": f"Bearer {tiny}"}))
+                for _ in range(3)
+            ]
+            status = await region.agent.status()
+    assert status["control_plane"]["connected"] is False
+    assert served.status_code == 200
+    assert stranger.status_code == 401
+    assert 429 in [a.status_code for a in tiny_answers]
+
+
+async def _slow(engine: str) -> None:
+    async with httpx.AsyncClient(timeout=5) as http:
+        await http.post(f"{engine}/sim/faults", json={"slow_factor": 30})
+
+
+async def test_a_worker_killed_mid_traffic_is_ejected_retried_around_and_used_again(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with region_of(database_url, tmp_path, "eu-west", engines=2) as region:
+        key = await region.api_key("acme")
+        status = await region.applied()
+        victim = sorted(e["url"] for e in status["engines"])[0]
+        url = f"{region.agent.url}/v1/chat/completions"
+        headers = {"Authorization": f"Bearer {key}"}
+        codes: list[int] = []
+
+        async def traffic(http: httpx.AsyncClient, seconds: float, n: int) -> None:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + seconds
+            while loop.time() < end:
+                prompt = f"question {n} {len(codes)}"
+                body = {"model": LLAMA, "max_tokens": 30,
+                        "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+                codes.append((await http.post(url, json=body, headers=headers)).status_code)
+
+        async with httpx.AsyncClient(timeout=30) as http:
+            clients = [asyncio.create_task(traffic(http, 4, n)) for n in range(6)]
+            await asyncio.sleep(1)
+            await http.post(f"{victim}/sim/faults", json={"crash": True})
+            await asyncio.gather(*clients)
+
+            async def restarted() -> bool:
+                engines = (await region.agent.status())["engines"]
+                again = next(e for e in engines if e["url"] == victim)
+                return bool(again["state"] == "ready" and again["restarts"] >= 1)
+
+            await eventually(restarted, within_s=20)
+            await asyncio.sleep(2.5)  # the breaker's cooldown, then its probe
+            await asyncio.gather(*(traffic(http, 3, n) for n in range(6)))
+            metrics = (await http.get(f"{victim}/metrics")).text
+    assert codes
+    assert set(codes) == {200}
+    served_again = [
+        line for line in metrics.splitlines() if line.startswith("sglang:num_requests_total")
+    ]
+    assert served_again
+    assert float(served_again[0].split()[-1]) > 0
