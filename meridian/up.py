@@ -25,6 +25,7 @@ from controlplane.db.engine import Database
 from controlplane.db.provision import database_url
 from controlplane.settings import Settings
 from meridian.local_agents import await_engines, local_nodes, print_engines, start_agents
+from meridian.local_fleet import describe, print_fleet
 from meridian.procs import start_control_plane, stop_child
 
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
@@ -83,7 +84,19 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
             log_dir=settings.data_dir / "logs",
         )
         console.print(f"[green]✓[/] {len(agents)} agent(s) started; waiting for their engines")
-        print_engines(console, agents, await await_engines(console, agents))
+        statuses = await await_engines(console, agents)
+        print_engines(console, agents, statuses)
+        out = settings.data_dir / "local-fleet.json"
+        doc = await describe(
+            fleet,
+            out,
+            api=api,
+            admin_token=token,
+            controlplane_pid=proc.pid,
+            agents=agents,
+            statuses=statuses,
+        )
+        print_fleet(console, doc, out)
         table = Table(show_header=False, box=None)
         table.add_row("API", api)
         table.add_row("API docs", f"{api}/docs")
@@ -93,6 +106,15 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
             table.add_row(f"agent {agent.node.name}", f"{agent.node.url}/agent/status")
         table.add_row("logs", str(settings.data_dir / "logs"))
         table.add_row("try", f"curl -H 'Authorization: Bearer {token}' {api}/v1/regions")
+        if doc["tenants"] and doc["regions"]:
+            region, tenant = doc["regions"][0], doc["tenants"][0]
+            table.add_row(
+                "chat",
+                f"curl {region['gateway_url']}/v1/chat/completions -H 'Authorization: Bearer "
+                f"{tenant['api_key']}' -H 'Content-Type: application/json' -d "
+                """'{"model": "%s", "messages": [{"role": "user", "content": "hi"}]}'"""
+                % doc["models"][0],
+            )
         console.print(table)
         console.print("Ctrl-C stops everything.")
         code = await proc.wait()

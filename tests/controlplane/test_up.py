@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
+import openai
 import pytest
 
 from controlplane.db.embedded import UNSAFE_FAST, EmbeddedPostgres
@@ -96,6 +99,20 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
                 status = (await client.get(f"http://127.0.0.1:{agent_port}/agent/status")).json()
                 assert status["source"] == "control-plane"
                 engine_pids += [e["pid"] for e in status["engines"]]
+        local = json.loads((data_dir / "local-fleet.json").read_text())
+        answer = await _chat_through(local, "eu-west", "eurobank")
+        assert answer.headers["x-meridian-region"] == "eu-west"
+        assert local["admin_url"] == f"http://127.0.0.1:{port}"
+        assert local["admin_token"] == token
+        assert sorted(local["models"]) == ["llama-3.1-8b-instruct", "qwen2.5-32b-instruct"]
+        assert {t["name"]: t["jurisdictions"] for t in local["tenants"]} == {
+            "acme": [],
+            "eurobank": ["eu"],
+        }
+        assert sorted(local["processes"]["agents"]) == ["eu-west", "us-east", "us-west"]
+        assert sorted(local["processes"]["engines"]["us-east"]) == sorted(engine_pids[:2])
+        for tenant in local["tenants"]:
+            assert tenant["api_key"] in output  # printed as well
     finally:
         await _interrupt(proc)
     assert proc.returncode == 0
@@ -110,10 +127,24 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
     try:
         assert f"no changes; revision {revision}" in output  # no new bootstrap tokens either
         assert f"✓ {ENGINES[0]}  ready" in output
+        again = json.loads((data_dir / "local-fleet.json").read_text())
+        assert again["tenants"] == local["tenants"]  # the keys still work: kept
     finally:
         await _interrupt(proc)
     pid_file = next((data_dir / "postgres").rglob("postmaster.pid"), None)
     assert pid_file is None, "PostgreSQL was left running"
+
+
+async def _chat_through(local: dict[str, Any], region: str, tenant: str) -> Any:
+    """A chat completion through a region's gateway, with the openai client, as a user would."""
+    gateway = next(r["gateway_url"] for r in local["regions"] if r["name"] == region)
+    key = next(t["api_key"] for t in local["tenants"] if t["name"] == tenant)
+    async with openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=local["models"][0], messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    assert raw.parse().choices[0].message.content
+    return raw
 
 
 ENGINES = [

@@ -1,0 +1,113 @@
+"""What a user of the local fleet needs to send requests: each region's OpenAI base URL, an API
+key per tenant, the admin API, and the processes; printed, and written to
+`.meridian/local-fleet.json`. Keys made by an earlier run are reused while they still work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from meridian.local_agents import RunningAgent
+
+
+async def describe(
+    fleet: Path,
+    out: Path,
+    *,
+    api: str,
+    admin_token: str,
+    controlplane_pid: int,
+    agents: list[RunningAgent],
+    statuses: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(await asyncio.to_thread(fleet.read_text)) or {}
+    old = await asyncio.to_thread(_read, out)
+    kept = {t["name"]: t.get("api_key") for t in old.get("tenants", [])}
+    tenants = []
+    async with httpx.AsyncClient(
+        base_url=api, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30
+    ) as http:
+        for tenant in document.get("tenants", []):
+            name = tenant["name"]
+            key = kept.get(name)
+            if not key or not await _still_valid(http, key):
+                response = await http.post("/v1/api-keys", json={"tenant": name})
+                response.raise_for_status()
+                key = str(response.json()["key"])
+            tenants.append(
+                {"name": name, "api_key": key,
+                 "jurisdictions": tenant.get("allowed_jurisdictions") or []}
+            )  # fmt: skip
+    engines: dict[str, list[int]] = {}
+    for agent in agents:
+        status = statuses.get(agent.node.name, {})
+        pids = [e["pid"] for e in status.get("engines", []) if e.get("pid")]
+        engines.setdefault(agent.node.region, []).extend(pids)
+    doc = {
+        "admin_url": api,
+        "admin_token": admin_token,
+        "regions": [
+            {"name": r["name"], "cloud": r["cloud"], "jurisdiction": r["jurisdiction"],
+             "gateway_url": r.get("gateway_url")}
+            for r in document.get("regions", [])
+        ],
+        "tenants": tenants,
+        "models": [m["name"] for m in document.get("models", [])],
+        "processes": {
+            "controlplane": controlplane_pid,
+            "agents": {a.node.region: a.process.pid for a in agents},
+            "engines": engines,
+        },
+    }  # fmt: skip
+    await asyncio.to_thread(_write, out, doc)
+    return doc
+
+
+async def _still_valid(http: httpx.AsyncClient, key: str) -> bool:
+    """Whether the key an earlier run made is still a live key of this control plane."""
+    prefix = key.split(".", 1)[0]
+    response = await http.get("/v1/api-keys", params={"limit": 500})
+    if response.status_code != 200:
+        return False
+    return any(k["prefix"] == prefix and not k["revoked"] for k in response.json()["items"])
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)  # it holds keys
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    with contextlib.suppress(OSError, ValueError):
+        doc: dict[str, Any] = json.loads(path.read_text())
+        return doc
+    return {}
+
+
+def print_fleet(console: Console, doc: dict[str, Any], out: Path) -> None:
+    table = Table(title="OpenAI endpoints", box=None)
+    table.add_column("region")
+    table.add_column("cloud")
+    table.add_column("jurisdiction")
+    table.add_column("base URL")
+    for region in doc["regions"]:
+        base = f"{region['gateway_url']}/v1" if region["gateway_url"] else "-"
+        table.add_row(region["name"], region["cloud"], region["jurisdiction"], base)
+    console.print(table)
+    keys = Table(title="API keys (one per tenant, for this local fleet)", box=None)
+    keys.add_column("tenant")
+    keys.add_column("jurisdictions")
+    keys.add_column("key")
+    for tenant in doc["tenants"]:
+        keys.add_row(tenant["name"], ", ".join(tenant["jurisdictions"]) or "any", tenant["api_key"])
+    console.print(keys)
+    console.print(f"written to {out}")
