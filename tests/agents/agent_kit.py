@@ -29,9 +29,11 @@ FAST = {
 class AgentProc:
     process: asyncio.subprocess.Process
     url: str
+    operator: str | None = None  # the agent's operator token, when it has one
 
     async def status(self) -> dict[str, Any]:
-        async with httpx.AsyncClient(timeout=5) as client:
+        headers = {"Authorization": f"Bearer {self.operator}"} if self.operator else {}
+        async with httpx.AsyncClient(timeout=5, headers=headers) as client:
             response = await client.get(f"{self.url}/agent/status")
             assert response.status_code == 200, response.text
             body: dict[str, Any] = response.json()
@@ -43,7 +45,13 @@ class AgentProc:
 
 
 async def start_agent(
-    control_plane: str, region: str, data_dir: Path, *, token: str | None = None, node: str = ""
+    control_plane: str,
+    region: str,
+    data_dir: Path,
+    *,
+    token: str | None = None,
+    node: str = "",
+    operator: str | None = None,
 ) -> AgentProc:
     port = free_port()
     args = ["--control-plane", control_plane, "--region", region, "--data-dir", str(data_dir)]
@@ -52,7 +60,7 @@ async def start_agent(
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "meridian", "agent", "run", *args, env={**os.environ, **FAST}
     )
-    agent = AgentProc(process, f"http://127.0.0.1:{port}")
+    agent = AgentProc(process, f"http://127.0.0.1:{port}", operator)
     try:
         await wait_ready(agent.url, process, 10, path="/healthz", what="the agent")
     except BaseException:

@@ -51,15 +51,17 @@ class Region:
 
 @contextlib.asynccontextmanager
 async def region_of(
-    database_url: str, data_dir: Path, region: str, engines: int
+    database_url: str, data_dir: Path, region: str, engines: int, token: str | None = None
 ) -> AsyncIterator[Region]:
     """The example fleet's region with its node's agent, once its engines are ready."""
     cp = await start_server(database_url)
     try:
         revision = await seed(cp.url)
-        token = await bootstrap_token(cp.url, region)
+        bootstrap = await bootstrap_token(cp.url, region)
         node = f"{region}-1"
-        async with running_agent(cp.grpc_target, region, data_dir, token=token, node=node) as agent:
+        async with running_agent(
+            cp.grpc_target, region, data_dir, token=bootstrap, node=node, operator=token
+        ) as agent:
 
             async def ready() -> bool:
                 return engines_ready(await agent.status(), engines)

@@ -5,6 +5,7 @@ goes away; a full queue; and serving on with the control plane gone."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -292,3 +293,36 @@ async def test_a_worker_killed_mid_traffic_is_ejected_retried_around_and_used_ag
     ]
     assert served_again
     assert float(served_again[0].split()[-1]) > 0
+
+
+async def test_the_operator_sees_the_route_and_only_the_operator_reads_agent_status(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    operator = "operator-token-0123456789"
+    monkeypatch.setenv("MERIDIAN_AGENT_OPERATOR_TOKEN", operator)
+    async with region_of(database_url, tmp_path, "eu-west", engines=2, token=operator) as region:
+        key = await region.api_key("acme")
+        await region.applied()
+        body = {"model": LLAMA, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        url = f"{region.agent.url}/v1/chat/completions"
+        debug = {"x-meridian-debug": "1"}
+        async with httpx.AsyncClient(timeout=10) as http:
+            as_operator = await http.post(
+                url, json=body, headers={"Authorization": f"Bearer {operator}", **debug}
+            )
+            as_tenant = await http.post(
+                url, json=body, headers={"Authorization": f"Bearer {key}", **debug}
+            )
+            status_open = await http.get(f"{region.agent.url}/agent/status")
+    assert as_operator.status_code == 200
+    route = json.loads(as_operator.headers["x-meridian-route"])
+    assert route["policy"] == "cost"
+    assert route["worker"].startswith("llama-eu-west/unified-")
+    assert route["reason"].startswith("cheapest predicted ttft")
+    assert {c["worker"] for c in route["candidates"]} == {
+        "llama-eu-west/unified-0",
+        "llama-eu-west/unified-1",
+    }
+    assert as_tenant.status_code == 200
+    assert "x-meridian-route" not in as_tenant.headers
+    assert status_open.status_code == 401
