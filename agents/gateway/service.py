@@ -180,15 +180,9 @@ class Gateway:
         url = f"{worker.url}{inference.path}"
         body = inference.upstream_body(request_id)
         upstream_headers = {"Content-Type": "application/json", "X-Request-ID": request_id}
+        upstream: aiohttp.ClientResponse | None = None
         try:
             upstream = await self._http.post(url, data=body, headers=upstream_headers)
-        except (aiohttp.ClientError, OSError) as error:
-            self._failed(ticket)
-            raise _Retry(f"{worker.id}: {type(error).__name__}: {error}") from None
-        except asyncio.CancelledError:
-            self._gone(ticket, worker.url, request_id)
-            raise
-        try:
             if upstream.status >= 500:
                 self._failed(ticket)
                 raise _Retry(f"{worker.id} answered {upstream.status}")
@@ -202,7 +196,8 @@ class Gateway:
             self._gone(ticket, worker.url, request_id)
             raise
         finally:
-            upstream.release()
+            if upstream is not None:
+                upstream.release()
         usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
         self._finished(ticket, inference, usage)
         out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
