@@ -91,7 +91,8 @@ async def _served(url: str, region: str) -> dict[str, Any] | None:
 async def _applied(url: str, node: str, revision: int) -> dict[str, Any] | None:
     found: dict[str, Any] = await get(url, f"/v1/nodes/{node}")
     done = found["applied_revision"] == revision and found["last_heartbeat_at"] is not None
-    return found if done else None
+    # health turns `up` on the liveness sweep after the stream opens, not with it
+    return found if done and found["health"] == "up" else None
 
 
 async def test_a_snapshot_the_node_cannot_run_is_nacked_and_the_old_one_kept(
