@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,11 @@ SHUTDOWN_GRACE_S = 5
 @click.option("--max-total-tokens", type=int, default=None)
 @click.option("--context-length", type=int, default=131072)
 @click.option("--stream-interval", type=int, default=1)
+@click.option("--max-prefill-tokens", type=int, default=16384)
+@click.option("--chunked-prefill-size", type=int, default=8192)
+@click.option("--page-size", type=int, default=1)
+@click.option("--kv-events-config", default=None,
+              help='JSON, e.g. {"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv-events"}')  # fmt: skip
 @click.option("--schedule-policy", default="fcfs")
 @click.option(
     "--disaggregation-mode", type=click.Choice(["null", "prefill", "decode"]), default="null"
@@ -39,7 +45,10 @@ SHUTDOWN_GRACE_S = 5
 @click.option("--enable-metrics", is_flag=True)
 @click.option("--enable-cache-report", is_flag=True)
 @click.option("--startup-s", type=float, default=0.0, help="seconds before /health turns 200")
-@click.option("--slow-factor", type=float, default=1.0, help="multiplies every step's time")
+@click.option("--speed-factor", type=float, default=1.0,
+              help="the engine's hardware speed: 2 runs every step in half the time")  # fmt: skip
+@click.option("--slow-factor", type=float, default=1.0,
+              help="fault: multiplies every step's time (changeable at /sim/faults)")  # fmt: skip
 @click.option("--error-rate", type=float, default=0.0, help="fraction of requests answered 500")
 @click.option("--hang", is_flag=True, help="start hung: no step runs, /health never answers")
 @click.option("--crash-after-s", type=float, default=None, help="exit abruptly after this long")
@@ -51,7 +60,11 @@ def sim_command(**options: Any) -> None:
     """
     options = {k: v for k, v in options.items() if v is not None}
     try:
+        if "kv_events_config" in options:
+            options["kv_events_config"] = json.loads(options["kv_events_config"])
         config = SimConfig(**options)
+    except json.JSONDecodeError as error:
+        raise click.UsageError(f"--kv-events-config: not JSON: {error}") from error
     except ValidationError as error:
         first = error.errors()[0]
         raise click.UsageError(

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.engines.sim.cost import CostModel
+from agents.engines.sim.kv_events import KvEventsConfig
 from agents.engines.sim.tokens import MODEL_DIR
 
 VERSION = "0.5.0-meridian-sim"
@@ -26,6 +27,10 @@ class SimConfig(BaseModel):
     max_running_requests: int = Field(default=256, ge=1, le=65536)
     max_total_tokens: int = Field(default=CostModel().max_total_tokens, ge=16)
     context_length: int = Field(default=131072, ge=16)
+    max_prefill_tokens: int = Field(default=16384, ge=1)
+    chunked_prefill_size: int = Field(default=8192, ge=-1, description="-1: no chunking")
+    page_size: int = Field(default=1, ge=1, le=4096)
+    kv_events_config: KvEventsConfig | None = None
     stream_interval: int = Field(default=1, ge=1, le=1024)
     schedule_policy: str = "fcfs"
     disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
@@ -34,6 +39,9 @@ class SimConfig(BaseModel):
     enable_cache_report: bool = False
     # Simulator knobs.
     startup_s: float = Field(default=0.0, ge=0, le=600, description="time to 'load weights'")
+    speed_factor: float = Field(
+        default=1.0, gt=0, le=100, description="this engine's hardware speed: 2 is twice as fast"
+    )
     slow_factor: float = Field(default=1.0, gt=0, le=1000)
     error_rate: float = Field(default=0.0, ge=0, le=1)
     hang: bool = False
@@ -52,6 +60,8 @@ class SimConfig(BaseModel):
         flags = self.model_dump(mode="json")
         flags["model_path"] = str(self.model_path)
         flags["tokenizer_path"] = str(self.model_path)
-        flags["chunked_prefill_size"] = 8192
-        flags["enable_kv_events"] = False
+        flags["kv_events_config"] = (
+            self.kv_events_config.model_dump_json() if self.kv_events_config else None
+        )
+        flags["enable_kv_events"] = self.kv_events_config is not None
         return flags

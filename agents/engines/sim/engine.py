@@ -1,16 +1,31 @@
 """The simulated scheduler: continuous batching over a radix cache, with calibrated costs.
 
-Like SGLang's scheduler it keeps a waiting queue and a running batch. Each turn it admits
-waiting requests while the batch has room and the KV pool can hold their prompts, and runs
-one prefill step for them (cost per uncached token); otherwise it runs one decode step for
-the whole batch (cost per batch and context). Finished sequences stay in the radix cache
-for later requests to reuse, until LRU eviction needs the room.
+It follows SGLang's scheduler where routing depends on it:
+
+- **Prefill batches are capped.** Each prefill step takes waiting requests in order while the
+  step's budget lasts (`--max-prefill-tokens` input tokens, `--chunked-prefill-size` a
+  chunk). A prompt longer than what is left is cut: its first chunk runs now, the rest in
+  the next steps, ahead of anything new. A long queue is served over several steps.
+- **Only computed prefixes are cache hits.** A request matches the radix cache as it is
+  before its step; prefixes computed in the same step are not shared (each request pays for
+  its own), and a chunk enters the cache once its step has run.
+- **The KV pool holds prompts and generated tokens.** A request is admitted only if its
+  uncached chunk, plus the decode tokens reserved for everything running (the remaining
+  output times a new-token ratio that starts at 0.7 and decays to 0.1, as SGLang's), fits
+  the free pool after evicting unused prefixes. When a decode step finds no room for the
+  batch's next tokens, the newest request is retracted to the front of the queue (what it
+  had computed is kept in the cache while room lasts) and the ratio goes back to 0.7.
+- A step is a prefill step when something can be admitted, else a decode step for the whole
+  running batch (SGLang without mixed chunking).
+
+Finished sequences stay in the radix cache for later requests, until LRU eviction needs room.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -19,9 +34,12 @@ from typing import Literal
 
 from agents.engines.sim import tokens
 from agents.engines.sim.cost import CostModel
-from agents.engines.sim.radix import Node, RadixCache
+from agents.engines.sim.radix import Listener, Node, RadixCache
 
 CATCH_UP_S = 0.05
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLang's defaults (schedule_conservativeness 1.0)
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 Role = Literal["unified", "prefill", "decode"]
 Finish = Literal["length", "abort"]
 
@@ -50,7 +68,9 @@ class Request:
     prefilled: bool = False  # PD decode: the KV cache came from a prefill server
     output: list[int] = field(default_factory=list)
     generated: int = 0
-    cached: int = 0
+    cached: int = 0  # prompt tokens found in the cache when first admitted
+    computed: int = 0  # tokens of `sequence` whose KV is in the cache
+    fresh: int = 0  # generated tokens whose KV is in the pool but not yet in the cache
     admitted: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -66,6 +86,10 @@ class Request:
     @property
     def context(self) -> int:
         return len(self.prompt) + self.generated
+
+    def sequence(self) -> list[int]:
+        """What a prefill computes: the prompt, and after a retraction what it generated."""
+        return self.prompt + self.output[: self.generated] if self.generated else self.prompt
 
 
 class Observer:
@@ -84,9 +108,13 @@ class Engine:
         max_running: int,
         stream_interval: int = 1,
         role: Role = "unified",
+        max_prefill_tokens: int = 16384,
+        chunked_prefill_size: int = 8192,
+        speed: float = 1.0,
         faults: Faults | None = None,
         observer: Observer | None = None,
         seed: int = 0,
+        listener: Listener | None = None,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -94,23 +122,50 @@ class Engine:
         self.max_running = max_running
         self.stream_interval = max(1, stream_interval)
         self.role = role
+        self.max_prefill_tokens = max_prefill_tokens
+        self.chunk_size = chunked_prefill_size if chunked_prefill_size > 0 else 1 << 30
+        self.speed = speed
         self.faults = faults or Faults()
         self.observer = observer or Observer()
         self._clock = clock or asyncio.get_running_loop().time
         self._sleep = sleep
         self._random = random.Random(seed)
-        self.cache = RadixCache(cost.max_total_tokens, self._clock)
+        self.cache = RadixCache(cost.max_total_tokens, self._clock, listener)
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.decoding: list[Request] = []
+        self.chunked: Request | None = None  # a prompt part-way through chunked prefill
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.retracted_total = 0
         self._wake = asyncio.Event()
         self._unhung = asyncio.Event()
         self._unhung.set()
         self._ids = itertools.count()
         self.generated_total = 0
+        self._pool_generated = 0  # generated tokens held outside the cache
         self._deadline = 0.0
 
     def now(self) -> float:
         return self._clock()
+
+    @property
+    def running(self) -> list[Request]:
+        """Requests holding KV: the decode batch and a prompt in chunked prefill."""
+        return [*self.decoding, self.chunked] if self.chunked else list(self.decoding)
+
+    @property
+    def used_tokens(self) -> int:
+        return self.cache.size + self._pool_generated
+
+    @property
+    def capacity(self) -> int:
+        """The KV pool: the cache's capacity is what generated tokens leave of it."""
+        return self.cost.max_total_tokens
+
+    @property
+    def pending_tokens(self) -> int:
+        """Prompt tokens waiting to be prefilled."""
+        rest = len(self.chunked.prompt) - self.chunked.computed if self.chunked else 0
+        return rest + sum(len(r.prompt) - r.computed for r in self.waiting)
 
     def new_request(
         self, prompt: list[int], max_new_tokens: int, rid: str | None = None
@@ -130,10 +185,14 @@ class Engine:
             return
         if request in self.waiting:
             self.waiting.remove(request)
-        if request in self.running:
-            self.running.remove(request)
+        elif request is self.chunked:
+            self.chunked = None
+            self._release(request)
+        elif request in self.decoding:
+            self.decoding.remove(request)
             self._release(request)
         self._finish(request, "abort")
+        self._wake.set()
 
     def abort_all(self) -> int:
         victims = [*self.waiting, *self.running]
@@ -145,6 +204,7 @@ class Engine:
         if self.waiting or self.running:
             raise EngineBusy("requests are running")
         self.cache.reset()
+        self._wake.set()  # publish the clearing
 
     def set_hang(self, hang: bool) -> None:
         self.faults.hang = hang
@@ -156,66 +216,160 @@ class Engine:
     async def until_unhung(self) -> None:
         await self._unhung.wait()
 
-    @property
-    def used_tokens(self) -> int:
-        return self.cache.size + sum(r.generated for r in self.running)
-
     async def run(self) -> None:
         """The scheduling loop; runs until cancelled."""
         while True:
             await self._unhung.wait()
+            await self.cache.listener.flush()  # the last step's KV-cache events, if published
             if not self.waiting and not self.running:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            admitted = self._admit()
-            if admitted:
-                await self._prefill(admitted)
-            elif self.running:
+            batch = self._prefill_batch()
+            if batch:
+                await self._prefill(batch)
+            elif self.decoding:
                 await self._decode()
             else:  # nothing fits yet: let finishing requests free the pool
                 self._wake.clear()
                 await self._wake.wait()
 
-    def _admit(self) -> list[Request]:
-        admitted: list[Request] = []
-        while self.waiting and len(self.running) < self.max_running:
-            request = self.waiting[0]
-            cached, _ = self.cache.match(request.prompt)
-            self.cache.insert(request.prompt)
-            held, node = self.cache.match(request.prompt)
-            if held < len(request.prompt) and self.running:
-                break  # the pool is full of running sequences; wait for one to finish
-            self.waiting.popleft()
-            self.cache.lock(node)
-            request.node = node
-            request.cached = len(request.prompt) if request.prefilled else cached
-            request.admitted = self.now()
-            self.running.append(request)
-            self.observer.admitted(request)
-            if not request.prefilled:
-                admitted.append(request)
-        return admitted
+    # -- prefill ---------------------------------------------------------------------------
 
-    async def _prefill(self, batch: list[Request]) -> None:
-        uncached = sum(len(r.prompt) - r.cached for r in batch)
-        await self._step(self.cost.prefill(uncached))
-        for request in batch:
+    def _reserve(self, request: Request) -> int:
+        return math.ceil(self.new_token_ratio * (request.max_new_tokens - request.generated))
+
+    def _room(self) -> int:
+        """Tokens a new chunk may take: free and evictable pool, less the decode reserve."""
+        free = self.capacity - self.used_tokens + self.cache.evictable
+        return free - sum(self._reserve(r) for r in self.running)
+
+    def _prefill_batch(self) -> list[tuple[Request, int]]:
+        """The next prefill step: (request, tokens to compute now), in queue order."""
+        room = self._room()
+        chunk_left, input_left = self.chunk_size, self.max_prefill_tokens
+        batch: list[tuple[Request, int]] = []
+        if self.chunked is not None:
+            request = self.chunked
+            if not self.decoding:  # nothing else will free the pool: the reserve can wait
+                room = self.capacity - self.used_tokens + self.cache.evictable
+            take = min(len(request.sequence()) - request.computed, chunk_left, room)
+            if take <= 0:
+                if not self.decoding:  # it can never fit
+                    self.chunked = None
+                    self._release(request)
+                    self._finish(request, "abort")
+                return []
+            batch.append((request, take))
+            if request.computed + take < len(request.sequence()):
+                return batch  # the chunk fills the step
+            chunk_left, input_left, room = chunk_left - take, input_left - take, room - take
+        count = len(self.running)
+        while self.waiting and count < self.max_running and chunk_left > 0 and input_left > 0:
+            request = self.waiting[0]
+            sequence = request.sequence()
+            if request.prefilled:  # PD decode: the KV arrived whole; no prefill here
+                need = len(sequence) + self._reserve(request)
+                if need > room and self.running:
+                    break
+                self.waiting.popleft()
+                self._start(request, len(sequence))
+                self._hold(request, sequence)
+                self.decoding.append(request)
+                room, count = room - need, count + 1
+                continue
+            matched, _ = self.cache.match(sequence)
+            matched = min(matched, len(sequence) - 1)  # the last token is always computed
+            uncached = len(sequence) - matched
+            take = min(uncached, chunk_left)
+            if take + self._reserve(request) > room:
+                if self.running or batch:
+                    break  # wait for running requests to free the pool
+                if len(sequence) > self.capacity:
+                    self.waiting.popleft()
+                    self._finish(request, "abort")
+                    continue
+                take = min(take, max(1, room))
+            self.waiting.popleft()
+            self._start(request, matched)
+            batch.append((request, take))
+            room -= take + self._reserve(request)
+            chunk_left, input_left, count = chunk_left - take, input_left - take, count + 1
+            if take < uncached:
+                self.chunked = request
+                break
+        return batch
+
+    def _start(self, request: Request, matched: int) -> None:
+        request.computed = matched
+        _, node = self.cache.match(request.sequence()[:matched])
+        self.cache.lock(node)
+        request.node = node
+        if request.admitted is None:
+            request.cached = matched if not request.prefilled else len(request.prompt)
+            request.admitted = self.now()
+            self.observer.admitted(request)
+
+    def _hold(self, request: Request, sequence: list[int]) -> None:
+        """The first `computed` tokens of the sequence enter the cache; hold them there."""
+        self.cache.insert(sequence[: request.computed])
+        _, node = self.cache.match(sequence[: request.computed])
+        self.cache.lock(node)
+        if request.node is not None:
+            self.cache.unlock(request.node)
+        request.node = node
+
+    async def _prefill(self, batch: list[tuple[Request, int]]) -> None:
+        await self._step(self.cost.prefill(sum(take for _, take in batch)))
+        for request, take in batch:
             if request.done:
                 continue
-            if request.max_new_tokens > 0:
+            sequence = request.sequence()
+            request.computed += take
+            self._hold(request, sequence)
+            if request.computed < len(sequence):
+                continue  # more chunks to come
+            if request is self.chunked:
+                self.chunked = None
+            if request.max_new_tokens == 0:
+                self._complete(request)
+                continue
+            self.decoding.append(request)
+            if request.generated == 0:
                 self._advance(request)
             # A prefill server hands over after the first token; the decode server goes on.
-            if not request.done and (self.role == "prefill" or request.max_new_tokens == 0):
+            if not request.done and self.role == "prefill":
                 self._complete(request)
 
+    # -- decode ----------------------------------------------------------------------------
+
     async def _decode(self) -> None:
-        batch = list(self.running)
+        self._make_room(len(self.decoding))
+        batch = list(self.decoding)
+        if not batch:
+            return
         context = sum(r.context for r in batch)
+        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         await self._step(self.cost.decode_step(len(batch), context))
         for request in batch:
             if not request.done:
                 self._advance(request)
+
+    def _make_room(self, tokens: int) -> None:
+        """Room for the decode batch's next tokens: evict unused prefixes, then retract the
+        newest requests until the rest fit."""
+        short = self.used_tokens + tokens - self.capacity
+        if short > 0:
+            self.cache.evict(short)
+        while self.decoding and self.used_tokens + len(self.decoding) > self.capacity:
+            victim = self.decoding.pop()
+            self._release(victim)
+            self.cache.insert(victim.sequence())  # kept while room lasts, as SGLang does
+            victim.computed = 0
+            self.waiting.appendleft(victim)
+            self.retracted_total += 1
+            self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+            self.cache.evict(self.used_tokens + len(self.decoding) - self.capacity)
 
     async def _step(self, seconds: float) -> None:
         """Steps keep time against a deadline, so the timer's lateness does not add up; after
@@ -223,13 +377,16 @@ class Engine:
         now = self.now()
         if now - self._deadline > CATCH_UP_S:
             self._deadline = now
-        self._deadline += seconds * self.faults.slow_factor
+        self._deadline += seconds * self.faults.slow_factor / self.speed
         await self._sleep(self._deadline - now)
         await self._unhung.wait()
 
     def _advance(self, request: Request) -> None:
         request.generated += 1
         self.generated_total += 1
+        request.fresh += 1
+        self._pool_generated += 1
+        self.cache.capacity -= 1
         if request.generated == 1:
             request.first_token_at = self.now()
             self.observer.first_token(request)
@@ -240,16 +397,21 @@ class Engine:
             request.changed.set()
 
     def _complete(self, request: Request) -> None:
-        self.running.remove(request)
+        if request in self.decoding:
+            self.decoding.remove(request)
         self._release(request)
-        self.cache.insert(request.prompt + request.output[: request.generated])
+        self.cache.insert(request.sequence())
         self._finish(request, "length")
         self._wake.set()
 
     def _release(self, request: Request) -> None:
+        """The request lets go of its cached prefix and its generated tokens' pool slots."""
         if request.node is not None:
             self.cache.unlock(request.node)
             request.node = None
+        self._pool_generated -= request.fresh
+        self.cache.capacity += request.fresh  # the cache may use what the pool gave back
+        request.fresh = 0
 
     def _finish(self, request: Request, finish: Finish) -> None:
         request.finish = finish

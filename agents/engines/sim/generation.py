@@ -92,8 +92,11 @@ class Kv:
 
 
 async def start(engine: Engine, kv: Kv, body: Body, request: Request) -> None:
-    """Queue a request; in decode role, after its KV cache has come from the prefill server."""
-    if engine.role == "decode":
+    """Queue a request; in decode role, after its KV cache has come from the prefill server,
+    or prefilled here when the request names no prefill server (the router's local prefill
+    of a short or mostly cached prompt)."""
+    pd = (body.bootstrap_host, body.bootstrap_port, body.bootstrap_room)
+    if engine.role == "decode" and any(v is not None for v in pd):
         await _receive_kv(engine, kv, body, request)
     engine.submit(request)
     if engine.role == "prefill" and body.bootstrap_room is not None:

@@ -16,6 +16,21 @@ from collections.abc import Callable, Sequence
 Tokens = Sequence[int]
 
 
+class Listener:
+    """Told of each run of tokens that enters or leaves the cache (the KV-event publisher)."""
+
+    def stored(self, sequence: Tokens, start: int) -> None:
+        """`sequence[start:]` was added after the cached prefix `sequence[:start]`."""
+
+    def removed(self, sequence: Tokens, start: int) -> None:
+        """`sequence[start:]` was evicted; `sequence[:start]` stays."""
+
+    def cleared(self) -> None: ...
+
+    async def flush(self) -> None:
+        """Called after each scheduler step: send what the step changed."""
+
+
 class Node:
     __slots__ = ("children", "key", "last_access", "lock_ref", "parent")
 
@@ -28,13 +43,24 @@ class Node:
 
 
 class RadixCache:
-    def __init__(self, capacity_tokens: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        capacity_tokens: int,
+        clock: Callable[[], float] = time.monotonic,
+        listener: Listener | None = None,
+    ) -> None:
         if capacity_tokens < 0:
             raise ValueError("capacity_tokens must not be negative")
         self.capacity = capacity_tokens
         self._clock = clock
+        self.listener = listener or Listener()
         self.root = Node((), None, clock())
         self.size = 0  # tokens held
+        self.protected = 0  # tokens held by running requests, not evictable
+
+    @property
+    def evictable(self) -> int:
+        return self.size - self.protected
 
     def match(self, tokens: Tokens) -> tuple[int, Node]:
         """How many leading tokens are cached, and the node where the match ends."""
@@ -70,12 +96,15 @@ class RadixCache:
         leaf = Node(tuple(tokens[matched : matched + room]), node, self._clock())
         node.children[leaf.key[0]] = leaf
         self.size += room
+        self.listener.stored(tokens[: matched + room], matched)
         return room
 
     def lock(self, node: Node) -> None:
         """A running request holds this prefix: it and its ancestors are not evicted."""
         current: Node | None = node
         while current is not None:
+            if current.lock_ref == 0:
+                self.protected += len(current.key)
             current.lock_ref += 1
             current = current.parent
 
@@ -83,6 +112,8 @@ class RadixCache:
         current: Node | None = node
         while current is not None:
             current.lock_ref -= 1
+            if current.lock_ref == 0:
+                self.protected -= len(current.key)
             current = current.parent
 
     def evict(self, tokens: int) -> int:
@@ -99,6 +130,8 @@ class RadixCache:
             assert parent is not None
             del parent.children[leaf.key[0]]
             freed += len(leaf.key)
+            path = _path(leaf)
+            self.listener.removed(path, len(path) - len(leaf.key))
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, next(order), parent))
         self.size -= freed
@@ -106,7 +139,8 @@ class RadixCache:
 
     def reset(self) -> None:
         self.root = Node((), None, self._clock())
-        self.size = 0
+        self.size = self.protected = 0
+        self.listener.cleared()
 
     def _split(self, child: Node, at: int) -> Node:
         """Cut `child`'s edge after `at` tokens; returns the new middle node."""
@@ -129,6 +163,16 @@ class RadixCache:
             elif node is not self.root:
                 found.append(node)
         return found
+
+
+def _path(node: Node) -> list[int]:
+    """The tokens from the root to the end of the node."""
+    keys: list[tuple[int, ...]] = []
+    current: Node | None = node
+    while current is not None:
+        keys.append(current.key)
+        current = current.parent
+    return [t for key in reversed(keys) for t in key]
 
 
 def _common(key: tuple[int, ...], tokens: Tokens, start: int) -> int:

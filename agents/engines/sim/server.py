@@ -23,6 +23,7 @@ from agents.engines.sim import native, openai
 from agents.engines.sim.config import VERSION, SimConfig
 from agents.engines.sim.engine import Engine, EngineBusy, Faults, InjectedError
 from agents.engines.sim.generation import Kv, SimError, finished, parse
+from agents.engines.sim.kv_events import KvEvents
 from agents.engines.sim.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -41,14 +42,23 @@ class Simulator:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.metrics = Metrics(config.served_model_name, config.role)
+        self.kv_events = (
+            KvEvents(config.kv_events_config, config.page_size)
+            if config.kv_events_config is not None
+            else None
+        )
         self.engine = Engine(
             cost=config.cost(),
             max_running=config.max_running_requests,
             stream_interval=config.stream_interval,
             role=config.role,
+            max_prefill_tokens=config.max_prefill_tokens,
+            chunked_prefill_size=config.chunked_prefill_size,
+            speed=config.speed_factor,
             faults=Faults(config.slow_factor, config.error_rate, config.hang),
             observer=self.metrics,
             seed=config.seed,
+            listener=self.kv_events,
         )
         self.engine.set_hang(config.hang)
         self.metrics.engine = self.engine
@@ -65,6 +75,8 @@ class Simulator:
             yield
             for task in tasks:
                 task.cancel()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     async def _start(self) -> None:
         await asyncio.sleep(self.config.startup_s)
@@ -176,7 +188,7 @@ class Simulator:
 
     async def load(self, _request: HttpRequest) -> Response:
         engine = self.engine
-        pending = sum(len(r.prompt) for r in engine.waiting)
+        pending = engine.pending_tokens
         return JSONResponse(
             [
                 {

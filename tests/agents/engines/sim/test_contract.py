@@ -82,7 +82,8 @@ async def test_generate_counts_the_cached_prefix_on_a_repeat(sim: Sim) -> None:
     assert len(first["output_ids"]) == 6
     assert first["text"]
     assert meta["cached_tokens"] == 0
-    assert again["meta_info"]["cached_tokens"] == 8
+    # As SGLang, the last prompt token is always computed again (its logits start decoding).
+    assert again["meta_info"]["cached_tokens"] == 7
     assert again["output_ids"] == first["output_ids"]
 
 
@@ -259,13 +260,20 @@ async def test_prefill_and_decode_hand_over_the_kv_cache() -> None:
             prefilled, decoded = await asyncio.gather(
                 p.post("/generate", json=body), d.post("/generate", json=body)
             )
-            lonely = await d.post("/generate", json={"text": "no bootstrap"})
+            local = await d.post(
+                "/generate", json={"text": "no bootstrap", "sampling_params": {"max_new_tokens": 3}}
+            )
+            partial = await d.post("/generate", json={"text": "half", "bootstrap_room": 7})
             metrics = (await d.get("/metrics")).text
     assert prefilled.json()["meta_info"]["completion_tokens"] == 1
     out = decoded.json()["meta_info"]
     assert out["completion_tokens"] == 5
     assert out["cached_tokens"] == out["prompt_tokens"]
-    assert lonely.status_code == 400
+    # Named no prefill server: the decode server prefilled it itself.
+    assert local.status_code == 200
+    assert local.json()["meta_info"]["completion_tokens"] == 3
+    assert local.json()["meta_info"]["cached_tokens"] == 0
+    assert partial.status_code == 400
     assert 'engine_type="decode"' in metrics
 
 
@@ -275,3 +283,47 @@ async def _until_running(client: httpx.AsyncClient) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("no request started")
+
+
+async def test_kv_events_are_published_over_zmq_in_sglang_format() -> None:
+    import msgpack
+    import zmq
+    import zmq.asyncio
+
+    events_port = free_port()
+    config = f'{{"publisher":"zmq","endpoint":"tcp://127.0.0.1:{events_port}","topic":"kv-events"}}'
+    context = zmq.asyncio.Context()
+    socket = context.socket(zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+    socket.connect(f"tcp://127.0.0.1:{events_port}")
+    try:
+        async with running_sim("--kv-events-config", config, "--page-size", "4") as sim:
+            ids = list(range(100, 110))  # 10 tokens: two whole pages of 4
+            async with sim.client() as client:
+                body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
+                assert (await client.post("/generate", json=body, headers=JSON)).status_code == 200
+                assert (await client.post("/flush_cache")).status_code == 200
+            stored: list[list[object]] = []
+            cleared = False
+            seqs = []
+            while not cleared:
+                topic, seq, payload = await asyncio.wait_for(socket.recv_multipart(), 5)
+                assert topic == b"kv-events"
+                seqs.append(int.from_bytes(seq, "big"))
+                ts, events, dp_rank = msgpack.unpackb(payload)
+                assert isinstance(ts, float) and dp_rank == 0
+                for event in events:
+                    if event[0] == "BlockStored":
+                        stored.append(event)
+                    cleared = cleared or event[0] == "AllBlocksCleared"
+    finally:
+        socket.close(linger=0)
+        context.term()
+    assert seqs == sorted(seqs)
+    # The prompt's two whole pages, then (prompt + 2 generated = 12 tokens) a third.
+    pages = [e[3] for e in stored]
+    assert pages[:2] == [ids[0:4], ids[4:8]]
+    assert len(pages) == 3 and pages[2][:2] == ids[8:10]
+    first, second, third = stored
+    assert first[2] is None and second[2] == first[1][0] and third[2] == second[1][0]
+    assert all(e[4] == 4 and e[5] is None for e in stored)

@@ -1,0 +1,107 @@
+"""KV-cache events over ZMQ in SGLang's format, for routers that keep an exact prefix index.
+
+Started with `--kv-events-config '{"publisher":"zmq","endpoint":"tcp://*:5557",
+"topic":"kv-events"}'`, the simulator publishes on a ZMQ PUB socket, one message per
+scheduler step that changed the cache: frames `[topic, seq (8-byte big-endian), payload]`,
+the payload msgpack `[ts, events, dp_rank]` with events
+
+    ["BlockStored", [block_hash], parent_hash | None, token_ids, block_size, None]
+    ["BlockRemoved", [block_hash]]
+    ["AllBlocksCleared"]
+
+A block is a page of `--page-size` tokens; only whole pages are published. A block's hash is
+chained (it stands for the whole prefix up to it), so equal pages under different prefixes
+never share a hash. Events are queued as the cache changes and sent once per step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.engines.sim.radix import Listener
+
+ROOT_HASH = 0
+
+
+class KvEventsConfig(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    publisher: str = Field(default="zmq", pattern="^(zmq|null)$")
+    endpoint: str = "tcp://*:5557"
+    topic: str = "kv-events"
+
+
+def block_hash(parent: int, tokens: Sequence[int]) -> int:
+    """A signed 64-bit hash of the page and everything before it."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(parent.to_bytes(8, "little", signed=True))
+    digest.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens))
+    return int.from_bytes(digest.digest(), "little", signed=True)
+
+
+def page_hashes(sequence: Sequence[int], page: int, upto: int) -> list[int]:
+    """The chained hashes of the first `upto // page` whole pages."""
+    out, parent = [], ROOT_HASH
+    for start in range(0, upto - page + 1, page):
+        parent = block_hash(parent, sequence[start : start + page])
+        out.append(parent)
+    return out
+
+
+class KvEvents(Listener):
+    """Turns the radix cache's changes into SGLang's events; `flush` sends what is queued."""
+
+    def __init__(self, config: KvEventsConfig, page_size: int, dp_rank: int = 0) -> None:
+        self.config = config
+        self.page = max(1, page_size)
+        self.dp_rank = dp_rank
+        self.pending: list[list[Any]] = []
+        self.seq = 0
+        self._socket: zmq.asyncio.Socket | None = None
+        if config.publisher == "zmq":
+            self._context = zmq.asyncio.Context.instance()
+            self._socket = self._context.socket(zmq.PUB)
+            self._socket.setsockopt(zmq.SNDHWM, 100_000)
+            self._socket.setsockopt(zmq.LINGER, 0)
+            self._socket.bind(config.endpoint)
+
+    def stored(self, sequence: Sequence[int], start: int) -> None:
+        first = start // self.page  # the first page that was not whole before
+        hashes = page_hashes(sequence, self.page, len(sequence))
+        for i in range(first, len(hashes)):
+            parent = hashes[i - 1] if i else None
+            tokens = list(sequence[i * self.page : (i + 1) * self.page])
+            self.pending.append(["BlockStored", [hashes[i]], parent, tokens, self.page, None])
+
+    def removed(self, sequence: Sequence[int], start: int) -> None:
+        first = start // self.page
+        hashes = page_hashes(sequence, self.page, len(sequence))
+        if first < len(hashes):
+            self.pending.append(["BlockRemoved", hashes[first:]])
+
+    def cleared(self) -> None:
+        self.pending.append(["AllBlocksCleared"])
+
+    async def flush(self) -> None:
+        if not self.pending:
+            return
+        events, self.pending = self.pending, []
+        if self._socket is None:
+            return
+        payload = msgpack.packb([time.time(), events, self.dp_rank], use_bin_type=True)
+        frames = [self.config.topic.encode(), self.seq.to_bytes(8, "big"), payload]
+        self.seq += 1
+        await self._socket.send_multipart(frames)
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None

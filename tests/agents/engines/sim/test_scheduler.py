@@ -1,0 +1,152 @@
+"""The simulated scheduler keeps SGLang's limits: capped and chunked prefill, no cache hits on
+prefixes computed in the same step, a KV pool that holds generated tokens too, retraction
+when it runs short, and a speed per engine. Time is virtual here: each step advances a clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agents.engines.sim.cost import CostModel
+from agents.engines.sim.engine import Engine, Request
+from agents.engines.sim.radix import Listener
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.steps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.steps.append(seconds)
+        self.now += max(0.0, seconds)
+        await asyncio.sleep(0)
+
+
+class Watch(Listener):
+    """Checks the pool after every step."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self.peak = 0
+
+    async def flush(self) -> None:
+        assert self.engine is not None
+        self.peak = max(self.peak, self.engine.used_tokens)
+
+
+async def _engine(**options: object) -> tuple[Engine, Clock, Watch]:
+    clock, watch = Clock(), Watch()
+    capacity = int(options.pop("capacity", 100_000))  # type: ignore[call-overload]
+    engine = Engine(
+        cost=CostModel(max_total_tokens=capacity),
+        max_running=int(options.pop("max_running", 64)),  # type: ignore[call-overload]
+        clock=clock,
+        sleep=clock.sleep,
+        listener=watch,
+        **options,  # type: ignore[arg-type]
+    )
+    watch.engine = engine
+    return engine, clock, watch
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[list[asyncio.Task[None]]]:
+    tasks: list[asyncio.Task[None]] = []
+    yield tasks
+    for task in tasks:
+        task.cancel()
+
+
+async def _all_done(requests: list[Request]) -> None:
+    await asyncio.wait_for(asyncio.gather(*(r.ended.wait() for r in requests)), 10)
+
+
+async def test_a_long_prompt_is_prefilled_in_chunks_and_the_queue_over_several_steps(
+    running: list[asyncio.Task[None]],
+) -> None:
+    engine, clock, _ = await _engine(chunked_prefill_size=8192, max_prefill_tokens=16384)
+    running.append(asyncio.create_task(engine.run()))
+    long = engine.new_request(list(range(1000, 21000)), 2)  # 20,000 tokens
+    short = engine.new_request(list(range(50_000, 50_100)), 2)
+    engine.submit(long)
+    engine.submit(short)
+    await _all_done([long, short])
+    cost = engine.cost
+    # Three chunks of at most 8192 tokens; the short prompt rides in the third step's room.
+    chunks = [cost.prefill(8192), cost.prefill(8192), cost.prefill(3616 + 100)]
+    assert clock.steps[:3] == pytest.approx(chunks)
+    assert long.first_token_at == pytest.approx(sum(clock.steps[:3]))
+    assert short.first_token_at == long.first_token_at
+
+
+async def test_prefixes_computed_in_the_same_step_are_not_cache_hits(
+    running: list[asyncio.Task[None]],
+) -> None:
+    engine, _, _ = await _engine()
+    running.append(asyncio.create_task(engine.run()))
+    shared = list(range(1000, 2000))
+    together = [engine.new_request(shared + [i], 1) for i in range(3)]
+    for request in together:
+        engine.submit(request)
+    await _all_done(together)
+    assert [r.cached for r in together] == [0, 0, 0]
+    later = engine.new_request(shared + [99], 1)
+    engine.submit(later)
+    await _all_done([later])
+    assert later.cached == len(shared)
+
+
+async def test_generated_tokens_are_reserved_and_the_pool_never_overflows(
+    running: list[asyncio.Task[None]],
+) -> None:
+    engine, _, watch = await _engine(capacity=6000)
+    running.append(asyncio.create_task(engine.run()))
+    requests = [engine.new_request(list(range(i * 10_000, i * 10_000 + 1000)), 800) for i in range(8)]
+    for request in requests:
+        engine.submit(request)
+    await asyncio.sleep(0)
+    for _ in range(20):  # let the first prefill step run
+        await asyncio.sleep(0)
+    # 8 x (1000 prompt + 0.7 x 800 reserved) does not fit 6000 tokens: some wait.
+    assert 0 < len(engine.running) < len(requests)
+    await _all_done(requests)
+    assert watch.peak <= 6000
+    assert all(r.finish == "length" and r.generated == 800 for r in requests)
+
+
+async def test_a_pool_that_runs_short_in_decode_retracts_the_newest_and_still_finishes_all(
+    running: list[asyncio.Task[None]],
+) -> None:
+    engine, _, watch = await _engine(capacity=3000)
+    running.append(asyncio.create_task(engine.run()))
+    # Short prompts with long outputs: the reserve decays, the batch grows, the pool runs out.
+    requests = [engine.new_request(list(range(i * 1000, i * 1000 + 100)), 1400) for i in range(6)]
+    for request in requests:
+        engine.submit(request)
+    await _all_done(requests)
+    assert engine.retracted_total > 0
+    assert watch.peak <= 3000
+    assert all(r.finish == "length" and r.generated == 1400 for r in requests)
+    assert all(r.output[:1400] == r.output[: r.generated] for r in requests)
+
+
+async def test_a_faster_engine_runs_the_same_steps_in_less_time(
+    running: list[asyncio.Task[None]],
+) -> None:
+    times = []
+    for speed in (1.0, 2.0):
+        engine, clock, _ = await _engine(speed=speed)
+        task = asyncio.create_task(engine.run())
+        running.append(task)
+        request = engine.new_request(list(range(4000)), 10)
+        engine.submit(request)
+        await _all_done([request])
+        assert request.finished_at is not None
+        times.append(request.finished_at - request.arrived)
+    assert times[1] == pytest.approx(times[0] / 2)
