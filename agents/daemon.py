@@ -162,6 +162,7 @@ class Agent:
                 "last_error": link.last_error or None,
             },
             "engines": self.supervisor.status(),
+            "router": self.gateway.router.status(),
             "gpus": [
                 {"index": g.index, "model": g.model, "memory_gb": g.memory_gb, "source": g.source}
                 for g in gpu_list

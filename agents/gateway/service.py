@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import aiohttp
 import orjson
@@ -26,7 +28,7 @@ from agents.gateway.quotas import Quotas
 from agents.gateway.relay import StreamMeter, Usage, body_usage
 from agents.gateway.requests import Inference, check_context, parse
 from agents.router.policies import Candidate, RouteRequest
-from agents.router.router import Router, Ticket
+from agents.router.router import Decision, Router, Ticket
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
@@ -36,6 +38,10 @@ HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"
 
 class _Retry(Exception):
     """The worker failed before the client saw a byte: try the next one."""
+
+    def __init__(self, worker_id: str, why: str) -> None:
+        super().__init__(f"{worker_id}: {why}")
+        self.worker_id = worker_id
 
 
 class _ClientGone(Exception):
@@ -59,7 +65,7 @@ class Gateway:
         self.clock = clock
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
         self._http: aiohttp.ClientSession | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         router.table.on_change(self.admission.notify_all)
 
     async def start(self) -> None:
@@ -149,11 +155,11 @@ class Gateway:
                     ).decode()
                 try:
                     response, usage = await self._attempt(
-                        request, inference, request_id, chosen, route_request, headers
+                        request, inference, request_id, decision, route_request, headers
                     )
                 except _Retry as why:
                     log.warning("request %s: %s", request_id, why, extra={"request_id": request_id})
-                    tried.add(chosen.worker.id)
+                    tried.add(why.worker_id)
                     continue
                 if tenant is not OPERATOR and usage.prompt_tokens is not None:
                     used = usage.prompt_tokens + (usage.completion_tokens or 0)
@@ -170,30 +176,43 @@ class Gateway:
         request: web.Request,
         inference: Inference,
         request_id: str,
-        chosen: Candidate,
+        decision: Decision,
         route_request: RouteRequest,
         headers: dict[str, str],
     ) -> tuple[web.StreamResponse, Usage]:
         assert self._http is not None
+        chosen, prefill = decision.ranked[0], decision.prefill
         worker = chosen.worker
-        ticket = self.router.dispatched(chosen, route_request)
+        ticket = self.router.dispatched(chosen, route_request, prefilled_elsewhere=bool(prefill))
         url = f"{worker.url}{inference.path}"
-        body = inference.upstream_body(request_id)
         upstream_headers = {"Content-Type": "application/json", "X-Request-ID": request_id}
+        pd: _Prefill | None = None
+        if prefill is not None:
+            pd = self._prefill(prefill, route_request, inference, request_id, upstream_headers)
+            body = inference.upstream_body(request_id, pd.fields)
+        else:
+            body = inference.upstream_body(request_id)
+        if decision.pd is not None:
+            self.router.pd_choices[decision.pd] += 1
         upstream: aiohttp.ClientResponse | None = None
         try:
-            upstream = await self._http.post(url, data=body, headers=upstream_headers)
+            if pd is None:
+                upstream = await self._http.post(url, data=body, headers=upstream_headers)
+            else:
+                upstream = await self._paired(pd, worker.url, url, body, upstream_headers, ticket)
             if upstream.status >= 500:
                 self._failed(ticket)
-                raise _Retry(f"{worker.id} answered {upstream.status}")
+                raise _Retry(worker.id, f"answered {upstream.status}")
             if inference.stream and upstream.status == 200:
                 return await self._stream(request, inference, upstream, ticket, headers)
             data = await upstream.read()
         except (aiohttp.ClientError, OSError) as error:
             self._failed(ticket)
-            raise _Retry(f"{worker.id}: {type(error).__name__}: {error}") from None
+            raise _Retry(worker.id, f"{type(error).__name__}: {error}") from None
         except asyncio.CancelledError:
             self._gone(ticket, worker.url, request_id)
+            if pd is not None:
+                pd.cancel()
             raise
         finally:
             if upstream is not None:
@@ -239,18 +258,82 @@ class Gateway:
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as error:
             self._failed(ticket)
             if response is None:  # nothing reached the client: another worker may answer
-                raise _Retry(f"{ticket.worker_id}: stream broke: {error}") from None
+                raise _Retry(ticket.worker_id, f"stream broke: {error}") from None
             await _write_quietly(response, _stream_error("the engine's stream broke"))
             return response, meter.usage
         if response is None:
             self._failed(ticket)
-            raise _Retry(f"{ticket.worker_id}: the stream ended before its first event")
+            raise _Retry(ticket.worker_id, "the stream ended before its first event")
         if rest:
             await _write_quietly(response, rest, eof=False)
         usage = meter.finish()
         self._finished(ticket, inference, usage)
         await _write_quietly(response, b"")
         return response, usage
+
+    def _prefill(
+        self,
+        prefill: Candidate,
+        route_request: RouteRequest,
+        inference: Inference,
+        request_id: str,
+        headers: dict[str, str],
+    ) -> _Prefill:
+        """PD: the same body to the prefill worker, with the bootstrap fields SGLang expects;
+        its answer is read and dropped (the client gets the decode worker's)."""
+        worker = prefill.worker
+        ticket = self.router.dispatched(prefill, route_request)
+        room = secrets.randbits(63)
+        fields = (
+            b'"bootstrap_host":' + orjson.dumps(worker.host)
+            + b',"bootstrap_port":' + str(worker.bootstrap_port).encode()
+            + b',"bootstrap_room":' + str(room).encode() + b","
+        )  # fmt: skip
+        body = inference.upstream_body(request_id, fields)
+        url = f"{worker.url}{inference.path}"
+        call = self._prefill_call(url, body, headers, ticket)
+        task = asyncio.get_running_loop().create_task(call)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return _Prefill(self, worker.url, request_id, ticket, fields, task)
+
+    async def _prefill_call(
+        self, url: str, body: bytes, headers: dict[str, str], ticket: Ticket
+    ) -> bool:
+        assert self._http is not None
+        try:
+            async with self._http.post(url, data=body, headers=headers) as answer:
+                await answer.read()
+                if answer.status >= 500:
+                    self._failed(ticket)
+                    return False
+        except (aiohttp.ClientError, OSError):
+            self._failed(ticket)
+            return False
+        self.router.first_byte(ticket)
+        self.router.finished(ticket, 0, None, None)
+        return True
+
+    async def _paired(
+        self,
+        pd: _Prefill,
+        worker_url: str,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        ticket: Ticket,
+    ) -> aiohttp.ClientResponse:
+        """The decode call, given up (and retried on another pair) if the prefill fails
+        before the decode worker has answered."""
+        assert self._http is not None
+        decode = asyncio.ensure_future(self._http.post(url, data=body, headers=headers))
+        await asyncio.wait({decode, pd.task}, return_when=asyncio.FIRST_COMPLETED)
+        if not decode.done() and not pd.task.result():
+            decode.cancel()
+            self.router.abandoned(ticket)
+            self._abort_later(worker_url, pd.request_id)
+            raise _Retry(pd.ticket.worker_id, "the prefill worker failed")
+        return await decode
 
     def _finished(self, ticket: Ticket, inference: Inference, usage: Usage) -> None:
         self.router.finished(
@@ -268,6 +351,9 @@ class Gateway:
             return
         self.router.abandoned(ticket)
         self.admission.notify(ticket.model)
+        self._abort_later(worker_url, rid)
+
+    def _abort_later(self, worker_url: str, rid: str) -> None:
         if self._http is None or not rid:
             return
         task = asyncio.get_running_loop().create_task(self._abort(worker_url, rid))
@@ -284,6 +370,23 @@ class Gateway:
                 pass
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             log.info("abort of %s at %s: %s", rid, worker_url, error)
+
+
+@dataclass
+class _Prefill:
+    """A PD request's prefill half, running beside its decode call."""
+
+    gateway: Gateway
+    worker_url: str
+    request_id: str
+    ticket: Ticket
+    fields: bytes  # the bootstrap fields both bodies carry
+    task: asyncio.Task[bool]
+
+    def cancel(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
+            self.gateway._gone(self.ticket, self.worker_url, self.request_id)
 
 
 async def _to_client(write: Awaitable[object]) -> None:

@@ -21,6 +21,12 @@ class PolicyParams(BaseModel):
         default=65_536, ge=64, le=16_777_216, description="per worker; LRU beyond it"
     )
     prefix_block_bytes: int = Field(default=64, ge=8, le=4096)
+    pd_local_max_tokens: int = Field(
+        default=256, ge=0, description="PD: prefill on the decode worker at most this uncached"
+    )
+    pd_local_max_ratio: float = Field(
+        default=0.1, ge=0, le=1, description="...or at most this share of the prompt uncached"
+    )
 
 
 class RoundRobinParams(PolicyParams):
@@ -60,12 +66,6 @@ class CostParams(PolicyParams):
     )
     chunk_tokens: int = Field(
         default=8192, ge=64, description="prefill chunk: each costs the running batch a step"
-    )
-    pd_local_max_tokens: int = Field(
-        default=256, ge=0, description="PD: prefill on the decode worker at most this uncached"
-    )
-    pd_local_max_ratio: float = Field(
-        default=0.1, ge=0, le=1, description="...or at most this share of the prompt uncached"
     )
 
 

@@ -8,6 +8,7 @@ saw (first byte, end, failure), and the router learns from it.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,16 +30,20 @@ class Decision:
     vetoed: list[Candidate] = field(default_factory=list)
     unavailable: int = 0  # workers of the model not serving or with an open breaker
     total: int = 0  # workers of the model
+    pd: str | None = None  # a disaggregated model: "local" or "disaggregated"
+    prefill: Candidate | None = None  # the prefill worker, when disaggregated
 
     @property
     def best_ttft_s(self) -> float | None:
         return self.ranked[0].ttft_s if self.ranked and self.policy == "cost" else None
 
     def describe(self, chosen: str | None, top: int = 3) -> dict[str, object]:
+        pd = {"pd": self.pd, "prefill_worker": self.prefill.worker.id if self.prefill else None}
         return {
             "policy": self.policy,
             "worker": chosen,
             "reason": self.reason,
+            **(pd if self.pd else {}),
             "candidates": [
                 {"worker": c.worker.id, "ttft_ms": round(c.ttft_s * 1000, 1),
                  "matched_tokens": c.matched_tokens, "load": c.load}
@@ -60,6 +65,7 @@ class Ticket:
     queued_ahead: int  # prefill tokens the worker had queued when this was sent
     first_at: float | None = None
     done: bool = False
+    learns_prefill: bool = True  # not when the prompt was prefilled on another worker
 
 
 class Router:
@@ -70,6 +76,8 @@ class Router:
         self._policies: dict[tuple[str, str, str], Policy] = {}
         self._by_model: dict[str, Policy] = {}
         self._bytes: dict[str, tuple[float, float]] = {}  # model -> (prompt bytes, tokens)
+        self._pd_models: set[str] = set()  # models with prefill workers
+        self.pd_choices: Counter[str] = Counter()  # "local" / "disaggregated", as sent
 
     def configure(self, config: RegionConfig) -> None:
         """A new snapshot: keep the policies and views of what did not change."""
@@ -88,8 +96,25 @@ class Router:
                 getattr(params, "decode_step_s", CostParams().decode_step_s),
             )
         self.views = views
+        self._pd_models = {w.model for w in config.workers if w.role == "prefill"}
         for policy in policies.values():
             policy.index.forget_others(set(views))
+
+    def status(self) -> dict[str, object]:
+        """What the router has learned of each worker, and its PD choices."""
+        return {
+            "pd_choices": dict(self.pd_choices),
+            "workers": {
+                v.worker_id: {
+                    "inflight": v.inflight,
+                    "breaker": v.breaker.state.value,
+                    "prefill_tokens_per_s": round(v.prefill_tokens_per_s),
+                    "decode_step_ms": round(v.decode_step_s * 1000, 2),
+                    "learned": v.learned,
+                }
+                for v in self.views.values()
+            },
+        }
 
     def tokens_per_byte(self, model: str) -> float:
         seen = self._bytes.get(model)
@@ -102,12 +127,45 @@ class Router:
         return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio)
 
     def route(self, route: RouteConfig, request: RouteRequest, exclude: set[str]) -> Decision:
+        decision = self._rank(route, request, exclude, SERVING_ROLES)
+        if route.model in self._pd_models and decision.ranked:
+            self._pair(route, request, exclude, decision)
+        return decision
+
+    def _pair(
+        self, route: RouteConfig, request: RouteRequest, exclude: set[str], decision: Decision
+    ) -> None:
+        """PD: prefill on the chosen decode worker when little of the prompt is uncached there,
+        else on the best prefill worker (and locally anyway if none can take it)."""
+        params = route.params
+        decode = decision.ranked[0]
+        uncached = max(0, request.prompt_tokens - decode.matched_tokens)
+        short = uncached <= params.pd_local_max_tokens
+        if short or uncached <= params.pd_local_max_ratio * request.prompt_tokens:
+            decision.pd = "local"
+            decision.reason += f"; prefill here: {uncached} tokens uncached"
+            return
+        prefill = self._rank(route, request, exclude, ("prefill",))
+        if not prefill.ranked:
+            decision.pd = "local"
+            decision.reason += f"; prefill here: no prefill worker ({prefill.reason})"
+            return
+        decision.pd, decision.prefill = "disaggregated", prefill.ranked[0]
+        decision.reason += f"; prefill on {prefill.ranked[0].worker.id}: {prefill.reason}"
+
+    def _rank(
+        self,
+        route: RouteConfig,
+        request: RouteRequest,
+        exclude: set[str],
+        roles: tuple[str, ...],
+    ) -> Decision:
         policy = self._by_model[route.model]
         now = self.clock()
         candidates, total, unavailable = [], 0, 0
         for entry in self.table.entries.values():
             worker = entry.spec
-            if worker.model != route.model or worker.role not in SERVING_ROLES:
+            if worker.model != route.model or worker.role not in roles:
                 continue
             total += 1
             view = self.views.get(worker.id)
@@ -131,12 +189,17 @@ class Router:
             policy.name, ranking.ranked, ranking.reason, full + ranking.vetoed, unavailable, total
         )
 
-    def dispatched(self, chosen: Candidate, request: RouteRequest) -> Ticket:
+    def dispatched(
+        self, chosen: Candidate, request: RouteRequest, prefilled_elsewhere: bool = False
+    ) -> Ticket:
+        """`prefilled_elsewhere`: a PD decode worker, whose KV cache comes from the prefill
+        worker; it holds the prompt afterwards but does not compute it."""
         view = chosen.view
         policy = self._by_model.get(request.model)
         if policy is not None:
             policy.dispatched(chosen.worker.id, request)
-        uncached = max(0, request.prompt_tokens - chosen.matched_tokens)
+        uncached = 0 if prefilled_elsewhere else request.prompt_tokens - chosen.matched_tokens
+        uncached = max(0, uncached)
         ahead = max(chosen.entry.load.pending_tokens + view.tokens_since_poll, view.queued_tokens)
         view.inflight += 1
         view.queued_tokens += uncached
@@ -144,8 +207,9 @@ class Router:
         view.tokens_since_poll += uncached
         view.breaker.dispatched()
         return Ticket(
-            chosen.worker.id, request.model, self.clock(), request.prompt_tokens, uncached, ahead
-        )
+            chosen.worker.id, request.model, self.clock(), request.prompt_tokens, uncached, ahead,
+            learns_prefill=not prefilled_elsewhere,
+        )  # fmt: skip
 
     def first_byte(self, ticket: Ticket) -> None:
         if ticket.first_at is not None:
@@ -155,9 +219,10 @@ class Router:
         if view is None:
             return
         view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
-        view.learn_prefill(
-            ticket.queued_ahead + ticket.uncached_tokens, ticket.first_at - ticket.sent_at
-        )
+        if ticket.learns_prefill:
+            view.learn_prefill(
+                ticket.queued_ahead + ticket.uncached_tokens, ticket.first_at - ticket.sent_at
+            )
         view.breaker.succeeded()
 
     def finished(

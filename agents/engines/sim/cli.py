@@ -36,7 +36,7 @@ SHUTDOWN_GRACE_S = 5
 @click.option("--chunked-prefill-size", type=int, default=8192)
 @click.option("--page-size", type=int, default=1)
 @click.option("--kv-events-config", default=None,
-              help='JSON, e.g. {"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv-events"}')  # fmt: skip
+              help="JSON: publisher (zmq), endpoint (tcp://*:5557), topic")  # fmt: skip
 @click.option("--schedule-policy", default="fcfs")
 @click.option(
     "--disaggregation-mode", type=click.Choice(["null", "prefill", "decode"]), default="null"

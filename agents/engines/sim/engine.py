@@ -349,7 +349,8 @@ class Engine:
         if not batch:
             return
         context = sum(r.context for r in batch)
-        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        decayed = self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, decayed)
         await self._step(self.cost.decode_step(len(batch), context))
         for request in batch:
             if not request.done:

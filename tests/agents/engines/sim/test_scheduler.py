@@ -91,12 +91,12 @@ async def test_prefixes_computed_in_the_same_step_are_not_cache_hits(
     engine, _, _ = await _engine()
     running.append(asyncio.create_task(engine.run()))
     shared = list(range(1000, 2000))
-    together = [engine.new_request(shared + [i], 1) for i in range(3)]
+    together = [engine.new_request([*shared, i], 1) for i in range(3)]
     for request in together:
         engine.submit(request)
     await _all_done(together)
     assert [r.cached for r in together] == [0, 0, 0]
-    later = engine.new_request(shared + [99], 1)
+    later = engine.new_request([*shared, 99], 1)
     engine.submit(later)
     await _all_done([later])
     assert later.cached == len(shared)
@@ -107,7 +107,8 @@ async def test_generated_tokens_are_reserved_and_the_pool_never_overflows(
 ) -> None:
     engine, _, watch = await _engine(capacity=6000)
     running.append(asyncio.create_task(engine.run()))
-    requests = [engine.new_request(list(range(i * 10_000, i * 10_000 + 1000)), 800) for i in range(8)]
+    prompts = [list(range(i * 10_000, i * 10_000 + 1000)) for i in range(8)]
+    requests = [engine.new_request(prompt, 800) for prompt in prompts]
     for request in requests:
         engine.submit(request)
     await asyncio.sleep(0)
@@ -141,7 +142,7 @@ async def test_a_faster_engine_runs_the_same_steps_in_less_time(
 ) -> None:
     times = []
     for speed in (1.0, 2.0):
-        engine, clock, _ = await _engine(speed=speed)
+        engine, _, _ = await _engine(speed=speed)
         task = asyncio.create_task(engine.run())
         running.append(task)
         request = engine.new_request(list(range(4000)), 10)
