@@ -32,6 +32,7 @@ from agents.http import build_app
 from agents.router.router import Router
 from agents.settings import AgentSettings
 from agents.telemetry import TelemetryWindow
+from agents.workers.kv_events import KvEventSubscriber
 from agents.workers.poller import LoadPoller
 from agents.workers.table import WorkerTable
 
@@ -58,6 +59,7 @@ class Agent:
             connect_timeout_s=settings.upstream_connect_timeout_s,
         )
         self.poller = LoadPoller(self.table, settings.load_poll_s, settings.probe_timeout_s)
+        self.kv_events = KvEventSubscriber(self.router, self.table)
         self.snapshot: pb.Snapshot | None = None
         self.window = TelemetryWindow()
         self.link = ControlLink(
@@ -135,6 +137,7 @@ class Agent:
                     group.create_task(_forever("supervisor", self.supervisor.run)),
                     group.create_task(_forever("control-link", self.link.run)),
                     group.create_task(_forever("load-poller", self.poller.run)),
+                    group.create_task(_forever("kv-events", self.kv_events.run)),
                 ]
                 await stop.wait()
                 log.info("stopping: engines drain first")
@@ -162,7 +165,8 @@ class Agent:
                 "last_error": link.last_error or None,
             },
             "engines": self.supervisor.status(),
-            "router": self.gateway.router.status(),
+            "router": self.gateway.router.status()
+            | {"kv_events": {w: s.events for w, s in self.kv_events.subscriptions.items()}},
             "gpus": [
                 {"index": g.index, "model": g.model, "memory_gb": g.memory_gb, "source": g.source}
                 for g in gpu_list

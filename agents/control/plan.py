@@ -50,7 +50,6 @@ def engine_specs(
         raise SnapshotInvalid(f"revision {snapshot.revision} is not a revision")
     deployments = {d.name: d for d in snapshot.deployments}
     models = {m.name: m for m in snapshot.models}
-    kv_events = {r.model for r in snapshot.routes if _kv_events(r)}
     specs: list[EngineSpec] = []
     plan = node_plan(snapshot, node)
     for engine in plan.engines if plan is not None else ():
@@ -81,7 +80,8 @@ def engine_specs(
                 tp_size=deployment.tp_size or 1,
                 dp_size=deployment.dp_size or 1,
                 engine_args=tuple(sorted((str(k), _scalar(v)) for k, v in args.items())),
-                kv_events=engine.model in kv_events,
+                bootstrap_port=engine.bootstrap_port if engine.HasField("bootstrap_port") else None,
+                kv_events_port=engine.kv_events_port if engine.HasField("kv_events_port") else None,
             )
         )
     for worker in snapshot.workers:
@@ -127,13 +127,6 @@ def _check(
                     raise SnapshotInvalid(f"GPU {index} is given to {given[index]} and {spec.id}")
                 given[index] = spec.id
         backend.validate(spec)
-
-
-def _kv_events(route: pb.Route) -> bool:
-    """A route whose params say `kv_events: true` wants its engines to publish cache events."""
-    if not route.HasField("params"):
-        return False
-    return json_format.MessageToDict(route.params).get("kv_events") in (True, "true")
 
 
 def _scalar(value: object) -> Scalar:

@@ -23,6 +23,13 @@ def _served_flags(spec: EngineSpec) -> list[str]:
     ]  # fmt: skip
     if spec.context_length and "context-length" not in spec.args:
         out += ["--context-length", str(spec.context_length)]
+    if spec.kv_events_port is not None:
+        config = {
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{spec.kv_events_port}",
+            "topic": "kv-events",
+        }
+        out += ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
     return out + _pd_flags(spec)
 
 
@@ -30,7 +37,7 @@ def _pd_flags(spec: EngineSpec) -> list[str]:
     if spec.role == "unified":
         return []
     out = ["--disaggregation-mode", spec.role]
-    if spec.role == "prefill":
+    if spec.role == "prefill" and spec.bootstrap_port is not None:
         out += ["--disaggregation-bootstrap-port", str(spec.bootstrap_port)]
     return out
 
@@ -54,13 +61,6 @@ class SglangBackend(Backend):
     def launch(self, spec: EngineSpec) -> Launch:
         argv = [self.python, "-m", "sglang.launch_server", "--model-path", spec.model_source]
         argv += _served_flags(spec)
-        if spec.kv_events:
-            config = {
-                "publisher": "zmq",
-                "endpoint": f"tcp://*:{spec.kv_events_port}",
-                "topic": "kv-events",
-            }
-            argv += ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
         argv += flags(spec.args)
         return Launch(argv, gpu_env(spec))
 

@@ -34,20 +34,12 @@ class EngineSpec:
     tp_size: int = 1
     dp_size: int = 1
     engine_args: tuple[tuple[str, Scalar], ...] = ()
-    kv_events: bool = False
+    bootstrap_port: int | None = None  # a prefill engine's PD bootstrap port, from the snapshot
+    kv_events_port: int | None = None  # where it publishes KV-cache events, from the snapshot
 
     @property
     def args(self) -> dict[str, Scalar]:
         return dict(self.engine_args)
-
-    @property
-    def bootstrap_port(self) -> int:
-        """A prefill engine's PD bootstrap port: its port + 10000, a rule routers share."""
-        return self.port + 10_000
-
-    @property
-    def kv_events_port(self) -> int:
-        return self.port + 20_000
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from agents.gateway.errors import (
     ContextTooLong,
     ModelNotFound,
 )
+from agents.router.tokens import PromptTokenizer
 
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 
@@ -30,6 +31,17 @@ class Inference:
     wants_usage: bool  # the client asked for the usage chunk of a stream
     has_stream_options: bool
     native: bool  # SGLang's /generate
+    messages: list[Any] | None = None  # a chat's, for the engine's tokenizer
+    text: str | None = None  # a completion's prompt, likewise
+    key_is_tokens: bool = False  # the client sent token ids: the key is them
+
+    def tokens(self, tokenizer: PromptTokenizer) -> bytes:
+        """The prompt as the engine's token ids, four bytes a token (as `key` for ids)."""
+        if self.key_is_tokens:
+            return self.key
+        if self.messages is not None:
+            return _ids(tokenizer.chat(self.messages))
+        return _ids(tokenizer.text(self.text or ""))
 
     def upstream_body(self, rid: str, extra: bytes = b"") -> bytes:
         """The client's body with `rid` (and `extra` fields) put in front; the client's own
@@ -55,16 +67,23 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", param="stream_options")
+    messages = None
     if path == "/v1/chat/completions":
         key = _chat_key(body, model)
+        messages = body["messages"]
     elif path == "/v1/completions":
         key = _prompt_key(body.get("prompt"), "prompt")
     else:
         key = _native_key(body)
     wants_usage = bool(options and options.get("include_usage"))
+    source = body.get("prompt") if path == "/v1/completions" else body.get("text")
+    text = source if isinstance(source, str) else None
+    if isinstance(source, list) and source and isinstance(source[0], str):
+        text = source[0]
     inference = Inference(
-        path, raw, model.name, stream, key, wants_usage, options is not None, native
-    )
+        path, raw, model.name, stream, key, wants_usage, options is not None, native,
+        messages=messages, text=text, key_is_tokens=messages is None and text is None,
+    )  # fmt: skip
     return inference, model
 
 

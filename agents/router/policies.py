@@ -24,8 +24,9 @@ class RouteRequest:
     model: str
     key: bytes  # what the prefix index matches: the prompt as the engine will see it
     prompt_tokens: int  # estimated
-    tokens_per_byte: float  # the model's, learned from usage
+    tokens_per_byte: float  # the model's, learned from usage (1/4 when the key is token ids)
     hashes: list[int] = field(default_factory=list)
+    exact: PrefixIndex | None = None  # the index KV-cache events keep, when the key is tokens
 
 
 @dataclass
@@ -62,15 +63,19 @@ class Policy:
     def rank(self, candidates: list[Candidate], request: RouteRequest) -> Ranking:
         raise NotImplementedError
 
+    def index_for(self, request: RouteRequest) -> PrefixIndex:
+        return request.exact if request.exact is not None else self.index
+
     def dispatched(self, worker_id: str, request: RouteRequest) -> None:
-        if self.uses_prefix:
-            self.index.insert(worker_id, request.hashes)
+        if self.uses_prefix:  # what it will hold once prefilled; events correct it
+            self.index_for(request).insert(worker_id, request.hashes)
 
     def match(self, candidates: list[Candidate], request: RouteRequest) -> None:
         """Fill in each candidate's matched prompt tokens from the prefix index."""
-        request.hashes = self.index.hashes(request.key)
-        blocks = self.index.match(request.hashes)
-        per_block = self.index.block_bytes * request.tokens_per_byte
+        index = self.index_for(request)
+        request.hashes = index.hashes(request.key)
+        blocks = index.match(request.hashes)
+        per_block = index.block_bytes * request.tokens_per_byte
         for c in candidates:
             c.matched_tokens = min(
                 request.prompt_tokens, int(blocks.get(c.worker.id, 0) * per_block)
@@ -129,7 +134,8 @@ class CacheAware(Policy):
         if rate > p.cache_threshold:
             rest = [c for c in by_load if c is not best]
             return Ranking([best, *rest], f"prefix match {rate:.2f} > {p.cache_threshold}")
-        smallest = sorted(candidates, key=lambda c: (self.index.size(c.worker.id), c.view.inflight))
+        index = self.index_for(request)
+        smallest = sorted(candidates, key=lambda c: (index.size(c.worker.id), c.view.inflight))
         return Ranking(smallest, f"prefix match {rate:.2f}: smallest cache")
 
 

@@ -7,6 +7,7 @@ saw (first byte, end, failure), and the router learns from it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -15,8 +16,24 @@ from dataclasses import dataclass, field
 from agents.control.compile import RegionConfig, RouteConfig
 from agents.router.params import CostParams
 from agents.router.policies import POLICIES, Candidate, Policy, RouteRequest
+from agents.router.prefix import PrefixIndex
+from agents.router.tokens import PromptTokenizer
 from agents.router.view import WorkerView
 from agents.workers.table import WorkerTable
+
+log = logging.getLogger(__name__)
+TOKEN_BYTES = 4  # a token id in a key
+
+
+@dataclass
+class Exact:
+    """A model whose engines publish KV-cache events: their tokenizer, and the index the
+    events keep, one block a page."""
+
+    tokenizer: PromptTokenizer
+    index: PrefixIndex
+    page_size: int
+
 
 DEFAULT_TOKENS_PER_BYTE = 0.25
 SERVING_ROLES = ("unified", "decode")
@@ -66,6 +83,7 @@ class Ticket:
     first_at: float | None = None
     done: bool = False
     learns_prefill: bool = True  # not when the prompt was prefilled on another worker
+    polls: int = 0  # the worker's answered polls when this was sent
 
 
 class Router:
@@ -78,6 +96,8 @@ class Router:
         self._bytes: dict[str, tuple[float, float]] = {}  # model -> (prompt bytes, tokens)
         self._pd_models: set[str] = set()  # models with prefill workers
         self.pd_choices: Counter[str] = Counter()  # "local" / "disaggregated", as sent
+        self.exact: dict[str, Exact] = {}  # model -> its event-kept index
+        self.config: RegionConfig | None = None
 
     def configure(self, config: RegionConfig) -> None:
         """A new snapshot: keep the policies and views of what did not change."""
@@ -99,6 +119,21 @@ class Router:
         self._pd_models = {w.model for w in config.workers if w.role == "prefill"}
         for policy in policies.values():
             policy.index.forget_others(set(views))
+        events_on = {m for m, r in config.routes.items() if r.params.kv_events}
+        self.exact = {m: e for m, e in self.exact.items() if m in events_on}
+        for exact in self.exact.values():
+            exact.index.forget_others(set(views))
+        self.config = config
+
+    def use_events(
+        self, model: str, tokenizer: PromptTokenizer, page_size: int, capacity_blocks: int
+    ) -> PrefixIndex:
+        """The model's engines publish KV-cache events: match its prompts as token pages."""
+        exact = self.exact.get(model)
+        if exact is None or exact.page_size != page_size:
+            index = PrefixIndex(TOKEN_BYTES * page_size, capacity_blocks)
+            exact = self.exact[model] = Exact(tokenizer, index, page_size)
+        return exact.index
 
     def status(self) -> dict[str, object]:
         """What the router has learned of each worker, and its PD choices."""
@@ -122,7 +157,20 @@ class Router:
             return DEFAULT_TOKENS_PER_BYTE
         return seen[1] / seen[0]
 
-    def request(self, model: str, key: bytes) -> RouteRequest:
+    def request(
+        self, model: str, key: bytes, tokens: Callable[[PromptTokenizer], bytes] | None = None
+    ) -> RouteRequest:
+        """`key` is the prompt as bytes; `tokens` gives it as the engine's token ids, for a
+        model whose engines publish KV-cache events."""
+        exact = self.exact.get(model)
+        if exact is not None and tokens is not None:
+            try:
+                ids = tokens(exact.tokenizer)
+            except Exception as error:  # a template that fails this prompt: match it roughly
+                log.warning("tokenizing a %s prompt failed: %s", model, error)
+            else:
+                count = max(1, len(ids) // TOKEN_BYTES)
+                return RouteRequest(model, ids, count, 1 / TOKEN_BYTES, exact=exact.index)
         ratio = self.tokens_per_byte(model)
         return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio)
 
@@ -208,8 +256,14 @@ class Router:
         view.breaker.dispatched()
         return Ticket(
             chosen.worker.id, request.model, self.clock(), request.prompt_tokens, uncached, ahead,
-            learns_prefill=not prefilled_elsewhere,
+            learns_prefill=not prefilled_elsewhere, polls=chosen.entry.polls,
         )  # fmt: skip
+
+    def _unpolled(self, ticket: Ticket) -> bool:
+        """No load poll has landed since the ticket was sent: its work still counts as sent
+        since the last poll, so what the gateway now knows of it must be taken off there."""
+        entry = self.table.get(ticket.worker_id)
+        return entry is not None and entry.polls == ticket.polls
 
     def first_byte(self, ticket: Ticket) -> None:
         if ticket.first_at is not None:
@@ -219,6 +273,8 @@ class Router:
         if view is None:
             return
         view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
+        if self._unpolled(ticket):  # its prefill is done: no longer queued work
+            view.tokens_since_poll = max(0, view.tokens_since_poll - ticket.uncached_tokens)
         if ticket.learns_prefill:
             view.learn_prefill(
                 ticket.queued_ahead + ticket.uncached_tokens, ticket.first_at - ticket.sent_at
@@ -237,6 +293,8 @@ class Router:
         view = self.views.get(ticket.worker_id)
         if view is not None:
             view.inflight = max(0, view.inflight - 1)
+            if self._unpolled(ticket):
+                view.sent_since_poll = max(0, view.sent_since_poll - 1)
             if completion and completion > 1 and ticket.first_at is not None:
                 view.learn_decode((now - ticket.first_at) / (completion - 1))
         if prompt_tokens and prompt_bytes:
@@ -254,8 +312,7 @@ class Router:
         if view is None:
             return
         view.inflight = max(0, view.inflight - 1)
-        if ticket.first_at is None:
-            view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
+        self._forget(view, ticket)
         view.breaker.failed(self.clock())
 
     def abandoned(self, ticket: Ticket) -> None:
@@ -266,6 +323,15 @@ class Router:
         view = self.views.get(ticket.worker_id)
         if view is not None:
             view.inflight = max(0, view.inflight - 1)
-            if ticket.first_at is None:
-                view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
+            self._forget(view, ticket)
             view.breaker.probing = False
+
+    def _forget(self, view: WorkerView, ticket: Ticket) -> None:
+        """A request that ended without an answer: its work is no longer the worker's."""
+        unpolled = self._unpolled(ticket)
+        if ticket.first_at is None:
+            view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
+            if unpolled:
+                view.tokens_since_poll = max(0, view.tokens_since_poll - ticket.uncached_tokens)
+        if unpolled:
+            view.sent_since_poll = max(0, view.sent_since_poll - 1)

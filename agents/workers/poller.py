@@ -1,5 +1,6 @@
-"""Poll every worker of the region for its load (`/get_load`) often; its KV pool size once
-(`/server_info`). A worker that does not answer a few polls in a row is unreachable."""
+"""Poll every worker of the region for its load (`/get_load`) often; what it is (`/server_info`:
+its KV pool, page size, tokenizer, KV events) once. A worker that does not answer a few polls
+in a row is unreachable."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from agents.workers.table import EngineLoad, WorkerEntry, WorkerTable
+from agents.workers.table import EngineInfo, EngineLoad, WorkerEntry, WorkerTable
 
 log = logging.getLogger(__name__)
 FAIL_AFTER = 2  # polls in a row without an answer
@@ -44,8 +45,8 @@ class LoadPoller:
                 load.waiting += waiting
                 load.used_tokens += int(rank.get("num_tokens", 0))
                 load.pending_tokens += int(rank.get("num_pending_tokens", 0))
-            if entry.load.max_total_tokens == 0:
-                load.max_total_tokens = await _pool_size(http, entry.spec.url)
+            if entry.info is None:
+                self.table.described(entry.spec.id, await _info(http, entry.spec.url))
         except (aiohttp.ClientError, TimeoutError, ValueError, TypeError, AttributeError):
             load = None
         self.table.polled(entry.spec.id, load, FAIL_AFTER)
@@ -58,9 +59,15 @@ async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
         return orjson.loads(await response.read())
 
 
-async def _pool_size(http: aiohttp.ClientSession, url: str) -> int:
-    """The KV pool in tokens, summed over DP ranks; 0 when the engine does not say."""
+async def _info(http: aiohttp.ClientSession, url: str) -> EngineInfo:
     info = await _get_json(http, f"{url}/server_info")
     states = info.get("internal_states") or []
     total = sum(int(s.get("max_total_num_tokens", 0)) for s in states if isinstance(s, dict))
-    return total or int(info.get("max_total_tokens") or 0)
+    path = info.get("tokenizer_path") or info.get("model_path")
+    return EngineInfo(
+        max_total_tokens=total or int(info.get("max_total_tokens") or 0),
+        page_size=max(1, int(info.get("page_size") or 1)),
+        tokenizer_path=str(path) if path else None,
+        version=str(info.get("version") or ""),
+        kv_events=bool(info.get("kv_events_config")),
+    )

@@ -32,6 +32,17 @@ class EngineLoad:
         return self.used_tokens / self.max_total_tokens if self.max_total_tokens else 0.0
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the engine says of itself once (`/server_info`)."""
+
+    max_total_tokens: int  # the KV pool, summed over DP ranks; 0 when it does not say
+    page_size: int
+    tokenizer_path: str | None
+    version: str
+    kv_events: bool
+
+
 @dataclass
 class WorkerEntry:
     spec: WorkerSpec
@@ -40,6 +51,7 @@ class WorkerEntry:
     engine_state: str | None = None  # the supervisor's, for engines of this node
     load: EngineLoad = field(default_factory=EngineLoad)
     polls: int = 0  # answered polls, so the router can tell fresh load from old
+    info: EngineInfo | None = None
 
     @property
     def serving(self) -> bool:
@@ -84,11 +96,17 @@ class WorkerTable:
             if entry.failed_polls >= fail_after:
                 entry.reachable = False
         else:
-            if load.max_total_tokens == 0:
-                load.max_total_tokens = entry.load.max_total_tokens
+            if entry.info is not None:
+                load.max_total_tokens = entry.info.max_total_tokens
             entry.load, entry.failed_polls, entry.reachable = load, 0, True
             entry.polls += 1
         self.changed()
+
+    def described(self, worker_id: str, info: EngineInfo) -> None:
+        entry = self.entries.get(worker_id)
+        if entry is not None:
+            entry.info = info
+            entry.load.max_total_tokens = info.max_total_tokens
 
     def on_change(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from urllib.parse import urlsplit
 
 from controlplane.domain import EngineBackend, NodeState, RegionState
 from controlplane.schemas.fleet import FallbackRuleSpec
@@ -33,7 +34,8 @@ def compile_region(state: FleetState, region: str) -> RegionSnapshot:
         nodes, unplaced = place(state, region)
     models = sorted({d.model for d in deployments.values()})
     routes = [_route(state, region, m) for m in models]
-    nodes = _with_kv_events(nodes, {r.model for r in routes if r.params.get("kv_events") is True})
+    events = {r.model for r in routes if r.params.get("kv_events") is True}
+    nodes = _with_kv_events(nodes, events)
     return RegionSnapshot(
         revision=state.revision,
         region=RegionInfo(name=region, **spec.model_dump()),
@@ -55,14 +57,16 @@ def compile_region(state: FleetState, region: str) -> RegionSnapshot:
         ],
         nodes=nodes,
         unplaced=unplaced,
-        workers=_workers(state, region, nodes),
+        workers=_workers(state, region, nodes, events),
         routes=routes,
         fallback=_fallback(state, region),
         tenants=_tenants(state, region),
     )
 
 
-def _workers(state: FleetState, region: str, nodes: list[NodePlan]) -> list[Worker]:
+def _workers(
+    state: FleetState, region: str, nodes: list[NodePlan], events: set[str]
+) -> list[Worker]:
     if state.regions[region].state is RegionState.DISABLED:
         return []
     workers = [
@@ -89,10 +93,18 @@ def _workers(state: FleetState, region: str, nodes: list[NodePlan]) -> list[Work
                     role="unified",
                     url=url,
                     node=None,
+                    # external engines publish where managed ones do: their port + 20000
+                    kv_events_port=_events_port(url) if d.model in events else None,
                 )
                 for i, url in enumerate(d.external_urls)
             ]
     return sorted(workers, key=lambda w: w.id)
+
+
+def _events_port(url: str) -> int | None:
+    parts = urlsplit(url)
+    port = (parts.port or (443 if parts.scheme == "https" else 80)) + KV_EVENTS_PORT_OFFSET
+    return port if port <= 65535 else None
 
 
 def _with_kv_events(nodes: list[NodePlan], models: set[str]) -> list[NodePlan]:

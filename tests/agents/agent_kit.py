@@ -57,8 +57,11 @@ async def start_agent(
     args = ["--control-plane", control_plane, "--region", region, "--data-dir", str(data_dir)]
     args += ["--port", str(port)] + (["--bootstrap-token", token] if token else [])
     args += ["--node", node] if node else []
+    env = {**os.environ, **FAST}
+    if operator is not None:
+        env["MERIDIAN_AGENT_OPERATOR_TOKEN"] = operator
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "meridian", "agent", "run", *args, env={**os.environ, **FAST}
+        sys.executable, "-m", "meridian", "agent", "run", *args, env=env
     )
     agent = AgentProc(process, f"http://127.0.0.1:{port}", operator)
     try:

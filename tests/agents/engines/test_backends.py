@@ -80,7 +80,9 @@ def test_sglang_argv_uses_only_documented_flags_with_the_deployment_settings() -
 
 def test_sglang_argv_for_pd_roles_and_kv_events() -> None:
     backend = SglangBackend()
-    prefill = flag_values(backend.launch(spec(role="prefill", kv_events=True)).argv)
+    # the ports are the snapshot's, whatever they are
+    pd = spec(role="prefill", bootstrap_port=40002, kv_events_port=50002)
+    prefill = flag_values(backend.launch(pd).argv)
     decode = flag_values(backend.launch(spec(role="decode")).argv)
     assert prefill["--disaggregation-mode"] == "prefill"
     assert prefill["--disaggregation-bootstrap-port"] == "40002"
@@ -100,12 +102,15 @@ def test_engine_args_may_not_take_over_what_meridian_sets() -> None:
 
 def test_the_sim_launcher_takes_the_same_settings_and_refuses_flags_it_lacks() -> None:
     sim = SimBackend(python="py")
-    launch = sim.launch(spec(backend="sim", role="prefill"))
+    launch = sim.launch(
+        spec(backend="sim", role="prefill", bootstrap_port=40002, kv_events_port=50002)
+    )
     assert launch.argv[:4] == ["py", "-m", "meridian", "sim"]
     flags = flag_values(launch.argv)
     assert flags["--served-model-name"] == "llama-3.1-8b-instruct"
     assert flags["--port"] == "30002"
     assert flags["--disaggregation-bootstrap-port"] == "40002"
+    assert json.loads(flags["--kv-events-config"] or "")["endpoint"] == "tcp://*:50002"
     assert flags["--mem-fraction-static"] == "0.85"
     assert launch.env["CUDA_VISIBLE_DEVICES"] == "2,3"
     sim.validate(spec(backend="sim"))

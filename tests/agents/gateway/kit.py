@@ -16,6 +16,8 @@ from tests.agents.agent_kit import AgentProc, engines_ready, running_agent
 from tests.controlplane.conftest import Server, start_server
 from tests.controlplane.push.kit import ADMIN, bootstrap_token, eventually, seed
 
+OPERATOR = "operator-token-0123456789"
+
 
 @dataclass
 class Region:

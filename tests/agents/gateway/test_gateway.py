@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
 from meridian.procs import stop_child
-from tests.agents.gateway.kit import region_of, sim_load
+from tests.agents.gateway.kit import OPERATOR, region_of, sim_load
 from tests.controlplane.push.kit import eventually
 
 LLAMA = "llama-3.1-8b-instruct"
@@ -296,10 +297,9 @@ async def test_a_worker_killed_mid_traffic_is_ejected_retried_around_and_used_ag
 
 
 async def test_the_operator_sees_the_route_and_only_the_operator_reads_agent_status(
-    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    database_url: str, tmp_path: Path
 ) -> None:
-    operator = "operator-token-0123456789"
-    monkeypatch.setenv("MERIDIAN_AGENT_OPERATOR_TOKEN", operator)
+    operator = OPERATOR
     async with region_of(database_url, tmp_path, "eu-west", engines=2, token=operator) as region:
         key = await region.api_key("acme")
         await region.applied()
@@ -329,10 +329,9 @@ async def test_the_operator_sees_the_route_and_only_the_operator_reads_agent_sta
 
 
 async def test_a_disaggregated_deployment_answers_through_its_pair_and_prefills_short_ones_here(
-    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    database_url: str, tmp_path: Path
 ) -> None:
-    operator = "operator-token-0123456789"
-    monkeypatch.setenv("MERIDIAN_AGENT_OPERATOR_TOKEN", operator)
+    operator = OPERATOR
     async with region_of(database_url, tmp_path, "eu-west", engines=2, token=operator) as region:
         pd = {"pd_mode": "disaggregated", "prefill_replicas": 1, "decode_replicas": 1}
         await region.admin("PATCH", "/v1/deployments/llama-eu-west", pd)
@@ -382,3 +381,59 @@ async def test_a_disaggregated_deployment_answers_through_its_pair_and_prefills_
     ]  # fmt: skip
     assert float(served[0].split()[-1]) == 2
     assert status["router"]["pd_choices"] == {"disaggregated": 2, "local": 2}
+
+
+async def test_kv_cache_events_keep_the_router_index_exact(
+    database_url: str, tmp_path: Path
+) -> None:
+    operator = OPERATOR
+    async with region_of(database_url, tmp_path, "eu-west", engines=2, token=operator) as region:
+        await region.admin(
+            "PATCH", "/v1/routing-policies/llama-eu-west", {"params": {"kv_events": True}}
+        )
+
+        async def subscribed() -> dict[str, Any] | None:
+            status = await region.agent.status()
+            ready = [e for e in status["engines"] if e["state"] == "ready"]
+            subscriptions = status["router"]["kv_events"]
+            return status if len(ready) == 2 and len(subscriptions) == 2 else None
+
+        await eventually(subscribed, within_s=40)
+        url = f"{region.agent.url}/v1/chat/completions"
+        headers = {"Authorization": f"Bearer {operator}", "x-meridian-debug": "1"}
+        body = {"model": LLAMA, "max_tokens": 2, "messages": [
+            {"role": "user", "content": " ".join(f"w{i}" for i in range(300))}]}  # fmt: skip
+
+        async def send(http: httpx.AsyncClient) -> tuple[dict[str, Any], int]:
+            answer = await http.post(url, json=body, headers=headers)
+            assert answer.status_code == 200, answer.text
+            route = json.loads(answer.headers["x-meridian-route"])
+            return route, int(answer.json()["usage"]["prompt_tokens"])
+
+        def matched(route: dict[str, Any]) -> int:
+            chosen = next(c for c in route["candidates"] if c["worker"] == route["worker"])
+            return int(chosen["matched_tokens"])
+
+        async with httpx.AsyncClient(timeout=30) as http:
+            first, prompt_tokens = await send(http)
+            again, _ = await send(http)
+            holder = next(e for e in (await region.agent.status())["engines"]
+                          if e["id"] == first["worker"])  # fmt: skip
+            await asyncio.sleep(0.3)  # the last events land
+            events_before = (await region.agent.status())["router"]["kv_events"][holder["id"]]
+            assert (await http.post(f"{holder['url']}/flush_cache")).status_code == 200
+
+            async def cleared() -> bool:
+                events = (await region.agent.status())["router"]["kv_events"][holder["id"]]
+                return bool(events > events_before)
+
+            await eventually(cleared, within_s=10)
+            after, _ = await send(http)
+    assert matched(first) == 0
+    # The same prompt again goes where it is held, matched token for token.
+    assert again["worker"] == first["worker"]
+    assert matched(again) == prompt_tokens
+    # The engine dropped its cache and said so: the router no longer counts on it.
+    held = [c for c in after["candidates"] if c["worker"] == first["worker"]]
+    assert held
+    assert held[0]["matched_tokens"] == 0

@@ -1,0 +1,152 @@
+"""KV-cache events: for each model whose route sets `kv_events: true`, subscribe to every
+worker's ZMQ publisher (its `kv_events_port` from the snapshot) and keep the router's exact
+prefix index as the engines say: what they stored, evicted and cleared.
+
+The engine names blocks by its own hashes; the index names them by a chain over the page's
+token ids, the same chain the router computes for a request's tokens. Each subscription maps
+one to the other as blocks are stored. A gap in the sequence numbers means events were lost:
+the worker's part of the index is cleared and learned again (from dispatches and events).
+
+Tokenizers are loaded here, off the event loop, from the directory the engine reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from agents.control.compile import WorkerSpec
+from agents.router import tokens
+from agents.router.prefix import PrefixIndex
+from agents.router.router import Router
+from agents.workers.table import WorkerTable
+
+log = logging.getLogger(__name__)
+TOPIC = b"kv-events"
+RECONCILE_S = 1.0
+
+
+@dataclass
+class Subscription:
+    worker: WorkerSpec
+    index: PrefixIndex
+    chains: dict[int, int] = field(default_factory=dict)  # engine block hash -> index hash
+    last_seq: int | None = None
+    events: int = 0
+
+    def apply(self, seq: int, events: list[Any]) -> None:
+        worker = self.worker.id
+        if self.last_seq is not None and seq != self.last_seq + 1:
+            log.warning("kv events of %s: %d lost; relearning", worker, seq - self.last_seq - 1)
+            self.index.clear(worker)
+            self.chains.clear()
+        self.last_seq = seq
+        for event in events:
+            self.events += 1
+            kind = event[0] if event else None
+            if kind == "BlockStored":
+                self._stored(event[1], event[2], event[3], int(event[4]))
+            elif kind == "BlockRemoved":
+                gone = [self.chains.pop(h) for h in event[1] if h in self.chains]
+                self.index.remove(worker, gone)
+            elif kind == "AllBlocksCleared":
+                self.index.clear(worker)
+                self.chains.clear()
+
+    def _stored(self, hashes: list[int], parent: int | None, ids: list[int], size: int) -> None:
+        chain = 0 if parent is None else self.chains.get(parent)
+        if chain is None:
+            return  # its parent was never seen here: nothing to chain it to
+        added = []
+        for i, engine_hash in enumerate(hashes):
+            page = ids[i * size : (i + 1) * size]
+            chain = hash((chain, array("i", page).tobytes()))  # as PrefixIndex.hashes chains
+            self.chains[engine_hash] = chain
+            added.append(chain)
+        self.index.insert(self.worker.id, added)
+
+
+class KvEventSubscriber:
+    def __init__(self, router: Router, table: WorkerTable) -> None:
+        self.router = router
+        self.table = table
+        self.context = zmq.asyncio.Context.instance()
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self.subscriptions: dict[str, Subscription] = {}
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._reconcile()
+                await asyncio.sleep(RECONCILE_S)
+        finally:
+            for task in self._tasks.values():
+                task.cancel()
+
+    async def _reconcile(self) -> None:
+        config = self.router.config
+        wanted: dict[tuple[str, int], tuple[WorkerSpec, PrefixIndex]] = {}
+        if config is not None:
+            for model, route in config.routes.items():
+                if not route.params.kv_events:
+                    continue
+                index = await self._index(model, route.params.prefix_index_blocks)
+                if index is None:
+                    continue
+                for entry in self.table.entries.values():
+                    spec = entry.spec
+                    if spec.model == model and spec.kv_events_port is not None:
+                        wanted[(spec.id, id(index))] = (spec, index)
+        for key in [k for k in self._tasks if k not in wanted]:
+            self._tasks.pop(key).cancel()
+        for key, (spec, index) in wanted.items():
+            task = self._tasks.get(key)
+            if task is None or task.done():
+                self._tasks[key] = asyncio.get_running_loop().create_task(
+                    self._subscribe(spec, index)
+                )
+
+    async def _index(self, model: str, capacity_blocks: int) -> PrefixIndex | None:
+        """The model's exact index, once a worker has said what tokenizer and pages it uses."""
+        exact = self.router.exact.get(model)
+        infos = [e.info for e in self.table.entries.values() if e.spec.model == model and e.info]
+        if not infos:
+            return exact.index if exact is not None else None
+        info = infos[0]
+        if exact is not None and exact.page_size == info.page_size:
+            return exact.index
+        tokenizer = await asyncio.to_thread(tokens.load, info.tokenizer_path, info.version)
+        if tokenizer is None:
+            log.warning("no tokenizer for %s at %s: matching approximately", model, info)
+            return None
+        return self.router.use_events(model, tokenizer, info.page_size, capacity_blocks)
+
+    async def _subscribe(self, worker: WorkerSpec, index: PrefixIndex) -> None:
+        socket = self.context.socket(zmq.SUB)
+        socket.setsockopt(zmq.SUBSCRIBE, TOPIC)
+        socket.setsockopt(zmq.RCVHWM, 100_000)
+        endpoint = f"tcp://{worker.host}:{worker.kv_events_port}"
+        socket.connect(endpoint)
+        subscription = self.subscriptions[worker.id] = Subscription(worker, index)
+        log.info("subscribed to the kv events of %s at %s", worker.id, endpoint)
+        try:
+            while True:
+                _, seq, payload = await socket.recv_multipart()
+                try:
+                    _, events, *_ = msgpack.unpackb(payload)
+                    subscription.apply(int.from_bytes(seq, "big"), events)
+                except (ValueError, TypeError, IndexError, msgpack.UnpackException) as error:
+                    log.warning("a kv event of %s could not be read: %s", worker.id, error)
+        finally:
+            with contextlib.suppress(Exception):
+                socket.close(linger=0)
+            if self.subscriptions.get(worker.id) is subscription:
+                del self.subscriptions[worker.id]
