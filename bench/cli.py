@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from bench import overhead, overload, routing
 from bench.propagation import Options, run
 from bench.sim import run as run_sim
 
@@ -63,3 +64,94 @@ def sim_command(engines: int, concurrency: int, seconds: float, out: Path | None
     """The simulator beside its published calibration figure, and the CPU and memory that
     ENGINES simulators and a load generator take on this machine."""
     asyncio.run(run_sim(engines, concurrency, seconds, out))
+
+
+@bench.command("routing")
+@click.option("--workers", type=click.IntRange(2, 32), default=8, show_default=True)
+@click.option("--contenders", default=",".join(routing.CONTENDERS), show_default=True,
+              help="comma-separated, from the default list")  # fmt: skip
+@click.option("--phase-seconds", type=click.FloatRange(5, 3600), default=30, show_default=True,
+              help="how long each rate of the capacity sweep sends")  # fmt: skip
+@click.option("--start-rps", type=click.FloatRange(0.1, 1000), default=8.0, show_default=True)
+@click.option("--growth", type=click.FloatRange(1.05, 4), default=1.5, show_default=True)
+@click.option("--speed", type=click.FloatRange(0.05, 10), default=0.5, show_default=True,
+              help="each simulated worker's speed (1: an H100); spares the machine")  # fmt: skip
+@click.option("--stream-interval", type=click.IntRange(1, 64), default=16, show_default=True,
+              help="tokens per stream chunk: keeps event rates within the machine")  # fmt: skip
+@click.option("--extra/--no-extra", default=True, show_default=True,
+              help="also the hot-prefix, multi-turn and mixed-speed workloads")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PNG; default: beside --out")  # fmt: skip
+def routing_command(
+    workers: int, contenders: str, phase_seconds: float, start_rps: float, growth: float,
+    speed: float, stream_interval: int, extra: bool, out: Path | None, plot: Path | None,
+) -> None:  # fmt: skip
+    """Routing policies and sglang-router side by side on the same simulated workers."""
+    names = [n.strip() for n in contenders.split(",") if n.strip()]
+    unknown = [n for n in names if n not in routing.CONTENDERS]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown contenders {unknown}", param_hint="--contenders")
+    if plot is None and out is not None:
+        plot = out.with_suffix(".png")
+    root = _scratch("routing")
+    options = routing.Options(
+        workers=workers, contenders=names, phase_seconds=phase_seconds, start_rps=start_rps,
+        growth=growth, speed=speed, stream_interval=stream_interval, extra=extra, out=out,
+        plot=plot, root=root,
+    )  # fmt: skip
+    try:
+        asyncio.run(routing.run(options))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _scratch(name: str) -> Path:
+    root = Path(tempfile.mkdtemp(prefix=f"meridian-bench-{name}-"))
+    root.chmod(0o755)  # the embedded PostgreSQL runs as `postgres` when we are root
+    return root
+
+
+@bench.command("overhead")
+@click.option("--requests", type=click.IntRange(50, 100_000), default=1000, show_default=True,
+              help="latency samples per router, streamed and not")  # fmt: skip
+@click.option("--concurrency", type=click.IntRange(1, 1024), default=32, show_default=True)
+@click.option("--seconds", type=click.FloatRange(1, 600), default=10, show_default=True,
+              help="of closed-loop load per router, for requests per CPU second")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PNG; default: beside --out")  # fmt: skip
+def overhead_command(
+    requests: int, concurrency: int, seconds: float, out: Path | None, plot: Path | None
+) -> None:
+    """The latency Meridian's gateway and sglang-router add over a null engine, and the
+    requests each serves per CPU second."""
+    root = _scratch("overhead")
+    options = overhead.Options(
+        requests=requests, concurrency=concurrency, seconds=seconds, out=out,
+        plot=plot or (out.with_suffix(".png") if out else None), root=root,
+    )  # fmt: skip
+    try:
+        asyncio.run(overhead.run(options))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@bench.command("overload")
+@click.option("--workers", type=click.IntRange(1, 32), default=4, show_default=True)
+@click.option("--seconds", type=click.FloatRange(5, 3600), default=20, show_default=True,
+              help="of load at each multiple of capacity")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PNG; default: beside --out")  # fmt: skip
+def overload_command(workers: int, seconds: float, out: Path | None, plot: Path | None) -> None:
+    """One region at 1x, 2x and 5x its capacity, with admission control and without."""
+    root = _scratch("overload")
+    options = overload.Options(
+        workers=workers, seconds=seconds, out=out,
+        plot=plot or (out.with_suffix(".png") if out else None), root=root,
+    )  # fmt: skip
+    try:
+        asyncio.run(overload.run(options))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -71,6 +71,7 @@ class Tenant:
     jurisdictions: frozenset[str] | None  # None: any
     requests_per_minute: float | None  # this node's share
     tokens_per_minute: float | None
+    debug_routes: bool = False  # may see how its requests were routed
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
             ),
             requests_per_minute=_node_share(grant, "requests_per_minute", agents_up),
             tokens_per_minute=_node_share(grant, "tokens_per_minute", agents_up),
+            debug_routes=grant.debug_routes,
         )
         for key in grant.api_keys:
             expires = key.expires_at.ToSeconds() if key.HasField("expires_at") else None

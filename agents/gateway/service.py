@@ -125,7 +125,8 @@ class Gateway:
         header = request.headers.get("Authorization")
         if self.operator_token and auth.same_secret(auth.bearer(header), self.operator_token):
             return OPERATOR, True
-        return auth.authenticate(header, config), False
+        tenant = auth.authenticate(header, config)
+        return tenant, tenant.debug_routes
 
     async def _infer(
         self, request: web.Request, request_id: str, headers: dict[str, str]

@@ -67,6 +67,10 @@ class CostParams(PolicyParams):
     chunk_tokens: int = Field(
         default=8192, ge=64, description="prefill chunk: each costs the running batch a step"
     )
+    max_itl_share: float = Field(
+        default=0.8, gt=0, le=10, description="veto a busy worker whose decode step is past "
+        "this share of the route's inter-token SLO",
+    )  # fmt: skip
 
 
 POLICY_PARAMS: dict[str, type[PolicyParams]] = {

@@ -27,6 +27,7 @@ class RouteRequest:
     tokens_per_byte: float  # the model's, learned from usage (1/4 when the key is token ids)
     hashes: list[int] = field(default_factory=list)
     exact: PrefixIndex | None = None  # the index KV-cache events keep, when the key is tokens
+    itl_limit_s: float | None = None  # the route's inter-token SLO
 
 
 @dataclass
@@ -143,7 +144,10 @@ class Cost(Policy):
     """Predicted seconds to first token per worker: the prefill queued there, plus this
     request's uncached prompt at the worker's learned prefill rate, plus a decode step of the
     running batch for each prefill chunk. Cheapest wins; cache affinity is a saving in that sum,
-    never gated on request counts. A worker whose KV pool or queue is past its limit is vetoed."""
+    never gated on request counts. A worker whose KV pool or queue is past its limit is vetoed,
+    and so is a busy worker whose learned decode step is already near the route's inter-token
+    SLO: more work there would break the SLO of everything it runs (the other face of a hot
+    spot, which a time-to-first-token sum alone does not see)."""
 
     name = "cost"
     uses_prefix = True
@@ -160,6 +164,12 @@ class Cost(Policy):
                 c.veto = f"kv usage {load.kv_usage:.2f} > {p.max_kv_usage}"
             elif load.waiting + view.sent_since_poll > p.max_waiting:
                 c.veto = f"queue {load.waiting + view.sent_since_poll} > {p.max_waiting}"
+            elif (
+                request.itl_limit_s is not None
+                and view.decode_step_s > request.itl_limit_s * p.max_itl_share
+                and (load.running > 0 or view.inflight > 0)
+            ):
+                c.veto = f"decode step {view.decode_step_s * 1000:.0f} ms near the ITL SLO"
             uncached = request.prompt_tokens - c.matched_tokens
             queued = max(load.pending_tokens + view.tokens_since_poll, view.queued_tokens)
             work = queued + uncached

@@ -175,6 +175,7 @@ class Router:
         return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio)
 
     def route(self, route: RouteConfig, request: RouteRequest, exclude: set[str]) -> Decision:
+        request.itl_limit_s = route.slo_itl_s
         decision = self._rank(route, request, exclude, SERVING_ROLES)
         if route.model in self._pd_models and decision.ranked:
             self._pair(route, request, exclude, decision)

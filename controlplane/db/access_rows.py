@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, ForeignKey, Integer, String
+from sqlalchemy import Boolean, DateTime, ForeignKey, Integer, String
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -19,6 +19,7 @@ class TenantRow(NamedRow):
     allowed_jurisdictions: Mapped[list[str] | None] = mapped_column(JSONB)
     requests_per_minute: Mapped[int | None] = mapped_column(Integer)
     tokens_per_minute: Mapped[int | None] = mapped_column(Integer)
+    debug_routes: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
 
 
 class ApiKeyRow(NamedRow):

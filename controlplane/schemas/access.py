@@ -18,6 +18,10 @@ class TenantSpec(Spec):
     )
     requests_per_minute: int | None = Field(default=None, ge=1, le=1_000_000_000)
     tokens_per_minute: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    debug_routes: bool = Field(
+        default=False,
+        description="its requests may ask, with x-meridian-debug: 1, how they were routed",
+    )
 
 
 class ApiKeySpec(Spec):

@@ -229,6 +229,7 @@ def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
                 requests_per_minute=_share(tenant.requests_per_minute, weight, total, count),
                 tokens_per_minute=_share(tenant.tokens_per_minute, weight, total, count),
                 api_keys=keys,
+                debug_routes=tenant.debug_routes,
             )
         )
     return grants

@@ -166,6 +166,7 @@ class TenantGrant(Frozen):
     requests_per_minute: int | None
     tokens_per_minute: int | None
     api_keys: list[KeyGrant]
+    debug_routes: bool = False
 
 
 class RegionSnapshot(Frozen):

@@ -153,8 +153,15 @@ class Engine:
         return [*self.decoding, self.chunked] if self.chunked else list(self.decoding)
 
     @property
-    def used_tokens(self) -> int:
+    def held_tokens(self) -> int:
+        """KV pool slots taken: the whole cache (evictable or not) and generated tokens."""
         return self.cache.size + self._pool_generated
+
+    @property
+    def used_tokens(self) -> int:
+        """What SGLang reports as used (`num_used_tokens`, `token_usage`, `/get_load`): the
+        pool less what is free and less the cache that could be evicted."""
+        return self.cache.protected + self._pool_generated
 
     @property
     def capacity(self) -> int:
@@ -241,7 +248,7 @@ class Engine:
 
     def _room(self) -> int:
         """Tokens a new chunk may take: free and evictable pool, less the decode reserve."""
-        free = self.capacity - self.used_tokens + self.cache.evictable
+        free = self.capacity - self.held_tokens + self.cache.evictable
         return free - sum(self._reserve(r) for r in self.running)
 
     def _prefill_batch(self) -> list[tuple[Request, int]]:
@@ -252,7 +259,7 @@ class Engine:
         if self.chunked is not None:
             request = self.chunked
             if not self.decoding:  # nothing else will free the pool: the reserve can wait
-                room = self.capacity - self.used_tokens + self.cache.evictable
+                room = self.capacity - self.held_tokens + self.cache.evictable
             take = min(len(request.sequence()) - request.computed, chunk_left, room)
             if take <= 0:
                 if not self.decoding:  # it can never fit
@@ -359,10 +366,10 @@ class Engine:
     def _make_room(self, tokens: int) -> None:
         """Room for the decode batch's next tokens: evict unused prefixes, then retract the
         newest requests until the rest fit."""
-        short = self.used_tokens + tokens - self.capacity
+        short = self.held_tokens + tokens - self.capacity
         if short > 0:
             self.cache.evict(short)
-        while self.decoding and self.used_tokens + len(self.decoding) > self.capacity:
+        while self.decoding and self.held_tokens + len(self.decoding) > self.capacity:
             victim = self.decoding.pop()
             self._release(victim)
             self.cache.insert(victim.sequence())  # kept while room lasts, as SGLang does
@@ -370,7 +377,7 @@ class Engine:
             self.waiting.appendleft(victim)
             self.retracted_total += 1
             self.new_token_ratio = INIT_NEW_TOKEN_RATIO
-            self.cache.evict(self.used_tokens + len(self.decoding) - self.capacity)
+            self.cache.evict(self.held_tokens + len(self.decoding) - self.capacity)
 
     async def _step(self, seconds: float) -> None:
         """Steps keep time against a deadline, so the timer's lateness does not add up; after

@@ -296,12 +296,14 @@ async def test_a_worker_killed_mid_traffic_is_ejected_retried_around_and_used_ag
     assert float(served_again[0].split()[-1]) > 0
 
 
-async def test_the_operator_sees_the_route_and_only_the_operator_reads_agent_status(
+async def test_the_operator_and_marked_tenants_see_the_route_and_only_the_operator_reads_status(
     database_url: str, tmp_path: Path
 ) -> None:
     operator = OPERATOR
     async with region_of(database_url, tmp_path, "eu-west", engines=2, token=operator) as region:
         key = await region.api_key("acme")
+        marked = await region.api_key("eurobank")
+        await region.admin("PATCH", "/v1/tenants/eurobank", {"debug_routes": True})
         await region.applied()
         body = {"model": LLAMA, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         url = f"{region.agent.url}/v1/chat/completions"
@@ -313,7 +315,16 @@ async def test_the_operator_sees_the_route_and_only_the_operator_reads_agent_sta
             as_tenant = await http.post(
                 url, json=body, headers={"Authorization": f"Bearer {key}", **debug}
             )
+            as_marked = await http.post(
+                url, json=body, headers={"Authorization": f"Bearer {marked}", **debug}
+            )
+            marked_not_asking = await http.post(
+                url, json=body, headers={"Authorization": f"Bearer {marked}"}
+            )
             status_open = await http.get(f"{region.agent.url}/agent/status")
+            status_marked = await http.get(
+                f"{region.agent.url}/agent/status", headers={"Authorization": f"Bearer {marked}"}
+            )
     assert as_operator.status_code == 200
     route = json.loads(as_operator.headers["x-meridian-route"])
     assert route["policy"] == "cost"
@@ -325,7 +336,12 @@ async def test_the_operator_sees_the_route_and_only_the_operator_reads_agent_sta
     }
     assert as_tenant.status_code == 200
     assert "x-meridian-route" not in as_tenant.headers
+    # A tenant the snapshot marks sees its routes when it asks, and nothing else inside.
+    assert as_marked.status_code == 200
+    assert json.loads(as_marked.headers["x-meridian-route"])["policy"] == "cost"
+    assert "x-meridian-route" not in marked_not_asking.headers
     assert status_open.status_code == 401
+    assert status_marked.status_code == 401
 
 
 async def test_a_disaggregated_deployment_answers_through_its_pair_and_prefills_short_ones_here(

@@ -15,7 +15,7 @@ MODEL = "m"
 SYSTEM = ("you are a careful assistant who answers in full sentences. " * 40).encode()
 
 
-def _config(policy: str, workers: int = 2) -> RegionConfig:
+def _config(policy: str, workers: int = 2, itl_ms: int | None = None) -> RegionConfig:
     snapshot = pb.Snapshot(
         revision=1,
         region=pb.RegionInfo(name="r", cloud="c", jurisdiction="us"),
@@ -25,15 +25,17 @@ def _config(policy: str, workers: int = 2) -> RegionConfig:
                       url=f"http://127.0.0.1:{30000 + i}")
             for i in range(workers)
         ],
-        routes=[pb.Route(model=MODEL, policy=policy)],
+        routes=[pb.Route(model=MODEL, policy=policy, slo_itl_ms=itl_ms)],
     )  # fmt: skip
     return compile_config(snapshot)
 
 
-def _router(policy: str, workers: int = 2) -> tuple[Router, RegionConfig, WorkerTable]:
+def _router(
+    policy: str, workers: int = 2, itl_ms: int | None = None
+) -> tuple[Router, RegionConfig, WorkerTable]:
     clock = [0.0]
     table = WorkerTable(clock=lambda: clock[0])
-    config = _config(policy, workers)
+    config = _config(policy, workers, itl_ms)
     table.replace(config.workers)
     for worker in config.workers:
         table.polled(worker.id, EngineLoad(max_total_tokens=100_000), fail_after=2)
@@ -76,6 +78,24 @@ def test_a_full_kv_pool_vetoes_a_worker() -> None:
     decision = router.route(config.routes[MODEL], request, set())
     assert [c.worker.id for c in decision.ranked] == ["w1"]
     assert "kv usage" in decision.vetoed[0].veto
+
+
+def test_a_busy_worker_whose_decode_step_nears_the_itl_slo_takes_no_more_work() -> None:
+    """The other face of a hot spot: the cached worker's batch has grown until its tokens come
+    almost as slowly as the SLO allows; more work there would break the SLO of all it runs."""
+    router, config, table = _router("cost", itl_ms=50)
+    first = _send(router, config, SYSTEM + b"question one")
+    table.polled(first, EngineLoad(running=40, max_total_tokens=100_000), fail_after=2)
+    router.views[first].decode_step_s = 0.045
+    request = router.request(MODEL, SYSTEM + b"question two")
+    decision = router.route(config.routes[MODEL], request, set())
+    assert decision.ranked[0].worker.id != first
+    assert "ITL SLO" in decision.vetoed[0].veto
+    # idle again, its step is no reason to keep it out
+    table.polled(first, EngineLoad(max_total_tokens=100_000), fail_after=2)
+    router.views[first].inflight = 0
+    again = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"three"), set())
+    assert not again.vetoed
 
 
 def test_cache_aware_balances_when_loads_are_far_apart_as_sglang_does() -> None:

@@ -973,10 +973,13 @@ class TenantGrant(_message.Message):
     REQUESTS_PER_MINUTE_FIELD_NUMBER: _builtins.int
     TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
     API_KEYS_FIELD_NUMBER: _builtins.int
+    DEBUG_ROUTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tier: _builtins.str
     requests_per_minute: _builtins.int
     tokens_per_minute: _builtins.int
+    debug_routes: _builtins.bool
+    """Its requests may ask (x-meridian-debug: 1) for x-meridian-route."""
     @_builtins.property
     def allowed_jurisdictions(self) -> Global___Jurisdictions:
         """Unset: any jurisdiction."""
@@ -992,10 +995,11 @@ class TenantGrant(_message.Message):
         requests_per_minute: _builtins.int | None = ...,
         tokens_per_minute: _builtins.int | None = ...,
         api_keys: _abc.Iterable[Global___KeyGrant] | None = ...,
+        debug_routes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "allowed_jurisdictions", b"allowed_jurisdictions", "requests_per_minute", b"requests_per_minute", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "name", b"name", "requests_per_minute", b"requests_per_minute", "tier", b"tier", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "name", b"name", "requests_per_minute", b"requests_per_minute", "tier", b"tier", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__requests_per_minute: _TypeAlias = _typing.Literal["requests_per_minute"]  # noqa: Y015
     _WhichOneofArgType__requests_per_minute: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute"]  # noqa: Y015

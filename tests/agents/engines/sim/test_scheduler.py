@@ -37,7 +37,7 @@ class Watch(Listener):
 
     async def flush(self) -> None:
         assert self.engine is not None
-        self.peak = max(self.peak, self.engine.used_tokens)
+        self.peak = max(self.peak, self.engine.held_tokens)
 
 
 async def _engine(**options: object) -> tuple[Engine, Clock, Watch]:

@@ -1,0 +1,310 @@
+"""What the serving benchmarks run on, all real processes on this machine: simulated engines,
+a region (embedded PostgreSQL, a control plane, one or more agents whose gateways route to the
+simulators as an external deployment), sglang-router as the peer, and their CPU time.
+
+Every contender is measured on the same simulators; their caches are flushed between phases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import socket
+import sys
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from controlplane.db import migrate
+from controlplane.db.embedded import EmbeddedPostgres
+from controlplane.db.engine import Database
+from meridian.procs import ControlPlane, free_port, start_control_plane, stop_child, wait_ready
+
+MODEL = "llama"
+REGION = "bench"
+KV_EVENTS_OFFSET = 20_000  # where engines of a kv_events route publish: their port + 20000
+PAGE_SIZE = 16
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def engine_port() -> int:
+    """A free port whose KV-events port (+20000) is free too."""
+    for _ in range(200):
+        port = 21_000 + secrets.randbelow(24_000)
+        if _free(port) and _free(port + KV_EVENTS_OFFSET):
+            return port
+    raise RuntimeError("no free port pair for a simulator")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass
+class Sim:
+    process: asyncio.subprocess.Process
+    url: str
+    speed: float
+
+
+async def start_sims(
+    stack: AsyncExitStack,
+    count: int,
+    *,
+    max_total_tokens: int,
+    stream_interval: int,
+    speeds: list[float] | None = None,
+    log_dir: Path,
+    extra: tuple[str, ...] = (),
+) -> list[Sim]:
+    sims = []
+    for i in range(count):
+        port = engine_port()
+        speed = speeds[i] if speeds else 1.0
+        events = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port + KV_EVENTS_OFFSET}",
+                  "topic": "kv-events"}  # fmt: skip
+        args = [
+            "--model", MODEL, "--port", str(port),
+            "--max-total-tokens", str(max_total_tokens),
+            "--stream-interval", str(stream_interval),
+            "--speed-factor", str(speed),
+            "--page-size", str(PAGE_SIZE),
+            "--kv-events-config", json.dumps(events),
+            "--enable-metrics", "--enable-cache-report", *extra,
+        ]  # fmt: skip
+        log = (log_dir / f"sim-{i}.log").open("wb")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "meridian", "sim", *args, stdout=log, stderr=log
+        )
+        stack.push_async_callback(stop_child, process)
+        sims.append(Sim(process, f"http://127.0.0.1:{port}", speed))
+    for sim in sims:
+        await wait_ready(sim.url, sim.process, 30, path="/health", what="a simulator")
+    return sims
+
+
+async def flush(sims: list[Sim]) -> None:
+    """Empty every simulator's prefix cache, once its requests are done."""
+    async with httpx.AsyncClient(timeout=5) as http:
+        for sim in sims:
+            for _ in range(300):
+                if (await http.post(f"{sim.url}/flush_cache")).status_code == 200:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError(f"{sim.url} stayed busy")
+
+
+_COUNTER = re.compile(r"^sglang:(prompt_tokens_total|cached_tokens_total)\{[^}]*\} (\S+)$", re.M)
+
+
+async def cache_counters(sims: list[Sim]) -> tuple[float, float]:
+    """Prompt tokens and cached prompt tokens, summed over the simulators."""
+    prompt = cached = 0.0
+    async with httpx.AsyncClient(timeout=5) as http:
+        for sim in sims:
+            text = (await http.get(f"{sim.url}/metrics")).text
+            for name, value in _COUNTER.findall(text):
+                if name == "prompt_tokens_total":
+                    prompt += float(value)
+                else:
+                    cached += float(value)
+    return prompt, cached
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process and its waited-for children."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all cores, from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds of named groups of processes over a phase, and how busy the machine was."""
+
+    groups: dict[str, list[int]]
+    start: dict[str, float] = field(default_factory=dict)
+    machine: tuple[float, float] = (0.0, 0.0)
+
+    def begin(self) -> None:
+        self.start = {g: sum(cpu_seconds(p) for p in pids) for g, pids in self.groups.items()}
+        self.machine = machine_busy()
+
+    def end(self, seconds: float) -> dict[str, float]:
+        """Cores used by each group over the phase; `machine` the share of all cores busy."""
+        out = {
+            g: round((sum(cpu_seconds(p) for p in pids) - self.start[g]) / max(seconds, 1e-9), 3)
+            for g, pids in self.groups.items()
+        }
+        busy, total = machine_busy()
+        out["machine_busy"] = round((busy - self.machine[0]) / max(1, total - self.machine[1]), 3)
+        return out
+
+
+@dataclass
+class Region:
+    """A control plane on an embedded PostgreSQL and `gateways` agents of one region, whose
+    workers are the simulators (an external deployment)."""
+
+    cp: ControlPlane
+    admin: httpx.AsyncClient
+    agents: list[asyncio.subprocess.Process]
+    gateway_urls: list[str]
+    operator: str
+    workers: int
+
+    @property
+    def pids(self) -> list[int]:
+        return [a.pid for a in self.agents]
+
+    async def route(self, policy: str, params: dict[str, Any], **slo: int | None) -> None:
+        """Set the region's routing policy; return once every agent runs it."""
+        body = {"policy": policy, "params": params, **slo}
+        answer = await self.admin.patch(
+            f"/v1/routing-policies/{REGION}", json=body, headers={"If-Match": "*"}
+        )
+        answer.raise_for_status()
+        want = int((await self.admin.get("/v1/revision")).json()["revision"])
+        await self._settled(want, kv_events=bool(params.get("kv_events")))
+
+    async def _settled(self, revision: int, kv_events: bool, timeout_s: float = 60) -> None:
+        headers = {"Authorization": f"Bearer {self.operator}"}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        async with httpx.AsyncClient(timeout=5, headers=headers) as http:
+            for url in self.gateway_urls:
+                while True:
+                    status = (await http.get(f"{url}/agent/status")).json()
+                    router = status["router"]
+                    if (
+                        (status["revision"] or 0) >= revision
+                        and len(router["workers"]) == self.workers
+                        and (not kv_events or len(router["kv_events"]) == self.workers)
+                    ):
+                        break
+                    if loop.time() > deadline:
+                        raise RuntimeError(f"{url} did not settle on revision {revision}")
+                    await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # a load poll of every worker, and subscriptions connected
+
+
+def fleet_document(urls: list[str], gateways: int, max_queue: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "meridian/v1",
+        "clouds": [{"name": "local", "provider": "onprem"}],
+        "regions": [{"name": REGION, "cloud": "local", "geography": "local",
+                     "jurisdiction": "local"}],
+        "nodes": [{"name": f"{REGION}-{i + 1}", "region": REGION, "hostname": "127.0.0.1"}
+                  for i in range(gateways)],
+        "models": [{"name": MODEL, "source": "meridian/sim", "context_length": 131072,
+                    "capabilities": ["chat", "completion"]}],
+        "deployments": [{"name": "sims", "model": MODEL, "region": REGION,
+                         "backend": "external", "external_urls": urls}],
+        "routing_policies": [{"name": REGION, "model": MODEL, "region": REGION,
+                              "policy": "round_robin", "max_queue": max_queue}],
+    }  # fmt: skip
+
+
+async def start_region(
+    stack: AsyncExitStack,
+    root: Path,
+    sims: list[Sim],
+    *,
+    gateways: int = 1,
+    max_queue: int = 100_000,
+) -> Region:
+    postgres = EmbeddedPostgres(root / "postgres")
+    credentials = await postgres.start()
+    stack.push_async_callback(postgres.stop)
+    db_url = credentials.url("postgres")
+    db = Database.connect(db_url, pool_size=1)
+    await migrate.upgrade(db.engine)
+    await db.close()
+    token = secrets.token_urlsafe(24)
+    env = {"MERIDIAN_DATABASE_URL": db_url, "MERIDIAN_ADMIN_TOKEN": token,
+           "MERIDIAN_LOG_LEVEL": "warning"}  # fmt: skip
+    cp = await start_control_plane(env)
+    stack.push_async_callback(stop_child, cp.process)
+    admin = httpx.AsyncClient(
+        base_url=cp.url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+    )
+    stack.push_async_callback(admin.aclose)
+    doc = fleet_document([s.url for s in sims], gateways, max_queue)
+    applied = await admin.post(
+        "/v1/apply", content=yaml.safe_dump(doc).encode(),
+        headers={"Content-Type": "application/yaml"},
+    )  # fmt: skip
+    applied.raise_for_status()
+    operator = secrets.token_urlsafe(24)
+    agents, urls = [], []
+    for node in doc["nodes"]:
+        made = await admin.post("/v1/bootstrap-tokens", json={"region": REGION})
+        made.raise_for_status()
+        port = free_port()
+        args = [
+            "--control-plane", cp.grpc_target, "--region", REGION, "--node", node["name"],
+            "--hostname", "127.0.0.1", "--data-dir", str(root / node["name"]),
+            "--host", "127.0.0.1", "--port", str(port),
+        ]  # fmt: skip
+        agent_env = {**os.environ, "MERIDIAN_AGENT_BOOTSTRAP_TOKEN": made.json()["token"],
+                     "MERIDIAN_AGENT_OPERATOR_TOKEN": operator}  # fmt: skip
+        log = (root / f"agent-{node['name']}.log").open("wb")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "meridian", "agent", "run", *args,
+            env=agent_env, stdout=log, stderr=log,
+        )  # fmt: skip
+        stack.push_async_callback(stop_child, process)
+        url = f"http://127.0.0.1:{port}"
+        await wait_ready(url, process, 30, path="/healthz", what="an agent")
+        agents.append(process)
+        urls.append(url)
+    return Region(cp, admin, agents, urls, operator, len(sims))
+
+
+@dataclass
+class SglangRouter:
+    process: asyncio.subprocess.Process
+    url: str
+
+
+async def start_sglang_router(
+    stack: AsyncExitStack, policy: str, sims: list[Sim], log_dir: Path
+) -> SglangRouter:
+    """sglang-router 0.3.2 on the same simulators, offline (it loads their tokenizer)."""
+    port = free_port()
+    log = (log_dir / f"sglang-router-{policy}.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sglang_router.launch_router",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", *(s.url for s in sims),
+        "--policy", policy,
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+        "--log-level", "warn",
+        env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log, stderr=log,
+    )  # fmt: skip
+    stack.push_async_callback(stop_child, process)
+    url = f"http://127.0.0.1:{port}"
+    await wait_ready(url, process, 60, path="/health", what="sglang-router")
+    return SglangRouter(process, url)

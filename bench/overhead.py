@@ -1,0 +1,220 @@
+"""`meridian bench overhead`: what a router adds over a null engine that answers at once.
+
+Three targets on the same null engine (`bench/null_engine.py`): the engine itself, Meridian's
+gateway (one agent, its default `cost` policy) and sglang-router 0.3.2 (its default
+`cache_aware`). Latency: requests one at a time, the targets interleaved, each request on a
+fresh connection (as the routing benchmark; sglang-router delays streamed bytes on reused
+connections); the added latency is a target's percentile less the engine's own. Throughput:
+a closed loop of concurrent clients for a while, and the router's own CPU seconds, read from
+/proc: requests served per CPU second of the router process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from bench.harness import (
+    MODEL,
+    Sim,
+    cpu_seconds,
+    machine_busy,
+    start_region,
+    start_sglang_router,
+)
+from bench.load import quantile
+from meridian.procs import free_port, stop_child, wait_ready
+
+
+@dataclass
+class Options:
+    requests: int = 1000  # latency samples per target and mode
+    concurrency: int = 32
+    seconds: float = 10.0
+    out: Path | None = None
+    plot: Path | None = None
+    root: Path = Path(".")
+
+
+def _body(stream: bool) -> bytes:
+    return orjson.dumps({
+        "model": MODEL, "max_tokens": 1, "stream": stream,
+        "messages": [{"role": "user", "content": "Say one word."}],
+    })  # fmt: skip
+
+
+async def _once(session: aiohttp.ClientSession, url: str, body: bytes, headers: Any) -> float:
+    started = time.perf_counter()
+    async with session.post(f"{url}/v1/chat/completions", data=body, headers=headers) as answer:
+        await answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"{url}: {answer.status}")
+    return time.perf_counter() - started
+
+
+async def _latency(
+    targets: dict[str, str], headers: dict[str, str], options: Options, console: Console
+) -> dict[str, dict[str, list[float]]]:
+    samples: dict[str, dict[str, list[float]]] = {n: {"plain": [], "stream": []} for n in targets}
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for mode in ("plain", "stream"):
+            body = _body(mode == "stream")
+            for url in targets.values():  # warm up
+                for _ in range(50):
+                    await _once(session, url, body, headers)
+            with console.status(f"latency, {mode}: {options.requests} requests a target"):
+                for _ in range(options.requests):
+                    for name, url in targets.items():
+                        samples[name][mode].append(await _once(session, url, body, headers))
+    return samples
+
+
+async def _throughput(
+    url: str, pid: int | None, headers: dict[str, str], options: Options
+) -> dict[str, float]:
+    body = _body(False)
+    done = 0
+    stop = False
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal done
+        while not stop:
+            await _once(session, url, body, headers)
+            done += 1
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(100):
+            await _once(session, url, body, headers)
+        cpu = cpu_seconds(pid) if pid else 0.0
+        machine = machine_busy()
+        started = time.perf_counter()
+        tasks = [asyncio.create_task(worker(session)) for _ in range(options.concurrency)]
+        await asyncio.sleep(options.seconds)
+        stop = True
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - started
+        used = (cpu_seconds(pid) - cpu) if pid else 0.0
+        busy, total = machine_busy()
+    return {
+        "rps": round(done / elapsed, 1),
+        "cpu_cores": round(used / elapsed, 3),
+        "rps_per_core": round(done / used, 1) if used else 0.0,
+        "machine_busy": round((busy - machine[0]) / max(1, total - machine[1]), 3),
+    }
+
+
+async def run(options: Options) -> dict[str, Any]:
+    console = Console(width=150)
+    async with AsyncExitStack() as stack:
+        port = free_port()
+        log = (options.root / "null-engine.log").open("wb")
+        engine = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.null_engine", "--port", str(port),
+            stdout=log, stderr=log,
+        )  # fmt: skip
+        stack.push_async_callback(stop_child, engine)
+        url = f"http://127.0.0.1:{port}"
+        await wait_ready(url, engine, 20, path="/health", what="the null engine")
+        sims = [Sim(engine, url, 1.0)]
+        with console.status("starting a region (PostgreSQL, control plane, agent)"):
+            region = await start_region(stack, options.root, sims, gateways=1)
+            await region.route("cost", {})
+        router = await start_sglang_router(stack, "cache_aware", sims, options.root)
+        targets = {"engine": url, "meridian": region.gateway_urls[0], "sglang_router": router.url}
+        pids = {"meridian": region.pids[0], "sglang_router": router.process.pid}
+        headers = {"Authorization": f"Bearer {region.operator}", "Content-Type": "application/json"}
+        samples = await _latency(targets, headers, options, console)
+        throughput = {}
+        for name in ("meridian", "sglang_router", "engine"):
+            with console.status(f"throughput of {name}: {options.concurrency} clients"):
+                pid = pids.get(name, engine.pid)
+                throughput[name] = await _throughput(targets[name], pid, headers, options)
+    result = _result(samples, throughput)
+    _report(console, result)
+    if options.out is not None:
+        options.out.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {options.out}")
+    if options.plot is not None:
+        _plot(samples, options.plot)
+        console.print(f"wrote {options.plot}")
+    return result
+
+
+def _result(
+    samples: dict[str, dict[str, list[float]]], throughput: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    base = samples["engine"]
+    out: dict[str, Any] = {"results": {}, "engine": {}}
+    for mode in ("plain", "stream"):
+        out["engine"][f"{mode}_p50_ms"] = round(quantile(base[mode], 0.5) * 1000, 3)
+        out["engine"][f"{mode}_p99_ms"] = round(quantile(base[mode], 0.99) * 1000, 3)
+    out["engine"].update(throughput["engine"])
+    for name in ("meridian", "sglang_router"):
+        mine = samples[name]
+        row: dict[str, Any] = {}
+        for mode in ("plain", "stream"):
+            for q, label in ((0.5, "p50"), (0.99, "p99")):
+                added = quantile(mine[mode], q) - quantile(base[mode], q)
+                row[f"{mode}_added_{label}_ms"] = round(added * 1000, 3)
+        # the headline: the worse of streamed and not
+        row["added_p50_ms"] = max(row["plain_added_p50_ms"], row["stream_added_p50_ms"])
+        row["added_p99_ms"] = max(row["plain_added_p99_ms"], row["stream_added_p99_ms"])
+        row.update(throughput[name])
+        out["results"][name] = row
+    return out
+
+
+def _report(console: Console, result: dict[str, Any]) -> None:
+    table = Table(title="what the router adds over a null engine (fresh connection a request)")
+    columns = ("router", "added p50 ms", "added p99 ms", "streamed added p50 ms",
+               "streamed added p99 ms", "req/s", "router CPU cores", "req per CPU s",
+               "machine busy")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right")
+    for name, r in result["results"].items():
+        table.add_row(
+            name, f"{r['plain_added_p50_ms']:.3f}", f"{r['plain_added_p99_ms']:.3f}",
+            f"{r['stream_added_p50_ms']:.3f}", f"{r['stream_added_p99_ms']:.3f}",
+            f"{r['rps']:.0f}", f"{r['cpu_cores']:.2f}", f"{r['rps_per_core']:.0f}",
+            f"{r['machine_busy']:.0%}",
+        )  # fmt: skip
+    e = result["engine"]
+    table.add_row(
+        "(engine alone)", f"p50 {e['plain_p50_ms']:.3f}", f"p99 {e['plain_p99_ms']:.3f}",
+        f"p50 {e['stream_p50_ms']:.3f}", f"p99 {e['stream_p99_ms']:.3f}", f"{e['rps']:.0f}",
+        f"{e['cpu_cores']:.2f}", f"{e['rps_per_core']:.0f}", f"{e['machine_busy']:.0%}",
+    )  # fmt: skip
+    console.print(table)
+
+
+def _plot(samples: dict[str, dict[str, list[float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, mode in zip(axes, ("plain", "stream"), strict=True):
+        for name, by_mode in samples.items():
+            values = sorted(v * 1000 for v in by_mode[mode])
+            ax.plot(values, [i / len(values) for i in range(len(values))], label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("request latency, ms (log)")
+        ax.set_title("streamed" if mode == "stream" else "not streamed")
+        ax.legend()
+    axes[0].set_ylabel("share of requests")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)

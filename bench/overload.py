@@ -1,0 +1,135 @@
+"""`meridian bench overload`: one region at 1x, 2x and 5x its capacity, with admission control
+and without.
+
+The region's capacity is measured first (the `cost` policy, the routing benchmark's sweep).
+With admission, the route has the benchmark's SLO (TTFT 2 s, inter-token gap 50 ms) and a
+bounded queue: a request waits only while a worker can still start it within the SLO, and is
+answered 429 otherwise. Without, the route has no SLO, an unbounded queue and no vetoes:
+every request goes to an engine at once. For each: goodput (requests a second that met the
+SLO), TTFT p99 of the requests that were served, and the share answered 429 or 503.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench import routing
+from bench.harness import start_region, start_sims
+from bench.load import Client, shared_prefix
+
+MULTIPLES = (1.0, 2.0, 5.0)
+MODES: dict[str, tuple[dict[str, Any], dict[str, int | None]]] = {
+    "admission": ({}, {"slo_ttft_ms": 2000, "slo_itl_ms": 50, "max_queue": 64}),
+    "no_admission": (
+        {"max_waiting": 1_000_000, "max_kv_usage": 1.0},
+        {"slo_ttft_ms": None, "slo_itl_ms": None, "max_queue": 1_000_000},
+    ),
+}
+
+
+@dataclass
+class Options:
+    workers: int = 4
+    seconds: float = 20.0
+    speed: float = 0.5
+    stream_interval: int = 16
+    out: Path | None = None
+    plot: Path | None = None
+    root: Path = Path(".")
+
+
+async def run(options: Options) -> dict[str, Any]:
+    console = Console(width=150)
+    o = routing.Options(
+        workers=options.workers, phase_seconds=options.seconds, speed=options.speed,
+        stream_interval=options.stream_interval, start_rps=4.0, root=options.root,
+    )  # fmt: skip
+    workload = shared_prefix(o.groups, o.per_group, o.system_tokens, o.question_tokens,
+                             o.output_tokens, o.seed)  # fmt: skip
+    result: dict[str, Any] = {"results": {}}
+    async with AsyncExitStack() as stack:
+        with console.status(f"starting {o.workers} simulators and a region"):
+            sims = await start_sims(
+                stack, o.workers, max_total_tokens=o.pool_tokens,
+                stream_interval=o.stream_interval, speeds=[o.speed] * o.workers,
+                log_dir=options.root,
+            )  # fmt: skip
+            region = await start_region(stack, options.root, sims, gateways=1)
+        client = Client({"Authorization": f"Bearer {region.operator}"})
+        stack.push_async_callback(client.close)
+        bench = routing.Bench(o, console, stack, options.root, sims, region, client)
+        console.print("[bold]capacity[/] of the region (cost policy, with admission)")
+        await bench.use("cost_approx")
+        capacity, _ = await routing._sweep(bench, workload)
+        result["capacity_rps"] = round(capacity, 3)
+        for mode, (params, route) in MODES.items():
+            await region.route("cost", params, **route)
+            bench.current = mode
+            runs = {}
+            for multiple in MULTIPLES:
+                rate = capacity * multiple
+                count = round(rate * options.seconds)
+                reqs = routing._subset(workload, count, seed=int(multiple * 10))
+                s = await bench.phase(reqs, rate, seed=int(multiple * 10))
+                routing._progress(bench, f"{multiple:.0f}x {rate:6.2f} rps", s)
+                served = s["requests"] - s["failed"]
+                runs[f"{multiple:.0f}x"] = {
+                    "rate_rps": s["rate_rps"], "goodput_rps": s["goodput_rps"],
+                    "ttft_p99_admitted_s": s["ttft_p99_s"], "itl_p99_s": s["itl_p99_s"],
+                    "rejected_share": round(s["rejected"] / max(1, s["requests"]), 4),
+                    "served": served, "slo_met_of_served": round(
+                        s["slo_met"] * s["requests"] / max(1, served), 4),
+                    "other_failures": s["failed"] - s["rejected"],
+                }  # fmt: skip
+            result["results"][mode] = runs
+    _report(console, result)
+    if options.out is not None:
+        options.out.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {options.out}")
+    if options.plot is not None:
+        _plot(result, options.plot)
+        console.print(f"wrote {options.plot}")
+    return result
+
+
+def _report(console: Console, result: dict[str, Any]) -> None:
+    table = Table(title=f"overload: a region of capacity {result['capacity_rps']:.2f} rps")
+    for column in ("mode", "load", "rate rps", "goodput rps", "TTFT p99 of served s",
+                   "served within SLO", "answered 429/503", "other failures"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for mode, runs in result["results"].items():
+        for load, r in runs.items():
+            table.add_row(
+                mode, load, f"{r['rate_rps']:.2f}", f"{r['goodput_rps']:.2f}",
+                f"{r['ttft_p99_admitted_s']:.3f}", f"{r['slo_met_of_served']:.1%}",
+                f"{r['rejected_share']:.1%}", str(r["other_failures"]),
+            )  # fmt: skip
+    console.print(table)
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for mode, runs in result["results"].items():
+        loads = list(runs)
+        left.plot(loads, [runs[x]["goodput_rps"] for x in loads], marker="o", label=mode)
+        right.plot(loads, [runs[x]["ttft_p99_admitted_s"] for x in loads], marker="o", label=mode)
+    left.set_ylabel("goodput, requests/s within SLO")
+    right.set_ylabel("TTFT p99 of served requests, s")
+    right.set_yscale("log")
+    for ax in (left, right):
+        ax.set_xlabel("offered load, x capacity")
+        ax.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
