@@ -10,8 +10,9 @@ import orjson
 from aiohttp import web
 
 from agents.gateway.auth import bearer, same_secret
-from agents.gateway.errors import GatewayError, Unauthenticated
+from agents.gateway.errors import BadRequest, GatewayError, Unauthenticated
 from agents.gateway.service import Gateway
+from agents.router.router import DECISIONS_KEPT
 
 
 def build_app(
@@ -20,13 +21,24 @@ def build_app(
     async def healthz(_request: web.Request) -> web.Response:
         return _json({"status": "ok"})
 
-    async def agent_status(request: web.Request) -> web.Response:
+    def refused(request: web.Request) -> web.Response | None:
         if operator_token is not None and not same_secret(
             bearer(request.headers.get("Authorization")), operator_token
         ):
             error: GatewayError = Unauthenticated("/agent/* needs the operator token")
             return error.response({})
-        return _json(status())
+        return None
+
+    async def agent_status(request: web.Request) -> web.Response:
+        return refused(request) or _json(status())
+
+    async def decisions(request: web.Request) -> web.Response:
+        """The router's latest decisions, newest first, each with why it was made."""
+        try:
+            limit = max(1, min(DECISIONS_KEPT, int(request.query.get("limit", "50"))))
+        except ValueError:
+            return BadRequest("limit must be a whole number", param="limit").response({})
+        return refused(request) or _json(gateway.router.recent_decisions(limit))
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", gateway.infer)
@@ -35,6 +47,7 @@ def build_app(
     app.router.add_get("/v1/models", gateway.models_or_error)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/agent/status", agent_status)
+    app.router.add_get("/agent/decisions", decisions)
     return app
 
 

@@ -149,6 +149,7 @@ class Gateway:
         try:
             for attempt in range(MAX_ATTEMPTS):
                 decision = await self.admission.place(route, route_request, tried, since)
+                self.router.record(request_id, decision)
                 chosen = decision.ranked[0]
                 if debug:
                     headers["x-meridian-route"] = orjson.dumps(

@@ -67,8 +67,20 @@ class CostParams(PolicyParams):
     chunk_tokens: int = Field(
         default=8192, ge=64, description="prefill chunk: each costs the running batch a step"
     )
+    miss_weight: float = Field(
+        default=3.0, ge=0, le=100, description="price of recomputing a prefix another worker "
+        "holds, per second of its prefill, beside the request's own TTFT",
+    )  # fmt: skip
+    itl_knee: float = Field(
+        default=0.5, ge=0, lt=1, description="share of the ITL SLO past which a busy worker's "
+        "decode step is priced up",
+    )  # fmt: skip
+    itl_penalty_s: float = Field(
+        default=0.0, ge=0, le=100, description="the price, in seconds, of a decode step at the "
+        "ITL SLO",
+    )  # fmt: skip
     max_itl_share: float = Field(
-        default=0.8, gt=0, le=10, description="veto a busy worker whose decode step is past "
+        default=1.0, gt=0, le=10, description="veto a busy worker whose decode step is past "
         "this share of the route's inter-token SLO",
     )  # fmt: skip
 

@@ -37,6 +37,7 @@ class Candidate:
     view: WorkerView
     matched_tokens: int = 0
     ttft_s: float = 0.0  # predicted time to first token (cost policy)
+    score_s: float = 0.0  # what the cost policy ranks by: ttft and the recompute it causes
     veto: str = ""
 
     @property
@@ -143,11 +144,24 @@ class CacheAware(Policy):
 class Cost(Policy):
     """Predicted seconds to first token per worker: the prefill queued there, plus this
     request's uncached prompt at the worker's learned prefill rate, plus a decode step of the
-    running batch for each prefill chunk. Cheapest wins; cache affinity is a saving in that sum,
-    never gated on request counts. A worker whose KV pool or queue is past its limit is vetoed,
-    and so is a busy worker whose learned decode step is already near the route's inter-token
-    SLO: more work there would break the SLO of everything it runs (the other face of a hot
-    spot, which a time-to-first-token sum alone does not see)."""
+    running batch for each prefill chunk, plus, when the engine holds requests back because
+    its KV pool is full, the time for running requests to finish and make room.
+
+    Cheapest wins, where the price of a worker is its predicted TTFT plus `miss_weight` times
+    the prefill it would do that another worker would not (its uncached tokens beyond the best
+    match's): recomputing a prefix takes capacity from every later request there, and puts a
+    second copy in a cache that must evict something for it. A greedy TTFT alone leaves a
+    cached worker as soon as it has a little queue, and under load spreads every prefix over
+    every worker. Cache affinity is never gated on request counts (sglang issue #21199).
+
+    A busy worker whose learned decode step is past `itl_knee` of the route's inter-token SLO
+    is priced up, smoothly (`itl_penalty_s` at the SLO), so that load moves off a worker
+    whose batch has grown before its tokens break the SLO, not after; cache affinity alone
+    would keep a prefix's requests on it whatever its batch.
+
+    Vetoed: a worker whose KV pool or queue is past its limit, and a busy worker whose learned
+    decode step is near the route's inter-token SLO while another's is not: more work there
+    would break the SLO of all it runs (the other face of a hot spot)."""
 
     name = "cost"
     uses_prefix = True
@@ -156,28 +170,38 @@ class Cost(Policy):
         p = self.params
         assert isinstance(p, CostParams)
         self.match(candidates, request)
-        ok: list[Candidate] = []
-        vetoed: list[Candidate] = []
+        best_match = max(c.matched_tokens for c in candidates)
+        limit = request.itl_limit_s * p.max_itl_share if request.itl_limit_s else None
+        slow: list[Candidate] = []
         for c in candidates:
             load, view = c.entry.load, c.view
+            busy = load.running + view.sent_since_poll > 0 or view.inflight > 0
             if load.kv_usage > p.max_kv_usage:
                 c.veto = f"kv usage {load.kv_usage:.2f} > {p.max_kv_usage}"
             elif load.waiting + view.sent_since_poll > p.max_waiting:
                 c.veto = f"queue {load.waiting + view.sent_since_poll} > {p.max_waiting}"
-            elif (
-                request.itl_limit_s is not None
-                and view.decode_step_s > request.itl_limit_s * p.max_itl_share
-                and (load.running > 0 or view.inflight > 0)
-            ):
-                c.veto = f"decode step {view.decode_step_s * 1000:.0f} ms near the ITL SLO"
+            elif limit is not None and busy and view.decode_step_s > limit:
+                slow.append(c)
             uncached = request.prompt_tokens - c.matched_tokens
-            queued = max(load.pending_tokens + view.tokens_since_poll, view.queued_tokens)
-            work = queued + uncached
-            busy = load.running + view.sent_since_poll > 0 or view.inflight > 0
+            work = view.queued_work(load.pending_tokens) + uncached
             steps = math.ceil(work / p.chunk_tokens) if busy else 0
-            c.ttft_s = work / view.prefill_tokens_per_s + steps * view.decode_step_s
-            (vetoed if c.veto else ok).append(c)
-        ok.sort(key=lambda c: (c.ttft_s, c.load, c.worker.id))
+            c.ttft_s = (
+                work / view.prefill_tokens_per_s
+                + steps * view.decode_step_s
+                + view.memory_wait(load.waiting, load.running)
+            )
+            recompute = (best_match - c.matched_tokens) / view.prefill_tokens_per_s
+            c.score_s = c.ttft_s + p.miss_weight * recompute
+            if request.itl_limit_s and busy:  # tokens coming near the ITL SLO: priced up
+                pressure = view.decode_step_s / request.itl_limit_s - p.itl_knee
+                if pressure > 0:
+                    c.score_s += p.itl_penalty_s * (pressure / (1 - p.itl_knee)) ** 2
+        if len(slow) < sum(1 for c in candidates if not c.veto):  # others are not slow
+            for c in slow:
+                c.veto = f"decode step {c.view.decode_step_s * 1000:.0f} ms near the ITL SLO"
+        ok = [c for c in candidates if not c.veto]
+        vetoed = [c for c in candidates if c.veto]
+        ok.sort(key=lambda c: (c.score_s, c.load, c.worker.id))
         if not ok:
             return Ranking([], "every worker vetoed", vetoed)
         best = ok[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,6 +36,7 @@ class Exact:
 
 
 DEFAULT_TOKENS_PER_BYTE = 0.25
+DECISIONS_KEPT = 256  # the latest decisions, for /agent/decisions
 SERVING_ROLES = ("unified", "decode")
 
 
@@ -48,6 +49,7 @@ class Decision:
     unavailable: int = 0  # workers of the model not serving or with an open breaker
     total: int = 0  # workers of the model
     pd: str | None = None  # a disaggregated model: "local" or "disaggregated"
+    model: str = ""
     prefill: Candidate | None = None  # the prefill worker, when disaggregated
 
     @property
@@ -97,6 +99,7 @@ class Router:
         self._pd_models: set[str] = set()  # models with prefill workers
         self.pd_choices: Counter[str] = Counter()  # "local" / "disaggregated", as sent
         self.exact: dict[str, Exact] = {}  # model -> its event-kept index
+        self._recent: deque[tuple[float, str, Decision]] = deque(maxlen=DECISIONS_KEPT)
         self.config: RegionConfig | None = None
 
     def configure(self, config: RegionConfig) -> None:
@@ -134,6 +137,18 @@ class Router:
             index = PrefixIndex(TOKEN_BYTES * page_size, capacity_blocks)
             exact = self.exact[model] = Exact(tokenizer, index, page_size)
         return exact.index
+
+    def record(self, request_id: str, decision: Decision) -> None:
+        """Keep the decision acted on (only a reference: it is described when asked for)."""
+        self._recent.append((time.time(), request_id, decision))
+
+    def recent_decisions(self, limit: int) -> list[dict[str, object]]:
+        newest = list(self._recent)[-limit:][::-1]
+        return [
+            {"at": round(at, 3), "request_id": rid, "model": d.model,
+             **d.describe(d.ranked[0].worker.id if d.ranked else None)}
+            for at, rid, d in newest
+        ]  # fmt: skip
 
     def status(self) -> dict[str, object]:
         """What the router has learned of each worker, and its PD choices."""
@@ -232,11 +247,15 @@ class Router:
         full = [c for c in candidates if c.veto]
         open_ = [c for c in candidates if not c.veto]
         if not open_:
-            return Decision(policy.name, [], "no worker can take it", full, unavailable, total)
+            return Decision(
+                policy.name, [], "no worker can take it", full, unavailable, total,
+                model=route.model,
+            )  # fmt: skip
         ranking = policy.rank(open_, request)
         return Decision(
-            policy.name, ranking.ranked, ranking.reason, full + ranking.vetoed, unavailable, total
-        )
+            policy.name, ranking.ranked, ranking.reason, full + ranking.vetoed, unavailable, total,
+            model=route.model,
+        )  # fmt: skip
 
     def dispatched(
         self, chosen: Candidate, request: RouteRequest, prefilled_elsewhere: bool = False
@@ -249,7 +268,8 @@ class Router:
             policy.dispatched(chosen.worker.id, request)
         uncached = 0 if prefilled_elsewhere else request.prompt_tokens - chosen.matched_tokens
         uncached = max(0, uncached)
-        ahead = max(chosen.entry.load.pending_tokens + view.tokens_since_poll, view.queued_tokens)
+        ahead = round(view.queued_work(chosen.entry.load.pending_tokens))
+        view.sent(request.prompt_tokens, uncached)
         view.inflight += 1
         view.queued_tokens += uncached
         view.sent_since_poll += 1
@@ -276,7 +296,9 @@ class Router:
         view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
         if self._unpolled(ticket):  # its prefill is done: no longer queued work
             view.tokens_since_poll = max(0, view.tokens_since_poll - ticket.uncached_tokens)
-        if ticket.learns_prefill:
+        if ticket.learns_prefill and ticket.queued_ahead == 0:
+            # only a request with nothing known ahead of it times the prefill alone: under
+            # load a TTFT is mostly queueing, which the cost policy counts on its own
             view.learn_prefill(
                 ticket.queued_ahead + ticket.uncached_tokens, ticket.first_at - ticket.sent_at
             )
@@ -296,6 +318,8 @@ class Router:
             view.inflight = max(0, view.inflight - 1)
             if self._unpolled(ticket):
                 view.sent_since_poll = max(0, view.sent_since_poll - 1)
+            if completion:
+                view.learn_output(completion)
             if completion and completion > 1 and ticket.first_at is not None:
                 view.learn_decode((now - ticket.first_at) / (completion - 1))
         if prompt_tokens and prompt_bytes:

@@ -64,6 +64,31 @@ class WorkerView:
     poll_seen: int = 0  # the table's poll count when the two above were reset
     breaker: Breaker = field(default_factory=Breaker)
     learned: int = 0  # observations behind the two rates
+    uncached_share: float = 1.0  # of the prompt tokens sent here, the share not cached there
+    mean_output: float = 128.0  # tokens an answer here has, learned from usage
+
+    def learn_output(self, tokens: int) -> None:
+        self.mean_output += LEARN_ALPHA * (tokens - self.mean_output)
+
+    def memory_wait(self, waiting: int, running: int) -> float:
+        """Seconds until the engine's queued requests are admitted, when its KV pool, not its
+        prefill, holds them back: each needs a running request to finish, and running
+        requests finish at running / (answer length x decode step) a second."""
+        if waiting <= 0:
+            return 0.0
+        return waiting * self.mean_output * self.decode_step_s / max(1, running)
+
+    def sent(self, prompt_tokens: int, uncached_tokens: int) -> None:
+        if prompt_tokens > 0:
+            share = uncached_tokens / prompt_tokens
+            self.uncached_share += LEARN_ALPHA * (share - self.uncached_share)
+
+    def queued_work(self, pending_tokens: int) -> float:
+        """Prefill tokens ahead of a new request here: the engine's waiting prompt tokens
+        (whole prompts, cached parts too) at the share that is uncached, plus what was sent
+        since the poll; at least what this gateway knows it has queued there."""
+        engine = pending_tokens * self.uncached_share + self.tokens_since_poll
+        return max(engine, self.queued_tokens)
 
     def learn_prefill(self, tokens: float, seconds: float) -> None:
         if tokens < MIN_LEARN_TOKENS or seconds <= 0:

@@ -201,13 +201,14 @@ def _share(quota: int | None, weight: int, total: int, regions: int) -> int | No
 
 
 def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
-    """Tenants allowed in this region, with its share of their global quotas."""
+    """Every tenant, with this region's share of its global quotas; a tenant whose
+    jurisdictions exclude this region's is listed with no share, so that its keys are known
+    here and answered 403 (not 401, as an unknown key is)."""
     jurisdiction = state.regions[region].jurisdiction
     grants = []
     for name, tenant in sorted(state.tenants.items()):
         allowed = tenant.allowed_jurisdictions
-        if allowed is not None and jurisdiction not in allowed:
-            continue
+        barred = allowed is not None and jurisdiction not in allowed
         serving = [
             r
             for r, spec in state.regions.items()
@@ -226,8 +227,12 @@ def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
                 name=name,
                 tier=tenant.tier,
                 allowed_jurisdictions=allowed,
-                requests_per_minute=_share(tenant.requests_per_minute, weight, total, count),
-                tokens_per_minute=_share(tenant.tokens_per_minute, weight, total, count),
+                requests_per_minute=0
+                if barred
+                else _share(tenant.requests_per_minute, weight, total, count),
+                tokens_per_minute=0
+                if barred
+                else _share(tenant.tokens_per_minute, weight, total, count),
                 api_keys=keys,
                 debug_routes=tenant.debug_routes,
             )

@@ -81,12 +81,16 @@ async def test_bad_keys_unknown_models_and_missing_capabilities_get_openai_error
 ) -> None:
     async with region_of(database_url, tmp_path, "us-east", engines=2) as region:
         key = await region.api_key("acme")
+        eu_only = await region.api_key("eurobank")  # allowed in the eu jurisdiction only
         await region.applied()
         good = openai.AsyncOpenAI(base_url=region.base_url, api_key=key, max_retries=0)
         bad = openai.AsyncOpenAI(base_url=region.base_url, api_key="mk-nope.nope", max_retries=0)
+        barred = openai.AsyncOpenAI(base_url=region.base_url, api_key=eu_only, max_retries=0)
         hello = [{"role": "user", "content": "hello"}]
         with pytest.raises(openai.AuthenticationError) as unauthenticated:
             await bad.chat.completions.create(model=LLAMA, messages=hello)  # type: ignore[arg-type]
+        with pytest.raises(openai.PermissionDeniedError) as elsewhere:
+            await barred.chat.completions.create(model=LLAMA, messages=hello)  # type: ignore[arg-type]
         with pytest.raises(openai.NotFoundError) as unknown:
             await good.chat.completions.create(model="gpt-9", messages=hello)  # type: ignore[arg-type]
         tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
@@ -101,11 +105,14 @@ async def test_bad_keys_unknown_models_and_missing_capabilities_get_openai_error
             await good.chat.completions.create(model=QWEN, messages=too_long)  # type: ignore[arg-type]
         await good.close()
         await bad.close()
+        await barred.close()
         async with httpx.AsyncClient(timeout=10) as http:
             load = await sim_load(ENGINE)
             status = await http.get(f"{region.agent.url}/agent/status")
     assert unauthenticated.value.status_code == 401
     assert unauthenticated.value.code == "invalid_api_key"
+    assert elsewhere.value.status_code == 403
+    assert elsewhere.value.code == "forbidden"
     assert unknown.value.code == "model_not_found"
     assert no_tools.value.code == "capability_unsupported"
     assert long_prompt.value.code == "context_length_exceeded"
@@ -325,6 +332,11 @@ async def test_the_operator_and_marked_tenants_see_the_route_and_only_the_operat
             status_marked = await http.get(
                 f"{region.agent.url}/agent/status", headers={"Authorization": f"Bearer {marked}"}
             )
+            decisions = await http.get(
+                f"{region.agent.url}/agent/decisions?limit=10",
+                headers={"Authorization": f"Bearer {operator}"},
+            )
+            decisions_open = await http.get(f"{region.agent.url}/agent/decisions")
     assert as_operator.status_code == 200
     route = json.loads(as_operator.headers["x-meridian-route"])
     assert route["policy"] == "cost"
@@ -342,6 +354,15 @@ async def test_the_operator_and_marked_tenants_see_the_route_and_only_the_operat
     assert "x-meridian-route" not in marked_not_asking.headers
     assert status_open.status_code == 401
     assert status_marked.status_code == 401
+    # Every decision is kept with its reason; the operator reads the latest.
+    assert decisions.status_code == 200
+    recorded = {d["request_id"]: d for d in decisions.json()}
+    assert len(recorded) == 4
+    mine = recorded[as_operator.headers["X-Request-ID"]]
+    assert mine["model"] == LLAMA
+    assert mine["worker"] == route["worker"]
+    assert mine["reason"].startswith("cheapest predicted ttft")
+    assert decisions_open.status_code == 401
 
 
 async def test_a_disaggregated_deployment_answers_through_its_pair_and_prefills_short_ones_here(

@@ -114,8 +114,12 @@ def test_tenants_follow_residency_and_split_quotas_by_capacity() -> None:
         r: {t.name: t for t in compile_region(state, r).tenants}
         for r in ("us-east", "us-west", "eu-west")
     }
-    assert set(by_region["us-east"]) == {"acme"}
     assert set(by_region["eu-west"]) == {"acme", "eurobank"}
+    # eurobank is barred from us-east: listed with its jurisdictions and no share, so that
+    # its keys are answered 403 there rather than 401
+    barred = by_region["us-east"]["eurobank"]
+    assert barred.allowed_jurisdictions == ["eu"]
+    assert barred.requests_per_minute == barred.tokens_per_minute == 0
     # acme's 6000 rpm follow the GPUs: 3 in us-east, 1 in us-west, 2 in eu-west
     assert [
         by_region[r]["acme"].requests_per_minute for r in ("us-east", "us-west", "eu-west")
