@@ -49,7 +49,7 @@ async def run(options: Options) -> dict[str, Any]:
     console = Console(width=150)
     o = routing.Options(
         workers=options.workers, phase_seconds=options.seconds, speed=options.speed,
-        stream_interval=options.stream_interval, start_rps=4.0, root=options.root,
+        stream_interval=options.stream_interval, start_rps=8.0, root=options.root,
     )  # fmt: skip
     workload = shared_prefix(o.groups, o.per_group, o.system_tokens, o.question_tokens,
                              o.output_tokens, o.seed)  # fmt: skip

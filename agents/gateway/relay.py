@@ -4,10 +4,12 @@ found by a substring search, and drops it when the client did not ask for it."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 USAGE = b'"usage"'
 EVENT_END = b"\n\n"
@@ -105,3 +107,29 @@ def _loads(data: bytes) -> Any:
     except orjson.JSONDecodeError:
         return {}
     return doc if isinstance(doc, dict | list) else {}
+
+
+class ClientGone(Exception):
+    """The client closed its connection."""
+
+
+async def to_client(write: Awaitable[object]) -> None:
+    try:
+        await write
+    except ConnectionResetError as error:  # aiohttp's ClientConnectionResetError is one
+        raise ClientGone(str(error)) from None
+
+
+def stream_error(message: str) -> bytes:
+    error = {"error": {"message": message, "type": "api_error", "code": "upstream_failed"}}
+    return b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
+
+
+async def write_quietly(response: web.StreamResponse, data: bytes, eof: bool = True) -> None:
+    try:
+        if data:
+            await response.write(data)
+        if eof:
+            await response.write_eof()
+    except ConnectionResetError:
+        pass

@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -25,7 +25,15 @@ from agents.gateway import auth
 from agents.gateway.admission import Admission
 from agents.gateway.errors import GatewayError, NotReady, UnsupportedMediaType, UpstreamFailed
 from agents.gateway.quotas import Quotas
-from agents.gateway.relay import StreamMeter, Usage, body_usage
+from agents.gateway.relay import (
+    ClientGone,
+    StreamMeter,
+    Usage,
+    body_usage,
+    stream_error,
+    to_client,
+    write_quietly,
+)
 from agents.gateway.requests import Inference, check_context, parse
 from agents.router.policies import Candidate, RouteRequest
 from agents.router.router import Decision, Router, Ticket
@@ -42,10 +50,6 @@ class _Retry(Exception):
     def __init__(self, worker_id: str, why: str) -> None:
         super().__init__(f"{worker_id}: {why}")
         self.worker_id = worker_id
-
-
-class _ClientGone(Exception):
-    """The client closed its connection."""
 
 
 class Gateway:
@@ -247,10 +251,10 @@ class Gateway:
                     response = web.StreamResponse(headers=headers)
                     response.content_type = "text/event-stream"
                     response.headers["Cache-Control"] = "no-cache"
-                    await _to_client(response.prepare(request))
-                await _to_client(response.write(data))
+                    await to_client(response.prepare(request))
+                await to_client(response.write(data))
             rest = meter.rest()
-        except _ClientGone:
+        except ClientGone:
             self._gone(ticket, str(upstream.url.origin()), rid)
             assert response is not None  # only writes to the client raise it
             return response, meter.usage
@@ -261,16 +265,16 @@ class Gateway:
             self._failed(ticket)
             if response is None:  # nothing reached the client: another worker may answer
                 raise _Retry(ticket.worker_id, f"stream broke: {error}") from None
-            await _write_quietly(response, _stream_error("the engine's stream broke"))
+            await write_quietly(response, stream_error("the engine's stream broke"))
             return response, meter.usage
         if response is None:
             self._failed(ticket)
             raise _Retry(ticket.worker_id, "the stream ended before its first event")
         if rest:
-            await _write_quietly(response, rest, eof=False)
+            await write_quietly(response, rest, eof=False)
         usage = meter.finish()
         self._finished(ticket, inference, usage)
-        await _write_quietly(response, b"")
+        await write_quietly(response, b"")
         return response, usage
 
     def _prefill(
@@ -389,25 +393,3 @@ class _Prefill:
         if not self.task.done():
             self.task.cancel()
             self.gateway._gone(self.ticket, self.worker_url, self.request_id)
-
-
-async def _to_client(write: Awaitable[object]) -> None:
-    try:
-        await write
-    except ConnectionResetError as error:  # aiohttp's ClientConnectionResetError is one
-        raise _ClientGone(str(error)) from None
-
-
-def _stream_error(message: str) -> bytes:
-    error = {"error": {"message": message, "type": "api_error", "code": "upstream_failed"}}
-    return b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
-
-
-async def _write_quietly(response: web.StreamResponse, data: bytes, eof: bool = True) -> None:
-    try:
-        if data:
-            await response.write(data)
-        if eof:
-            await response.write_eof()
-    except ConnectionResetError:
-        pass

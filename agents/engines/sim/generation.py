@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 
-from agents.engines.sim.engine import Engine, Request
+from agents.engines.sim.engine import Engine
 from agents.engines.sim.metrics import Metrics
+from agents.engines.sim.request import Request
 
 DEFAULT_MAX_NEW_TOKENS = 128
 KV_WAIT_S = 30.0

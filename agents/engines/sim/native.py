@@ -11,7 +11,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from agents.engines.sim import tokens
-from agents.engines.sim.engine import Engine, Request
+from agents.engines.sim.engine import Engine
 from agents.engines.sim.generation import (
     DEFAULT_MAX_NEW_TOKENS,
     Body,
@@ -23,6 +23,7 @@ from agents.engines.sim.generation import (
     progress,
     start,
 )
+from agents.engines.sim.request import Request
 
 
 class SamplingParams(BaseModel):

@@ -21,10 +21,11 @@ from starlette.routing import Route
 
 from agents.engines.sim import native, openai
 from agents.engines.sim.config import VERSION, SimConfig
-from agents.engines.sim.engine import Engine, EngineBusy, Faults, InjectedError
+from agents.engines.sim.engine import Engine
 from agents.engines.sim.generation import Kv, SimError, finished, parse
 from agents.engines.sim.kv_events import KvEvents
 from agents.engines.sim.metrics import Metrics
+from agents.engines.sim.request import EngineBusy, Faults, InjectedError
 
 log = logging.getLogger(__name__)
 CRASH_EXIT_CODE = 70

@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agents.engines.sim.cost import CostModel
-from agents.engines.sim.engine import Engine, Request
+from agents.engines.sim.engine import Engine
 from agents.engines.sim.radix import Listener
+from agents.engines.sim.request import Request
 
 
 class Clock:

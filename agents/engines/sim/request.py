@@ -1,0 +1,68 @@
+"""What the simulated scheduler works on: a request and its progress, the faults in force,
+and what the engine reports as it goes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agents.engines.sim.radix import Node
+
+Finish = Literal["length", "abort"]
+
+
+class EngineBusy(Exception):
+    """The cache cannot be flushed while requests run."""
+
+
+class InjectedError(Exception):
+    """The error-rate fault picked this request."""
+
+
+@dataclass
+class Faults:
+    slow_factor: float = 1.0
+    error_rate: float = 0.0
+    hang: bool = False
+
+
+@dataclass(eq=False)
+class Request:
+    rid: str
+    prompt: list[int]
+    max_new_tokens: int
+    arrived: float
+    prefilled: bool = False  # PD decode: the KV cache came from a prefill server
+    output: list[int] = field(default_factory=list)
+    generated: int = 0
+    cached: int = 0  # prompt tokens found in the cache when first admitted
+    computed: int = 0  # tokens of `sequence` whose KV is in the cache
+    fresh: int = 0  # generated tokens whose KV is in the pool but not yet in the cache
+    admitted: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    finish: Finish | None = None
+    node: Node | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # progress readers clear it
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
+
+    @property
+    def context(self) -> int:
+        return len(self.prompt) + self.generated
+
+    def sequence(self) -> list[int]:
+        """What a prefill computes: the prompt, and after a retraction what it generated."""
+        return self.prompt + self.output[: self.generated] if self.generated else self.prompt
+
+
+class Observer:
+    """What the engine reports as it goes; the metrics implement it."""
+
+    def admitted(self, request: Request) -> None: ...
+    def first_token(self, request: Request) -> None: ...
+    def finished(self, request: Request) -> None: ...
