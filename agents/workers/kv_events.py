@@ -103,7 +103,10 @@ class KvEventSubscriber:
                     continue
                 for entry in self.table.entries.values():
                     spec = entry.spec
-                    if spec.model == model and spec.kv_events_port is not None:
+                    # Only a worker that answers its polls has bound its publisher. A socket
+                    # that connects to a port nothing listens on, in the ephemeral range, can
+                    # connect to itself and take the port the engine is about to bind.
+                    if spec.model == model and spec.kv_events_port is not None and entry.reachable:
                         wanted[(spec.id, id(index))] = (spec, index)
         for key in [k for k in self._tasks if k not in wanted]:
             self._tasks.pop(key).cancel()
@@ -133,6 +136,7 @@ class KvEventSubscriber:
         socket = self.context.socket(zmq.SUB)
         socket.setsockopt(zmq.SUBSCRIBE, TOPIC)
         socket.setsockopt(zmq.RCVHWM, 100_000)
+        socket.setsockopt(zmq.RECONNECT_IVL, 1000)  # ms; a worker gone is dropped on reconcile
         endpoint = f"tcp://{worker.host}:{worker.kv_events_port}"
         socket.connect(endpoint)
         subscription = self.subscriptions[worker.id] = Subscription(worker, index)

@@ -68,12 +68,19 @@ async def _run_up(data_dir: Path, port: int) -> tuple[asyncio.subprocess.Process
         line = await asyncio.wait_for(proc.stdout.readline(), 90)
         assert line, f"meridian up ended early:\n{output}"
         output += line.decode()
+    # Go on reading, as a terminal would: a full pipe would block whoever writes to it (the
+    # control plane logs to the same stdout).
+    _DRAINS[proc.pid] = asyncio.create_task(proc.stdout.read())
     return proc, output
+
+
+_DRAINS: dict[int, asyncio.Task[bytes]] = {}
 
 
 async def _interrupt(proc: asyncio.subprocess.Process) -> str:
     proc.send_signal(signal.SIGINT)
-    rest, _ = await asyncio.wait_for(proc.communicate(), 60)
+    await asyncio.wait_for(proc.wait(), 60)
+    rest = await asyncio.wait_for(_DRAINS.pop(proc.pid), 10)
     return rest.decode()
 
 

@@ -16,6 +16,7 @@ never share a hash. Events are queued as the cache changes and sent once per ste
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import time
 from collections.abc import Sequence
@@ -71,7 +72,20 @@ class KvEvents(Listener):
             self._socket = self._context.socket(zmq.PUB)
             self._socket.setsockopt(zmq.SNDHWM, 100_000)
             self._socket.setsockopt(zmq.LINGER, 0)
-            self._socket.bind(config.endpoint)
+            self._bind(config.endpoint)
+
+    def _bind(self, endpoint: str, attempts: int = 30) -> None:
+        """Bind, waiting a little while the port is taken (a subscriber's reconnect to the
+        dead port of an earlier engine may hold it for a moment)."""
+        assert self._socket is not None
+        for attempt in range(attempts):
+            try:
+                self._socket.bind(endpoint)
+                return
+            except zmq.ZMQError as error:
+                if error.errno != errno.EADDRINUSE or attempt == attempts - 1:
+                    raise
+                time.sleep(0.1)
 
     def stored(self, sequence: Sequence[int], start: int) -> None:
         first = start // self.page  # the first page that was not whole before
