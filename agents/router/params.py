@@ -53,8 +53,10 @@ class CostParams(PolicyParams):
     """The time-based cost router: predicted seconds to first token, cheapest wins."""
 
     max_kv_usage: float = Field(
-        default=0.95, gt=0, le=1, description="veto a worker whose KV pool is fuller"
-    )
+        default=1.0, gt=0, le=1, description="veto a worker whose KV pool is fuller; at 1, the "
+        "default, none: an engine queues a request until its pool has room, and the wait is "
+        "priced",
+    )  # fmt: skip
     max_waiting: int = Field(
         default=64, ge=1, description="veto a worker with more requests queued than this"
     )
@@ -70,6 +72,10 @@ class CostParams(PolicyParams):
     miss_weight: float = Field(
         default=3.0, ge=0, le=100, description="price of recomputing a prefix another worker "
         "holds, per second of its prefill, beside the request's own TTFT",
+    )  # fmt: skip
+    tie_s: float = Field(
+        default=0.05, ge=0, le=10, description="prices this close are equal: the worker that "
+        "draws the least traffic wins",
     )  # fmt: skip
     itl_knee: float = Field(
         default=0.5, ge=0, lt=1, description="share of the ITL SLO past which a busy worker's "

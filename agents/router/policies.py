@@ -28,6 +28,7 @@ class RouteRequest:
     hashes: list[int] = field(default_factory=list)
     exact: PrefixIndex | None = None  # the index KV-cache events keep, when the key is tokens
     itl_limit_s: float | None = None  # the route's inter-token SLO
+    now: float = 0.0  # the router's clock when it is routed
 
 
 @dataclass
@@ -144,24 +145,30 @@ class CacheAware(Policy):
 class Cost(Policy):
     """Predicted seconds to first token per worker: the prefill queued there, plus this
     request's uncached prompt at the worker's learned prefill rate, plus a decode step of the
-    running batch for each prefill chunk, plus, when the engine holds requests back because
-    its KV pool is full, the time for running requests to finish and make room.
+    running batch for each prefill chunk. When the engine's KV pool is short, the queue waits
+    for running requests to finish and free room for it and for this request's uncached
+    prompt: a prefix recomputed on a full worker waits longer than a hit there.
 
     Cheapest wins, where the price of a worker is its predicted TTFT plus `miss_weight` times
     the prefill it would do that another worker would not (its uncached tokens beyond the best
     match's): recomputing a prefix takes capacity from every later request there, and puts a
-    second copy in a cache that must evict something for it. A greedy TTFT alone leaves a
-    cached worker as soon as it has a little queue, and under load spreads every prefix over
-    every worker. Cache affinity is never gated on request counts (sglang issue #21199).
+    second copy in a cache that must evict something for it. Added to that, the delay its
+    prefill causes the requests expected to queue behind it there: the worker's queue smoothed
+    over seconds (work added to a busy server delays about rho / (1 - rho) others), so a busy
+    fleet keeps each prefix where it is cached while an idle worker still takes load off a hot
+    one. A greedy TTFT alone leaves a cached worker as soon as it has a little queue, and
+    under load spreads every prefix over every worker. Cache affinity is never gated on
+    request counts (sglang issue #21199). Prices within `tie_s` are equal: the worker drawing
+    the least traffic wins, since a prefix new there shares that traffic from then on.
 
     A busy worker whose learned decode step is past `itl_knee` of the route's inter-token SLO
     is priced up, smoothly (`itl_penalty_s` at the SLO), so that load moves off a worker
     whose batch has grown before its tokens break the SLO, not after; cache affinity alone
     would keep a prefix's requests on it whatever its batch.
 
-    Vetoed: a worker whose KV pool or queue is past its limit, and a busy worker whose learned
-    decode step is near the route's inter-token SLO while another's is not: more work there
-    would break the SLO of all it runs (the other face of a hot spot)."""
+    Vetoed: a worker whose queue (or KV pool, if configured) is past its limit, and a busy
+    worker whose learned decode step is near the route's inter-token SLO while another's is
+    not: more work there would break the SLO of all it runs (the other face of a hot spot)."""
 
     name = "cost"
     uses_prefix = True
@@ -183,15 +190,17 @@ class Cost(Policy):
             elif limit is not None and busy and view.decode_step_s > limit:
                 slow.append(c)
             uncached = request.prompt_tokens - c.matched_tokens
-            work = view.queued_work(load.pending_tokens) + uncached
-            steps = math.ceil(work / p.chunk_tokens) if busy else 0
-            c.ttft_s = (
-                work / view.prefill_tokens_per_s
-                + steps * view.decode_step_s
-                + view.memory_wait(load.waiting, load.running)
-            )
+            ahead = view.queued_work(load.pending_tokens)
+            steps = math.ceil((ahead + uncached) / p.chunk_tokens) if busy else 0
+            # the queue ahead is served as fast as its prefill and the pool's room allow
+            wait = max(ahead / view.prefill_tokens_per_s, view.room_wait(uncached, load))
+            c.ttft_s = wait + uncached / view.prefill_tokens_per_s + steps * view.decode_step_s
             recompute = (best_match - c.matched_tokens) / view.prefill_tokens_per_s
+            # what this prefill costs the requests queued there, each waiting the longer: the
+            # queue expected there is what work added to a busy server delays (rho / (1 - rho))
+            queue = max(view.queue, load.waiting) + view.sent_since_poll
             c.score_s = c.ttft_s + p.miss_weight * recompute
+            c.score_s += queue * uncached / view.prefill_tokens_per_s
             if request.itl_limit_s and busy:  # tokens coming near the ITL SLO: priced up
                 pressure = view.decode_step_s / request.itl_limit_s - p.itl_knee
                 if pressure > 0:
@@ -204,6 +213,12 @@ class Cost(Policy):
         ok.sort(key=lambda c: (c.score_s, c.load, c.worker.id))
         if not ok:
             return Ranking([], "every worker vetoed", vetoed)
+        # near-equal prices: the worker drawing the least traffic, which a prefix new there
+        # will share for as long as affinity keeps it there
+        close = [c for c in ok if c.score_s - ok[0].score_s <= p.tie_s]
+        if len(close) > 1:
+            close.sort(key=lambda c: (c.view.rate(request.now), c.score_s, c.worker.id))
+            ok = close + ok[len(close) :]
         best = ok[0]
         return Ranking(
             ok,

@@ -84,7 +84,8 @@ class Ticket:
     queued_ahead: int  # prefill tokens the worker had queued when this was sent
     first_at: float | None = None
     done: bool = False
-    learns_prefill: bool = True  # not when the prompt was prefilled on another worker
+    learns_prefill: bool = True  # not prefilled elsewhere, nor held back by the engine
+    step_s: float = 0.0  # the decode step a busy worker finishes before it prefills this
     polls: int = 0  # the worker's answered polls when this was sent
 
 
@@ -190,7 +191,7 @@ class Router:
         return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio)
 
     def route(self, route: RouteConfig, request: RouteRequest, exclude: set[str]) -> Decision:
-        request.itl_limit_s = route.slo_itl_s
+        request.itl_limit_s, request.now = route.slo_itl_s, self.clock()
         decision = self._rank(route, request, exclude, SERVING_ROLES)
         if route.model in self._pd_models and decision.ranked:
             self._pair(route, request, exclude, decision)
@@ -237,6 +238,7 @@ class Router:
                 continue
             if entry.polls != view.poll_seen:  # the engine's load now counts what we sent
                 view.poll_seen, view.sent_since_poll, view.tokens_since_poll = entry.polls, 0, 0
+                view.observe_queue(entry.load.waiting, entry.load.at)
             if not entry.serving or not view.breaker.allows(now):
                 unavailable += 1
                 continue
@@ -268,8 +270,11 @@ class Router:
             policy.dispatched(chosen.worker.id, request)
         uncached = 0 if prefilled_elsewhere else request.prompt_tokens - chosen.matched_tokens
         uncached = max(0, uncached)
-        ahead = round(view.queued_work(chosen.entry.load.pending_tokens))
+        load = chosen.entry.load
+        ahead = round(view.queued_work(load.pending_tokens))
+        busy = load.running + view.sent_since_poll > 0 or view.inflight > 0
         view.sent(request.prompt_tokens, uncached)
+        view.count_dispatch(self.clock())
         view.inflight += 1
         view.queued_tokens += uncached
         view.sent_since_poll += 1
@@ -277,7 +282,8 @@ class Router:
         view.breaker.dispatched()
         return Ticket(
             chosen.worker.id, request.model, self.clock(), request.prompt_tokens, uncached, ahead,
-            learns_prefill=not prefilled_elsewhere, polls=chosen.entry.polls,
+            learns_prefill=not prefilled_elsewhere and load.waiting == 0,
+            step_s=view.decode_step_s if busy else 0.0, polls=chosen.entry.polls,
         )  # fmt: skip
 
     def _unpolled(self, ticket: Ticket) -> bool:
@@ -297,10 +303,11 @@ class Router:
         if self._unpolled(ticket):  # its prefill is done: no longer queued work
             view.tokens_since_poll = max(0, view.tokens_since_poll - ticket.uncached_tokens)
         if ticket.learns_prefill and ticket.queued_ahead == 0:
-            # only a request with nothing known ahead of it times the prefill alone: under
-            # load a TTFT is mostly queueing, which the cost policy counts on its own
+            # only a request with nothing known ahead of it times the prefill alone (less the
+            # decode step it waited for): under load a TTFT is mostly queueing, which the cost
+            # policy counts on its own
             view.learn_prefill(
-                ticket.queued_ahead + ticket.uncached_tokens, ticket.first_at - ticket.sent_at
+                ticket.uncached_tokens, ticket.first_at - ticket.sent_at - ticket.step_s
             )
         view.breaker.succeeded()
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from math import exp
+
+from agents.workers.table import EngineLoad
 
 EJECT_AFTER = 3  # failures in a row open the breaker
 COOLDOWN_S = 2.0  # first open period; doubles on each failed probe
 COOLDOWN_MAX_S = 30.0
 LEARN_ALPHA = 0.2  # weight of a new observation
-MIN_LEARN_TOKENS = 64  # below this a TTFT says more about overheads than prefill speed
+MIN_LEARN_TOKENS = 256  # below this a TTFT says more about overheads than prefill speed
+RATE_WINDOW_S = 10.0  # the time constant of a worker's smoothed dispatch rate
+QUEUE_WINDOW_S = 5.0  # ...and of its engine's queue
+RESERVE_RATIO = 0.4  # of an answer's tokens an engine keeps KV room for (SGLang: 0.7 to 0.1)
 
 
 class BreakerState(StrEnum):
@@ -66,17 +72,52 @@ class WorkerView:
     learned: int = 0  # observations behind the two rates
     uncached_share: float = 1.0  # of the prompt tokens sent here, the share not cached there
     mean_output: float = 128.0  # tokens an answer here has, learned from usage
+    queue: float = 0.0  # the engine's waiting requests, smoothed over QUEUE_WINDOW_S
+    _queue_at: float = 0.0
+    _rate: float = 0.0  # requests a second sent here, smoothed over RATE_WINDOW_S
+    _rate_at: float = 0.0
+
+    def rate(self, now: float) -> float:
+        """Requests a second this gateway sends here: under cache affinity, the traffic its
+        cached prefixes draw, so the load a new prefix would share."""
+        return self._rate * exp(-(now - self._rate_at) / RATE_WINDOW_S)
+
+    def count_dispatch(self, now: float) -> None:
+        self._rate, self._rate_at = self.rate(now) + 1 / RATE_WINDOW_S, now
+
+    def observe_queue(self, waiting: int, now: float) -> None:
+        """A poll's queue: the smoothed queue is what work added here is expected to delay
+        (a moment's empty queue on a busy worker is no promise for the next seconds)."""
+        weight = 1 - exp(-max(0.0, now - self._queue_at) / QUEUE_WINDOW_S)
+        self.queue += weight * (waiting - self.queue)
+        self._queue_at = now
 
     def learn_output(self, tokens: int) -> None:
         self.mean_output += LEARN_ALPHA * (tokens - self.mean_output)
 
-    def memory_wait(self, waiting: int, running: int) -> float:
-        """Seconds until the engine's queued requests are admitted, when its KV pool, not its
-        prefill, holds them back: each needs a running request to finish, and running
-        requests finish at running / (answer length x decode step) a second."""
-        if waiting <= 0:
+    def room_wait(self, need: float, load: EngineLoad) -> float:
+        """Seconds until the engine's KV pool has room for `need` more tokens, after what is
+        queued there: SGLang admits a request only with room for its uncached prompt and a
+        share of its answer, so when the pool is short a request waits for running ones to
+        finish and free theirs (the whole batch turns over in an answer's decode steps).
+        Without the pool's size, waiting requests are taken to be held back for room."""
+        if load.running <= 0:
             return 0.0
-        return waiting * self.mean_output * self.decode_step_s / max(1, running)
+        turnover_s = self.mean_output * self.decode_step_s  # the batch's answers, all done
+        if load.max_total_tokens <= 0:
+            return load.waiting * turnover_s / load.running  # one finished request each
+        reserve = self.mean_output * RESERVE_RATIO
+        queued = (
+            load.pending_tokens * self.uncached_share
+            + self.tokens_since_poll
+            + (load.waiting + self.sent_since_poll) * reserve
+        )
+        running_reserve = load.running * reserve / 2  # half of each answer is still to come
+        free = load.max_total_tokens - load.used_tokens - running_reserve - queued
+        short = need + reserve - free
+        if short <= 0:
+            return 0.0
+        return short * turnover_s / max(load.used_tokens, 1)
 
     def sent(self, prompt_tokens: int, uncached_tokens: int) -> None:
         if prompt_tokens > 0:

@@ -3,19 +3,26 @@ vetoes, SGLang's cache_aware semantics, and the breaker."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.control.compile import RegionConfig, compile_config
 from agents.errors import SnapshotInvalid
 from agents.router.router import Router
+from agents.router.view import WorkerView
 from agents.workers.table import EngineLoad, WorkerTable
 
 MODEL = "m"
 SYSTEM = ("you are a careful assistant who answers in full sentences. " * 40).encode()
 
 
-def _config(policy: str, workers: int = 2, itl_ms: int | None = None) -> RegionConfig:
+def _config(
+    policy: str, workers: int = 2, itl_ms: int | None = None, params: dict[str, Any] | None = None
+) -> RegionConfig:
+    route = pb.Route(model=MODEL, policy=policy, slo_itl_ms=itl_ms)
+    route.params.update(params or {})
     snapshot = pb.Snapshot(
         revision=1,
         region=pb.RegionInfo(name="r", cloud="c", jurisdiction="us"),
@@ -25,17 +32,17 @@ def _config(policy: str, workers: int = 2, itl_ms: int | None = None) -> RegionC
                       url=f"http://127.0.0.1:{30000 + i}")
             for i in range(workers)
         ],
-        routes=[pb.Route(model=MODEL, policy=policy, slo_itl_ms=itl_ms)],
+        routes=[route],
     )  # fmt: skip
     return compile_config(snapshot)
 
 
 def _router(
-    policy: str, workers: int = 2, itl_ms: int | None = None
+    policy: str, workers: int = 2, itl_ms: int | None = None, params: dict[str, Any] | None = None
 ) -> tuple[Router, RegionConfig, WorkerTable]:
     clock = [0.0]
     table = WorkerTable(clock=lambda: clock[0])
-    config = _config(policy, workers, itl_ms)
+    config = _config(policy, workers, itl_ms, params)
     table.replace(config.workers)
     for worker in config.workers:
         table.polled(worker.id, EngineLoad(max_total_tokens=100_000), fail_after=2)
@@ -73,13 +80,19 @@ def test_cost_does_not_hot_spot_one_worker_on_a_single_hot_prefix() -> None:
     assert min(chosen.count("w0"), chosen.count("w1")) >= 15
 
 
-def test_a_full_kv_pool_vetoes_a_worker() -> None:
-    router, config, table = _router("cost")
+def test_a_kv_pool_past_the_configured_limit_vetoes_a_worker() -> None:
+    router, config, table = _router("cost", params={"max_kv_usage": 0.95})
     table.polled("w0", EngineLoad(used_tokens=99_000, max_total_tokens=100_000), fail_after=2)
     request = router.request(MODEL, SYSTEM)
     decision = router.route(config.routes[MODEL], request, set())
     assert [c.worker.id for c in decision.ranked] == ["w1"]
     assert "kv usage" in decision.vetoed[0].veto
+    # by default a full pool is no veto: the engine queues for room, and the wait is priced
+    router, config, table = _router("cost")
+    table.polled("w0", EngineLoad(used_tokens=99_000, max_total_tokens=100_000), fail_after=2)
+    decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM), set())
+    assert not decision.vetoed
+    assert len(decision.ranked) == 2
 
 
 def test_a_busy_worker_whose_decode_step_is_past_the_itl_slo_takes_no_more_work() -> None:
@@ -101,17 +114,74 @@ def test_a_busy_worker_whose_decode_step_is_past_the_itl_slo_takes_no_more_work(
 
 
 def test_a_worker_whose_kv_pool_holds_requests_back_is_priced_for_the_wait() -> None:
-    """Its prefill queue is empty, but 20 requests wait for room in its KV pool: each needs a
-    running request to finish first."""
+    """Its prefill queue is short, but its KV pool is full and 20 requests wait for room: they
+    and this one are admitted only as running requests finish and free theirs."""
     router, config, table = _router("cost")
     first = _send(router, config, SYSTEM + b"question one")
     for view in router.views.values():
         view.inflight = view.queued_tokens = view.sent_since_poll = view.tokens_since_poll = 0
-    table.polled(first, EngineLoad(running=50, waiting=20, max_total_tokens=100_000), 2)
+    full = EngineLoad(
+        running=50, waiting=20, used_tokens=94_000, pending_tokens=20 * 600,
+        max_total_tokens=100_000,
+    )  # fmt: skip
+    table.polled(first, full, 2)
     decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"two"), set())
     assert decision.ranked[0].worker.id != first
     held = next(c for c in decision.ranked if c.worker.id == first)
-    assert held.ttft_s > 20 * 128 * 0.01 / 50  # waiting x answer x step / running
+    # ~8,000 tokens short; the batch's 94,000 tokens turn over in 128 steps of 10 ms
+    assert held.ttft_s > 8_000 / (94_000 / (128 * 0.01))
+
+
+def test_room_is_priced_by_what_a_request_needs_of_the_pool() -> None:
+    """On a full pool a recomputed prefix waits longer than a hit; with room, neither waits."""
+    view = WorkerView("w", prefill_tokens_per_s=20_000, decode_step_s=0.02)
+    view.mean_output = 256
+    full = EngineLoad(running=40, waiting=4, used_tokens=50_000, pending_tokens=2_000,
+                      max_total_tokens=52_000)  # fmt: skip
+    hit, miss = view.room_wait(128, full), view.room_wait(2_176, full)
+    assert 0 < hit < miss
+    roomy = EngineLoad(running=10, used_tokens=10_000, max_total_tokens=52_000)
+    assert view.room_wait(2_176, roomy) == 0
+
+
+def test_a_new_prefix_goes_where_less_traffic_is_drawn() -> None:
+    """Both workers idle: the prefix no worker holds goes to the one whose cached prefixes
+    draw less traffic, which it will share for as long as affinity keeps it there."""
+    router, config, _ = _router("cost")
+    tickets = []
+    for i in range(6):
+        request = router.request(MODEL, SYSTEM + f"question {i}".encode())
+        decision = router.route(config.routes[MODEL], request, set())
+        tickets.append(router.dispatched(decision.ranked[0], request))
+    assert {t.worker_id for t in tickets} == {"w0"}  # the prefix's worker
+    for ticket in tickets:
+        router.finished(ticket, 0, None, 16)
+    other = ("an unrelated system prompt about tides and harbours. " * 40).encode()
+    assert _send(router, config, other) == "w1"
+
+
+def test_a_busy_fleet_keeps_a_prefix_where_it_is_cached() -> None:
+    """Both engines have had requests queued for seconds; the other's queue is empty at this
+    poll. Recomputing the prefix there would delay what queues there next: stay."""
+    router, config, table = _router("cost")
+    first = _send(router, config, SYSTEM + b"question one")
+    other = "w1" if first == "w0" else "w0"
+    for view in router.views.values():
+        view.inflight = view.queued_tokens = view.sent_since_poll = view.tokens_since_poll = 0
+    busy = EngineLoad(running=60, waiting=12, used_tokens=60_000, pending_tokens=12 * 300,
+                      max_total_tokens=100_000)  # fmt: skip
+    for worker in (first, other):
+        table.polled(worker, busy, 2)
+        router.views[worker].queue = 12  # what the last seconds' polls saw
+    emptied = EngineLoad(running=60, used_tokens=60_000, max_total_tokens=100_000)
+    table.polled(other, emptied, 2)
+    decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"two"), set())
+    assert decision.ranked[0].worker.id == first
+    # an idle worker is another matter: a hot prefix spreads to it (sglang issue #21199)
+    router.views[other].queue = 0
+    table.polled(other, EngineLoad(max_total_tokens=100_000), 2)
+    decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"two"), set())
+    assert decision.ranked[0].worker.id == other
 
 
 def test_cache_aware_balances_when_loads_are_far_apart_as_sglang_does() -> None:
