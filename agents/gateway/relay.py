@@ -4,14 +4,20 @@ found by a substring search, and drops it when the client did not ask for it."""
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
+from yarl import URL
 
 USAGE = b'"usage"'
+HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+# headers the client library would add to every call to an engine, and the engine ignores
+SKIPPED_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")
 EVENT_END = b"\n\n"
 
 
@@ -133,3 +139,14 @@ async def write_quietly(response: web.StreamResponse, data: bytes, eof: bool = T
             await response.write_eof()
     except ConnectionResetError:
         pass
+
+
+@functools.lru_cache(maxsize=4096)
+def endpoint(base: str, path: str) -> URL:
+    """A worker's endpoint, parsed once rather than on every request."""
+    return URL(base + path)
+
+
+def new_id() -> str:
+    """A request id for a request that came without one."""
+    return os.urandom(16).hex()

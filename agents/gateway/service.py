@@ -12,13 +12,13 @@ import asyncio
 import logging
 import secrets
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
 from aiohttp import web
+from yarl import URL
 
 from agents.control.compile import RegionConfig, Tenant
 from agents.gateway import auth
@@ -26,10 +26,14 @@ from agents.gateway.admission import Admission
 from agents.gateway.errors import GatewayError, NotReady, UnsupportedMediaType, UpstreamFailed
 from agents.gateway.quotas import Quotas
 from agents.gateway.relay import (
+    HOP_HEADERS,
+    SKIPPED_HEADERS,
     ClientGone,
     StreamMeter,
     Usage,
     body_usage,
+    endpoint,
+    new_id,
     stream_error,
     to_client,
     write_quietly,
@@ -41,7 +45,6 @@ from agents.router.router import Decision, Router, Ticket
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 OPERATOR = Tenant("operator", "operator", None, None, None)
-HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
 
 
 class _Retry(Exception):
@@ -75,8 +78,9 @@ class Gateway:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         self._http = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False
-        )
+            connector=connector, timeout=self._timeout, auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=SKIPPED_HEADERS,
+        )  # fmt: skip
 
     async def close(self) -> None:
         if self._http is not None:
@@ -94,7 +98,7 @@ class Gateway:
         try:
             return await self._models(request)
         except GatewayError as error:
-            return error.response(self.headers(uuid.uuid4().hex))
+            return error.response(self.headers(new_id()))
 
     async def _models(self, request: web.Request) -> web.Response:
         config = self._config()
@@ -112,7 +116,7 @@ class Gateway:
         )
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
-        request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
+        request_id = request.headers.get("X-Request-ID") or new_id()
         headers = self.headers(request_id[:128])
         try:
             return await self._infer(request, request_id[:128], headers)
@@ -190,7 +194,7 @@ class Gateway:
         chosen, prefill = decision.ranked[0], decision.prefill
         worker = chosen.worker
         ticket = self.router.dispatched(chosen, route_request, prefilled_elsewhere=bool(prefill))
-        url = f"{worker.url}{inference.path}"
+        url = endpoint(worker.url, inference.path)
         upstream_headers = {"Content-Type": "application/json", "X-Request-ID": request_id}
         pd: _Prefill | None = None
         if prefill is not None:
@@ -296,7 +300,7 @@ class Gateway:
             + b',"bootstrap_room":' + str(room).encode() + b","
         )  # fmt: skip
         body = inference.upstream_body(request_id, fields)
-        url = f"{worker.url}{inference.path}"
+        url = endpoint(worker.url, inference.path)
         call = self._prefill_call(url, body, headers, ticket)
         task = asyncio.get_running_loop().create_task(call)
         self._background.add(task)
@@ -304,7 +308,7 @@ class Gateway:
         return _Prefill(self, worker.url, request_id, ticket, fields, task)
 
     async def _prefill_call(
-        self, url: str, body: bytes, headers: dict[str, str], ticket: Ticket
+        self, url: URL, body: bytes, headers: dict[str, str], ticket: Ticket
     ) -> bool:
         assert self._http is not None
         try:
@@ -324,7 +328,7 @@ class Gateway:
         self,
         pd: _Prefill,
         worker_url: str,
-        url: str,
+        url: URL,
         body: bytes,
         headers: dict[str, str],
         ticket: Ticket,
