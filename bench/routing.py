@@ -191,10 +191,15 @@ async def _sweep(bench: Bench, workload: list[Req]) -> tuple[float, list[dict[st
         return bool(summary["slo_met"] >= 0.9)
 
     for i in range(o.max_phases):
-        if not await passes(rate, i):
-            failed_at = rate
+        if await passes(rate, i):
+            capacity, rate = rate, rate * o.growth
+            if failed_at is not None:  # came down from a start past capacity
+                break
+            continue
+        failed_at = rate
+        if capacity:
             break
-        capacity, rate = rate, rate * o.growth
+        rate /= o.growth  # the start rate was past capacity: come down
     for step in range(2):  # two steps of bisection between the last pass and the first fail
         if failed_at is None or not capacity:
             break

@@ -74,8 +74,8 @@ class CostParams(PolicyParams):
         "holds, per second of its prefill, beside the request's own TTFT",
     )  # fmt: skip
     tie_s: float = Field(
-        default=0.05, ge=0, le=10, description="prices this close are equal: the worker that "
-        "draws the least traffic wins",
+        default=0.25, ge=0, le=10, description="prices this close, of workers holding as much "
+        "of the prompt, are equal: the worker that draws the least traffic wins",
     )  # fmt: skip
     itl_knee: float = Field(
         default=0.5, ge=0, lt=1, description="share of the ITL SLO past which a busy worker's "

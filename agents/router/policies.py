@@ -158,8 +158,10 @@ class Cost(Policy):
     fleet keeps each prefix where it is cached while an idle worker still takes load off a hot
     one. A greedy TTFT alone leaves a cached worker as soon as it has a little queue, and
     under load spreads every prefix over every worker. Cache affinity is never gated on
-    request counts (sglang issue #21199). Prices within `tie_s` are equal: the worker drawing
-    the least traffic wins, since a prefix new there shares that traffic from then on.
+    request counts (sglang issue #21199). Among workers that hold as much of the prompt,
+    prices within `tie_s` are equal: the worker drawing the least traffic wins, since a prefix
+    new there shares that traffic from then on (cache affinity makes today's choice of a
+    worker for a new prefix the load of its later requests).
 
     A busy worker whose learned decode step is past `itl_knee` of the route's inter-token SLO
     is priced up, smoothly (`itl_penalty_s` at the SLO), so that load moves off a worker
@@ -213,12 +215,17 @@ class Cost(Policy):
         ok.sort(key=lambda c: (c.score_s, c.load, c.worker.id))
         if not ok:
             return Ranking([], "every worker vetoed", vetoed)
-        # near-equal prices: the worker drawing the least traffic, which a prefix new there
-        # will share for as long as affinity keeps it there
-        close = [c for c in ok if c.score_s - ok[0].score_s <= p.tie_s]
+        # near-equal prices among workers that hold as much of the prompt: the one drawing the
+        # least traffic, which a prefix new there shares for as long as affinity keeps it
+        top = ok[0]
+        close = [
+            c for c in ok
+            if c.score_s - top.score_s <= p.tie_s and c.matched_tokens >= top.matched_tokens
+        ]  # fmt: skip
         if len(close) > 1:
-            close.sort(key=lambda c: (c.view.rate(request.now), c.score_s, c.worker.id))
-            ok = close + ok[len(close) :]
+            draw = _draws(close, request.now)
+            close.sort(key=lambda c: (draw[c.worker.id], c.score_s, c.worker.id))
+            ok = close + [c for c in ok if c not in close]
         best = ok[0]
         return Ranking(
             ok,
@@ -226,6 +233,15 @@ class Cost(Policy):
             f"of {request.prompt_tokens} tokens cached",
             vetoed,
         )
+
+
+def _draws(among: list[Candidate], now: float) -> dict[str, float]:
+    """Each worker's share of the traffic it will draw, among these: what it draws now, plus
+    what the prefixes new to it lately will draw once their later requests follow them."""
+    rates = {c.worker.id: c.view.rate(now) for c in among}
+    placed = {c.worker.id: c.view.placed(now) for c in among}
+    total_rate, total_placed = sum(rates.values()) or 1.0, sum(placed.values()) or 1.0
+    return {w: rates[w] / total_rate + placed[w] / total_placed for w in rates}
 
 
 POLICIES: dict[str, type[Policy]] = {

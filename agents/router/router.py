@@ -274,7 +274,7 @@ class Router:
         ahead = round(view.queued_work(load.pending_tokens))
         busy = load.running + view.sent_since_poll > 0 or view.inflight > 0
         view.sent(request.prompt_tokens, uncached)
-        view.count_dispatch(self.clock())
+        view.count_dispatch(self.clock(), placed=uncached > request.prompt_tokens / 2)
         view.inflight += 1
         view.queued_tokens += uncached
         view.sent_since_poll += 1

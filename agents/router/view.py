@@ -16,6 +16,7 @@ COOLDOWN_MAX_S = 30.0
 LEARN_ALPHA = 0.2  # weight of a new observation
 MIN_LEARN_TOKENS = 256  # below this a TTFT says more about overheads than prefill speed
 RATE_WINDOW_S = 10.0  # the time constant of a worker's smoothed dispatch rate
+PLACED_WINDOW_S = 30.0  # ...of the prefixes new to it
 QUEUE_WINDOW_S = 5.0  # ...and of its engine's queue
 RESERVE_RATIO = 0.4  # of an answer's tokens an engine keeps KV room for (SGLang: 0.7 to 0.1)
 
@@ -75,6 +76,7 @@ class WorkerView:
     queue: float = 0.0  # the engine's waiting requests, smoothed over QUEUE_WINDOW_S
     _queue_at: float = 0.0
     _rate: float = 0.0  # requests a second sent here, smoothed over RATE_WINDOW_S
+    _placed: float = 0.0  # prefixes new here, smoothed over PLACED_WINDOW_S
     _rate_at: float = 0.0
 
     def rate(self, now: float) -> float:
@@ -82,8 +84,16 @@ class WorkerView:
         cached prefixes draw, so the load a new prefix would share."""
         return self._rate * exp(-(now - self._rate_at) / RATE_WINDOW_S)
 
-    def count_dispatch(self, now: float) -> None:
-        self._rate, self._rate_at = self.rate(now) + 1 / RATE_WINDOW_S, now
+    def count_dispatch(self, now: float, placed: bool) -> None:
+        """`placed`: the request's prefix was not cached here, and now is: its later requests
+        will follow it here."""
+        rate, new = self.rate(now) + 1 / RATE_WINDOW_S, self.placed(now) + (1 if placed else 0)
+        self._rate, self._placed, self._rate_at = rate, new, now
+
+    def placed(self, now: float) -> float:
+        """Prefixes new here lately, smoothed over PLACED_WINDOW_S: traffic they will draw
+        that the rate does not show yet."""
+        return self._placed * exp(-(now - self._rate_at) / PLACED_WINDOW_S)
 
     def observe_queue(self, waiting: int, now: float) -> None:
         """A poll's queue: the smoothed queue is what work added here is expected to delay
