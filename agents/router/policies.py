@@ -42,6 +42,11 @@ class Candidate:
     veto: str = ""
 
     @property
+    def busy(self) -> bool:
+        """Running requests, or requests sent there since the poll or not yet answered."""
+        return self.entry.load.running + self.view.sent_since_poll > 0 or self.view.inflight > 0
+
+    @property
     def load(self) -> int:
         """Requests at the engine: as polled, plus what this gateway sent since."""
         polled = self.entry.load.running + self.entry.load.waiting + self.view.sent_since_poll
@@ -184,7 +189,7 @@ class Cost(Policy):
         slow: list[Candidate] = []
         for c in candidates:
             load, view = c.entry.load, c.view
-            busy = load.running + view.sent_since_poll > 0 or view.inflight > 0
+            busy = c.busy
             if load.kv_usage > p.max_kv_usage:
                 c.veto = f"kv usage {load.kv_usage:.2f} > {p.max_kv_usage}"
             elif load.waiting + view.sent_since_poll > p.max_waiting:
@@ -225,7 +230,7 @@ class Cost(Policy):
         if len(close) > 1:
             draw = _draws(close, request.now)
             close.sort(key=lambda c: (draw[c.worker.id], c.score_s, c.worker.id))
-            ok = close + [c for c in ok if c not in close]
+            ok = close + [c for c in ok if c.worker.id not in draw]
         best = ok[0]
         return Ranking(
             ok,

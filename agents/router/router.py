@@ -272,7 +272,7 @@ class Router:
         uncached = max(0, uncached)
         load = chosen.entry.load
         ahead = round(view.queued_work(load.pending_tokens))
-        busy = load.running + view.sent_since_poll > 0 or view.inflight > 0
+        busy = chosen.busy  # before this request counts
         view.sent(request.prompt_tokens, uncached)
         view.count_dispatch(self.clock(), placed=uncached > request.prompt_tokens / 2)
         view.inflight += 1
