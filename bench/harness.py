@@ -25,20 +25,21 @@ import yaml
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
+from controlplane.snapshot.placement import KV_EVENTS_PORT_OFFSET
 from meridian.procs import ControlPlane, free_port, start_control_plane, stop_child, wait_ready
 
 MODEL = "llama"
 REGION = "bench"
-KV_EVENTS_OFFSET = 20_000  # where engines of a kv_events route publish: their port + 20000
 PAGE_SIZE = 16
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def engine_port() -> int:
-    """A free port whose KV-events port (+20000) is free too."""
+    """A free port whose KV-events port is free too, both below the ephemeral range and the
+    ports of managed engines."""
     for _ in range(200):
-        port = 21_000 + secrets.randbelow(24_000)
-        if _free(port) and _free(port + KV_EVENTS_OFFSET):
+        port = 20_000 + secrets.randbelow(7_000)
+        if _free(port) and _free(port + KV_EVENTS_PORT_OFFSET):
             return port
     raise RuntimeError("no free port pair for a simulator")
 
@@ -73,7 +74,7 @@ async def start_sims(
     for i in range(count):
         port = engine_port()
         speed = speeds[i] if speeds else 1.0
-        events = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port + KV_EVENTS_OFFSET}",
+        events = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port + KV_EVENTS_PORT_OFFSET}",
                   "topic": "kv-events"}  # fmt: skip
         args = [
             "--model", MODEL, "--port", str(port),

@@ -93,7 +93,7 @@ def _workers(
                     role="unified",
                     url=url,
                     node=None,
-                    # external engines publish where managed ones do: their port + 20000
+                    # external engines publish where managed ones do: their port + 2000
                     kv_events_port=_events_port(url) if d.model in events else None,
                 )
                 for i, url in enumerate(d.external_urls)
@@ -109,7 +109,7 @@ def _events_port(url: str) -> int | None:
 
 def _with_kv_events(nodes: list[NodePlan], models: set[str]) -> list[NodePlan]:
     """Engines of a model whose route sets `kv_events: true` publish their cache events on
-    their port + 20000; routers subscribe there."""
+    their port + 2000; routers subscribe there."""
     return [
         n.model_copy(
             update={

@@ -15,9 +15,14 @@ from controlplane.domain import EngineBackend, NodeState, PdMode
 from controlplane.schemas.fleet import DeploymentSpec, NodeSpec
 from controlplane.snapshot.types import Engine, FleetState, NodePlan, Slot, Unplaced
 
+# Engines listen on 30000-30499, prefill engines' PD bootstrap on their port + 1000 and KV-cache
+# events on their port + 2000: all below Linux's ephemeral range (32768 up), so no outgoing
+# connection on the node takes them, and a subscriber that reconnects to a port nobody
+# listens on yet cannot connect to itself (TCP's simultaneous open) and hold it.
 ENGINE_BASE_PORT = 30000
-BOOTSTRAP_PORT_OFFSET = 10_000  # a prefill engine serves its PD bootstrap port here
-KV_EVENTS_PORT_OFFSET = 20_000  # an engine publishes its KV-cache events here
+ENGINE_PORTS = 500
+BOOTSTRAP_PORT_OFFSET = 1_000  # a prefill engine serves its PD bootstrap port here
+KV_EVENTS_PORT_OFFSET = 2_000  # an engine publishes its KV-cache events here
 
 
 @dataclass
@@ -39,7 +44,7 @@ class _Node:
 
     def lowest_free_port(self) -> int:
         taken = {e.port for e in self.engines}
-        return next(p for p in range(ENGINE_BASE_PORT, ENGINE_BASE_PORT + 65536) if p not in taken)
+        return next(p for p in range(ENGINE_BASE_PORT, ENGINE_BASE_PORT + ENGINE_PORTS) if p not in taken)
 
     def add(self, engine: Engine) -> None:
         self.free = [i for i in self.free if i not in engine.gpu_indexes]

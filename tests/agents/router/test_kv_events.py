@@ -11,7 +11,7 @@ from agents.router.prefix import PrefixIndex
 from agents.workers.kv_events import Subscription
 
 PAGE = 4
-WORKER = WorkerSpec("w0", "m", "d", "unified", "http://127.0.0.1:30000", None, None, 50000)
+WORKER = WorkerSpec("w0", "m", "d", "unified", "http://127.0.0.1:30000", None, None, 32000)
 
 
 def _stored(tokens: list[int], start_page: int = 0) -> list[list[object]]:
