@@ -80,6 +80,7 @@ class KvEventSubscriber:
         self.table = table
         self.context = zmq.asyncio.Context.instance()
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._specs: dict[tuple[str, int], WorkerSpec] = {}
         self.subscriptions: dict[str, Subscription] = {}
 
     async def run(self) -> None:
@@ -103,16 +104,26 @@ class KvEventSubscriber:
                     continue
                 for entry in self.table.entries.values():
                     spec = entry.spec
-                    # Only a worker that answers its polls has bound its publisher. A socket
-                    # that connects to a port nothing listens on, in the ephemeral range, can
-                    # connect to itself and take the port the engine is about to bind.
-                    if spec.model == model and spec.kv_events_port is not None and entry.reachable:
-                        wanted[(spec.id, id(index))] = (spec, index)
+                    key = (spec.id, id(index))
+                    # Subscribe once a worker answers its polls (it has bound its publisher:
+                    # a socket that connects to a port nothing listens on, in the ephemeral
+                    # range, can connect to itself and take the port the engine is about to
+                    # bind), and stay subscribed through a missed poll: a new socket would
+                    # miss what is published while it joins.
+                    held = key in self._tasks and entry.spec == self._specs.get(key)
+                    if spec.model == model and spec.kv_events_port is not None and (
+                        entry.reachable or held
+                    ):
+                        wanted[key] = (spec, index)
         for key in [k for k in self._tasks if k not in wanted]:
             self._tasks.pop(key).cancel()
+            self._specs.pop(key, None)
         for key, (spec, index) in wanted.items():
             task = self._tasks.get(key)
-            if task is None or task.done():
+            if task is None or task.done() or self._specs.get(key) != spec:
+                if task is not None:
+                    task.cancel()
+                self._specs[key] = spec
                 self._tasks[key] = asyncio.get_running_loop().create_task(
                     self._subscribe(spec, index)
                 )
