@@ -80,12 +80,16 @@ def sim_command(engines: int, concurrency: int, seconds: float, out: Path | None
               help="tokens per stream chunk: keeps event rates within the machine")  # fmt: skip
 @click.option("--extra/--no-extra", default=True, show_default=True,
               help="also the hot-prefix, multi-turn and mixed-speed workloads")  # fmt: skip
+@click.option("--extra-only-at", type=click.FloatRange(0.1, 1000), default=None,
+              help="no sweeps: only the other workloads, taking this as round robin's "
+                   "capacity (rps, from an earlier run)")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="PNG; default: beside --out")  # fmt: skip
 def routing_command(
     workers: int, contenders: str, phase_seconds: float, start_rps: float, growth: float,
-    speed: float, stream_interval: int, extra: bool, out: Path | None, plot: Path | None,
+    speed: float, stream_interval: int, extra: bool, extra_only_at: float | None,
+    out: Path | None, plot: Path | None,
 ) -> None:  # fmt: skip
     """Routing policies and sglang-router side by side on the same simulated workers."""
     names = [n.strip() for n in contenders.split(",") if n.strip()]
@@ -97,8 +101,8 @@ def routing_command(
     root = _scratch("routing")
     options = routing.Options(
         workers=workers, contenders=names, phase_seconds=phase_seconds, start_rps=start_rps,
-        growth=growth, speed=speed, stream_interval=stream_interval, extra=extra, out=out,
-        plot=plot, root=root,
+        growth=growth, speed=speed, stream_interval=stream_interval, extra=extra,
+        extra_only_at=extra_only_at, out=out, plot=plot, root=root,
     )  # fmt: skip
     try:
         asyncio.run(routing.run(options))

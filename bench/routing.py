@@ -79,6 +79,7 @@ class Options:
     itl_slo_s: float = 0.05
     contenders: list[str] = field(default_factory=lambda: list(CONTENDERS))
     extra: bool = True
+    extra_only_at: float | None = None  # round robin's capacity from an earlier run: no sweeps
     seed: int = 1
     out: Path | None = None
     plot: Path | None = None
@@ -241,6 +242,10 @@ async def run(options: Options) -> dict[str, Any]:
             "stream_interval": o.stream_interval, "phase_seconds": o.phase_seconds,
             "slo": {"ttft_s": o.ttft_slo_s, "itl_s": o.itl_slo_s},
         }  # fmt: skip
+        if o.extra_only_at is not None:
+            result["workloads"] = await _extra(bench, o.extra_only_at)
+            _report(console, result)
+            return result
         capacities: dict[str, float] = {}
         for name in o.contenders:
             console.print(f"[bold]{name}[/]: capacity sweep")

@@ -163,10 +163,10 @@ class Cost(Policy):
     fleet keeps each prefix where it is cached while an idle worker still takes load off a hot
     one. A greedy TTFT alone leaves a cached worker as soon as it has a little queue, and
     under load spreads every prefix over every worker. Cache affinity is never gated on
-    request counts (sglang issue #21199). Among workers that hold as much of the prompt,
-    prices within `tie_s` are equal: the worker drawing the least traffic wins, since a prefix
-    new there shares that traffic from then on (cache affinity makes today's choice of a
-    worker for a new prefix the load of its later requests).
+    request counts (sglang issue #21199). For a prefix that no worker holds, prices within
+    `tie_s` are equal: the worker drawing the least traffic wins, since a prefix new there
+    shares that traffic from then on (cache affinity makes today's choice of a worker for a
+    new prefix the load of its later requests). A prefix already held goes by price alone.
 
     A busy worker whose learned decode step is past `itl_knee` of the route's inter-token SLO
     is priced up, smoothly (`itl_penalty_s` at the SLO), so that load moves off a worker
@@ -220,14 +220,16 @@ class Cost(Policy):
         ok.sort(key=lambda c: (c.score_s, c.load, c.worker.id))
         if not ok:
             return Ranking([], "every worker vetoed", vetoed)
-        # near-equal prices among workers that hold as much of the prompt: the one drawing the
-        # least traffic, which a prefix new there shares for as long as affinity keeps it
+        # a prefix new to the cheapest, at near-equal prices among workers that hold as much of
+        # it: the one drawing the least traffic, which the prefix shares for as long as
+        # affinity keeps it there. A prefix already held is priced, not placed: there the
+        # predicted wait decides, and tie_s is long beside a hit's TTFT.
         top = ok[0]
         close = [
             c for c in ok
             if c.score_s - top.score_s <= p.tie_s and c.matched_tokens >= top.matched_tokens
         ]  # fmt: skip
-        if len(close) > 1:
+        if len(close) > 1 and _places(top, request):
             draw = _draws(close, request.now)
             close.sort(key=lambda c: (draw[c.worker.id], c.score_s, c.worker.id))
             ok = close + [c for c in ok if c.worker.id not in draw]
@@ -238,6 +240,11 @@ class Cost(Policy):
             f"of {request.prompt_tokens} tokens cached",
             vetoed,
         )
+
+
+def _places(c: Candidate, request: RouteRequest) -> bool:
+    """Whether sending the request to `c` places its prefix there: most of it is not cached."""
+    return c.matched_tokens * 2 < request.prompt_tokens
 
 
 def _draws(among: list[Candidate], now: float) -> dict[str, float]:

@@ -160,6 +160,29 @@ def test_a_new_prefix_goes_where_less_traffic_is_drawn() -> None:
     assert _send(router, config, other) == "w1"
 
 
+def test_a_prefix_both_hold_goes_by_price_not_by_the_traffic_drawn() -> None:
+    """Both workers hold the prefix and w1 has drawn the traffic lately, but w0 has a short
+    queue: the cheaper w1 serves. Traffic drawn only decides where a new prefix is placed."""
+    router, config, table = _router("cost")
+
+    def send_to(worker_id: str, key: bytes) -> None:
+        request = router.request(MODEL, key)
+        decision = router.route(config.routes[MODEL], request, set())
+        chosen = next(c for c in decision.ranked if c.worker.id == worker_id)
+        router.finished(router.dispatched(chosen, request), 0, None, 16)
+
+    for i in range(8):
+        send_to("w1" if i else "w0", SYSTEM + f"question {i}".encode())
+    queued = EngineLoad(running=1, waiting=1, used_tokens=5_000, pending_tokens=1_000,
+                        max_total_tokens=100_000)  # fmt: skip
+    table.polled("w0", queued, 2)
+    decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"next"), set())
+    held = {c.worker.id: c for c in decision.ranked}
+    assert held["w0"].matched_tokens == held["w1"].matched_tokens > 0
+    assert held["w0"].score_s - held["w1"].score_s < router.config.routes[MODEL].params.tie_s
+    assert decision.ranked[0].worker.id == "w1"
+
+
 def test_a_busy_fleet_keeps_a_prefix_where_it_is_cached() -> None:
     """Both engines have had requests queued for seconds; the other's queue is empty at this
     poll. Recomputing the prefix there would delay what queues there next: stay."""
