@@ -74,8 +74,12 @@ class CostParams(PolicyParams):
         "holds, per second of its prefill, beside the request's own TTFT",
     )  # fmt: skip
     tie_s: float = Field(
-        default=0.25, ge=0, le=10, description="prices this close, of workers holding as much "
-        "of the prompt, are equal: the worker that draws the least traffic wins",
+        default=0.25, ge=0, le=10, description="placing a prefix no worker holds most of: "
+        "prices this close are equal, and the worker that draws the least traffic wins",
+    )  # fmt: skip
+    even_s: float = Field(
+        default=0.02, ge=0, le=10, description="a prefix held where it goes: prices this close "
+        "are equal, and the worker with the fewest requests wins",
     )  # fmt: skip
     itl_knee: float = Field(
         default=0.5, ge=0, lt=1, description="share of the ITL SLO past which a busy worker's "

@@ -233,6 +233,13 @@ class Cost(Policy):
             draw = _draws(close, request.now)
             close.sort(key=lambda c: (draw[c.worker.id], c.score_s, c.worker.id))
             ok = close + [c for c in ok if c.worker.id not in draw]
+        elif len(close) > 1:
+            # prices closer than the model's error (the decode step it knows lags the batch
+            # it runs now): the fewest requests at the engine, each slowing every step there
+            near = [c for c in close if c.score_s - top.score_s <= p.even_s]
+            near.sort(key=lambda c: (c.load, c.score_s, c.worker.id))
+            first = {c.worker.id for c in near}
+            ok = near + [c for c in ok if c.worker.id not in first]
         best = ok[0]
         return Ranking(
             ok,

@@ -183,6 +183,25 @@ def test_a_prefix_both_hold_goes_by_price_not_by_the_traffic_drawn() -> None:
     assert decision.ranked[0].worker.id == "w1"
 
 
+def test_a_prefix_both_hold_goes_to_fewer_requests_when_prices_are_within_the_noise() -> None:
+    """w0's learned decode step is a little shorter, but it lags: w0 runs five times the
+    requests. Prices 2 ms apart are the model's noise; the fewer requests win."""
+    router, config, table = _router("cost")
+    for worker in ("w0", "w1"):
+        request = router.request(MODEL, SYSTEM + worker.encode())
+        decision = router.route(config.routes[MODEL], request, set())
+        chosen = next(c for c in decision.ranked if c.worker.id == worker)
+        router.finished(router.dispatched(chosen, request), 0, None, 16)
+    for worker, running, step in (("w0", 10, 0.010), ("w1", 2, 0.012)):
+        table.polled(worker, EngineLoad(running=running, used_tokens=20_000,
+                                        max_total_tokens=100_000), 2)  # fmt: skip
+        router.views[worker].decode_step_s = step
+    decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"next"), set())
+    held = {c.worker.id: c for c in decision.ranked}
+    assert held["w0"].score_s < held["w1"].score_s
+    assert decision.ranked[0].worker.id == "w1"
+
+
 def test_a_busy_fleet_keeps_a_prefix_where_it_is_cached() -> None:
     """Both engines have had requests queued for seconds; the other's queue is empty at this
     poll. Recomputing the prefix there would delay what queues there next: stay."""
