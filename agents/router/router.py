@@ -280,11 +280,13 @@ class Router:
         view.sent_since_poll += 1
         view.tokens_since_poll += uncached
         view.breaker.dispatched()
-        return Ticket(
+        ticket = Ticket(
             chosen.worker.id, request.model, self.clock(), request.prompt_tokens, uncached, ahead,
             learns_prefill=not prefilled_elsewhere and load.waiting == 0,
             step_s=view.decode_step_s if busy else 0.0, polls=chosen.entry.polls,
         )  # fmt: skip
+        view.waiting_since(id(ticket), ticket.sent_at)
+        return ticket
 
     def _unpolled(self, ticket: Ticket) -> bool:
         """No load poll has landed since the ticket was sent: its work still counts as sent
@@ -299,6 +301,7 @@ class Router:
         view = self.views.get(ticket.worker_id)
         if view is None:
             return
+        view.started(id(ticket))
         view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
         if self._unpolled(ticket):  # its prefill is done: no longer queued work
             view.tokens_since_poll = max(0, view.tokens_since_poll - ticket.uncached_tokens)
@@ -362,6 +365,7 @@ class Router:
         """A request that ended without an answer: its work is no longer the worker's."""
         unpolled = self._unpolled(ticket)
         if ticket.first_at is None:
+            view.started(id(ticket))
             view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
             if unpolled:
                 view.tokens_since_poll = max(0, view.tokens_since_poll - ticket.uncached_tokens)

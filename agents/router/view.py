@@ -78,6 +78,22 @@ class WorkerView:
     _rate: float = 0.0  # requests a second sent here, smoothed over RATE_WINDOW_S
     _placed: float = 0.0  # prefixes new here, smoothed over PLACED_WINDOW_S
     _rate_at: float = 0.0
+    _unstarted: dict[int, float] = field(default_factory=dict)  # dispatch -> sent at, in order
+
+    def waiting_since(self, key: int, at: float) -> None:
+        self._unstarted[key] = at
+
+    def started(self, key: int) -> None:
+        self._unstarted.pop(key, None)
+
+    def head_age(self, now: float) -> float:
+        """How long the oldest request sent here that has not started has waited: the delay
+        the engine's queue puts on a request now (as CoDel reads a queue by its packets'
+        sojourn), whatever holds it back (prefill ahead, KV room, retractions). It rises at
+        once when an engine stalls and falls to nothing when its queue from here empties."""
+        for at in self._unstarted.values():
+            return max(0.0, now - at)
+        return 0.0
 
     def rate(self, now: float) -> float:
         """Requests a second this gateway sends here: under cache affinity, the traffic its

@@ -38,9 +38,13 @@ def _config(
 
 
 def _router(
-    policy: str, workers: int = 2, itl_ms: int | None = None, params: dict[str, Any] | None = None
+    policy: str,
+    workers: int = 2,
+    itl_ms: int | None = None,
+    params: dict[str, Any] | None = None,
+    clock: list[float] | None = None,
 ) -> tuple[Router, RegionConfig, WorkerTable]:
-    clock = [0.0]
+    clock = clock if clock is not None else [0.0]
     table = WorkerTable(clock=lambda: clock[0])
     config = _config(policy, workers, itl_ms, params)
     table.replace(config.workers)
@@ -200,6 +204,28 @@ def test_a_prefix_both_hold_goes_to_fewer_requests_when_prices_are_within_the_no
     held = {c.worker.id: c for c in decision.ranked}
     assert held["w0"].score_s < held["w1"].score_s
     assert decision.ranked[0].worker.id == "w1"
+
+
+def test_an_engine_holding_back_what_was_sent_is_priced_for_the_wait_seen() -> None:
+    """Whatever holds requests back at w0 (KV room, retractions), the oldest one sent there
+    has waited 3 s without a first byte: a request there now waits at least as long, and
+    goes to w1, which does not hold its prefix. Once w0 starts it, w0 is cheap again."""
+    clock = [0.0]
+    router, config, table = _router("cost", clock=clock)
+    request = router.request(MODEL, SYSTEM + b"first")
+    decision = router.route(config.routes[MODEL], request, set())
+    stuck = router.dispatched(decision.ranked[0], request)
+    held = decision.ranked[0].worker.id
+    clock[0] = 3.0
+    for worker in ("w0", "w1"):
+        table.polled(worker, EngineLoad(running=1, max_total_tokens=100_000), 2)
+    decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"b"), set())
+    ranked = {c.worker.id: c for c in decision.ranked}
+    assert ranked[held].ttft_s >= 3.0
+    assert decision.ranked[0].worker.id != held
+    router.first_byte(stuck)
+    decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"c"), set())
+    assert decision.ranked[0].worker.id == held
 
 
 def test_a_busy_fleet_keeps_a_prefix_where_it_is_cached() -> None:
