@@ -5,6 +5,10 @@ once. A waiting request is re-placed whenever a request of its model moves on (f
 end) or a load poll lands; it is admitted when the best worker's predicted TTFT plus what it
 has waited fits the SLO, and answered 429 when its SLO has passed in the queue. A model with
 no worker serving at all is answered 503 with Retry-After. Nothing waits without bound.
+
+A request waits at least as long as the oldest one sent to its worker that has not started
+there: requests queue here, where they can be shed when their SLO passes, not in an
+engine's queue, where they cannot.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ class Admission:
         try:
             while True:
                 decision = self.router.route(route, request, exclude)
-                if decision.ranked and _fits(decision, slo, self.clock() - since):
+                if decision.ranked and _fits(decision, slo, since, self.clock()):
                     return decision
                 if not decision.ranked and not decision.vetoed:
                     raise NoHealthyWorker(
@@ -80,14 +84,15 @@ class Admission:
                 self.waiting[route.model] -= 1
 
 
-def _fits(decision: Decision, slo: float | None, waited: float) -> bool:
+def _fits(decision: Decision, slo: float | None, since: float, now: float) -> bool:
     predicted = decision.best_ttft_s
     if slo is None or predicted is None:
         return True
     best = decision.ranked[0]
     if best.view.inflight == 0 and best.load == 0:
         return True  # an idle worker: nothing to wait for, whatever the estimate says
-    return waited + predicted <= slo
+    # a request there waits at least as long as the oldest one sent there has, unstarted
+    return now - since + max(predicted, best.view.head_age(now)) <= slo
 
 
 def _retry_s(slo: float | None) -> int:

@@ -199,13 +199,8 @@ class Cost(Policy):
             uncached = request.prompt_tokens - c.matched_tokens
             ahead = view.queued_work(load.pending_tokens)
             steps = math.ceil((ahead + uncached) / p.chunk_tokens) if busy else 0
-            # the queue ahead is served as fast as its prefill and the pool's room allow, and
-            # no faster than the oldest request waiting there from here has seen
-            wait = max(
-                ahead / view.prefill_tokens_per_s,
-                view.room_wait(uncached, load),
-                view.head_age(request.now),
-            )
+            # the queue ahead is served as fast as its prefill and the pool's room allow
+            wait = max(ahead / view.prefill_tokens_per_s, view.room_wait(uncached, load))
             c.ttft_s = wait + uncached / view.prefill_tokens_per_s + steps * view.decode_step_s
             recompute = (best_match - c.matched_tokens) / view.prefill_tokens_per_s
             # what this prefill costs the requests queued there, each waiting the longer: the

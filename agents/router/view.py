@@ -143,7 +143,12 @@ class WorkerView:
         short = need + reserve - free
         if short <= 0:
             return 0.0
-        return short * turnover_s / max(load.used_tokens, 1)
+        # the requests queued for room go first, each as a running one finishes (Little's
+        # law by requests: when prefixes are evicted for room, tokens count short), then
+        # this one as room for it frees
+        per_token_s = turnover_s / max(load.used_tokens, 1)
+        ahead = (load.waiting + self.sent_since_poll) * turnover_s / load.running
+        return max(short * per_token_s, ahead + (need + reserve) * per_token_s)
 
     def sent(self, prompt_tokens: int, uncached_tokens: int) -> None:
         if prompt_tokens > 0:

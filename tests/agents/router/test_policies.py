@@ -3,6 +3,7 @@ vetoes, SGLang's cache_aware semantics, and the breaker."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -10,6 +11,8 @@ from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.control.compile import RegionConfig, compile_config
 from agents.errors import SnapshotInvalid
+from agents.gateway.admission import Admission
+from agents.gateway.errors import Overloaded
 from agents.router.router import Router
 from agents.router.view import WorkerView
 from agents.workers.table import EngineLoad, WorkerTable
@@ -206,26 +209,31 @@ def test_a_prefix_both_hold_goes_to_fewer_requests_when_prices_are_within_the_no
     assert decision.ranked[0].worker.id == "w1"
 
 
-def test_an_engine_holding_back_what_was_sent_is_priced_for_the_wait_seen() -> None:
-    """Whatever holds requests back at w0 (KV room, retractions), the oldest one sent there
-    has waited 3 s without a first byte: a request there now waits at least as long, and
-    goes to w1, which does not hold its prefix. Once w0 starts it, w0 is cheap again."""
+async def test_admission_holds_a_request_while_the_engine_has_not_started_older_ones() -> None:
+    """Whatever holds requests back at the only worker (KV room, a stall), the oldest one sent
+    there has waited 1.5 s without a first byte: with a 2 s TTFT SLO, a request that has
+    waited 1 s here would wait at least that long there, so it stays here, where it can be
+    shed, and is answered 429 when its SLO passes. Once the engine starts what it holds,
+    requests go again."""
     clock = [0.0]
-    router, config, table = _router("cost", clock=clock)
+    router, config, table = _router("cost", workers=1, clock=clock)
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
+
+    def ticking() -> float:  # time passes as the admission looks again
+        clock[0] += 0.1
+        return clock[0]
+
+    admission = Admission(router, clock=ticking)
     request = router.request(MODEL, SYSTEM + b"first")
-    decision = router.route(config.routes[MODEL], request, set())
-    stuck = router.dispatched(decision.ranked[0], request)
-    held = decision.ranked[0].worker.id
-    clock[0] = 3.0
-    for worker in ("w0", "w1"):
-        table.polled(worker, EngineLoad(running=1, max_total_tokens=100_000), 2)
-    decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"b"), set())
-    ranked = {c.worker.id: c for c in decision.ranked}
-    assert ranked[held].ttft_s >= 3.0
-    assert decision.ranked[0].worker.id != held
+    stuck = router.dispatched((await admission.place(route, request, set(), 0.0)).ranked[0],
+                              request)  # fmt: skip
+    clock[0] = 1.5
+    table.polled("w0", EngineLoad(running=1, max_total_tokens=100_000), 2)
+    with pytest.raises(Overloaded):
+        await admission.place(route, router.request(MODEL, SYSTEM + b"b"), set(), 0.5)
     router.first_byte(stuck)
-    decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"c"), set())
-    assert decision.ranked[0].worker.id == held
+    decision = await admission.place(route, router.request(MODEL, SYSTEM + b"c"), set(), clock[0])
+    assert decision.ranked[0].worker.id == "w0"
 
 
 def test_a_busy_fleet_keeps_a_prefix_where_it_is_cached() -> None:
