@@ -7,7 +7,7 @@ has waited fits the SLO, and answered 429 when its SLO has passed in the queue. 
 no worker serving at all is answered 503 with Retry-After. Nothing waits without bound.
 
 A request waits at least as long as the oldest one sent to its worker that has not started
-there: requests queue here, where they can be shed when their SLO passes, not in an
+there, and as the requests the engine holds back take to start: requests queue here, where they can be shed when their SLO passes, not in an
 engine's queue, where they cannot.
 """
 
@@ -91,8 +91,10 @@ def _fits(decision: Decision, slo: float | None, since: float, now: float) -> bo
     best = decision.ranked[0]
     if best.view.inflight == 0 and best.load == 0:
         return True  # an idle worker: nothing to wait for, whatever the estimate says
-    # a request there waits at least as long as the oldest one sent there has, unstarted
-    return now - since + max(predicted, best.view.head_age(now)) <= slo
+    # a request there waits at least as long as the oldest one sent there has, unstarted,
+    # and as the requests the engine holds back take to start
+    view, load = best.view, best.entry.load
+    return now - since + max(predicted, view.head_age(now), view.held_wait(load)) <= slo
 
 
 def _retry_s(slo: float | None) -> int:

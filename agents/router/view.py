@@ -131,7 +131,7 @@ class WorkerView:
             return 0.0
         turnover_s = self.mean_output * self.decode_step_s  # the batch's answers, all done
         if load.max_total_tokens <= 0:
-            return load.waiting * turnover_s / load.running  # one finished request each
+            return self.held_wait(load)  # one finished request each
         reserve = self.mean_output * RESERVE_RATIO
         queued = (
             load.pending_tokens * self.uncached_share
@@ -143,12 +143,20 @@ class WorkerView:
         short = need + reserve - free
         if short <= 0:
             return 0.0
-        # the requests queued for room go first, each as a running one finishes (Little's
-        # law by requests: when prefixes are evicted for room, tokens count short), then
-        # this one as room for it frees
+        # the requests queued for room go first (when prefixes are evicted for room, tokens
+        # count short), then this one as room for it frees
         per_token_s = turnover_s / max(load.used_tokens, 1)
-        ahead = (load.waiting + self.sent_since_poll) * turnover_s / load.running
-        return max(short * per_token_s, ahead + (need + reserve) * per_token_s)
+        return max(short * per_token_s, self.held_wait(load) + (need + reserve) * per_token_s)
+
+    def held_wait(self, load: EngineLoad) -> float:
+        """Seconds the requests an engine holds back (as polled, and sent since) take to
+        start when each waits for a running one to finish and free its room (Little's law
+        by requests; the batch turns over in an answer's decode steps). An engine that
+        reserves more room than the pool arithmetic shows, or retracts, holds them so."""
+        if load.waiting <= 0 or load.running <= 0:
+            return 0.0
+        turnover_s = self.mean_output * self.decode_step_s
+        return (load.waiting + self.sent_since_poll) * turnover_s / load.running
 
     def sent(self, prompt_tokens: int, uncached_tokens: int) -> None:
         if prompt_tokens > 0:

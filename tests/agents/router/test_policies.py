@@ -236,6 +236,31 @@ async def test_admission_holds_a_request_while_the_engine_has_not_started_older_
     assert decision.ranked[0].worker.id == "w0"
 
 
+async def test_admission_counts_what_the_engine_holds_back_by_requests() -> None:
+    """The only worker's pool looks roomy by the arithmetic, but its engine holds 10 requests
+    back (it reserves more for answers than the arithmetic knows, or retracts). Each starts
+    as one of its 20 running requests finishes, in 256 steps of 20 ms: 2.6 s, past a 2 s SLO.
+    The request is held here and answered 429; once the engine's queue is gone it goes."""
+    clock = [0.0]
+    router, config, table = _router("cost", workers=1, clock=clock)
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
+    view = router.views["w0"]
+    view.mean_output, view.decode_step_s = 256, 0.02
+
+    def ticking() -> float:
+        clock[0] += 0.1
+        return clock[0]
+
+    admission = Admission(router, clock=ticking)
+    holding = EngineLoad(running=20, waiting=10, used_tokens=40_000, max_total_tokens=100_000)
+    table.polled("w0", holding, 2)
+    with pytest.raises(Overloaded):
+        await admission.place(route, router.request(MODEL, SYSTEM + b"a"), set(), clock[0])
+    table.polled("w0", dataclasses.replace(holding, waiting=0), 2)
+    decision = await admission.place(route, router.request(MODEL, SYSTEM + b"b"), set(), clock[0])
+    assert decision.ranked[0].worker.id == "w0"
+
+
 def test_a_busy_fleet_keeps_a_prefix_where_it_is_cached() -> None:
     """Both engines have had requests queued for seconds; the other's queue is empty at this
     poll. Recomputing the prefix there would delay what queues there next: stay."""
