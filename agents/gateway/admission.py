@@ -7,8 +7,8 @@ has waited fits the SLO, and answered 429 when its SLO has passed in the queue. 
 no worker serving at all is answered 503 with Retry-After. Nothing waits without bound.
 
 A request waits at least as long as the oldest one sent to its worker that has not started
-there, and as the requests the engine holds back take to start: requests queue here, where they can be shed when their SLO passes, not in an
-engine's queue, where they cannot.
+there, and as the requests the engine holds back take to start: requests queue here, where
+they can be shed when their SLO passes, not in an engine's queue, where they cannot.
 """
 
 from __future__ import annotations

@@ -115,6 +115,14 @@ def _loads(data: bytes) -> Any:
     return doc if isinstance(doc, dict | list) else {}
 
 
+class Retry(Exception):
+    """The worker failed before the client saw a byte: try the next one."""
+
+    def __init__(self, worker_id: str, why: str) -> None:
+        super().__init__(f"{worker_id}: {why}")
+        self.worker_id = worker_id
+
+
 class ClientGone(Exception):
     """The client closed its connection."""
 

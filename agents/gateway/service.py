@@ -29,6 +29,7 @@ from agents.gateway.relay import (
     HOP_HEADERS,
     SKIPPED_HEADERS,
     ClientGone,
+    Retry,
     StreamMeter,
     Usage,
     body_usage,
@@ -45,14 +46,6 @@ from agents.router.router import Decision, Router, Ticket
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 OPERATOR = Tenant("operator", "operator", None, None, None)
-
-
-class _Retry(Exception):
-    """The worker failed before the client saw a byte: try the next one."""
-
-    def __init__(self, worker_id: str, why: str) -> None:
-        super().__init__(f"{worker_id}: {why}")
-        self.worker_id = worker_id
 
 
 class Gateway:
@@ -167,7 +160,7 @@ class Gateway:
                     response, usage = await self._attempt(
                         request, inference, request_id, decision, route_request, headers
                     )
-                except _Retry as why:
+                except Retry as why:
                     log.warning("request %s: %s", request_id, why, extra={"request_id": request_id})
                     tried.add(why.worker_id)
                     continue
@@ -212,17 +205,20 @@ class Gateway:
                 upstream = await self._paired(pd, worker.url, url, body, upstream_headers, ticket)
             if upstream.status >= 500:
                 self._failed(ticket)
-                raise _Retry(worker.id, f"answered {upstream.status}")
+                raise Retry(worker.id, f"answered {upstream.status}")
             if inference.stream and upstream.status == 200:
                 return await self._stream(request, inference, upstream, ticket, headers)
             data = await upstream.read()
         except (aiohttp.ClientError, OSError) as error:
             self._failed(ticket)
-            raise _Retry(worker.id, f"{type(error).__name__}: {error}") from None
+            raise Retry(worker.id, f"{type(error).__name__}: {error}") from None
         except asyncio.CancelledError:
             self._gone(ticket, worker.url, request_id)
             if pd is not None:
                 pd.cancel()
+            raise
+        except Exception:  # a fault of ours: the worker's request ends here all the same
+            self.router.abandoned(ticket)
             raise
         finally:
             if upstream is not None:
@@ -268,12 +264,12 @@ class Gateway:
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as error:
             self._failed(ticket)
             if response is None:  # nothing reached the client: another worker may answer
-                raise _Retry(ticket.worker_id, f"stream broke: {error}") from None
+                raise Retry(ticket.worker_id, f"stream broke: {error}") from None
             await write_quietly(response, stream_error("the engine's stream broke"))
             return response, meter.usage
         if response is None:
             self._failed(ticket)
-            raise _Retry(ticket.worker_id, "the stream ended before its first event")
+            raise Retry(ticket.worker_id, "the stream ended before its first event")
         if rest:
             await write_quietly(response, rest, eof=False)
         usage = meter.finish()
@@ -342,7 +338,7 @@ class Gateway:
             decode.cancel()
             self.router.abandoned(ticket)
             self._abort_later(worker_url, pd.request_id)
-            raise _Retry(pd.ticket.worker_id, "the prefill worker failed")
+            raise Retry(pd.ticket.worker_id, "the prefill worker failed")
         return await decode
 
     def _finished(self, ticket: Ticket, inference: Inference, usage: Usage) -> None:

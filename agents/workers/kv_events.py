@@ -111,8 +111,10 @@ class KvEventSubscriber:
                     # bind), and stay subscribed through a missed poll: a new socket would
                     # miss what is published while it joins.
                     held = key in self._tasks and entry.spec == self._specs.get(key)
-                    if spec.model == model and spec.kv_events_port is not None and (
-                        entry.reachable or held
+                    if (
+                        spec.model == model
+                        and spec.kv_events_port is not None
+                        and (entry.reachable or held)
                     ):
                         wanted[key] = (spec, index)
         for key in [k for k in self._tasks if k not in wanted]:

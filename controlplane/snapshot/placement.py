@@ -44,7 +44,8 @@ class _Node:
 
     def lowest_free_port(self) -> int:
         taken = {e.port for e in self.engines}
-        return next(p for p in range(ENGINE_BASE_PORT, ENGINE_BASE_PORT + ENGINE_PORTS) if p not in taken)
+        ports = range(ENGINE_BASE_PORT, ENGINE_BASE_PORT + ENGINE_PORTS)
+        return next(p for p in ports if p not in taken)
 
     def add(self, engine: Engine) -> None:
         self.free = [i for i in self.free if i not in engine.gpu_indexes]

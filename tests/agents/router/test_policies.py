@@ -13,6 +13,7 @@ from agents.control.compile import RegionConfig, compile_config
 from agents.errors import SnapshotInvalid
 from agents.gateway.admission import Admission
 from agents.gateway.errors import Overloaded
+from agents.router.params import CostParams
 from agents.router.router import Router
 from agents.router.view import WorkerView
 from agents.workers.table import EngineLoad, WorkerTable
@@ -186,7 +187,9 @@ def test_a_prefix_both_hold_goes_by_price_not_by_the_traffic_drawn() -> None:
     decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM + b"next"), set())
     held = {c.worker.id: c for c in decision.ranked}
     assert held["w0"].matched_tokens == held["w1"].matched_tokens > 0
-    assert held["w0"].score_s - held["w1"].score_s < router.config.routes[MODEL].params.tie_s
+    params = config.routes[MODEL].params
+    assert isinstance(params, CostParams)
+    assert held["w0"].score_s - held["w1"].score_s < params.tie_s
     assert decision.ranked[0].worker.id == "w1"
 
 
