@@ -53,7 +53,8 @@ class Admission:
         try:
             while True:
                 decision = self.router.route(route, request, exclude)
-                if decision.ranked and _fits(decision, slo, since, self.clock()):
+                now = self.clock()
+                if decision.ranked and _fits(decision, route, request.prompt_tokens, since, now):
                     return decision
                 if not decision.ranked and not decision.vetoed:
                     raise NoHealthyWorker(
@@ -84,7 +85,10 @@ class Admission:
                 self.waiting[route.model] -= 1
 
 
-def _fits(decision: Decision, slo: float | None, since: float, now: float) -> bool:
+def _fits(
+    decision: Decision, route: RouteConfig, request_tokens: int, since: float, now: float
+) -> bool:
+    slo, itl_slo = route.slo_ttft_s, route.slo_itl_s
     predicted = decision.best_ttft_s
     if slo is None or predicted is None:
         return True
@@ -92,9 +96,21 @@ def _fits(decision: Decision, slo: float | None, since: float, now: float) -> bo
     if best.view.inflight == 0 and best.load == 0:
         return True  # an idle worker: nothing to wait for, whatever the estimate says
     # a request there waits at least as long as the oldest one sent there has, unstarted,
-    # and as the requests the engine holds back take to start
+    # and as the requests the engine holds back take to start; and it is admitted only with
+    # room for every answer there to finish (when room runs out an engine retracts its
+    # newest request, which then waits for room again, often before its first chunk) and
+    # while the decode step keeps the inter-token SLO
     view, load = best.view, best.entry.load
-    return now - since + max(predicted, view.head_age(now), view.held_wait(load)) <= slo
+    if itl_slo is not None and best.busy and view.decode_step_s > itl_slo:
+        return False
+    uncached = max(0, request_tokens - best.matched_tokens)
+    waits = (
+        predicted,
+        view.head_age(now),
+        view.held_wait(load),
+        view.room_wait(uncached, load, 1.0),
+    )
+    return now - since + max(waits) <= slo
 
 
 def _retry_s(slo: float | None) -> int:

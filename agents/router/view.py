@@ -121,18 +121,22 @@ class WorkerView:
     def learn_output(self, tokens: int) -> None:
         self.mean_output += LEARN_ALPHA * (tokens - self.mean_output)
 
-    def room_wait(self, need: float, load: EngineLoad) -> float:
+    def room_wait(
+        self, need: float, load: EngineLoad, reserve_ratio: float = RESERVE_RATIO
+    ) -> float:
         """Seconds until the engine's KV pool has room for `need` more tokens, after what is
         queued there: SGLang admits a request only with room for its uncached prompt and a
         share of its answer, so when the pool is short a request waits for running ones to
         finish and free theirs (the whole batch turns over in an answer's decode steps).
-        Without the pool's size, waiting requests are taken to be held back for room."""
+        Without the pool's size, waiting requests are taken to be held back for room.
+        `reserve_ratio`: the share of an answer kept room for; at 1, room for every answer
+        to finish, so that nothing started is retracted."""
         if load.running <= 0:
             return 0.0
         turnover_s = self.mean_output * self.decode_step_s  # the batch's answers, all done
         if load.max_total_tokens <= 0:
             return self.held_wait(load)  # one finished request each
-        reserve = self.mean_output * RESERVE_RATIO
+        reserve = self.mean_output * reserve_ratio
         queued = (
             load.pending_tokens * self.uncached_share
             + self.tokens_since_poll

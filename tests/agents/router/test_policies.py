@@ -67,6 +67,16 @@ def _send(router: Router, config: RegionConfig, key: bytes) -> str:
     return chosen.worker.id
 
 
+def _ticking_admission(router: Router, clock: list[float]) -> Admission:
+    """Admission on the router's clock, which moves on 0.1 s each time it is read."""
+
+    def ticking() -> float:
+        clock[0] += 0.1
+        return clock[0]
+
+    return Admission(router, clock=ticking)
+
+
 def test_cost_follows_the_cached_prefix_while_the_worker_is_not_busier() -> None:
     router, config, _ = _router("cost")
     first = _send(router, config, SYSTEM + b"question one")
@@ -221,12 +231,7 @@ async def test_admission_holds_a_request_while_the_engine_has_not_started_older_
     clock = [0.0]
     router, config, table = _router("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
-
-    def ticking() -> float:  # time passes as the admission looks again
-        clock[0] += 0.1
-        return clock[0]
-
-    admission = Admission(router, clock=ticking)
+    admission = _ticking_admission(router, clock)
     request = router.request(MODEL, SYSTEM + b"first")
     stuck = router.dispatched((await admission.place(route, request, set(), 0.0)).ranked[0],
                               request)  # fmt: skip
@@ -249,17 +254,30 @@ async def test_admission_counts_what_the_engine_holds_back_by_requests() -> None
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
     view = router.views["w0"]
     view.mean_output, view.decode_step_s = 256, 0.02
-
-    def ticking() -> float:
-        clock[0] += 0.1
-        return clock[0]
-
-    admission = Admission(router, clock=ticking)
+    admission = _ticking_admission(router, clock)
     holding = EngineLoad(running=20, waiting=10, used_tokens=40_000, max_total_tokens=100_000)
     table.polled("w0", holding, 2)
     with pytest.raises(Overloaded):
         await admission.place(route, router.request(MODEL, SYSTEM + b"a"), set(), clock[0])
     table.polled("w0", dataclasses.replace(holding, waiting=0), 2)
+    decision = await admission.place(route, router.request(MODEL, SYSTEM + b"b"), set(), clock[0])
+    assert decision.ranked[0].worker.id == "w0"
+
+
+async def test_admission_holds_a_request_while_the_decode_step_breaks_the_itl_slo() -> None:
+    """The only worker's batch has grown until its decode step (60 ms) is past the route's
+    inter-token SLO (50 ms): one more request there would break it for all it runs, so the
+    request is held and answered 429. When the step is back within the SLO, it goes."""
+    clock = [0.0]
+    router, config, table = _router("cost", workers=1, itl_ms=50, clock=clock)
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
+    view = router.views["w0"]
+    admission = _ticking_admission(router, clock)
+    table.polled("w0", EngineLoad(running=40, used_tokens=40_000, max_total_tokens=100_000), 2)
+    view.decode_step_s = 0.06
+    with pytest.raises(Overloaded):
+        await admission.place(route, router.request(MODEL, SYSTEM + b"a"), set(), clock[0])
+    view.decode_step_s = 0.03
     decision = await admission.place(route, router.request(MODEL, SYSTEM + b"b"), set(), clock[0])
     assert decision.ranked[0].worker.id == "w0"
 
