@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from agents.control.compile import RouteConfig
 from agents.gateway.errors import NoHealthyWorker, Overloaded, QueueFull
+from agents.router.params import CostParams
 from agents.router.policies import RouteRequest
 from agents.router.router import Decision, Router
 
@@ -100,7 +101,9 @@ def _fits(
     # room for every answer there to finish (when room runs out an engine retracts its
     # newest request, which then waits for room again, often before its first chunk) and
     # while the decode step keeps the inter-token SLO
-    view, load = best.view, best.entry.load
+    view, load, params = best.view, best.entry.load, route.params
+    if best.busy and isinstance(params, CostParams) and view.unstarted >= params.max_unstarted:
+        return False  # what the engine cannot start at once waits here, where it can be shed
     if itl_slo is not None and best.busy and view.decode_step_s > itl_slo:
         return False
     uncached = max(0, request_tokens - best.matched_tokens)

@@ -86,6 +86,11 @@ class WorkerView:
     def started(self, key: int) -> None:
         self._unstarted.pop(key, None)
 
+    @property
+    def unstarted(self) -> int:
+        """Requests sent here from this gateway that have not started (no first byte)."""
+        return len(self._unstarted)
+
     def head_age(self, now: float) -> float:
         """How long the oldest request sent here that has not started has waited: the delay
         the engine's queue puts on a request now (as CoDel reads a queue by its packets'

@@ -282,6 +282,27 @@ async def test_admission_holds_a_request_while_the_decode_step_breaks_the_itl_sl
     assert decision.ranked[0].worker.id == "w0"
 
 
+async def test_admission_keeps_at_most_max_unstarted_requests_queued_at_a_busy_engine() -> None:
+    """A busy worker has the two requests sent to it (`max_unstarted`, 2) not yet started: a
+    third waits here and is answered 429 when its SLO passes. Once they start, requests go."""
+    clock = [0.0]
+    router, config, table = _router("cost", workers=1, clock=clock)
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
+    admission = _ticking_admission(router, clock)
+    table.polled("w0", EngineLoad(running=5, used_tokens=10_000, max_total_tokens=100_000), 2)
+    tickets = []
+    for key in (b"a", b"b"):
+        request = router.request(MODEL, SYSTEM + key)
+        decision = await admission.place(route, request, set(), clock[0])
+        tickets.append(router.dispatched(decision.ranked[0], request))
+    with pytest.raises(Overloaded):
+        await admission.place(route, router.request(MODEL, SYSTEM + b"c"), set(), clock[0])
+    for ticket in tickets:
+        router.first_byte(ticket)
+    decision = await admission.place(route, router.request(MODEL, SYSTEM + b"d"), set(), clock[0])
+    assert decision.ranked[0].worker.id == "w0"
+
+
 def test_a_busy_fleet_keeps_a_prefix_where_it_is_cached() -> None:
     """Both engines have had requests queued for seconds; the other's queue is empty at this
     poll. Recomputing the prefix there would delay what queues there next: stay."""
