@@ -166,7 +166,8 @@ class Cost(Policy):
     request counts (sglang issue #21199). For a prefix that no worker holds, prices within
     `tie_s` are equal: the worker drawing the least traffic wins, since a prefix new there
     shares that traffic from then on (cache affinity makes today's choice of a worker for a
-    new prefix the load of its later requests). A prefix already held goes by price alone.
+    new prefix the load of its later requests). A prefix already held goes by price; prices
+    within `even_s`, the model's own noise, go to the worker with the fewest requests.
 
     A busy worker whose learned decode step is past `itl_knee` of the route's inter-token SLO
     is priced up, smoothly (`itl_penalty_s` at the SLO), so that load moves off a worker
