@@ -81,7 +81,8 @@ class Policy:
     def match(self, candidates: list[Candidate], request: RouteRequest) -> None:
         """Fill in each candidate's matched prompt tokens from the prefix index."""
         index = self.index_for(request)
-        request.hashes = index.hashes(request.key)
+        if not request.hashes:  # once a request: a waiting request is placed again and again
+            request.hashes = index.hashes(request.key)
         blocks = index.match(request.hashes)
         per_block = index.block_bytes * request.tokens_per_byte
         for c in candidates:
