@@ -177,9 +177,9 @@ class Engine:
         """The scheduling loop; runs until cancelled."""
         while True:
             await self._unhung.wait()
+            self._wake.clear()  # before publishing: a wake while it publishes is kept
             await self.cache.listener.flush()  # the last step's KV-cache events, if published
             if not self.waiting and not self.running:
-                self._wake.clear()
                 await self._wake.wait()
                 continue
             batch = self._prefill_batch()
@@ -188,7 +188,6 @@ class Engine:
             elif self.decoding:
                 await self._decode()
             else:  # nothing fits yet: let finishing requests free the pool
-                self._wake.clear()
                 await self._wake.wait()
 
     # -- prefill ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ never share a hash. Events are queued as the cache changes and sent once per ste
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import time
@@ -24,7 +25,6 @@ from typing import Any
 
 import msgpack
 import zmq
-import zmq.asyncio
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.engines.sim.radix import Listener
@@ -66,9 +66,11 @@ class KvEvents(Listener):
         self.dp_rank = dp_rank
         self.pending: list[list[Any]] = []
         self.seq = 0
-        self._socket: zmq.asyncio.Socket | None = None
+        # a plain socket, sent to without blocking: a PUB socket drops past its high-water
+        # mark rather than waiting, so publishing never holds the scheduler's step up
+        self._socket: zmq.Socket[bytes] | None = None
         if config.publisher == "zmq":
-            self._context = zmq.asyncio.Context.instance()
+            self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
             self._socket = self._context.socket(zmq.PUB)
             self._socket.setsockopt(zmq.SNDHWM, 100_000)
             self._socket.setsockopt(zmq.LINGER, 0)
@@ -113,7 +115,8 @@ class KvEvents(Listener):
         payload = msgpack.packb([time.time(), events, self.dp_rank], use_bin_type=True)
         frames = [self.config.topic.encode(), self.seq.to_bytes(8, "big"), payload]
         self.seq += 1
-        await self._socket.send_multipart(frames)
+        with contextlib.suppress(zmq.Again):  # past the high-water mark: dropped
+            self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
 
     def close(self) -> None:
         if self._socket is not None:
