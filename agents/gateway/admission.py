@@ -89,7 +89,7 @@ class Admission:
 def _fits(
     decision: Decision, route: RouteConfig, request_tokens: int, since: float, now: float
 ) -> bool:
-    slo, itl_slo = route.slo_ttft_s, route.slo_itl_s
+    slo = route.slo_ttft_s
     predicted = decision.best_ttft_s
     if slo is None or predicted is None:
         return True
@@ -99,13 +99,10 @@ def _fits(
     # a request there waits at least as long as the oldest one sent there has, unstarted,
     # and as the requests the engine holds back take to start; and it is admitted only with
     # room for every answer there to finish (when room runs out an engine retracts its
-    # newest request, which then waits for room again, often before its first chunk) and
-    # while the decode step keeps the inter-token SLO
+    # newest request, which then waits for room again, often before its first chunk)
     view, load, params = best.view, best.entry.load, route.params
     if best.busy and isinstance(params, CostParams) and view.unstarted >= params.max_unstarted:
         return False  # what the engine cannot start at once waits here, where it can be shed
-    if itl_slo is not None and best.busy and view.decode_step_s > itl_slo:
-        return False
     uncached = max(0, request_tokens - best.matched_tokens)
     waits = (
         predicted,

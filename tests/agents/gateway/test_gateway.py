@@ -452,6 +452,20 @@ async def test_kv_cache_events_keep_the_router_index_exact(
             return int(chosen["matched_tokens"])
 
         async with httpx.AsyncClient(timeout=30) as http:
+            # the engines restarted to publish; events flow once each subscriber has joined
+            warm = {"model": LLAMA, "max_tokens": 2, "messages": [
+                {"role": "user", "content": " ".join(f"x{i}" for i in range(64))}]}  # fmt: skip
+
+            async def flowing() -> bool:
+                status = await region.agent.status()
+                for engine in status["engines"]:  # straight to each engine: it publishes
+                    answer = await http.post(f"{engine['url']}/v1/chat/completions", json=warm)
+                    assert answer.status_code == 200, answer.text
+                    await http.post(f"{engine['url']}/flush_cache")
+                events = (await region.agent.status())["router"]["kv_events"]
+                return len(events) == 2 and all(count > 0 for count in events.values())
+
+            await eventually(flowing, within_s=30, every_s=0.5)
             first, prompt_tokens = await send(http)
             again, _ = await send(http)
             holder = next(e for e in (await region.agent.status())["engines"]

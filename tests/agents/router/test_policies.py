@@ -264,24 +264,6 @@ async def test_admission_counts_what_the_engine_holds_back_by_requests() -> None
     assert decision.ranked[0].worker.id == "w0"
 
 
-async def test_admission_holds_a_request_while_the_decode_step_breaks_the_itl_slo() -> None:
-    """The only worker's batch has grown until its decode step (60 ms) is past the route's
-    inter-token SLO (50 ms): one more request there would break it for all it runs, so the
-    request is held and answered 429. When the step is back within the SLO, it goes."""
-    clock = [0.0]
-    router, config, table = _router("cost", workers=1, itl_ms=50, clock=clock)
-    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
-    view = router.views["w0"]
-    admission = _ticking_admission(router, clock)
-    table.polled("w0", EngineLoad(running=40, used_tokens=40_000, max_total_tokens=100_000), 2)
-    view.decode_step_s = 0.06
-    with pytest.raises(Overloaded):
-        await admission.place(route, router.request(MODEL, SYSTEM + b"a"), set(), clock[0])
-    view.decode_step_s = 0.03
-    decision = await admission.place(route, router.request(MODEL, SYSTEM + b"b"), set(), clock[0])
-    assert decision.ranked[0].worker.id == "w0"
-
-
 async def test_admission_keeps_at_most_max_unstarted_requests_queued_at_a_busy_engine() -> None:
     """A busy worker has the two requests sent to it (`max_unstarted`, 2) not yet started: a
     third waits here and is answered 429 when its SLO passes. Once they start, requests go."""
