@@ -231,7 +231,7 @@ class Cost(Policy):
             c for c in ok
             if c.score_s - top.score_s <= p.tie_s and c.matched_tokens >= top.matched_tokens
         ]  # fmt: skip
-        if len(close) > 1 and _places(top, request):
+        if len(close) > 1 and places(top, request):
             draw = _draws(close, request.now)
             close.sort(key=lambda c: (draw[c.worker.id], c.score_s, c.worker.id))
             ok = close + [c for c in ok if c.worker.id not in draw]
@@ -251,7 +251,7 @@ class Cost(Policy):
         )
 
 
-def _places(c: Candidate, request: RouteRequest) -> bool:
+def places(c: Candidate, request: RouteRequest) -> bool:
     """Whether sending the request to `c` places its prefix there: most of it is not cached."""
     return c.matched_tokens * 2 < request.prompt_tokens
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from agents.control.compile import RegionConfig, RouteConfig
 from agents.router.params import CostParams
-from agents.router.policies import POLICIES, Candidate, Policy, RouteRequest
+from agents.router.policies import POLICIES, Candidate, Policy, RouteRequest, places
 from agents.router.prefix import PrefixIndex
 from agents.router.tokens import PromptTokenizer
 from agents.router.view import WorkerView
@@ -274,7 +274,9 @@ class Router:
         ahead = round(view.queued_work(load.pending_tokens))
         busy = chosen.busy  # before this request counts
         view.sent(request.prompt_tokens, uncached)
-        view.count_dispatch(self.clock(), placed=uncached > request.prompt_tokens / 2)
+        view.count_dispatch(
+            self.clock(), placed=not prefilled_elsewhere and places(chosen, request)
+        )
         view.inflight += 1
         view.queued_tokens += uncached
         view.sent_since_poll += 1
