@@ -101,15 +101,17 @@ def _fits(
     # room for every answer there to finish (when room runs out an engine retracts its
     # newest request, which then waits for room again, often before its first chunk)
     view, load, params = best.view, best.entry.load, route.params
-    if best.busy and isinstance(params, CostParams) and view.unstarted >= params.max_unstarted:
-        return False  # what the engine cannot start at once waits here, where it can be shed
     uncached = max(0, request_tokens - best.matched_tokens)
-    waits = (
-        predicted,
-        view.head_age(now),
-        view.held_wait(load),
-        view.room_wait(uncached, load, 1.0),
-    )
+    held, room = view.held_wait(load), view.room_wait(uncached, load, 1.0)
+    if (
+        (held > 0 or room > 0)
+        and isinstance(params, CostParams)
+        and view.unstarted >= params.max_unstarted
+    ):
+        # an engine that holds requests back for room: what it cannot start at once waits
+        # here, where it can be shed (one that has room starts a burst together, in a batch)
+        return False
+    waits = (predicted, view.head_age(now), held, room)
     return now - since + max(waits) <= slo
 
 

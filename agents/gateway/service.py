@@ -163,6 +163,7 @@ class Gateway:
                 except Retry as why:
                     log.warning("request %s: %s", request_id, why, extra={"request_id": request_id})
                     tried.add(why.worker_id)
+                    since = self.clock()  # time lost to a failed worker is not the load's
                     continue
                 if tenant is not OPERATOR and usage.prompt_tokens is not None:
                     used = usage.prompt_tokens + (usage.completion_tokens or 0)

@@ -82,9 +82,9 @@ class CostParams(PolicyParams):
         "are equal, and the worker with the fewest requests wins",
     )  # fmt: skip
     max_unstarted: int = Field(
-        default=2, ge=1, le=10_000, description="under a TTFT SLO, requests sent to a busy "
-        "worker that have not started there, at most: the rest wait at the gateway, where "
-        "they can be shed",
+        default=2, ge=1, le=10_000, description="under a TTFT SLO, requests sent to a worker "
+        "that holds requests back for KV room and have not started there, at most: the rest "
+        "wait at the gateway, where they can be shed",
     )  # fmt: skip
     itl_knee: float = Field(
         default=0.5, ge=0, lt=1, description="share of the ITL SLO past which a busy worker's "

@@ -264,14 +264,18 @@ async def test_admission_counts_what_the_engine_holds_back_by_requests() -> None
     assert decision.ranked[0].worker.id == "w0"
 
 
-async def test_admission_keeps_at_most_max_unstarted_requests_queued_at_a_busy_engine() -> None:
-    """A busy worker has the two requests sent to it (`max_unstarted`, 2) not yet started: a
-    third waits here and is answered 429 when its SLO passes. Once they start, requests go."""
+async def test_admission_keeps_at_most_max_unstarted_requests_at_an_engine_that_holds_back() -> (
+    None
+):
+    """A busy worker holds requests back for room (its queue is not empty) and has the two
+    requests sent to it (`max_unstarted`, 2) not yet started: a third waits here and is
+    answered 429 when its SLO passes. Once they start, requests go."""
     clock = [0.0]
     router, config, table = _router("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
     admission = _ticking_admission(router, clock)
-    table.polled("w0", EngineLoad(running=5, used_tokens=10_000, max_total_tokens=100_000), 2)
+    holding = EngineLoad(running=5, waiting=1, used_tokens=10_000, max_total_tokens=100_000)
+    table.polled("w0", holding, 2)
     tickets = []
     for key in (b"a", b"b"):
         request = router.request(MODEL, SYSTEM + key)
@@ -283,6 +287,21 @@ async def test_admission_keeps_at_most_max_unstarted_requests_queued_at_a_busy_e
         router.first_byte(ticket)
     decision = await admission.place(route, router.request(MODEL, SYSTEM + b"d"), set(), clock[0])
     assert decision.ranked[0].worker.id == "w0"
+
+
+async def test_an_engine_with_room_takes_a_burst_at_once() -> None:
+    """A busy worker with room and an empty queue starts a burst together, in one prefill
+    batch: six requests sent at the same moment are all admitted, none held back."""
+    clock = [0.0]
+    router, config, table = _router("cost", workers=1, clock=clock)
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
+    admission = _ticking_admission(router, clock)
+    table.polled("w0", EngineLoad(running=5, used_tokens=10_000, max_total_tokens=100_000), 2)
+    for key in (b"a", b"b", b"c", b"d", b"e", b"f"):
+        request = router.request(MODEL, SYSTEM + key)
+        decision = await admission.place(route, request, set(), clock[0])
+        router.dispatched(decision.ranked[0], request)
+    assert router.views["w0"].unstarted == 6
 
 
 def test_a_busy_fleet_keeps_a_prefix_where_it_is_cached() -> None:
