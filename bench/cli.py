@@ -145,14 +145,25 @@ def overhead_command(
 @click.option("--workers", type=click.IntRange(1, 32), default=4, show_default=True)
 @click.option("--seconds", type=click.FloatRange(5, 3600), default=20, show_default=True,
               help="of load at each multiple of capacity")  # fmt: skip
+@click.option("--capacity", type=click.FloatRange(0.1, 1000), default=None,
+              help="no sweep: the region's capacity (rps) from an earlier run")  # fmt: skip
+@click.option("--modes", default=",".join(overload.MODES), show_default=True,
+              help="comma-separated, from the default list")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="PNG; default: beside --out")  # fmt: skip
-def overload_command(workers: int, seconds: float, out: Path | None, plot: Path | None) -> None:
+def overload_command(
+    workers: int, seconds: float, capacity: float | None, modes: str, out: Path | None,
+    plot: Path | None,
+) -> None:  # fmt: skip
     """One region at 1x, 2x and 5x its capacity, with admission control and without."""
+    names = tuple(n.strip() for n in modes.split(",") if n.strip())
+    unknown = [n for n in names if n not in overload.MODES]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown modes {unknown}", param_hint="--modes")
     root = _scratch("overload")
     options = overload.Options(
-        workers=workers, seconds=seconds, out=out,
+        workers=workers, seconds=seconds, capacity_rps=capacity, modes=names, out=out,
         plot=plot or (out.with_suffix(".png") if out else None), root=root,
     )  # fmt: skip
     try:

@@ -42,6 +42,8 @@ class Options:
     seconds: float = 20.0
     speed: float = 0.5
     stream_interval: int = 16
+    capacity_rps: float | None = None  # from an earlier run: no sweep
+    modes: tuple[str, ...] = tuple(MODES)
     out: Path | None = None
     plot: Path | None = None
     root: Path = Path(".")
@@ -67,11 +69,15 @@ async def run(options: Options) -> dict[str, Any]:
         client = Client({"Authorization": f"Bearer {region.operator}"})
         stack.push_async_callback(client.close)
         bench = routing.Bench(o, console, stack, options.root, sims, region, client)
-        console.print("[bold]capacity[/] of the region (cost policy, with admission)")
         await bench.use("cost")
-        capacity, _ = await routing._sweep(bench, workload)
+        if options.capacity_rps is None:
+            console.print("[bold]capacity[/] of the region (cost policy, with admission)")
+            capacity, _ = await routing._sweep(bench, workload)
+        else:
+            capacity = options.capacity_rps
         result["capacity_rps"] = round(capacity, 3)
-        for mode, (params, route) in MODES.items():
+        for mode in options.modes:
+            params, route = MODES[mode]
             await region.route("cost", params, **route)
             bench.current = mode
             runs = {}

@@ -55,7 +55,7 @@ class Admission:
             while True:
                 decision = self.router.route(route, request, exclude)
                 now = self.clock()
-                if decision.ranked and _fits(decision, route, request.prompt_tokens, since, now):
+                if decision.ranked and _fits(decision, route, request, since, now):
                     return decision
                 if not decision.ranked and not decision.vetoed:
                     raise NoHealthyWorker(
@@ -87,7 +87,7 @@ class Admission:
 
 
 def _fits(
-    decision: Decision, route: RouteConfig, request_tokens: int, since: float, now: float
+    decision: Decision, route: RouteConfig, request: RouteRequest, since: float, now: float
 ) -> bool:
     slo = route.slo_ttft_s
     predicted = decision.best_ttft_s
@@ -101,8 +101,9 @@ def _fits(
     # room for every answer there to finish (when room runs out an engine retracts its
     # newest request, which then waits for room again, often before its first chunk)
     view, load, params = best.view, best.entry.load, route.params
-    uncached = max(0, request_tokens - best.matched_tokens)
-    held, room = view.held_wait(load), view.room_wait(uncached, load, 1.0)
+    uncached = max(0, request.prompt_tokens - best.matched_tokens)
+    answer = view.answer(request.max_new)
+    held, room = view.held_wait(load, now), view.room_wait(uncached, load, now, answer, 1.0)
     if (
         (held > 0 or room > 0)
         and isinstance(params, CostParams)
@@ -111,7 +112,7 @@ def _fits(
         # an engine that holds requests back for room: what it cannot start at once waits
         # here, where it can be shed (one that has room starts a burst together, in a batch)
         return False
-    waits = (predicted, view.head_age(now), held, room)
+    waits = (predicted * view.bias, view.head_age(now), held, room)
     return now - since + max(waits) <= slo
 
 

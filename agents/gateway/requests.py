@@ -34,6 +34,7 @@ class Inference:
     messages: list[Any] | None = None  # a chat's, for the engine's tokenizer
     text: str | None = None  # a completion's prompt, likewise
     key_is_tokens: bool = False  # the client sent token ids: the key is them
+    max_new: int | None = None  # the answer's most tokens, when the request sets them
 
     def tokens(self, tokenizer: PromptTokenizer) -> bytes:
         """The prompt as the engine's token ids, four bytes a token (as `key` for ids)."""
@@ -83,8 +84,27 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
     inference = Inference(
         path, raw, model.name, stream, key, wants_usage, options is not None, native,
         messages=messages, text=text, key_is_tokens=messages is None and text is None,
+        max_new=_max_new(body, native),
     )  # fmt: skip
     return inference, model
+
+
+def _max_new(body: dict[str, Any], native: bool) -> int | None:
+    """max_completion_tokens or max_tokens (OpenAI), sampling_params.max_new_tokens (SGLang)."""
+    if native:
+        sampling = body.get("sampling_params")
+        if sampling is not None and not isinstance(sampling, dict):
+            raise BadRequest("sampling_params must be an object", param="sampling_params")
+        found = [("max_new_tokens", (sampling or {}).get("max_new_tokens"))]
+    else:
+        found = [(n, body.get(n)) for n in ("max_completion_tokens", "max_tokens")]
+    for name, value in found:
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadRequest(f"{name} must be a whole number, 0 or more", param=name)
+        return value
+    return None
 
 
 def check_context(model: ModelConfig, prompt_tokens: int) -> None:

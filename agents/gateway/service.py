@@ -138,7 +138,9 @@ class Gateway:
         if request.content_type not in ("application/json", ""):
             raise UnsupportedMediaType(f"send application/json, not {request.content_type}")
         inference, model = parse(request.path, await request.read(), config)
-        route_request = self.router.request(model.name, inference.key, inference.tokens)
+        route_request = self.router.request(
+            model.name, inference.key, inference.tokens, inference.max_new
+        )
         check_context(model, route_request.prompt_tokens)
         route = config.routes.get(model.name)
         if route is None:

@@ -28,6 +28,7 @@ class RouteRequest:
     hashes: list[int] = field(default_factory=list)
     exact: PrefixIndex | None = None  # the index KV-cache events keep, when the key is tokens
     itl_limit_s: float | None = None  # the route's inter-token SLO
+    max_new: int | None = None  # the answer's most tokens (max_tokens), when it sets one
     now: float = 0.0  # the router's clock when it is routed
 
 
@@ -202,7 +203,9 @@ class Cost(Policy):
             ahead = view.queued_work(load.pending_tokens)
             steps = math.ceil((ahead + uncached) / p.chunk_tokens) if busy else 0
             # the queue ahead is served as fast as its prefill and the pool's room allow
-            wait = max(ahead / view.prefill_tokens_per_s, view.room_wait(uncached, load))
+            answer = view.answer(request.max_new)
+            room = view.room_wait(uncached, load, request.now, answer)
+            wait = max(ahead / view.prefill_tokens_per_s, room)
             c.ttft_s = wait + uncached / view.prefill_tokens_per_s + steps * view.decode_step_s
             recompute = (best_match - c.matched_tokens) / view.prefill_tokens_per_s
             # what this prefill costs the requests queued there, each waiting the longer: the

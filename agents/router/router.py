@@ -87,6 +87,8 @@ class Ticket:
     learns_prefill: bool = True  # not prefilled elsewhere, nor held back by the engine
     step_s: float = 0.0  # the decode step a busy worker finishes before it prefills this
     polls: int = 0  # the worker's answered polls when this was sent
+    max_new: int | None = None  # the request's max_tokens
+    predicted_s: float = 0.0  # the TTFT the cost policy predicted for it there
 
 
 class Router:
@@ -174,10 +176,14 @@ class Router:
         return seen[1] / seen[0]
 
     def request(
-        self, model: str, key: bytes, tokens: Callable[[PromptTokenizer], bytes] | None = None
+        self,
+        model: str,
+        key: bytes,
+        tokens: Callable[[PromptTokenizer], bytes] | None = None,
+        max_new: int | None = None,
     ) -> RouteRequest:
         """`key` is the prompt as bytes; `tokens` gives it as the engine's token ids, for a
-        model whose engines publish KV-cache events."""
+        model whose engines publish KV-cache events; `max_new`, the answer's most tokens."""
         exact = self.exact.get(model)
         if exact is not None and tokens is not None:
             try:
@@ -186,9 +192,11 @@ class Router:
                 log.warning("tokenizing a %s prompt failed: %s", model, error)
             else:
                 count = max(1, len(ids) // TOKEN_BYTES)
-                return RouteRequest(model, ids, count, 1 / TOKEN_BYTES, exact=exact.index)
+                return RouteRequest(
+                    model, ids, count, 1 / TOKEN_BYTES, exact=exact.index, max_new=max_new
+                )
         ratio = self.tokens_per_byte(model)
-        return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio)
+        return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio, max_new=max_new)
 
     def route(self, route: RouteConfig, request: RouteRequest, exclude: set[str]) -> Decision:
         request.itl_limit_s, request.now = route.slo_itl_s, self.clock()
@@ -239,6 +247,8 @@ class Router:
             if entry.polls != view.poll_seen:  # the engine's load now counts what we sent
                 view.poll_seen, view.sent_since_poll, view.tokens_since_poll = entry.polls, 0, 0
                 view.observe_queue(entry.load.waiting, entry.load.at)
+                if entry.load.step_s > 0:
+                    view.learn_decode(entry.load.step_s)
             if not entry.serving or not view.breaker.allows(now):
                 unavailable += 1
                 continue
@@ -286,8 +296,9 @@ class Router:
             chosen.worker.id, request.model, self.clock(), request.prompt_tokens, uncached, ahead,
             learns_prefill=not prefilled_elsewhere and load.waiting == 0,
             step_s=view.decode_step_s if busy else 0.0, polls=chosen.entry.polls,
+            max_new=request.max_new, predicted_s=chosen.ttft_s,
         )  # fmt: skip
-        view.waiting_since(id(ticket), ticket.sent_at)
+        view.flew(id(ticket), ticket.sent_at, view.answer(request.max_new))
         return ticket
 
     def _unpolled(self, ticket: Ticket) -> bool:
@@ -303,7 +314,8 @@ class Router:
         view = self.views.get(ticket.worker_id)
         if view is None:
             return
-        view.started(id(ticket))
+        view.started(id(ticket), ticket.first_at)
+        view.learn_bias(ticket.predicted_s, ticket.first_at - ticket.sent_at)
         view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
         if self._unpolled(ticket):  # its prefill is done: no longer queued work
             view.tokens_since_poll = max(0, view.tokens_since_poll - ticket.uncached_tokens)
@@ -328,10 +340,11 @@ class Router:
         view = self.views.get(ticket.worker_id)
         if view is not None:
             view.inflight = max(0, view.inflight - 1)
+            view.landed(id(ticket))
             if self._unpolled(ticket):
                 view.sent_since_poll = max(0, view.sent_since_poll - 1)
             if completion:
-                view.learn_output(completion)
+                view.learn_output(completion, ticket.max_new)
             if completion and completion > 1 and ticket.first_at is not None:
                 view.learn_decode((now - ticket.first_at) / (completion - 1))
         if prompt_tokens and prompt_bytes:
@@ -366,8 +379,8 @@ class Router:
     def _forget(self, view: WorkerView, ticket: Ticket) -> None:
         """A request that ended without an answer: its work is no longer the worker's."""
         unpolled = self._unpolled(ticket)
+        view.landed(id(ticket))
         if ticket.first_at is None:
-            view.started(id(ticket))
             view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
             if unpolled:
                 view.tokens_since_poll = max(0, view.tokens_since_poll - ticket.uncached_tokens)

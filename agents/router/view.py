@@ -4,6 +4,7 @@ from what the gateway observed (prefill rate from TTFT, decode step from inter-t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from math import exp
@@ -18,6 +19,9 @@ MIN_LEARN_TOKENS = 256  # below this a TTFT says more about overheads than prefi
 RATE_WINDOW_S = 10.0  # the time constant of a worker's smoothed dispatch rate
 PLACED_WINDOW_S = 30.0  # ...of the prefixes new to it
 QUEUE_WINDOW_S = 5.0  # ...and of its engine's queue
+BIAS_MIN_S = 0.05  # a predicted TTFT below this says more about overheads than the model
+BIAS_UP, BIAS_DOWN = 0.2, 0.02  # how fast the bias follows a late first byte, an early one
+BIAS_MAX = 8.0
 RESERVE_RATIO = 0.4  # of an answer's tokens an engine keeps KV room for (SGLang: 0.7 to 0.1)
 
 
@@ -60,6 +64,15 @@ class Breaker:
 
 
 @dataclass
+class Flight:
+    """A request sent here from this gateway and not yet ended."""
+
+    sent_at: float
+    answer: float  # the tokens its answer is expected to take
+    first_at: float | None = None
+
+
+@dataclass
 class WorkerView:
     worker_id: str
     prefill_tokens_per_s: float
@@ -72,33 +85,74 @@ class WorkerView:
     breaker: Breaker = field(default_factory=Breaker)
     learned: int = 0  # observations behind the two rates
     uncached_share: float = 1.0  # of the prompt tokens sent here, the share not cached there
-    mean_output: float = 128.0  # tokens an answer here has, learned from usage
+    mean_output: float = 128.0  # tokens an answer sent here is expected to take
+    answer_share: float = 1.0  # of a request's max_tokens, the share its answer takes
+    bias: float = 1.0  # how much later than predicted first bytes come here, lately (>= 1)
     queue: float = 0.0  # the engine's waiting requests, smoothed over QUEUE_WINDOW_S
     _queue_at: float = 0.0
     _rate: float = 0.0  # requests a second sent here, smoothed over RATE_WINDOW_S
     _placed: float = 0.0  # prefixes new here, smoothed over PLACED_WINDOW_S
     _rate_at: float = 0.0
-    _unstarted: dict[int, float] = field(default_factory=dict)  # dispatch -> sent at, in order
+    _flights: dict[int, Flight] = field(default_factory=dict)  # dispatch -> flight, in order
+    _unstarted: int = 0
 
-    def waiting_since(self, key: int, at: float) -> None:
-        self._unstarted[key] = at
+    def answer(self, max_new: int | None) -> float:
+        """The tokens an answer is expected to take: its max_tokens at the share answers here
+        take of theirs, or the mean of answers here when the request sets none."""
+        return self.mean_output if max_new is None else max(1.0, max_new * self.answer_share)
 
-    def started(self, key: int) -> None:
-        self._unstarted.pop(key, None)
+    def flew(self, key: int, at: float, answer: float) -> None:
+        self._flights[key] = Flight(at, answer)
+        self._unstarted += 1
+        self.mean_output += LEARN_ALPHA * (answer - self.mean_output)
+
+    def started(self, key: int, at: float) -> None:
+        flight = self._flights.get(key)
+        if flight is not None and flight.first_at is None:
+            flight.first_at = at
+            self._unstarted -= 1
+
+    def landed(self, key: int) -> None:
+        flight = self._flights.pop(key, None)
+        if flight is not None and flight.first_at is None:
+            self._unstarted -= 1
 
     @property
     def unstarted(self) -> int:
         """Requests sent here from this gateway that have not started (no first byte)."""
-        return len(self._unstarted)
+        return self._unstarted
 
     def head_age(self, now: float) -> float:
         """How long the oldest request sent here that has not started has waited: the delay
         the engine's queue puts on a request now (as CoDel reads a queue by its packets'
         sojourn), whatever holds it back (prefill ahead, KV room, retractions). It rises at
         once when an engine stalls and falls to nothing when its queue from here empties."""
-        for at in self._unstarted.values():
-            return max(0.0, now - at)
+        if self._unstarted:
+            for flight in self._flights.values():
+                if flight.first_at is None:
+                    return max(0.0, now - flight.sent_at)
         return 0.0
+
+    def finish_s(self, share: float, now: float) -> float:
+        """Seconds until `share` of the engine's running batch has finished. The requests
+        this gateway has running there say when theirs end (each its expected answer at the
+        decode step, less what it has run): a batch that started together finishes together,
+        which an average over the batch does not show. Past the batch, or with none of ours
+        running, answers end at the batch's turnover (Little's law)."""
+        if share <= 0:
+            return 0.0
+        turnover_s = self.mean_output * self.decode_step_s
+        step = self.decode_step_s
+        left = sorted(
+            max(0.0, f.answer * step - (now - f.first_at))
+            for f in self._flights.values()
+            if f.first_at is not None
+        )
+        if not left:
+            return share * turnover_s
+        if share > 1:
+            return left[-1] + (share - 1) * turnover_s
+        return left[max(0, math.ceil(share * len(left)) - 1)]
 
     def rate(self, now: float) -> float:
         """Requests a second this gateway sends here: under cache affinity, the traffic its
@@ -123,49 +177,85 @@ class WorkerView:
         self.queue += weight * (waiting - self.queue)
         self._queue_at = now
 
-    def learn_output(self, tokens: int) -> None:
-        self.mean_output += LEARN_ALPHA * (tokens - self.mean_output)
+    def learn_bias(self, predicted_s: float, actual_s: float) -> None:
+        """A first byte against its prediction. The bias follows late ones fast and early ones
+        slowly, so it tracks how late they come near the worst, not on average: admission
+        scales its prediction by it, and what the model misses here (a queue it did not see,
+        a step it has not learned yet) is paid for by the request that would have missed its
+        SLO, not found out afterwards."""
+        if predicted_s < BIAS_MIN_S:
+            return
+        ratio = actual_s / predicted_s
+        rate = BIAS_UP if ratio > self.bias else BIAS_DOWN
+        self.bias = min(BIAS_MAX, max(1.0, self.bias + rate * (ratio - self.bias)))
+
+    def learn_output(self, tokens: int, max_new: int | None) -> None:
+        """An answer's length: of its max_tokens, or of answers here without one."""
+        if max_new:
+            self.answer_share += LEARN_ALPHA * (min(1.0, tokens / max_new) - self.answer_share)
+        else:
+            self.mean_output += LEARN_ALPHA * (tokens - self.mean_output)
 
     def room_wait(
-        self, need: float, load: EngineLoad, reserve_ratio: float = RESERVE_RATIO
+        self,
+        need: float,
+        load: EngineLoad,
+        now: float,
+        answer: float | None = None,
+        reserve_ratio: float = RESERVE_RATIO,
     ) -> float:
         """Seconds until the engine's KV pool has room for `need` more tokens, after what is
         queued there: SGLang admits a request only with room for its uncached prompt and a
-        share of its answer, so when the pool is short a request waits for running ones to
-        finish and free theirs (the whole batch turns over in an answer's decode steps).
-        Without the pool's size, waiting requests are taken to be held back for room.
+        share of its answer (`answer` tokens, by default the mean here), so when the pool is
+        short a request waits for running ones to finish and free theirs. Without the
+        pool's size, waiting requests are taken to be held back for room.
         `reserve_ratio`: the share of an answer kept room for; at 1, room for every answer
         to finish, so that nothing started is retracted."""
         if load.running <= 0:
             return 0.0
-        turnover_s = self.mean_output * self.decode_step_s  # the batch's answers, all done
         if load.max_total_tokens <= 0:
-            return self.held_wait(load)  # one finished request each
+            return self.held_wait(load, now)  # one finished request each
         reserve = self.mean_output * reserve_ratio
         queued = (
             load.pending_tokens * self.uncached_share
             + self.tokens_since_poll
             + (load.waiting + self.sent_since_poll) * reserve
         )
-        running_reserve = load.running * reserve / 2  # half of each answer is still to come
+        running_reserve = self._to_come(load, now) * reserve_ratio
         free = load.max_total_tokens - load.used_tokens - running_reserve - queued
-        short = need + reserve - free
+        own = need + (self.mean_output if answer is None else answer) * reserve_ratio
+        short = own - free
         if short <= 0:
             return 0.0
         # the requests queued for room go first (when prefixes are evicted for room, tokens
-        # count short), then this one as room for it frees
-        per_token_s = turnover_s / max(load.used_tokens, 1)
-        return max(short * per_token_s, self.held_wait(load) + (need + reserve) * per_token_s)
+        # count short), then this one as room for it frees; a finishing share of the batch
+        # frees that share of what it holds
+        used = max(load.used_tokens, 1)
+        held = self._held_share(load)
+        return self.finish_s(max(short / used, held + own / used), now)
 
-    def held_wait(self, load: EngineLoad) -> float:
+    def _to_come(self, load: EngineLoad, now: float) -> float:
+        """Answer tokens the engine's running requests have still to generate: of those this
+        gateway has running there, their expected answers less the steps they have run (a
+        batch that started together has nearly all of its answers to come); of others, half
+        an answer each."""
+        ours, left = 0, 0.0
+        for f in self._flights.values():
+            if f.first_at is not None:
+                ours += 1
+                left += max(0.0, f.answer - (now - f.first_at) / self.decode_step_s)
+        return left + max(0, load.running - ours) * self.mean_output / 2
+
+    def held_wait(self, load: EngineLoad, now: float) -> float:
         """Seconds the requests an engine holds back (as polled, and sent since) take to
-        start when each waits for a running one to finish and free its room (Little's law
-        by requests; the batch turns over in an answer's decode steps). An engine that
+        start when each waits for a running one to finish and free its room. An engine that
         reserves more room than the pool arithmetic shows, or retracts, holds them so."""
+        return self.finish_s(self._held_share(load), now)
+
+    def _held_share(self, load: EngineLoad) -> float:
         if load.waiting <= 0 or load.running <= 0:
             return 0.0
-        turnover_s = self.mean_output * self.decode_step_s
-        return (load.waiting + self.sent_since_poll) * turnover_s / load.running
+        return (load.waiting + self.sent_since_poll) / load.running
 
     def sent(self, prompt_tokens: int, uncached_tokens: int) -> None:
         if prompt_tokens > 0:
@@ -189,6 +279,8 @@ class WorkerView:
         self.learned += 1
 
     def learn_decode(self, gap_s: float) -> None:
+        """A decode step seen: an answer's mean inter-token gap, or the engine's own."""
         if gap_s <= 0:
             return
+        gap_s = min(max(gap_s, self.decode_step_s / 4), self.decode_step_s * 4)
         self.decode_step_s += LEARN_ALPHA * (gap_s - self.decode_step_s)

@@ -11,10 +11,12 @@ from typing import Any
 import aiohttp
 import orjson
 
+from agents.engines import metrics
 from agents.workers.table import EngineInfo, EngineLoad, WorkerEntry, WorkerTable
 
 log = logging.getLogger(__name__)
 FAIL_AFTER = 2  # polls in a row without an answer
+METRICS_EVERY = 2  # polls between reads of an engine's metrics (its decode step)
 
 
 class LoadPoller:
@@ -47,6 +49,9 @@ class LoadPoller:
                 load.pending_tokens += int(rank.get("num_pending_tokens", 0))
             if entry.info is None:
                 self.table.described(entry.spec.id, await _info(http, entry.spec.url))
+            load.step_s = entry.load.step_s
+            if entry.polls % METRICS_EVERY == 0:
+                load.step_s = await _step(http, entry.spec.url) or 0.0
         except (aiohttp.ClientError, TimeoutError, ValueError, TypeError, AttributeError):
             load = None
         self.table.polled(entry.spec.id, load, FAIL_AFTER)
@@ -57,6 +62,19 @@ async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
         if response.status != 200:
             raise ValueError(f"{url}: {response.status}")
         return orjson.loads(await response.read())
+
+
+async def _step(http: aiohttp.ClientSession, url: str) -> float | None:
+    """The engine's decode step now; None without metrics (SGLang without --enable-metrics),
+    or when they do not answer: the load poll stands without them."""
+    try:
+        async with http.get(f"{url}/metrics") as response:
+            if response.status != 200:
+                return None
+            text = await response.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    return await asyncio.to_thread(metrics.decode_step, text)
 
 
 async def _info(http: aiohttp.ClientSession, url: str) -> EngineInfo:

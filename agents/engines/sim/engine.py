@@ -47,6 +47,7 @@ CATCH_UP_S = 0.05
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLang's defaults (schedule_conservativeness 1.0)
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+DECODE_LOG_INTERVAL = 40  # decode steps between SGLang's decode stats (gen_throughput)
 Role = Literal["unified", "prefill", "decode"]
 
 
@@ -91,6 +92,8 @@ class Engine:
         self._unhung.set()
         self._ids = itertools.count()
         self.generated_total = 0
+        self.gen_throughput = 0.0  # tokens a second over the last DECODE_LOG_INTERVAL steps
+        self._log_steps, self._log_at, self._log_generated = 0, 0.0, 0
         self._pool_generated = 0  # generated tokens held outside the cache
         self._deadline = 0.0
 
@@ -181,6 +184,7 @@ class Engine:
             await self.cache.listener.flush()  # the last step's KV-cache events, if published
             if not self.waiting and not self.running:
                 await self._wake.wait()
+                self._log_steps, self._log_at = 0, self.now()  # an idle spell is not decode
                 continue
             batch = self._prefill_batch()
             if batch:
@@ -311,6 +315,19 @@ class Engine:
         for request in batch:
             if not request.done:
                 self._advance(request)
+        self._log_decode()
+
+    def _log_decode(self) -> None:
+        """gen_throughput as SGLang's scheduler logs it: the tokens generated over the last
+        DECODE_LOG_INTERVAL decode steps (prefill steps among them count in the time)."""
+        self._log_steps += 1
+        if self._log_steps < DECODE_LOG_INTERVAL:
+            return
+        now = self.now()
+        if now > self._log_at:
+            tokens = self.generated_total - self._log_generated
+            self.gen_throughput = tokens / (now - self._log_at)
+        self._log_steps, self._log_at, self._log_generated = 0, now, self.generated_total
 
     def _make_room(self, tokens: int) -> None:
         """Room for the decode batch's next tokens: evict unused prefixes, then retract the

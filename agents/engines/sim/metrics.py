@@ -38,7 +38,6 @@ class Metrics(Observer):
         self._queue = self._histogram("queue_time_seconds", E2E_BUCKETS)
         self._prompt_total = 0
         self._cached_total = 0
-        self._last_tick: tuple[float, int] | None = None
         self.transfer_queue = 0  # PD decode: requests waiting for their KV cache
         self.prefill_inflight = 0  # PD prefill: prefilled, not yet fetched by a decode server
         self.last_transfer_ms = 0.0
@@ -47,7 +46,7 @@ class Metrics(Observer):
             "num_queue_reqs": lambda: len(self._engine().waiting),
             "num_used_tokens": lambda: self._engine().used_tokens,
             "token_usage": self._token_usage,
-            "gen_throughput": self._throughput,
+            "gen_throughput": lambda: self._engine().gen_throughput,
             "cache_hit_rate": lambda: self._cached_total / max(1, self._prompt_total),
             "max_total_num_tokens": lambda: self._engine().cost.max_total_tokens,
             "num_prefill_prealloc_queue_reqs": lambda: 0,
@@ -77,14 +76,6 @@ class Metrics(Observer):
     def _token_usage(self) -> float:
         engine = self._engine()
         return engine.used_tokens / max(1, engine.cost.max_total_tokens)
-
-    def _throughput(self) -> float:
-        engine = self._engine()
-        now, total = engine.now(), engine.generated_total
-        last, self._last_tick = self._last_tick, (now, total)
-        if last is None or now <= last[0]:
-            return 0.0
-        return (total - last[1]) / (now - last[0])
 
     def admitted(self, request: Request) -> None:
         assert request.admitted is not None

@@ -103,6 +103,8 @@ async def test_bad_keys_unknown_models_and_missing_capabilities_get_openai_error
         too_long = [{"role": "user", "content": "word " * 40_000}]
         with pytest.raises(openai.BadRequestError) as long_prompt:
             await good.chat.completions.create(model=QWEN, messages=too_long)  # type: ignore[arg-type]
+        with pytest.raises(openai.BadRequestError) as negative:
+            await good.chat.completions.create(model=QWEN, messages=hello, max_tokens=-5)  # type: ignore[arg-type]
         await good.close()
         await bad.close()
         await barred.close()
@@ -116,6 +118,7 @@ async def test_bad_keys_unknown_models_and_missing_capabilities_get_openai_error
     assert unknown.value.code == "model_not_found"
     assert no_tools.value.code == "capability_unsupported"
     assert long_prompt.value.code == "context_length_exceeded"
+    assert negative.value.param == "max_tokens"
     assert load == 0  # none of them reached an engine
     assert status.status_code == 200  # loopback and no operator token: open
 

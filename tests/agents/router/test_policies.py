@@ -156,10 +156,54 @@ def test_room_is_priced_by_what_a_request_needs_of_the_pool() -> None:
     view.mean_output = 256
     full = EngineLoad(running=40, waiting=4, used_tokens=50_000, pending_tokens=2_000,
                       max_total_tokens=52_000)  # fmt: skip
-    hit, miss = view.room_wait(128, full), view.room_wait(2_176, full)
+    hit, miss = view.room_wait(128, full, 0.0), view.room_wait(2_176, full, 0.0)
     assert 0 < hit < miss
     roomy = EngineLoad(running=10, used_tokens=10_000, max_total_tokens=52_000)
-    assert view.room_wait(2_176, roomy) == 0
+    assert view.room_wait(2_176, roomy, 0.0) == 0
+
+
+def test_a_batch_that_started_together_holds_the_queue_until_it_ends() -> None:
+    """Twenty requests started together, each to answer 256 tokens at 20 ms a step: none
+    ends for 5.1 s. Half a second in, a request the engine holds back for room waits the
+    4.6 s until they end, not a share of the batch's turnover (0.5 s)."""
+    view = WorkerView("w", prefill_tokens_per_s=20_000, decode_step_s=0.02)
+    for key in range(20):
+        view.flew(key, 0.0, view.answer(256))
+        view.started(key, 0.0)
+    holding = EngineLoad(running=20, waiting=2, used_tokens=40_000, max_total_tokens=100_000)
+    assert view.held_wait(holding, 0.5) == pytest.approx(4.62)
+    for key in range(10):  # the first ten started long before: they end at once
+        view.landed(key)
+        view.flew(100 + key, 0.0, view.answer(256))
+        view.started(100 + key, -5.0)
+    assert view.held_wait(holding, 0.5) == 0.0
+
+
+async def test_admission_scales_its_prediction_by_how_late_first_bytes_have_come() -> None:
+    """First bytes at the only worker have come three times later than predicted: a request
+    predicted at 0.8 s is held against a 2 s SLO and answered 429, as it would have missed;
+    early first bytes lower the scale only slowly, and never below the prediction."""
+    clock = [0.0]
+    router, config, table = _router("cost", workers=1, clock=clock)
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
+    admission = _ticking_admission(router, clock)
+    view = router.views["w0"]
+    for _ in range(20):
+        view.learn_bias(0.5, 1.5)
+    assert view.bias == pytest.approx(3.0, rel=0.05)
+    table.polled("w0", EngineLoad(running=5, used_tokens=10_000, max_total_tokens=100_000), 2)
+    request = router.request(MODEL, SYSTEM + b"a")
+    view.prefill_tokens_per_s = request.prompt_tokens / 0.8
+    predicted = router.route(route, request, set()).best_ttft_s
+    assert predicted is not None
+    assert 0.8 <= predicted < 1.0  # within the SLO at face value
+    with pytest.raises(Overloaded):
+        await admission.place(route, request, set(), clock[0])
+    view.learn_bias(0.5, 0.1)
+    assert view.bias > 2.9
+    for _ in range(1000):
+        view.learn_bias(0.5, 0.1)
+    assert view.bias == 1.0
 
 
 def test_a_new_prefix_goes_where_less_traffic_is_drawn() -> None:
