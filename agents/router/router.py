@@ -248,7 +248,7 @@ class Router:
                 view.poll_seen, view.sent_since_poll, view.tokens_since_poll = entry.polls, 0, 0
                 view.observe_queue(entry.load.waiting, entry.load.at)
                 if entry.load.step_s > 0:
-                    view.learn_decode(entry.load.step_s)
+                    view.batch_step_s = entry.load.step_s
             if not entry.serving or not view.breaker.allows(now):
                 unavailable += 1
                 continue

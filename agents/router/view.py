@@ -20,7 +20,7 @@ RATE_WINDOW_S = 10.0  # the time constant of a worker's smoothed dispatch rate
 PLACED_WINDOW_S = 30.0  # ...of the prefixes new to it
 QUEUE_WINDOW_S = 5.0  # ...and of its engine's queue
 BIAS_MIN_S = 0.05  # a predicted TTFT below this says more about overheads than the model
-BIAS_UP, BIAS_DOWN = 0.2, 0.02  # how fast the bias follows a late first byte, an early one
+BIAS_ALPHA = 0.1  # weight of a new first byte in the bias
 BIAS_MAX = 8.0
 RESERVE_RATIO = 0.4  # of an answer's tokens an engine keeps KV room for (SGLang: 0.7 to 0.1)
 
@@ -87,6 +87,8 @@ class WorkerView:
     uncached_share: float = 1.0  # of the prompt tokens sent here, the share not cached there
     mean_output: float = 128.0  # tokens an answer sent here is expected to take
     answer_share: float = 1.0  # of a request's max_tokens, the share its answer takes
+    batch_step_s: float = 0.0  # the engine's time per token of each running answer, as it
+    # reports it (prefill steps between decode steps count): when answers end; 0: unknown
     bias: float = 1.0  # how much later than predicted first bytes come here, lately (>= 1)
     queue: float = 0.0  # the engine's waiting requests, smoothed over QUEUE_WINDOW_S
     _queue_at: float = 0.0
@@ -95,6 +97,9 @@ class WorkerView:
     _rate_at: float = 0.0
     _flights: dict[int, Flight] = field(default_factory=dict)  # dispatch -> flight, in order
     _unstarted: int = 0
+    _running: int = 0  # of the flights, those started, with the sums of their answers and
+    _answers: float = 0.0  # first-byte times (what is to come of them, in O(1))
+    _firsts: float = 0.0
 
     def answer(self, max_new: int | None) -> float:
         """The tokens an answer is expected to take: its max_tokens at the share answers here
@@ -111,11 +116,22 @@ class WorkerView:
         if flight is not None and flight.first_at is None:
             flight.first_at = at
             self._unstarted -= 1
+            self._running += 1
+            self._answers += flight.answer
+            self._firsts += at
 
     def landed(self, key: int) -> None:
         flight = self._flights.pop(key, None)
-        if flight is not None and flight.first_at is None:
+        if flight is None:
+            return
+        if flight.first_at is None:
             self._unstarted -= 1
+        else:
+            self._running -= 1
+            self._answers -= flight.answer
+            self._firsts -= flight.first_at
+            if self._running == 0:  # no rounding left behind
+                self._answers = self._firsts = 0.0
 
     @property
     def unstarted(self) -> int:
@@ -141,8 +157,8 @@ class WorkerView:
         running, answers end at the batch's turnover (Little's law)."""
         if share <= 0:
             return 0.0
-        turnover_s = self.mean_output * self.decode_step_s
-        step = self.decode_step_s
+        step = self._answer_step()
+        turnover_s = self.mean_output * step
         left = sorted(
             max(0.0, f.answer * step - (now - f.first_at))
             for f in self._flights.values()
@@ -178,16 +194,15 @@ class WorkerView:
         self._queue_at = now
 
     def learn_bias(self, predicted_s: float, actual_s: float) -> None:
-        """A first byte against its prediction. The bias follows late ones fast and early ones
-        slowly, so it tracks how late they come near the worst, not on average: admission
-        scales its prediction by it, and what the model misses here (a queue it did not see,
-        a step it has not learned yet) is paid for by the request that would have missed its
-        SLO, not found out afterwards."""
+        """A first byte against its prediction. Admission scales its prediction by the bias:
+        what the model misses here (a queue it did not see, a step it has not learned yet)
+        is paid for by a request held at the gateway that would have missed its SLO, not
+        found out afterwards. (Following late first bytes faster than early ones, to track
+        the worst, refused too much near capacity.)"""
         if predicted_s < BIAS_MIN_S:
             return
         ratio = actual_s / predicted_s
-        rate = BIAS_UP if ratio > self.bias else BIAS_DOWN
-        self.bias = min(BIAS_MAX, max(1.0, self.bias + rate * (ratio - self.bias)))
+        self.bias = min(BIAS_MAX, max(1.0, self.bias + BIAS_ALPHA * (ratio - self.bias)))
 
     def learn_output(self, tokens: int, max_new: int | None) -> None:
         """An answer's length: of its max_tokens, or of answers here without one."""
@@ -239,12 +254,12 @@ class WorkerView:
         gateway has running there, their expected answers less the steps they have run (a
         batch that started together has nearly all of its answers to come); of others, half
         an answer each."""
-        ours, left = 0, 0.0
-        for f in self._flights.values():
-            if f.first_at is not None:
-                ours += 1
-                left += max(0.0, f.answer - (now - f.first_at) / self.decode_step_s)
-        return left + max(0, load.running - ours) * self.mean_output / 2
+        run = (self._running * now - self._firsts) / self._answer_step()
+        left = max(0.0, self._answers - run)
+        return left + max(0, load.running - self._running) * self.mean_output / 2
+
+    def _answer_step(self) -> float:
+        return max(self.decode_step_s, self.batch_step_s)
 
     def held_wait(self, load: EngineLoad, now: float) -> float:
         """Seconds the requests an engine holds back (as polled, and sent since) take to

@@ -182,13 +182,13 @@ def test_a_batch_that_started_together_holds_the_queue_until_it_ends() -> None:
 async def test_admission_scales_its_prediction_by_how_late_first_bytes_have_come() -> None:
     """First bytes at the only worker have come three times later than predicted: a request
     predicted at 0.8 s is held against a 2 s SLO and answered 429, as it would have missed;
-    early first bytes lower the scale only slowly, and never below the prediction."""
+    early first bytes lower the scale again, never below the prediction."""
     clock = [0.0]
     router, config, table = _router("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
     admission = _ticking_admission(router, clock)
     view = router.views["w0"]
-    for _ in range(20):
+    for _ in range(50):
         view.learn_bias(0.5, 1.5)
     assert view.bias == pytest.approx(3.0, rel=0.05)
     table.polled("w0", EngineLoad(running=5, used_tokens=10_000, max_total_tokens=100_000), 2)
@@ -199,8 +199,6 @@ async def test_admission_scales_its_prediction_by_how_late_first_bytes_have_come
     assert 0.8 <= predicted < 1.0  # within the SLO at face value
     with pytest.raises(Overloaded):
         await admission.place(route, request, set(), clock[0])
-    view.learn_bias(0.5, 0.1)
-    assert view.bias > 2.9
     for _ in range(1000):
         view.learn_bias(0.5, 0.1)
     assert view.bias == 1.0
