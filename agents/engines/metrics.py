@@ -71,8 +71,9 @@ def parse(text: str) -> Counters:
 
 
 def decode_step(text: str) -> float | None:
-    """Seconds a decode step takes, from the scheduler's gauges: the running requests over
-    the tokens a second they generate (`gen_throughput`, over SGLang's last decode-log
+    """Seconds a token of each running answer takes (prefill steps between decode steps
+    count), from the scheduler's gauges: the running requests over the tokens a second
+    they generate (`gen_throughput`, over SGLang's last decode-log
     interval); None while nothing runs. A line scan of two gauges, summed over ranks."""
     running = throughput = 0.0
     for line in text.splitlines():

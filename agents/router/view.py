@@ -197,8 +197,7 @@ class WorkerView:
         """A first byte against its prediction. Admission scales its prediction by the bias:
         what the model misses here (a queue it did not see, a step it has not learned yet)
         is paid for by a request held at the gateway that would have missed its SLO, not
-        found out afterwards. (Following late first bytes faster than early ones, to track
-        the worst, refused too much near capacity.)"""
+        found out afterwards."""
         if predicted_s < BIAS_MIN_S:
             return
         ratio = actual_s / predicted_s
@@ -294,7 +293,7 @@ class WorkerView:
         self.learned += 1
 
     def learn_decode(self, gap_s: float) -> None:
-        """A decode step seen: an answer's mean inter-token gap, or the engine's own."""
+        """A decode step seen: an answer's mean inter-token gap (one step at most 4x off)."""
         if gap_s <= 0:
             return
         gap_s = min(max(gap_s, self.decode_step_s / 4), self.decode_step_s * 4)

@@ -16,7 +16,7 @@ from agents.workers.table import EngineInfo, EngineLoad, WorkerEntry, WorkerTabl
 
 log = logging.getLogger(__name__)
 FAIL_AFTER = 2  # polls in a row without an answer
-METRICS_EVERY = 2  # polls between reads of an engine's metrics (its decode step)
+METRICS_EVERY = 2  # polls between reads of an engine's metrics (its time per token)
 
 
 class LoadPoller:
@@ -65,8 +65,9 @@ async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
 
 
 async def _step(http: aiohttp.ClientSession, url: str) -> float | None:
-    """The engine's decode step now; None without metrics (SGLang without --enable-metrics),
-    or when they do not answer: the load poll stands without them."""
+    """The engine's time per token of a running answer now; None without metrics (SGLang
+    without --enable-metrics), or when they do not answer: the load poll stands without
+    them."""
     try:
         async with http.get(f"{url}/metrics") as response:
             if response.status != 200:

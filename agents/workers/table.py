@@ -25,7 +25,8 @@ class EngineLoad:
     used_tokens: int = 0
     pending_tokens: int = 0
     max_total_tokens: int = 0
-    step_s: float = 0.0  # the decode step from the engine's metrics, when last read; 0: none
+    step_s: float = 0.0  # seconds a token of each running answer takes, from the engine's
+    # metrics when last read (prefill steps between decode steps count); 0: unknown
     at: float = 0.0  # monotonic time of the poll
 
     @property
