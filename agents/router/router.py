@@ -298,7 +298,7 @@ class Router:
             step_s=view.decode_step_s if busy else 0.0, polls=chosen.entry.polls,
             max_new=request.max_new, predicted_s=chosen.ttft_s,
         )  # fmt: skip
-        view.flew(id(ticket), ticket.sent_at, view.answer(request.max_new))
+        view.flew(id(ticket), ticket.sent_at, view.answer(request.max_new), uncached)
         return ticket
 
     def _unpolled(self, ticket: Ticket) -> bool:

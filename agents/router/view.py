@@ -69,6 +69,7 @@ class Flight:
 
     sent_at: float
     answer: float  # the tokens its answer is expected to take
+    tokens: float = 0.0  # the uncached prompt tokens it takes of the pool
     first_at: float | None = None
 
 
@@ -106,8 +107,8 @@ class WorkerView:
         take of theirs, or the mean of answers here when the request sets none."""
         return self.mean_output if max_new is None else max(1.0, max_new * self.answer_share)
 
-    def flew(self, key: int, at: float, answer: float) -> None:
-        self._flights[key] = Flight(at, answer)
+    def flew(self, key: int, at: float, answer: float, tokens: float = 0.0) -> None:
+        self._flights[key] = Flight(at, answer, tokens)
         self._unstarted += 1
         self.mean_output += LEARN_ALPHA * (answer - self.mean_output)
 
@@ -218,35 +219,67 @@ class WorkerView:
         answer: float | None = None,
         reserve_ratio: float = RESERVE_RATIO,
     ) -> float:
-        """Seconds until the engine's KV pool has room for `need` more tokens, after what is
+        """Seconds until the engine's KV pool has room for `need` more tokens after what is
         queued there: SGLang admits a request only with room for its uncached prompt and a
-        share of its answer (`answer` tokens, by default the mean here), so when the pool is
-        short a request waits for running ones to finish and free theirs. Without the
-        pool's size, waiting requests are taken to be held back for room.
-        `reserve_ratio`: the share of an answer kept room for; at 1, room for every answer
-        to finish, so that nothing started is retracted."""
+        share of each running answer's rest and of its own (`answer` tokens, by default the
+        mean here). At a `reserve_ratio` of 1, room for every answer to finish, so that
+        nothing started is retracted (when room runs out an engine retracts its newest
+        request, which then waits for room again, often before its first chunk). When the
+        pool is short, a request waits for running ones to end and free theirs (`_room_at`).
+        Without the pool's size, waiting requests are taken to be held back for room."""
         if load.running <= 0:
             return 0.0
         if load.max_total_tokens <= 0:
             return self.held_wait(load, now)  # one finished request each
-        reserve = self.mean_output * reserve_ratio
+        answer = self.mean_output if answer is None else answer
         queued = (
             load.pending_tokens * self.uncached_share
             + self.tokens_since_poll
-            + (load.waiting + self.sent_since_poll) * reserve
+            + (load.waiting + self.sent_since_poll) * self.mean_output * reserve_ratio
         )
-        running_reserve = self._to_come(load, now) * reserve_ratio
-        free = load.max_total_tokens - load.used_tokens - running_reserve - queued
-        own = need + (self.mean_output if answer is None else answer) * reserve_ratio
-        short = own - free
-        if short <= 0:
+        free = load.max_total_tokens - load.used_tokens - queued - need
+        reserve = (self._to_come(load, now) + answer) * reserve_ratio
+        if free >= reserve:
             return 0.0
+        at = self._room_at(load, now, free, answer, reserve_ratio)
+        if at is not None:
+            return at
         # the requests queued for room go first (when prefixes are evicted for room, tokens
         # count short), then this one as room for it frees; a finishing share of the batch
         # frees that share of what it holds
         used = max(load.used_tokens, 1)
-        held = self._held_share(load)
-        return self.finish_s(max(short / used, held + own / used), now)
+        own = need + answer * reserve_ratio
+        short = reserve - free
+        return self.finish_s(max(short / used, self._held_share(load) + own / used), now)
+
+    def _room_at(
+        self, load: EngineLoad, now: float, free: float, answer: float, ratio: float
+    ) -> float | None:
+        """Seconds until the pool, short of room now by what `free` lacks, has it: the
+        running answers go on a token a step (each taking pool, and needing that much less
+        reserved), and each frees, as it ends, what it holds (its uncached prompt and its
+        answer). The requests this gateway has running here stand for the engine's whole
+        batch (others' are taken to be like them). None: none of ours run here."""
+        step = self._answer_step()
+        rest = sorted(
+            (max(0.0, f.answer - (now - f.first_at) / step), f.tokens + f.answer)
+            for f in self._flights.values()
+            if f.first_at is not None
+        )
+        if not rest:
+            return None
+        scale = max(1.0, load.running / len(rest))
+        to_come = sum(r for r, _ in rest)
+        growing, freed = len(rest), 0.0
+        for r, holds in rest:  # r steps from now, just after this one ends
+            growing -= 1
+            freed += holds - r  # all it held less its rest, which it grew first
+            to_come -= r
+            taken = scale * (growing * r - freed)
+            reserve = ratio * (scale * (to_come - growing * r) + answer)
+            if free - taken >= reserve:
+                return r * step
+        return rest[-1][0] * step
 
     def _to_come(self, load: EngineLoad, now: float) -> float:
         """Answer tokens the engine's running requests have still to generate: of those this
