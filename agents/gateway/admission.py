@@ -105,15 +105,21 @@ def _fits(
     answer = view.answer(request.max_new)
     held, room = view.held_wait(load, now), view.room_wait(uncached, load, now, answer, 1.0)
     if (
-        (held > 0 or room > 0)
+        (held > 0 or room > 0 or load.waiting > 0)
         and isinstance(params, CostParams)
         and view.unstarted >= params.max_unstarted
     ):
-        # an engine that holds requests back for room: what it cannot start at once waits
-        # here, where it can be shed (one that has room starts a burst together, in a batch)
+        # an engine that holds requests back for room (its queue says so, or the model
+        # does): what it cannot start at once waits here, where it can be shed (one that
+        # has room starts a burst together, in a batch)
         return False
-    waits = (predicted * view.bias, view.head_age(now), held, room)
-    return now - since + max(waits) <= slo
+    # and what the model misses (a step it has not learned, answers that run long) it
+    # misses again: the prediction is scaled by how late first bytes have lately come here
+    wait = max(predicted, view.head_age(now), held, room)
+    if now - since + wait * view.bias > slo:
+        return False
+    best.wait_s = wait
+    return True
 
 
 def _retry_s(slo: float | None) -> int:

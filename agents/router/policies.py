@@ -40,6 +40,7 @@ class Candidate:
     matched_tokens: int = 0
     ttft_s: float = 0.0  # predicted time to first token (cost policy)
     score_s: float = 0.0  # what the cost policy ranks by: ttft and the recompute it causes
+    wait_s: float | None = None  # the wait for a first byte admission predicted, admitting
     veto: str = ""
 
     @property

@@ -88,7 +88,8 @@ class Ticket:
     step_s: float = 0.0  # the decode step a busy worker finishes before it prefills this
     polls: int = 0  # the worker's answered polls when this was sent
     max_new: int | None = None  # the request's max_tokens
-    predicted_s: float = 0.0  # the TTFT the cost policy predicted for it there
+    predicted_s: float = 0.0  # its wait for a first byte there, as admission or the cost
+    # policy predicted it
 
 
 class Router:
@@ -296,7 +297,8 @@ class Router:
             chosen.worker.id, request.model, self.clock(), request.prompt_tokens, uncached, ahead,
             learns_prefill=not prefilled_elsewhere and load.waiting == 0,
             step_s=view.decode_step_s if busy else 0.0, polls=chosen.entry.polls,
-            max_new=request.max_new, predicted_s=chosen.ttft_s,
+            max_new=request.max_new,
+            predicted_s=chosen.ttft_s if chosen.wait_s is None else chosen.wait_s,
         )  # fmt: skip
         view.flew(id(ticket), ticket.sent_at, view.answer(request.max_new), uncached)
         return ticket

@@ -270,10 +270,13 @@ class WorkerView:
             return None
         scale = max(1.0, load.running / len(rest))
         to_come = sum(r for r, _ in rest)
+        # what they hold now, shared prefixes once: an end frees its share of the pool used
+        held = sum(holds for _, holds in rest) - to_come
+        share = min(1.0, load.used_tokens / scale / held) if held > 0 else 1.0
         growing, freed = len(rest), 0.0
         for r, holds in rest:  # r steps from now, just after this one ends
             growing -= 1
-            freed += holds - r  # all it held less its rest, which it grew first
+            freed += (holds - r) * share  # what it held now; it grew its rest first
             to_come -= r
             taken = scale * (growing * r - freed)
             reserve = ratio * (scale * (to_come - growing * r) + answer)

@@ -3,10 +3,15 @@ step and free all they hold as they end, so when room comes depends on when they
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from agents.gateway.admission import Admission
+from agents.gateway.errors import Overloaded
 from agents.router.view import WorkerView
 from agents.workers.table import EngineLoad
+from tests.agents.router.test_policies import MODEL, SYSTEM, _router, _ticking_admission
 
 STEP_S = 0.01
 ANSWER = 100  # tokens each answer takes
@@ -40,3 +45,52 @@ def test_a_batch_that_started_together_makes_room_only_when_it_ends() -> None:
 def test_a_pool_with_room_for_every_answer_makes_none_wait() -> None:
     view, load = _view([ANSWER] * 10)
     assert view.room_wait(128, load, 0.0, ANSWER, 1.0) == 0.0
+
+
+async def test_an_engine_holding_requests_back_keeps_the_third_here_whatever_the_model_says() -> (
+    None
+):
+    """The engine holds a request back, though by the model its running answers are past
+    their expected end (ending now) and its pool has room. Two requests sent there have not
+    started (`max_unstarted`, 2): a third waits here, and is answered 429 when its SLO
+    passes, rather than joining the engine's queue."""
+    clock = [0.0]
+    router, config, table = _router("cost", workers=1, clock=clock)
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
+    view = router.views["w0"]
+    for n in range(5):
+        view.flew(1000 + n, -100.0, ANSWER, PROMPT)
+        view.started(1000 + n, -99.0)
+    holding = EngineLoad(running=5, waiting=1, used_tokens=10_000, max_total_tokens=100_000)
+    table.polled("w0", holding, 2)
+    assert view.held_wait(holding, 0.0) == 0.0  # the model sees nothing to wait for
+    admission = _ticking_admission(router, clock)
+    for key in (b"a", b"b"):
+        request = router.request(MODEL, SYSTEM + key)
+        decision = await admission.place(route, request, set(), clock[0])
+        router.dispatched(decision.ranked[0], request)
+    with pytest.raises(Overloaded):
+        await admission.place(route, router.request(MODEL, SYSTEM + b"c"), set(), clock[0])
+
+
+async def test_first_bytes_later_than_admission_predicted_raise_the_bias() -> None:
+    """A request admitted behind one that has waited a second at the engine is predicted to
+    wait that second (not the policy's prefill estimate); its first byte comes after three,
+    and the worker's bias rises, so that admission expects more next time."""
+    clock = [0.0]
+    router, config, table = _router("cost", workers=1, clock=clock)
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
+    table.polled("w0", EngineLoad(running=5, used_tokens=10_000, max_total_tokens=100_000), 2)
+    first = router.request(MODEL, SYSTEM + b"a")
+    router.dispatched(router.route(route, first, set()).ranked[0], first)
+    clock[0] = 1.0
+    request = router.request(MODEL, SYSTEM + b"b")
+    decision = await Admission(router, clock=lambda: clock[0]).place(
+        route, request, set(), clock[0]
+    )
+    assert decision.ranked[0].ttft_s < 0.5  # the policy's estimate: a short prefill
+    ticket = router.dispatched(decision.ranked[0], request)
+    assert ticket.predicted_s == pytest.approx(1.0)  # what the oldest unstarted has waited
+    clock[0] = 4.0
+    router.first_byte(ticket)
+    assert router.views["w0"].bias == pytest.approx(1.2)
