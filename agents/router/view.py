@@ -22,7 +22,8 @@ QUEUE_WINDOW_S = 5.0  # ...and of its engine's queue
 BIAS_MIN_S = 0.05  # a predicted TTFT below this says more about overheads than the model
 BIAS_ALPHA = 0.1  # weight of a new first byte in the bias
 BIAS_MAX = 8.0
-RESERVE_RATIO = 0.4  # of an answer's tokens an engine keeps KV room for (SGLang: 0.7 to 0.1)
+RESERVE_RATIO = 0.1  # of an answer's tokens an engine keeps KV room for: SGLang's new-token
+# ratio, which decays from 0.7 to 0.1 while nothing is retracted (its steady state)
 
 
 class BreakerState(StrEnum):
