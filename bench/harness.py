@@ -182,10 +182,11 @@ class Region:
 
     async def route(self, policy: str, params: dict[str, Any], **slo: int | None) -> None:
         """Set the region's routing policy; return once every agent runs it."""
-        body = {"policy": policy, "params": params, **slo}
-        answer = await self.admin.patch(
-            f"/v1/routing-policies/{REGION}", json=body, headers={"If-Match": "*"}
-        )
+        url = f"/v1/routing-policies/{REGION}"
+        old = (await self.admin.get(url)).json().get("params") or {}
+        # a merge patch: the parameters of the policy before that this one lacks are removed
+        body = {"policy": policy, "params": {**dict.fromkeys(old), **params}, **slo}
+        answer = await self.admin.patch(url, json=body, headers={"If-Match": "*"})
         answer.raise_for_status()
         want = int((await self.admin.get("/v1/revision")).json()["revision"])
         await self._settled(want, kv_events=bool(params.get("kv_events")))

@@ -54,12 +54,13 @@ CONTENDERS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "round_robin": ("meridian", "round_robin", {}),
     "cache_aware": ("meridian", "cache_aware", {}),
     "cost": ("meridian", "cost", {"kv_events": True}),
+    "cost_answers": ("meridian", "cost", {"kv_events": True, "price_answers": True}),
     "cost_approx": ("meridian", "cost", {}),
     "cost_two_gateways": ("meridian2", "cost", {"kv_events": True}),
     "sglang_router_cache_aware": ("sglang", "cache_aware", {}),
     "sglang_router_round_robin": ("sglang", "round_robin", {}),
 }
-EXTRA_CONTENDERS = ("round_robin", "cost", "sglang_router_cache_aware")
+EXTRA_CONTENDERS = ("round_robin", "cost", "cost_answers", "sglang_router_cache_aware")
 
 
 @dataclass
@@ -245,39 +246,45 @@ async def run(options: Options) -> dict[str, Any]:
             "stream_interval": o.stream_interval, "phase_seconds": o.phase_seconds,
             "slo": {"ttft_s": o.ttft_slo_s, "itl_s": o.itl_slo_s},
         }  # fmt: skip
-        if o.extra_only_at is not None:
-            result["workloads"] = await _extra(bench, o.extra_only_at)
-            _report(console, result)
-            return result
-        capacities: dict[str, float] = {}
-        for name in o.contenders:
-            console.print(f"[bold]{name}[/]: capacity sweep")
-            await bench.use(name)
-            capacities[name], result["sweeps"][name] = await _sweep(bench, workload)
-        base = capacities.get("round_robin") or max(capacities.values())
-        rate = 0.8 * base
-        console.print(f"[bold]latency at {rate:.2f} rps[/] (80% of round robin's capacity)")
-        for name in o.contenders:
-            await bench.use(name)
-            summary = await bench.phase(workload, rate, seed=1000)
-            _progress(bench, f"{rate:6.2f} rps", summary)
-            result["results"][name] = {
-                "capacity_rps": round(capacities[name], 3),
-                **{k: summary[k] for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s",
-                                           "ttft_p99_warm_s", "itl_p50_s",
-                                           "itl_p99_s", "output_tok_per_s", "goodput_rps",
-                                           "failed", "slo_met", "cpu")},
-            }  # fmt: skip
+        base = o.extra_only_at
+        if base is None:
+            base = await _main_workload(bench, workload, result)
         if o.extra:
             result["workloads"] = await _extra(bench, base)
     _report(console, result)
     if o.out is not None:
         o.out.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {o.out}")
-    if o.plot is not None:
+    if o.plot is not None and result["sweeps"]:
         _plot(result, o.plot)
         console.print(f"wrote {o.plot}")
     return result
+
+
+async def _main_workload(bench: Bench, workload: list[Req], result: dict[str, Any]) -> float:
+    """Each contender's capacity sweep, then each at 80% of round robin's capacity; that
+    capacity (the base the other workloads' rates are set from)."""
+    o, console = bench.options, bench.console
+    capacities: dict[str, float] = {}
+    for name in o.contenders:
+        console.print(f"[bold]{name}[/]: capacity sweep")
+        await bench.use(name)
+        capacities[name], result["sweeps"][name] = await _sweep(bench, workload)
+    base = capacities.get("round_robin") or max(capacities.values())
+    rate = 0.8 * base
+    console.print(f"[bold]latency at {rate:.2f} rps[/] (80% of round robin's capacity)")
+    for name in o.contenders:
+        await bench.use(name)
+        summary = await bench.phase(workload, rate, seed=1000)
+        _progress(bench, f"{rate:6.2f} rps", summary)
+        result["results"][name] = {
+            "capacity_rps": round(capacities[name], 3),
+            **{k: summary[k] for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s",
+                                       "ttft_p99_warm_s", "itl_p50_s",
+                                       "itl_p99_s", "output_tok_per_s", "goodput_rps",
+                                       "failed", "slo_met", "cpu")},
+        }  # fmt: skip
+    return base
 
 
 async def _extra(bench: Bench, base_rps: float) -> dict[str, Any]:

@@ -94,6 +94,13 @@ class CostParams(PolicyParams):
         default=0.0, ge=0, le=100, description="the price, in seconds, of a decode step at the "
         "ITL SLO",
     )  # fmt: skip
+    price_answers: bool = Field(
+        default=False, description="price a worker by the whole answer, not its first token "
+        "alone: the answer's decode at the step of the batch it joins, what it adds to each "
+        "step of the answers running there, and the stall its prefill puts on them and on what "
+        "it evicts. Spreads a hot prefix over idle workers; costs capacity where cache "
+        "affinity is worth more than a small batch",
+    )  # fmt: skip
     max_itl_share: float = Field(
         default=1.0, gt=0, le=10, description="veto a busy worker whose decode step is past "
         "this share of the route's inter-token SLO",

@@ -39,7 +39,8 @@ class Candidate:
     view: WorkerView
     matched_tokens: int = 0
     ttft_s: float = 0.0  # predicted time to first token (cost policy)
-    score_s: float = 0.0  # what the cost policy ranks by: ttft and the recompute it causes
+    decode_s: float = 0.0  # predicted time from its first token to its last (cost policy)
+    score_s: float = 0.0  # what the cost policy ranks by: its latency and what it costs others
     wait_s: float | None = None  # the wait for a first byte admission predicted, admitting
     veto: str = ""
 
@@ -177,6 +178,12 @@ class Cost(Policy):
     whose batch has grown before its tokens break the SLO, not after; cache affinity alone
     would keep a prefix's requests on it whatever its batch.
 
+    With `price_answers`, the price is of the whole answer (`_answer_price`): its decode at
+    the step of the batch it joins, what it adds to the steps of the answers there, and the
+    stall its prefill puts on them. A hot prefix then spreads to an idle worker once its
+    holder's batch slows every answer there by more than a prefill; off by default, since
+    measured on the shared-prefix benchmark it costs capacity (bench/README.md).
+
     Vetoed: a worker whose queue (or KV pool, if configured) is past its limit, and a busy
     worker whose learned decode step is near the route's inter-token SLO while another's is
     not: more work there would break the SLO of all it runs (the other face of a hot spot)."""
@@ -191,6 +198,12 @@ class Cost(Policy):
         best_match = max(c.matched_tokens for c in candidates)
         limit = request.itl_limit_s * p.max_itl_share if request.itl_limit_s else None
         slow: list[Candidate] = []
+        if p.price_answers:
+            # how long its answer will be: one guess for every worker (each learns answers'
+            # length from what it served; one that served short ones is no faster for this)
+            tokens = sum(c.view.answer(request.max_new) for c in candidates) / len(candidates)
+            index = self.index_for(request)
+            per_block = index.block_bytes * request.tokens_per_byte
         for c in candidates:
             load, view = c.entry.load, c.view
             busy = c.busy
@@ -214,6 +227,9 @@ class Cost(Policy):
             queue = max(view.queue, load.waiting) + view.sent_since_poll
             c.score_s = c.ttft_s + p.miss_weight * recompute
             c.score_s += queue * uncached / view.prefill_tokens_per_s
+            if p.price_answers:
+                cached = index.size(c.worker.id) * per_block
+                c.score_s += _answer_price(c, request, uncached, tokens, queue, cached)
             if request.itl_limit_s and busy:  # tokens coming near the ITL SLO: priced up
                 pressure = view.decode_step_s / request.itl_limit_s - p.itl_knee
                 if pressure > 0:
@@ -253,6 +269,27 @@ class Cost(Policy):
             f"of {request.prompt_tokens} tokens cached",
             vetoed,
         )
+
+
+def _answer_price(
+    c: Candidate, request: RouteRequest, uncached: int, tokens: float, queue: float, cached: float
+) -> float:
+    """What the rest of the answer costs there, in seconds (`price_answers`): the answer's
+    own decode, a token a step of the batch it joins; what it adds to each step of the
+    answers running there while it runs beside them; and the stall its prefill puts on the
+    running batch (a prefill step is a step none of them decodes) and, in a full cache, on a
+    later request that recomputes what it evicts. Cache affinity alone keeps a hot prefix's
+    requests on one worker, each slower for the others, while another stands idle."""
+    load, view = c.entry.load, c.view
+    c.decode_s = tokens * view.step_at(c.load + 1)
+    slope = view.line.slope() or 0.0
+    price = c.decode_s + slope * min(view.to_come(load, request.now), load.running * tokens)
+    price += load.running * uncached / view.prefill_tokens_per_s
+    if load.max_total_tokens > 0 and uncached > 0:
+        free = load.max_total_tokens - load.used_tokens - cached
+        evicts = min(uncached, max(0.0, uncached - free))
+        price += (queue + load.running + 1) * evicts / view.prefill_tokens_per_s
+    return price
 
 
 def places(c: Candidate, request: RouteRequest) -> bool:

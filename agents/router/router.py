@@ -65,7 +65,9 @@ class Decision:
             **(pd if self.pd else {}),
             "candidates": [
                 {"worker": c.worker.id, "ttft_ms": round(c.ttft_s * 1000, 1),
-                 "matched_tokens": c.matched_tokens, "load": c.load}
+                 "matched_tokens": c.matched_tokens, "load": c.load,
+                 **({"score_ms": round(c.score_s * 1000, 1)} if self.policy == "cost" else {}),
+                 **({"decode_ms": round(c.decode_s * 1000, 1)} if c.decode_s else {})}
                 for c in self.ranked[:top]
             ],
             "vetoed": {c.worker.id: c.veto for c in self.vetoed},
@@ -250,6 +252,7 @@ class Router:
                 view.observe_queue(entry.load.waiting, entry.load.at)
                 if entry.load.step_s > 0:
                     view.batch_step_s = entry.load.step_s
+                    view.line.observe(entry.load.running, entry.load.step_s)
             if not entry.serving or not view.breaker.allows(now):
                 unavailable += 1
                 continue
@@ -348,7 +351,9 @@ class Router:
             if completion:
                 view.learn_output(completion, ticket.max_new)
             if completion and completion > 1 and ticket.first_at is not None:
-                view.learn_decode((now - ticket.first_at) / (completion - 1))
+                entry = self.table.get(ticket.worker_id)
+                batch = entry.load.running if entry is not None else 0
+                view.learn_decode((now - ticket.first_at) / (completion - 1), batch)
         if prompt_tokens and prompt_bytes:
             seen_bytes, seen_tokens = self._bytes.get(ticket.model, (0.0, 0.0))
             if seen_bytes > 1e8:  # keep it moving: halve the history

@@ -22,6 +22,8 @@ QUEUE_WINDOW_S = 5.0  # ...and of its engine's queue
 BIAS_MIN_S = 0.05  # a predicted TTFT below this says more about overheads than the model
 BIAS_ALPHA = 0.1  # weight of a new first byte in the bias
 BIAS_MAX = 8.0
+STEP_ALPHA = 0.05  # weight of a poll in a worker's step line
+STEP_MIN_SPREAD = 2.0  # requests: a batch that has varied less than this gives no slope
 RESERVE_RATIO = 0.1  # of an answer's tokens an engine keeps KV room for: SGLang's new-token
 # ratio, which decays from 0.7 to 0.1 while nothing is retracted (its steady state)
 
@@ -65,6 +67,45 @@ class Breaker:
 
 
 @dataclass
+class StepLine:
+    """An engine's time per token of each running answer as a line in its batch: a base step,
+    plus what each running request adds to it (its KV cache read each step, its sampling),
+    fitted to the engine's gauges as its batch comes and goes (exponentially weighted least
+    squares). Each request a worker takes makes every token of the batch it joins slower."""
+
+    batch: float = 0.0  # the weighted means of the batch, the step, and their products
+    step: float = 0.0
+    batch2: float = 0.0
+    cross: float = 0.0
+    seen: int = 0
+
+    def observe(self, batch: int, step_s: float) -> None:
+        if batch <= 0 or step_s <= 0:
+            return
+        a = max(STEP_ALPHA, 1 / (self.seen + 1))  # the first polls weigh in fully
+        self.batch += a * (batch - self.batch)
+        self.step += a * (step_s - self.step)
+        self.batch2 += a * (batch * batch - self.batch2)
+        self.cross += a * (batch * step_s - self.cross)
+        self.seen += 1
+
+    def slope(self) -> float | None:
+        """Seconds a step grows by for each request in the batch; None: not known yet."""
+        spread = self.batch2 - self.batch**2
+        if spread < STEP_MIN_SPREAD**2:
+            return None
+        slope = (self.cross - self.batch * self.step) / spread
+        return min(max(0.0, slope), self.step / max(self.batch, 1.0))  # the base is not < 0
+
+    def at(self, batch: float) -> float | None:
+        """The step with `batch` requests running; None: not known yet."""
+        slope = self.slope()
+        if slope is None:
+            return None
+        return self.step + slope * (batch - self.batch)
+
+
+@dataclass
 class Flight:
     """A request sent here from this gateway and not yet ended."""
 
@@ -91,6 +132,8 @@ class WorkerView:
     answer_share: float = 1.0  # of a request's max_tokens, the share its answer takes
     batch_step_s: float = 0.0  # the engine's time per token of each running answer, as it
     # reports it (prefill steps between decode steps count): when answers end; 0: unknown
+    line: StepLine = field(default_factory=StepLine)  # the engine's step by batch
+    decode_batch: float = 1.0  # the engine's batch as the answers behind decode_step_s ran
     bias: float = 1.0  # how much later than predicted first bytes come here, lately (>= 1)
     queue: float = 0.0  # the engine's waiting requests, smoothed over QUEUE_WINDOW_S
     _queue_at: float = 0.0
@@ -239,7 +282,7 @@ class WorkerView:
             + (load.waiting + self.sent_since_poll) * self.mean_output * reserve_ratio
         )
         free = load.max_total_tokens - load.used_tokens - queued - need
-        reserve = (self._to_come(load, now) + answer) * reserve_ratio
+        reserve = (self.to_come(load, now) + answer) * reserve_ratio
         if free >= reserve:
             return 0.0
         at = self._room_at(load, now, free, answer, reserve_ratio)
@@ -285,7 +328,15 @@ class WorkerView:
                 return r * step
         return rest[-1][0] * step
 
-    def _to_come(self, load: EngineLoad, now: float) -> float:
+    def step_at(self, batch: float) -> float:
+        """The time per token of an answer here with `batch` requests running: as answers
+        here have lately run (their mean gaps, measured, not a gauge of the moment), moved
+        along the engine's step line from the batch they ran in to this one."""
+        slope = self.line.slope() or 0.0
+        slope = min(slope, self.decode_step_s / max(self.decode_batch, 1.0))
+        return max(self.decode_step_s / 4, self.decode_step_s + slope * (batch - self.decode_batch))
+
+    def to_come(self, load: EngineLoad, now: float) -> float:
         """Answer tokens the engine's running requests have still to generate: of those this
         gateway has running there, their expected answers less the steps they have run (a
         batch that started together has nearly all of its answers to come); of others, half
@@ -329,9 +380,11 @@ class WorkerView:
         self.prefill_tokens_per_s += LEARN_ALPHA * (sample - self.prefill_tokens_per_s)
         self.learned += 1
 
-    def learn_decode(self, gap_s: float) -> None:
-        """A decode step seen: an answer's mean inter-token gap (one step at most 4x off)."""
+    def learn_decode(self, gap_s: float, batch: int = 0) -> None:
+        """A decode step seen: an answer's mean inter-token gap (one step at most 4x off),
+        and the engine's batch as it ended (what it ran beside)."""
         if gap_s <= 0:
             return
         gap_s = min(max(gap_s, self.decode_step_s / 4), self.decode_step_s * 4)
         self.decode_step_s += LEARN_ALPHA * (gap_s - self.decode_step_s)
+        self.decode_batch += LEARN_ALPHA * (max(batch, 1) - self.decode_batch)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from agents.router.params import params_for
 from controlplane.domain import (
     Capability,
     EngineBackend,
@@ -134,6 +135,19 @@ class RoutingPolicySpec(Spec):
     slo_itl_ms: int | None = Field(default=None, ge=1, le=60_000)
     max_inflight: int | None = Field(default=None, ge=1, le=1_000_000)
     max_queue: int | None = Field(default=None, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _params_fit_the_policy(self) -> Self:
+        """The agents validate a policy's parameters as they apply a snapshot, and refuse a
+        snapshot with bad ones; checked here too, so that a bad one is never committed."""
+        try:
+            params_for(self.policy.value, dict(self.params))
+        except ValidationError as error:
+            problems = "; ".join(
+                f"params.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
+            )
+            raise ValueError(f"{self.policy.value}: {problems}") from None
+        return self
 
 
 class FallbackThresholds(Spec):

@@ -161,3 +161,29 @@ async def test_unknown_name_is_404_problem(base: Api) -> None:
     assert response.status_code == 404
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["code"] == "not_found"
+
+
+async def test_policy_parameters_are_checked_against_the_policy_before_commit(base: Api) -> None:
+    """A parameter the policy does not take, or out of its range, is refused with 422 when
+    written, not committed and then refused by every agent that receives the snapshot."""
+    await base.create(
+        "routing-policies",
+        {"name": "p", "model": "llama-8b", "policy": "cost", "params": {"price_answers": True}},
+    )
+    revision = await base.revision()
+    # a merge patch keeps the params: round_robin takes no price_answers
+    response = await base.client.patch(
+        "/v1/routing-policies/p", headers={"If-Match": "*"}, json={"policy": "round_robin"}
+    )
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "price_answers" in response.text
+    response = await base.client.patch(
+        "/v1/routing-policies/p", headers={"If-Match": "*"}, json={"params": {"miss_weight": -1}}
+    )
+    assert response.status_code == 422, response.text
+    assert "miss_weight" in response.text
+    kept = (await base.client.get("/v1/routing-policies/p")).json()
+    assert kept["policy"] == "cost"
+    assert kept["params"] == {"price_answers": True}
+    assert await base.revision() == revision
