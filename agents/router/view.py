@@ -97,13 +97,6 @@ class StepLine:
         slope = (self.cross - self.batch * self.step) / spread
         return min(max(0.0, slope), self.step / max(self.batch, 1.0))  # the base is not < 0
 
-    def at(self, batch: float) -> float | None:
-        """The step with `batch` requests running; None: not known yet."""
-        slope = self.slope()
-        if slope is None:
-            return None
-        return self.step + slope * (batch - self.batch)
-
 
 @dataclass
 class Flight:
