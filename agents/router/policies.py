@@ -180,7 +180,8 @@ class Cost(Policy):
 
     With `price_answers`, the price is of the whole answer (`_answer_price`): its decode at
     the step of the batch it joins, what it adds to the steps of the answers there, and the
-    stall its prefill puts on them. A hot prefix then spreads to an idle worker once its
+    stall its prefill puts on them; while no engine queues (then prefill binds, and a copy
+    takes capacity that others wait for). A hot prefix then spreads to an idle worker once its
     holder's batch slows every answer there by more than a prefill; off by default, since
     measured on the shared-prefix benchmark it costs capacity (bench/README.md).
 
@@ -198,7 +199,10 @@ class Cost(Policy):
         best_match = max(c.matched_tokens for c in candidates)
         limit = request.itl_limit_s * p.max_itl_share if request.itl_limit_s else None
         slow: list[Candidate] = []
-        if p.price_answers:
+        # answers are priced while the engines keep up: once one queues, its prefill is what
+        # binds, and a prefix copied to shorten a batch takes capacity others wait for
+        answers = p.price_answers and not any(c.entry.load.waiting for c in candidates)
+        if answers:
             # how long its answer will be: one guess for every worker (each learns answers'
             # length from what it served; one that served short ones is no faster for this)
             tokens = sum(c.view.answer(request.max_new) for c in candidates) / len(candidates)
@@ -227,7 +231,7 @@ class Cost(Policy):
             queue = max(view.queue, load.waiting) + view.sent_since_poll
             c.score_s = c.ttft_s + p.miss_weight * recompute
             c.score_s += queue * uncached / view.prefill_tokens_per_s
-            if p.price_answers:
+            if answers:
                 cached = index.size(c.worker.id) * per_block
                 c.score_s += _answer_price(c, request, uncached, tokens, queue, cached)
             if request.itl_limit_s and busy:  # tokens coming near the ITL SLO: priced up
