@@ -115,7 +115,6 @@ class Agent:
         """Run until SIGINT or SIGTERM; then stop every engine it started."""
         await asyncio.to_thread(self.store.prepare)
         await self._from_disk()
-        await self.gateway.start()
         app = build_app(self.gateway, self.status, self.operator_token)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()

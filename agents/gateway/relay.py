@@ -4,7 +4,6 @@ found by a substring search, and drops it when the client did not ask for it."""
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -12,13 +11,12 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from yarl import URL
 
 USAGE = b'"usage"'
-HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
-# headers the client library would add to every call to an engine, and the engine ignores
-SKIPPED_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")
+HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date",
+               b"server"}  # fmt: skip
 EVENT_END = b"\n\n"
+JSON_REQUEST = b"Content-Type: application/json\r\nX-Request-ID: "
 
 
 @dataclass
@@ -149,10 +147,17 @@ async def write_quietly(response: web.StreamResponse, data: bytes, eof: bool = T
         pass
 
 
-@functools.lru_cache(maxsize=4096)
-def endpoint(base: str, path: str) -> URL:
-    """A worker's endpoint, parsed once rather than on every request."""
-    return URL(base + path)
+def upstream_headers(request_id: str) -> bytes:
+    """The header lines of a call to an engine. The id came in a header the server parsed (no
+    CR or LF), or was made here."""
+    return JSON_REQUEST + request_id.encode("utf-8", "surrogateescape") + b"\r\n"
+
+
+def relayed_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """An engine's headers that pass on to the client: all but the connection's own."""
+    return {
+        k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k.lower() not in HOP_HEADERS
+    }
 
 
 def new_id() -> str:

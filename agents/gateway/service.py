@@ -15,10 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiohttp
 import orjson
 from aiohttp import web
-from yarl import URL
 
 from agents.control.compile import RegionConfig, Tenant
 from agents.gateway import auth
@@ -26,26 +24,27 @@ from agents.gateway.admission import Admission
 from agents.gateway.errors import GatewayError, NotReady, UnsupportedMediaType, UpstreamFailed
 from agents.gateway.quotas import Quotas
 from agents.gateway.relay import (
-    HOP_HEADERS,
-    SKIPPED_HEADERS,
     ClientGone,
     Retry,
     StreamMeter,
     Usage,
     body_usage,
-    endpoint,
     new_id,
+    relayed_headers,
     stream_error,
     to_client,
+    upstream_headers,
     write_quietly,
 )
 from agents.gateway.requests import Inference, check_context, parse
+from agents.gateway.upstream import Answer, Upstream, UpstreamError
 from agents.router.policies import Candidate, RouteRequest
 from agents.router.router import Decision, Router, Ticket
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 OPERATOR = Tenant("operator", "operator", None, None, None)
+JSON = b"Content-Type: application/json\r\n"
 
 
 class Gateway:
@@ -63,21 +62,12 @@ class Gateway:
         self.config: RegionConfig | None = None
         self.operator_token = operator_token
         self.clock = clock
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
-        self._http: aiohttp.ClientSession | None = None
+        self._upstream = Upstream(connect_timeout_s)
         self._background: set[asyncio.Task[object]] = set()
         router.table.on_change(self.admission.notify_all)
 
-    async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-        self._http = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=SKIPPED_HEADERS,
-        )  # fmt: skip
-
     async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
+        await self._upstream.close()
 
     def configure(self, config: RegionConfig) -> None:
         self.router.configure(config)
@@ -186,33 +176,31 @@ class Gateway:
         route_request: RouteRequest,
         headers: dict[str, str],
     ) -> tuple[web.StreamResponse, Usage]:
-        assert self._http is not None
         chosen, prefill = decision.ranked[0], decision.prefill
         worker = chosen.worker
         ticket = self.router.dispatched(chosen, route_request, prefilled_elsewhere=bool(prefill))
-        url = endpoint(worker.url, inference.path)
-        upstream_headers = {"Content-Type": "application/json", "X-Request-ID": request_id}
+        sent_headers = upstream_headers(request_id)
         pd: _Prefill | None = None
         if prefill is not None:
-            pd = self._prefill(prefill, route_request, inference, request_id, upstream_headers)
+            pd = self._prefill(prefill, route_request, inference, request_id, sent_headers)
             body = inference.upstream_body(request_id, pd.fields)
         else:
             body = inference.upstream_body(request_id)
         if decision.pd is not None:
             self.router.pd_choices[decision.pd] += 1
-        upstream: aiohttp.ClientResponse | None = None
+        upstream: Answer | None = None
         try:
             if pd is None:
-                upstream = await self._http.post(url, data=body, headers=upstream_headers)
+                upstream = await self._upstream.post(worker.url, inference.path, body, sent_headers)
             else:
-                upstream = await self._paired(pd, worker.url, url, body, upstream_headers, ticket)
+                upstream = await self._paired(pd, worker.url, inference, body, sent_headers, ticket)
             if upstream.status >= 500:
                 self._failed(ticket)
                 raise Retry(worker.id, f"answered {upstream.status}")
             if inference.stream and upstream.status == 200:
-                return await self._stream(request, inference, upstream, ticket, headers)
+                return await self._stream(request, inference, upstream, ticket, headers, request_id)
             data = await upstream.read()
-        except (aiohttp.ClientError, OSError) as error:
+        except OSError as error:  # UpstreamError among them
             self._failed(ticket)
             raise Retry(worker.id, f"{type(error).__name__}: {error}") from None
         except asyncio.CancelledError:
@@ -228,7 +216,7 @@ class Gateway:
                 upstream.release()
         usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
         self._finished(ticket, inference, usage)
-        out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
+        out = relayed_headers(upstream.headers)
         out.update(headers)
         return web.Response(body=data, status=upstream.status, headers=out), usage
 
@@ -236,15 +224,15 @@ class Gateway:
         self,
         request: web.Request,
         inference: Inference,
-        upstream: aiohttp.ClientResponse,
+        upstream: Answer,
         ticket: Ticket,
         headers: dict[str, str],
+        rid: str,
     ) -> tuple[web.StreamResponse, Usage]:
         meter = StreamMeter(inference.native, keep_usage=inference.wants_usage)
         response: web.StreamResponse | None = None
-        rid = upstream.request_info.headers.get("X-Request-ID", "")
         try:
-            async for chunk in upstream.content.iter_any():
+            async for chunk in upstream.chunks():
                 data = meter.feed(chunk)
                 if not data:
                     continue
@@ -258,13 +246,13 @@ class Gateway:
                 await to_client(response.write(data))
             rest = meter.rest()
         except ClientGone:
-            self._gone(ticket, str(upstream.url.origin()), rid)
+            self._gone(ticket, upstream.url, rid)
             assert response is not None  # only writes to the client raise it
             return response, meter.usage
         except asyncio.CancelledError:
-            self._gone(ticket, str(upstream.url.origin()), rid)
+            self._gone(ticket, upstream.url, rid)
             raise
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as error:
+        except UpstreamError as error:
             self._failed(ticket)
             if response is None:  # nothing reached the client: another worker may answer
                 raise Retry(ticket.worker_id, f"stream broke: {error}") from None
@@ -286,7 +274,7 @@ class Gateway:
         route_request: RouteRequest,
         inference: Inference,
         request_id: str,
-        headers: dict[str, str],
+        headers: bytes,
     ) -> _Prefill:
         """PD: the same body to the prefill worker, with the bootstrap fields SGLang expects;
         its answer is read and dropped (the client gets the decode worker's)."""
@@ -299,24 +287,25 @@ class Gateway:
             + b',"bootstrap_room":' + str(room).encode() + b","
         )  # fmt: skip
         body = inference.upstream_body(request_id, fields)
-        url = endpoint(worker.url, inference.path)
-        call = self._prefill_call(url, body, headers, ticket)
+        call = self._prefill_call(worker.url, inference.path, body, headers, ticket)
         task = asyncio.get_running_loop().create_task(call)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return _Prefill(self, worker.url, request_id, ticket, fields, task)
 
     async def _prefill_call(
-        self, url: URL, body: bytes, headers: dict[str, str], ticket: Ticket
+        self, url: str, path: str, body: bytes, headers: bytes, ticket: Ticket
     ) -> bool:
-        assert self._http is not None
         try:
-            async with self._http.post(url, data=body, headers=headers) as answer:
+            answer = await self._upstream.post(url, path, body, headers)
+            try:
                 await answer.read()
-                if answer.status >= 500:
-                    self._failed(ticket)
-                    return False
-        except (aiohttp.ClientError, OSError):
+            finally:
+                answer.release()
+            if answer.status >= 500:
+                self._failed(ticket)
+                return False
+        except OSError:
             self._failed(ticket)
             return False
         self.router.first_byte(ticket)
@@ -327,15 +316,15 @@ class Gateway:
         self,
         pd: _Prefill,
         worker_url: str,
-        url: URL,
+        inference: Inference,
         body: bytes,
-        headers: dict[str, str],
+        headers: bytes,
         ticket: Ticket,
-    ) -> aiohttp.ClientResponse:
+    ) -> Answer:
         """The decode call, given up (and retried on another pair) if the prefill fails
         before the decode worker has answered."""
-        assert self._http is not None
-        decode = asyncio.ensure_future(self._http.post(url, data=body, headers=headers))
+        call = self._upstream.post(worker_url, inference.path, body, headers)
+        decode = asyncio.ensure_future(call)
         await asyncio.wait({decode, pd.task}, return_when=asyncio.FIRST_COMPLETED)
         if not decode.done() and not pd.task.result():
             decode.cancel()
@@ -363,21 +352,22 @@ class Gateway:
         self._abort_later(worker_url, rid)
 
     def _abort_later(self, worker_url: str, rid: str) -> None:
-        if self._http is None or not rid:
+        if not rid:
             return
         task = asyncio.get_running_loop().create_task(self._abort(worker_url, rid))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     async def _abort(self, worker_url: str, rid: str) -> None:
-        assert self._http is not None
+        body = orjson.dumps({"rid": rid})
         try:
-            async with self._http.post(
-                f"{worker_url}/abort_request", json={"rid": rid},
-                timeout=aiohttp.ClientTimeout(total=5),
-            ):  # fmt: skip
-                pass
-        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            async with asyncio.timeout(5):
+                answer = await self._upstream.post(worker_url, "/abort_request", body, JSON)
+                try:
+                    await answer.read()
+                finally:
+                    answer.release()
+        except (OSError, TimeoutError) as error:
             log.info("abort of %s at %s: %s", rid, worker_url, error)
 
 
