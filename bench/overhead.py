@@ -25,6 +25,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from agents.gateway.relay import upstream_headers
+from agents.gateway.upstream import Upstream
 from bench.harness import (
     MODEL,
     Sim,
@@ -116,6 +118,46 @@ async def _throughput(
     }
 
 
+async def _clients(url: str, requests: int = 4000, concurrency: int = 8) -> dict[str, float]:
+    """The gateway's client to the engines against aiohttp's, pooled and tuned as the gateway
+    had it: CPU microseconds of this process a request, the same closed loop on the engine."""
+    body, headers = _body(False), upstream_headers("bench")
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+    )  # fmt: skip
+    upstream = Upstream()
+
+    async def by_aiohttp() -> None:
+        head = {"Content-Type": "application/json", "X-Request-ID": "bench"}
+        async with session.post(f"{url}/v1/chat/completions", data=body, headers=head) as r:
+            await r.read()
+
+    async def by_upstream() -> None:
+        answer = await upstream.post(url, "/v1/chat/completions", body, headers)
+        await answer.read()
+        answer.release()
+
+    out: dict[str, float] = {}
+    try:
+        for name, call in (("aiohttp_us", by_aiohttp), ("upstream_us", by_upstream)) * 2:
+
+            async def loop(call: Any = call) -> None:
+                for _ in range(requests // concurrency):
+                    await call()
+
+            await loop()
+            started = time.process_time()
+            await asyncio.gather(*(loop() for _ in range(concurrency)))
+            used = (time.process_time() - started) / (requests // concurrency * concurrency)
+            out[name] = min(out.get(name, 1e9), round(used * 1e6, 1))  # the better of two
+    finally:
+        await session.close()
+        await upstream.close()
+    return out
+
+
 async def run(options: Options) -> dict[str, Any]:
     console = Console(width=150)
     async with AsyncExitStack() as stack:
@@ -137,12 +179,15 @@ async def run(options: Options) -> dict[str, Any]:
         pids = {"meridian": region.pids[0], "sglang_router": router.process.pid}
         headers = {"Authorization": f"Bearer {region.operator}", "Content-Type": "application/json"}
         samples = await _latency(targets, headers, options, console)
+        with console.status("the gateway's client against aiohttp's, on the engine"):
+            clients = await _clients(url)
         throughput = {}
         for name in ("meridian", "sglang_router", "engine"):
             with console.status(f"throughput of {name}: {options.concurrency} clients"):
                 pid = pids.get(name, engine.pid)
                 throughput[name] = await _throughput(targets[name], pid, headers, options)
     result = _result(samples, throughput)
+    result["clients"] = clients
     _report(console, result)
     if options.out is not None:
         options.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -198,6 +243,11 @@ def _report(console: Console, result: dict[str, Any]) -> None:
         f"{e['cpu_cores']:.2f}", f"{e['rps_per_core']:.0f}", f"{e['machine_busy']:.0%}",
     )  # fmt: skip
     console.print(table)
+    c = result["clients"]
+    console.print(
+        f"client to the engines, CPU µs a request: the gateway's {c['upstream_us']:.1f}, "
+        f"aiohttp's {c['aiohttp_us']:.1f}"
+    )
 
 
 def _plot(samples: dict[str, dict[str, list[float]]], path: Path) -> None:

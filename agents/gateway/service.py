@@ -145,8 +145,10 @@ class Gateway:
                 self.router.record(request_id, decision)
                 chosen = decision.ranked[0]
                 if debug:
+                    queued_ms = round((self.clock() - since) * 1000, 1)  # in admission
+                    extra = {"attempt": attempt + 1, "queued_ms": queued_ms}
                     headers["x-meridian-route"] = orjson.dumps(
-                        decision.describe(chosen.worker.id) | {"attempt": attempt + 1}
+                        decision.describe(chosen.worker.id) | extra
                     ).decode()
                 try:
                     response, usage = await self._attempt(

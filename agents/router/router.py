@@ -67,7 +67,8 @@ class Decision:
                 {"worker": c.worker.id, "ttft_ms": round(c.ttft_s * 1000, 1),
                  "matched_tokens": c.matched_tokens, "load": c.load,
                  **({"score_ms": round(c.score_s * 1000, 1)} if self.policy == "cost" else {}),
-                 **({"decode_ms": round(c.decode_s * 1000, 1)} if c.decode_s else {})}
+                 **({"decode_ms": round(c.decode_s * 1000, 1)} if c.decode_s else {}),
+                 **({"wait_ms": round(c.wait_s * 1000, 1)} if c.wait_s is not None else {})}
                 for c in self.ranked[:top]
             ],
             "vetoed": {c.worker.id: c.veto for c in self.vetoed},
