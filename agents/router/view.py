@@ -21,6 +21,7 @@ PLACED_WINDOW_S = 30.0  # ...of the prefixes new to it
 QUEUE_WINDOW_S = 5.0  # ...and of its engine's queue
 BIAS_MIN_S = 0.05  # a predicted TTFT below this says more about overheads than the model
 BIAS_ALPHA = 0.1  # weight of a new first byte in the bias
+OVERDUE_MARGIN = 1.1  # an answer running past its expected end has a tenth of it to go
 BIAS_MAX = 8.0
 STEP_ALPHA = 0.05  # weight of a poll in a worker's step line
 STEP_MIN_SPREAD = 2.0  # requests: a batch that has varied less than this gives no slope
@@ -187,7 +188,7 @@ class WorkerView:
                     return max(0.0, now - flight.sent_at)
         return 0.0
 
-    def finish_s(self, share: float, now: float) -> float:
+    def finish_s(self, share: float, now: float, batch: float = 0.0) -> float:
         """Seconds until `share` of the engine's running batch has finished. The requests
         this gateway has running there say when theirs end (each its expected answer at the
         decode step, less what it has run): a batch that started together finishes together,
@@ -195,7 +196,7 @@ class WorkerView:
         running, answers end at the batch's turnover (Little's law)."""
         if share <= 0:
             return 0.0
-        step = self._answer_step()
+        step = self._running_step(now, batch)
         turnover_s = self.mean_output * step
         left = sorted(
             max(0.0, f.answer * step - (now - f.first_at))
@@ -264,7 +265,7 @@ class WorkerView:
         request, which then waits for room again, often before its first chunk). When the
         pool is short, a request waits for running ones to end and free theirs (`_room_at`).
         Without the pool's size, waiting requests are taken to be held back for room."""
-        if load.running <= 0:
+        if load.running <= 0 and self.sent_since_poll <= 0:
             return 0.0
         if load.max_total_tokens <= 0:
             return self.held_wait(load, now)  # one finished request each
@@ -287,7 +288,8 @@ class WorkerView:
         used = max(load.used_tokens, 1)
         own = need + answer * reserve_ratio
         short = reserve - free
-        return self.finish_s(max(short / used, self._held_share(load) + own / used), now)
+        share = max(short / used, self._held_share(load) + own / used)
+        return self.finish_s(share, now, load.running)
 
     def _room_at(
         self, load: EngineLoad, now: float, free: float, answer: float, ratio: float
@@ -297,7 +299,7 @@ class WorkerView:
         reserved), and each frees, as it ends, what it holds (its uncached prompt and its
         answer). The requests this gateway has running here stand for the engine's whole
         batch (others' are taken to be like them). None: none of ours run here."""
-        step = self._answer_step()
+        step = self._running_step(now, load.running)
         rest = sorted(
             (max(0.0, f.answer - (now - f.first_at) / step), f.tokens + f.answer)
             for f in self._flights.values()
@@ -334,18 +336,37 @@ class WorkerView:
         gateway has running there, their expected answers less the steps they have run (a
         batch that started together has nearly all of its answers to come); of others, half
         an answer each."""
-        run = (self._running * now - self._firsts) / self._answer_step()
+        run = (self._running * now - self._firsts) / self._running_step(now, load.running)
         left = max(0.0, self._answers - run)
-        return left + max(0, load.running - self._running) * self.mean_output / 2
+        others = max(0, load.running - self._running)
+        # ours that the engine has started and that have sent no byte yet (sent before the
+        # poll, and not among those it holds back): their whole answers are to come
+        mine = min(others, max(0, self._unstarted - self.sent_since_poll - load.waiting))
+        return left + mine * self.mean_output + (others - mine) * self.mean_output / 2
 
     def _answer_step(self) -> float:
         return max(self.decode_step_s, self.batch_step_s)
+
+    def _running_step(self, now: float, batch: float) -> float:
+        """The time per token of the answers running here: as learned, and at least as the
+        engine's step at this batch (the step line); and when one runs past its expected end
+        (it has not run all of its tokens), as that one shows, with a margin: an answer taken
+        to have ended while it runs would be taken to have freed its room, and the requests
+        waiting for that room taken to start now. The oldest sent stands for the longest
+        running."""
+        step = max(self._answer_step(), self.step_at(batch)) if batch > 0 else self._answer_step()
+        if not self._running:
+            return step
+        # the oldest sent of those started (flights are kept in the order they were sent)
+        oldest = next(f for f in self._flights.values() if f.first_at is not None)
+        shown = (now - (oldest.first_at or now)) / max(oldest.answer, 1.0)
+        return step if shown <= step else OVERDUE_MARGIN * shown
 
     def held_wait(self, load: EngineLoad, now: float) -> float:
         """Seconds the requests an engine holds back (as polled, and sent since) take to
         start when each waits for a running one to finish and free its room. An engine that
         reserves more room than the pool arithmetic shows, or retracts, holds them so."""
-        return self.finish_s(self._held_share(load), now)
+        return self.finish_s(self._held_share(load), now, load.running)
 
     def _held_share(self, load: EngineLoad) -> float:
         if load.waiting <= 0 or load.running <= 0:

@@ -42,6 +42,21 @@ def test_a_batch_that_started_together_makes_room_only_when_it_ends() -> None:
     assert view.room_wait(128, load, 0.0, ANSWER, 1.0) == pytest.approx(ANSWER * STEP_S)
 
 
+def test_answers_running_past_their_expected_end_have_not_freed_their_room() -> None:
+    """Twenty answers that started together 150 steps ago and were expected to take 100: the
+    engine runs slower than learned, and they still run, holding a full pool. Room is not
+    there now (by the learned step they would have ended and freed it, and the requests
+    waiting for that room would be let through to wait at the engine), but soon: they are
+    taken to have a tenth of their answers to come, at the step they show."""
+    view = WorkerView("w", prefill_tokens_per_s=20_000, decode_step_s=STEP_S)
+    for key in range(20):
+        view.flew(key, -2.0, ANSWER, PROMPT)
+        view.started(key, -150 * STEP_S)
+    load = EngineLoad(running=20, used_tokens=20 * (PROMPT + 95), max_total_tokens=10_000)
+    wait = view.room_wait(128, load, 0.0, ANSWER, 1.0)
+    assert 0.1 * ANSWER * STEP_S < wait < ANSWER * STEP_S
+
+
 def test_a_pool_with_room_for_every_answer_makes_none_wait() -> None:
     view, load = _view([ANSWER] * 10)
     assert view.room_wait(128, load, 0.0, ANSWER, 1.0) == 0.0
@@ -50,20 +65,19 @@ def test_a_pool_with_room_for_every_answer_makes_none_wait() -> None:
 async def test_an_engine_holding_requests_back_keeps_the_third_here_whatever_the_model_says() -> (
     None
 ):
-    """The engine holds a request back, though by the model its running answers are past
-    their expected end (ending now) and its pool has room. Two requests sent there have not
-    started (`max_unstarted`, 2): a third waits here, and is answered 429 when its SLO
-    passes, rather than joining the engine's queue."""
+    """The engine holds a request back, though by the model its pool has room. Two requests
+    sent there have not started (`max_unstarted`, 2): a third waits here, and is answered
+    429 when its SLO passes, rather than joining the engine's queue."""
     clock = [0.0]
     router, config, table = _router("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
     view = router.views["w0"]
     for n in range(5):
-        view.flew(1000 + n, -100.0, ANSWER, PROMPT)
-        view.started(1000 + n, -99.0)
+        view.flew(1000 + n, -1.0, ANSWER, PROMPT)
+        view.started(1000 + n, -0.5)  # half their answers to come
     holding = EngineLoad(running=5, waiting=1, used_tokens=10_000, max_total_tokens=100_000)
     table.polled("w0", holding, 2)
-    assert view.held_wait(holding, 0.0) == 0.0  # the model sees nothing to wait for
+    assert view.room_wait(128, holding, 0.0) == 0.0  # the model sees room
     admission = _ticking_admission(router, clock)
     for key in (b"a", b"b"):
         request = router.request(MODEL, SYSTEM + key)
