@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 from math import exp
 
+from agents.router.breaker import Breaker
+from agents.router.steps import StepLine
 from agents.workers.table import EngineLoad
 
-EJECT_AFTER = 3  # failures in a row open the breaker
-COOLDOWN_S = 2.0  # first open period; doubles on each failed probe
-COOLDOWN_MAX_S = 30.0
 LEARN_ALPHA = 0.2  # weight of a new observation
 MIN_LEARN_TOKENS = 256  # below this a TTFT says more about overheads than prefill speed
 RATE_WINDOW_S = 10.0  # the time constant of a worker's smoothed dispatch rate
@@ -23,80 +21,8 @@ BIAS_MIN_S = 0.05  # a predicted TTFT below this says more about overheads than 
 BIAS_ALPHA = 0.1  # weight of a new first byte in the bias
 OVERDUE_MARGIN = 1.1  # an answer running past its expected end has a tenth of it to go
 BIAS_MAX = 8.0
-STEP_ALPHA = 0.05  # weight of a poll in a worker's step line
-STEP_MIN_SPREAD = 2.0  # requests: a batch that has varied less than this gives no slope
 RESERVE_RATIO = 0.1  # of an answer's tokens an engine keeps KV room for: SGLang's new-token
 # ratio, which decays from 0.7 to 0.1 while nothing is retracted (its steady state)
-
-
-class BreakerState(StrEnum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
-
-
-@dataclass
-class Breaker:
-    state: BreakerState = BreakerState.CLOSED
-    failures: int = 0
-    opened_at: float = 0.0
-    cooldown_s: float = COOLDOWN_S
-    probing: bool = False
-
-    def allows(self, now: float) -> bool:
-        if self.state is BreakerState.CLOSED:
-            return True
-        if self.state is BreakerState.OPEN and now - self.opened_at >= self.cooldown_s:
-            self.state, self.probing = BreakerState.HALF_OPEN, False
-        return self.state is BreakerState.HALF_OPEN and not self.probing
-
-    def dispatched(self) -> None:
-        if self.state is BreakerState.HALF_OPEN:
-            self.probing = True  # one request at a time probes a half-open worker
-
-    def succeeded(self) -> None:
-        self.state, self.failures, self.probing = BreakerState.CLOSED, 0, False
-        self.cooldown_s = COOLDOWN_S
-
-    def failed(self, now: float) -> None:
-        self.failures += 1
-        if self.state is BreakerState.HALF_OPEN:
-            self.cooldown_s = min(COOLDOWN_MAX_S, self.cooldown_s * 2)
-            self.state, self.opened_at, self.probing = BreakerState.OPEN, now, False
-        elif self.failures >= EJECT_AFTER:
-            self.state, self.opened_at = BreakerState.OPEN, now
-
-
-@dataclass
-class StepLine:
-    """An engine's time per token of each running answer as a line in its batch: a base step,
-    plus what each running request adds to it (its KV cache read each step, its sampling),
-    fitted to the engine's gauges as its batch comes and goes (exponentially weighted least
-    squares). Each request a worker takes makes every token of the batch it joins slower."""
-
-    batch: float = 0.0  # the weighted means of the batch, the step, and their products
-    step: float = 0.0
-    batch2: float = 0.0
-    cross: float = 0.0
-    seen: int = 0
-
-    def observe(self, batch: int, step_s: float) -> None:
-        if batch <= 0 or step_s <= 0:
-            return
-        a = max(STEP_ALPHA, 1 / (self.seen + 1))  # the first polls weigh in fully
-        self.batch += a * (batch - self.batch)
-        self.step += a * (step_s - self.step)
-        self.batch2 += a * (batch * batch - self.batch2)
-        self.cross += a * (batch * step_s - self.cross)
-        self.seen += 1
-
-    def slope(self) -> float | None:
-        """Seconds a step grows by for each request in the batch; None: not known yet."""
-        spread = self.batch2 - self.batch**2
-        if spread < STEP_MIN_SPREAD**2:
-            return None
-        slope = (self.cross - self.batch * self.step) / spread
-        return min(max(0.0, slope), self.step / max(self.batch, 1.0))  # the base is not < 0
 
 
 @dataclass

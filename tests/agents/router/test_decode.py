@@ -4,7 +4,7 @@ once sharing its holder's batch costs every answer there more than a prefill."""
 
 from __future__ import annotations
 
-from agents.router.view import StepLine
+from agents.router.steps import StepLine
 from agents.workers.table import EngineLoad
 from tests.agents.router.test_policies import MODEL, SYSTEM, _router
 
