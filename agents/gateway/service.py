@@ -38,8 +38,9 @@ from agents.gateway.relay import (
 )
 from agents.gateway.requests import Inference, check_context, parse
 from agents.gateway.upstream import Answer, Upstream, UpstreamError
+from agents.router.decision import Decision, Ticket
 from agents.router.policies import Candidate, RouteRequest
-from agents.router.router import Decision, Router, Ticket
+from agents.router.router import Router
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
