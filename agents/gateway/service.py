@@ -24,6 +24,7 @@ from agents.gateway.admission import Admission
 from agents.gateway.errors import GatewayError, NotReady, UnsupportedMediaType, UpstreamFailed
 from agents.gateway.quotas import Quotas
 from agents.gateway.relay import (
+    EVENT_END,
     ClientGone,
     Retry,
     StreamMeter,
@@ -247,6 +248,7 @@ class Gateway:
                     response.headers["Cache-Control"] = "no-cache"
                     await to_client(response.prepare(request))
                 await to_client(response.write(data))
+                self.router.progressed(ticket, data.count(EVENT_END))
             rest = meter.rest()
         except ClientGone:
             self._gone(ticket, upstream.url, rid)

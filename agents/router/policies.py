@@ -30,6 +30,7 @@ class RouteRequest:
     itl_limit_s: float | None = None  # the route's inter-token SLO
     max_new: int | None = None  # the answer's most tokens (max_tokens), when it sets one
     now: float = 0.0  # the router's clock when it is routed
+    full: bool = False  # requests of its model have lately waited in admission for room
 
 
 @dataclass
@@ -199,9 +200,14 @@ class Cost(Policy):
         best_match = max(c.matched_tokens for c in candidates)
         limit = request.itl_limit_s * p.max_itl_share if request.itl_limit_s else None
         slow: list[Candidate] = []
-        # answers are priced while the engines keep up: once one queues, its prefill is what
-        # binds, and a prefix copied to shorten a batch takes capacity others wait for
-        answers = p.price_answers and not any(c.entry.load.waiting for c in candidates)
+        # answers are priced while the engines keep up: once one queues, or requests wait
+        # here for room, prefill is what binds, and a prefix copied to shorten a batch takes
+        # capacity others wait for
+        answers = (
+            p.price_answers
+            and not request.full
+            and not any(c.entry.load.waiting for c in candidates)
+        )
         if answers:
             # how long its answer will be: one guess for every worker (each learns answers'
             # length from what it served; one that served short ones is no faster for this)

@@ -280,6 +280,14 @@ class Router:
             )
         view.breaker.succeeded()
 
+    def progressed(self, ticket: Ticket, events: int) -> None:
+        """Events of its stream relayed to the client."""
+        if not ticket.done:
+            ticket.events += events
+            view = self.views.get(ticket.worker_id)
+            if view is not None:
+                view.progressed(id(ticket), events)
+
     def finished(
         self, ticket: Ticket, prompt_bytes: int, prompt_tokens: int | None, completion: int | None
     ) -> None:
@@ -297,6 +305,7 @@ class Router:
                 view.sent_since_poll = max(0, view.sent_since_poll - 1)
             if completion:
                 view.learn_output(completion, ticket.max_new)
+                view.learn_events(completion, ticket.events)
             if completion and completion > 1 and ticket.first_at is not None:
                 entry = self.table.get(ticket.worker_id)
                 batch = entry.load.running if entry is not None else 0

@@ -33,6 +33,7 @@ class Flight:
     answer: float  # the tokens its answer is expected to take
     tokens: float = 0.0  # the uncached prompt tokens it takes of the pool
     first_at: float | None = None
+    events: int = 0  # of its stream, relayed so far
 
 
 @dataclass
@@ -65,6 +66,10 @@ class WorkerView:
     _running: int = 0  # of the flights, those started, with the sums of their answers and
     _answers: float = 0.0  # first-byte times (what is to come of them, in O(1))
     _firsts: float = 0.0
+    tokens_per_event: float = 0.0  # of a streamed answer, learned from usage; 0: not known
+    _counted: int = 0  # of those started, the streamed ones whose events are counted, with
+    _counted_firsts: float = 0.0  # the sums of their first-byte times and of their events
+    _events: int = 0
 
     def answer(self, max_new: int | None) -> float:
         """The tokens an answer is expected to take: its max_tokens at the share answers here
@@ -85,18 +90,50 @@ class WorkerView:
             self._answers += flight.answer
             self._firsts += at
 
+    def progressed(self, key: int, events: int) -> None:
+        """Events of a started answer's stream relayed: how far it has run, counted, where
+        time would only guess it."""
+        flight = self._flights.get(key)
+        if flight is None or flight.first_at is None or events <= 0:
+            return
+        if not flight.events:
+            self._counted += 1
+            self._counted_firsts += flight.first_at
+        flight.events += events
+        self._events += events
+
+    def learn_events(self, tokens: int, events: int) -> None:
+        """A streamed answer's tokens over the events it came in (the engine's stream
+        interval, and the events that carry no token)."""
+        if tokens > 0 and events > 0:
+            seen = tokens / events
+            rate = self.tokens_per_event
+            self.tokens_per_event = seen if rate <= 0 else rate + LEARN_ALPHA * (seen - rate)
+
     def landed(self, key: int) -> None:
         flight = self._flights.pop(key, None)
         if flight is None:
             return
         if flight.first_at is None:
             self._unstarted -= 1
-        else:
-            self._running -= 1
-            self._answers -= flight.answer
-            self._firsts -= flight.first_at
-            if self._running == 0:  # no rounding left behind
-                self._answers = self._firsts = 0.0
+            return
+        self._running -= 1
+        self._answers -= flight.answer
+        self._firsts -= flight.first_at
+        if flight.events:
+            self._counted -= 1
+            self._counted_firsts -= flight.first_at
+            self._events -= flight.events
+        if self._running == 0:  # no rounding left behind
+            self._answers = self._firsts = self._counted_firsts = 0.0
+            self._counted = self._events = 0
+
+    def _ran(self, flight: Flight, now: float, step: float) -> float:
+        """Tokens a started answer has run: counted from its stream's events, or by time."""
+        assert flight.first_at is not None
+        if flight.events and self.tokens_per_event > 0:
+            return flight.events * self.tokens_per_event
+        return (now - flight.first_at) / step
 
     @property
     def unstarted(self) -> int:
@@ -125,7 +162,7 @@ class WorkerView:
         step = self._running_step(now, batch)
         turnover_s = self.mean_output * step
         left = sorted(
-            max(0.0, f.answer * step - (now - f.first_at))
+            max(0.0, (f.answer - self._ran(f, now, step)) * step)
             for f in self._flights.values()
             if f.first_at is not None
         )
@@ -227,7 +264,7 @@ class WorkerView:
         batch (others' are taken to be like them). None: none of ours run here."""
         step = self._running_step(now, load.running)
         rest = sorted(
-            (max(0.0, f.answer - (now - f.first_at) / step), f.tokens + f.answer)
+            (max(0.0, f.answer - self._ran(f, now, step)), f.tokens + f.answer)
             for f in self._flights.values()
             if f.first_at is not None
         )
@@ -259,10 +296,16 @@ class WorkerView:
 
     def to_come(self, load: EngineLoad, now: float) -> float:
         """Answer tokens the engine's running requests have still to generate: of those this
-        gateway has running there, their expected answers less the steps they have run (a
-        batch that started together has nearly all of its answers to come); of others, half
-        an answer each."""
-        run = (self._running * now - self._firsts) / self._running_step(now, load.running)
+        gateway has running there, their expected answers less what they have run (counted
+        from their streams' events, else by time at the step; a batch that started together
+        has nearly all of its answers to come); of others, half an answer each."""
+        step = self._running_step(now, load.running)
+        if self.tokens_per_event > 0:  # the streams' events count; the others run by time
+            timed = self._running - self._counted
+            run = self._events * self.tokens_per_event
+            run += (timed * now - (self._firsts - self._counted_firsts)) / step
+        else:
+            run = (self._running * now - self._firsts) / step
         left = max(0.0, self._answers - run)
         others = max(0, load.running - self._running)
         # ours that the engine has started and that have sent no byte yet (sent before the

@@ -57,6 +57,23 @@ def test_answers_running_past_their_expected_end_have_not_freed_their_room() -> 
     assert 0.1 * ANSWER * STEP_S < wait < ANSWER * STEP_S
 
 
+def test_what_a_streamed_answer_has_run_is_counted_from_its_events_not_its_age() -> None:
+    """Twenty answers started together 50 steps ago by the learned step, whose streams have
+    each relayed 2 events of 5 tokens (the engine runs slower than learned): 90 tokens of
+    each are to come, not 50. An answer not streamed runs by time."""
+    view = WorkerView("w", prefill_tokens_per_s=20_000, decode_step_s=STEP_S)
+    view.learn_events(ANSWER, ANSWER // 5)  # 5 tokens an event, as answers here have shown
+    load = EngineLoad(running=21, used_tokens=0, max_total_tokens=100_000)
+    for key in range(21):
+        view.flew(key, -1.0, ANSWER, PROMPT)
+        view.started(key, -50 * STEP_S)
+    for key in range(20):
+        view.progressed(key, 2)
+    assert view.to_come(load, 0.0) == pytest.approx(20 * 90 + 50)
+    view.landed(0)
+    assert view.to_come(dataclasses.replace(load, running=20), 0.0) == pytest.approx(19 * 90 + 50)
+
+
 def test_a_pool_with_room_for_every_answer_makes_none_wait() -> None:
     view, load = _view([ANSWER] * 10)
     assert view.room_wait(128, load, 0.0, ANSWER, 1.0) == 0.0
