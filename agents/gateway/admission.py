@@ -20,12 +20,14 @@ from collections.abc import Callable
 
 from agents.control.compile import RouteConfig
 from agents.gateway.errors import NoHealthyWorker, Overloaded, QueueFull
+from agents.router.decision import Decision
 from agents.router.params import CostParams
 from agents.router.policies import RouteRequest
-from agents.router.router import Decision, Router
+from agents.router.router import Router
 
 DEFAULT_WAIT_S = 10.0  # the longest wait of a model without an SLO
 RECHECK_S = 0.05  # a waiting request is placed again at least this often
+FULL_S = 5.0  # a model is full for this long after a request of it last had to wait
 
 
 class Admission:
@@ -33,6 +35,7 @@ class Admission:
         self.router = router
         self.clock = clock
         self.waiting: dict[str, int] = {}
+        self._full_at: dict[str, float] = {}
         self._events: dict[str, asyncio.Event] = {}
 
     def notify(self, model: str) -> None:
@@ -53,6 +56,7 @@ class Admission:
         queued = False
         try:
             while True:
+                request.full = self.clock() - self._full_at.get(route.model, -FULL_S) < FULL_S
                 decision = self.router.route(route, request, exclude)
                 now = self.clock()
                 if decision.ranked and _fits(decision, route, request, since, now):
@@ -71,6 +75,7 @@ class Admission:
                         )
                     self.waiting[route.model] = self.waiting.get(route.model, 0) + 1
                     queued = True
+                self._full_at[route.model] = now
                 left = deadline - self.clock()
                 if left <= 0:
                     raise Overloaded(

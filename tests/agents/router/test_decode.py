@@ -26,8 +26,8 @@ def test_a_hot_prefix_is_copied_to_an_idle_worker_once_its_batch_slows_every_ans
     step has grown with its batch (6 ms and 0.3 ms a request, as its gauges showed while the
     batch grew); w1 is idle. While w0 runs few, the prefix stays (recomputing it elsewhere
     costs more than sharing w0's steps); once w0's batch makes every answer there slower by
-    more than a prefill of the prefix, w1 takes a copy; unless an engine queues requests,
-    when a copy would take prefill that others wait for."""
+    more than a prefill of the prefix, w1 takes a copy; unless an engine queues requests or
+    the region is full, when a copy would take prefill that others wait for."""
     router, config, table = _router("cost", params={"price_answers": True})
     route = config.routes[MODEL]
     first = router.request(MODEL, SYSTEM + b"first")
@@ -41,17 +41,20 @@ def test_a_hot_prefix_is_copied_to_an_idle_worker_once_its_batch_slows_every_ans
     for running in (2, 4, 8, 16, 32, 8, 2):
         view.line.observe(running, 0.006 + 0.0003 * running)
 
-    def goes(running: int, waiting: int = 0) -> str:
+    def goes(running: int, waiting: int = 0, full: bool = False) -> str:
         table.polled("w0", EngineLoad(running=running, waiting=waiting, used_tokens=20_000,
                                       step_s=0.006 + 0.0003 * running,
                                       max_total_tokens=100_000), 2)  # fmt: skip
         request = router.request(MODEL, SYSTEM + f"q{running}".encode())
+        request.full = full
         return router.route(route, request, set()).ranked[0].worker.id
 
     assert goes(2) == "w0"
     assert goes(40) == "w1"
-    # once an engine queues, prefill is what binds: answers are not priced, the prefix stays
+    # once an engine queues, or requests have lately waited in admission for room, prefill
+    # is what binds: answers are not priced, the prefix stays
     assert goes(40, waiting=3) == "w0"
+    assert goes(40, full=True) == "w0"
 
 
 def test_without_answer_prices_a_hot_prefix_stays_where_it_is_cached() -> None:

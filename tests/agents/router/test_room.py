@@ -84,7 +84,8 @@ async def test_an_engine_holding_requests_back_keeps_the_third_here_whatever_the
 ):
     """The engine holds a request back, though by the model its pool has room. Two requests
     sent there have not started (`max_unstarted`, 2): a third waits here, and is answered
-    429 when its SLO passes, rather than joining the engine's queue."""
+    429 when its SLO passes, rather than joining the engine's queue; and the model is marked
+    full."""
     clock = [0.0]
     router, config, table = _router("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
@@ -100,8 +101,15 @@ async def test_an_engine_holding_requests_back_keeps_the_third_here_whatever_the
         request = router.request(MODEL, SYSTEM + key)
         decision = await admission.place(route, request, set(), clock[0])
         router.dispatched(decision.ranked[0], request)
+        assert not request.full  # nothing of the model has waited here yet
     with pytest.raises(Overloaded):
         await admission.place(route, router.request(MODEL, SYSTEM + b"c"), set(), clock[0])
+    # the model is full: for a while its requests are routed by their first token (a copy
+    # of a prefix would take prefill that others wait for)
+    later = router.request(MODEL, SYSTEM + b"d")
+    with pytest.raises(Overloaded):
+        await admission.place(route, later, set(), clock[0])
+    assert later.full
 
 
 async def test_first_bytes_later_than_admission_predicted_raise_the_bias() -> None:
