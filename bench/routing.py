@@ -54,13 +54,13 @@ CONTENDERS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "round_robin": ("meridian", "round_robin", {}),
     "cache_aware": ("meridian", "cache_aware", {}),
     "cost": ("meridian", "cost", {"kv_events": True}),
-    "cost_first_token": ("meridian", "cost", {"kv_events": True, "price_answers": False}),
+    "cost_answers": ("meridian", "cost", {"kv_events": True, "price_answers": True}),
     "cost_approx": ("meridian", "cost", {}),
     "cost_two_gateways": ("meridian2", "cost", {"kv_events": True}),
     "sglang_router_cache_aware": ("sglang", "cache_aware", {}),
     "sglang_router_round_robin": ("sglang", "round_robin", {}),
 }
-EXTRA_CONTENDERS = ("round_robin", "cost", "cost_first_token", "sglang_router_cache_aware")
+EXTRA_CONTENDERS = ("round_robin", "cost", "cost_answers", "sglang_router_cache_aware")
 
 
 @dataclass

@@ -95,12 +95,11 @@ class CostParams(PolicyParams):
         "ITL SLO",
     )  # fmt: skip
     price_answers: bool = Field(
-        default=True, description="price a worker by the whole answer, not its first token "
+        default=False, description="price a worker by the whole answer, not its first token "
         "alone: the answer's decode at the step of the batch it joins, what it adds to each "
         "step of the answers running there, and the stall its prefill puts on them and on what "
-        "it evicts; while no engine of the model queues and none of its requests has lately "
-        "waited in admission (then prefill binds). Spreads a hot prefix over idle workers; "
-        "false: the first token alone, cache affinity whatever the batch",
+        "it evicts; while no engine of the model queues. Spreads a hot prefix over idle "
+        "workers; costs capacity where cache affinity is worth more than a small batch",
     )  # fmt: skip
     max_itl_share: float = Field(
         default=1.0, gt=0, le=10, description="veto a busy worker whose decode step is past "

@@ -28,7 +28,7 @@ def test_a_hot_prefix_is_copied_to_an_idle_worker_once_its_batch_slows_every_ans
     costs more than sharing w0's steps); once w0's batch makes every answer there slower by
     more than a prefill of the prefix, w1 takes a copy; unless an engine queues requests or
     the region is full, when a copy would take prefill that others wait for."""
-    router, config, table = _router("cost")
+    router, config, table = _router("cost", params={"price_answers": True})
     route = config.routes[MODEL]
     first = router.request(MODEL, SYSTEM + b"first")
     chosen = next(c for c in router.route(route, first, set()).ranked if c.worker.id == "w0")
@@ -58,10 +58,9 @@ def test_a_hot_prefix_is_copied_to_an_idle_worker_once_its_batch_slows_every_ans
 
 
 def test_without_answer_prices_a_hot_prefix_stays_where_it_is_cached() -> None:
-    """Priced by the first token alone (`price_answers` false): w0's batch of 40 does not
-    delay it much, so the prefix stays (cache affinity whatever the batch; the answers there
-    run slower)."""
-    router, config, table = _router("cost", params={"price_answers": False})
+    """The default prices the first token: w0's batch of 40 does not delay it much, so the
+    prefix stays (cache affinity keeps capacity; the answers there run slower)."""
+    router, config, table = _router("cost")
     route = config.routes[MODEL]
     first = router.request(MODEL, SYSTEM + b"first")
     chosen = next(c for c in router.route(route, first, set()).ranked if c.worker.id == "w0")

@@ -247,8 +247,8 @@ def test_a_prefix_both_hold_goes_by_price_not_by_the_traffic_drawn() -> None:
 
 def test_a_prefix_both_hold_goes_to_fewer_requests_when_prices_are_within_the_noise() -> None:
     """w0's learned decode step is a little shorter, but it lags: w0 runs five times the
-    requests. First-token prices 2 ms apart are the model's noise; the fewer requests win."""
-    router, config, table = _router("cost", params={"price_answers": False})
+    requests. Prices 2 ms apart are the model's noise; the fewer requests win."""
+    router, config, table = _router("cost")
     for worker in ("w0", "w1"):
         request = router.request(MODEL, SYSTEM + worker.encode())
         decision = router.route(config.routes[MODEL], request, set())
