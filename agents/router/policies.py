@@ -181,10 +181,11 @@ class Cost(Policy):
 
     With `price_answers`, the price is of the whole answer (`_answer_price`): its decode at
     the step of the batch it joins, what it adds to the steps of the answers there, and the
-    stall its prefill puts on them; while no engine queues (then prefill binds, and a copy
-    takes capacity that others wait for). A hot prefix then spreads to an idle worker once its
-    holder's batch slows every answer there by more than a prefill; off by default, since
-    measured on the shared-prefix benchmark it costs capacity (bench/README.md).
+    stall its prefill puts on them; while the model is not full (no engine queues, and no
+    request of it has lately waited in admission: then prefill binds, and a copy takes
+    capacity that others wait for). A hot prefix then spreads to an idle worker once its
+    holder's batch slows every answer there by more than a prefill. Off by default: at
+    moderate load on the shared-prefix benchmark its copies cost hit rate (bench/README.md).
 
     Vetoed: a worker whose queue (or KV pool, if configured) is past its limit, and a busy
     worker whose learned decode step is near the route's inter-token SLO while another's is
