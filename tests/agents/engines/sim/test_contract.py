@@ -304,6 +304,14 @@ async def test_kv_events_are_published_over_zmq_in_sglang_format() -> None:
         async with running_sim("--kv-events-config", config, "--page-size", "4") as sim:
             ids = list(range(100, 110))  # 10 tokens: two whole pages of 4
             async with sim.client() as client:
+                # a subscription reaches the publisher a moment after it binds (ZMQ's slow
+                # joiner): flush until an event comes through, then read from a clean start
+                for _ in range(100):
+                    assert (await client.post("/flush_cache")).status_code == 200
+                    if await socket.poll(100):
+                        break
+                while await socket.poll(200):
+                    await socket.recv_multipart()
                 body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
                 assert (await client.post("/generate", json=body, headers=JSON)).status_code == 200
                 assert (await client.post("/flush_cache")).status_code == 200
