@@ -59,6 +59,5 @@ class Ticket:
     step_s: float = 0.0  # the decode step a busy worker finishes before it prefills this
     polls: int = 0  # the worker's answered polls when this was sent
     max_new: int | None = None  # the request's max_tokens
-    events: int = 0  # of its stream, relayed so far
     predicted_s: float = 0.0  # its wait for a first byte there, as admission or the cost
     # policy predicted it

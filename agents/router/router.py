@@ -283,7 +283,6 @@ class Router:
     def progressed(self, ticket: Ticket, events: int) -> None:
         """Events of its stream relayed to the client."""
         if not ticket.done:
-            ticket.events += events
             view = self.views.get(ticket.worker_id)
             if view is not None:
                 view.progressed(id(ticket), events)
@@ -300,12 +299,13 @@ class Router:
         view = self.views.get(ticket.worker_id)
         if view is not None:
             view.inflight = max(0, view.inflight - 1)
-            view.landed(id(ticket))
+            flight = view.landed(id(ticket))
             if self._unpolled(ticket):
                 view.sent_since_poll = max(0, view.sent_since_poll - 1)
             if completion:
                 view.learn_output(completion, ticket.max_new)
-                view.learn_events(completion, ticket.events)
+                if flight is not None:
+                    view.learn_events(completion, flight.events)
             if completion and completion > 1 and ticket.first_at is not None:
                 entry = self.table.get(ticket.worker_id)
                 batch = entry.load.running if entry is not None else 0

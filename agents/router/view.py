@@ -110,13 +110,14 @@ class WorkerView:
             rate = self.tokens_per_event
             self.tokens_per_event = seen if rate <= 0 else rate + LEARN_ALPHA * (seen - rate)
 
-    def landed(self, key: int) -> None:
+    def landed(self, key: int) -> Flight | None:
+        """The flight ended, as it was."""
         flight = self._flights.pop(key, None)
         if flight is None:
-            return
+            return None
         if flight.first_at is None:
             self._unstarted -= 1
-            return
+            return flight
         self._running -= 1
         self._answers -= flight.answer
         self._firsts -= flight.first_at
@@ -127,6 +128,7 @@ class WorkerView:
         if self._running == 0:  # no rounding left behind
             self._answers = self._firsts = self._counted_firsts = 0.0
             self._counted = self._events = 0
+        return flight
 
     def _ran(self, flight: Flight, now: float, step: float) -> float:
         """Tokens a started answer has run: counted from its stream's events, or by time."""
