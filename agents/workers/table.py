@@ -14,6 +14,7 @@ from agents.control.compile import WorkerSpec
 
 # Engine states (the supervisor's) under which a local engine takes no new work.
 NOT_SERVING = frozenset({"starting", "draining", "stopped", "crash_loop", "unhealthy"})
+READY = "ready"
 
 
 @dataclass
@@ -83,9 +84,14 @@ class WorkerTable:
         return self.entries.get(worker_id)
 
     def set_engine_state(self, worker_id: str, state: str) -> None:
+        """The supervisor's state of a local engine. Its health check answering (ready) is
+        as good a sign of reach as a poll, so a request sent the moment the engine is ready
+        is served, not refused until the next poll lands."""
         entry = self.entries.get(worker_id)
         if entry is not None and entry.engine_state != state:
             entry.engine_state = state
+            if state == READY:
+                entry.reachable, entry.failed_polls = True, 0
             self.changed()
 
     def polled(self, worker_id: str, load: EngineLoad | None, fail_after: int) -> None:
