@@ -96,7 +96,7 @@ class Agent:
         self.table.replace(config.workers)
         for engine_id, runner in self.supervisor.runners.items():
             self.table.set_engine_state(engine_id, str(runner.state))
-        self.gateway.configure(config)
+        self.gateway.configure(config, {p.region: p.health for p in snapshot.peer_load})
         self.supervisor.want(specs)
         log.info("applied revision %s: %d engine(s) here", snapshot.revision, len(specs))
 
@@ -166,6 +166,7 @@ class Agent:
             "engines": self.supervisor.status(),
             "router": self.gateway.router.status()
             | {"kv_events": {w: s.events for w, s in self.kv_events.subscriptions.items()}},
+            "escalation": self.gateway.escalations.status(),
             "gpus": [
                 {"index": g.index, "model": g.model, "memory_gb": g.memory_gb, "source": g.source}
                 for g in gpu_list
@@ -175,7 +176,9 @@ class Agent:
     async def telemetry(self) -> pb.Telemetry:
         gpu_list = inventory(self.snapshot, self.link.state.node, self.nvml)
         used = await asyncio.to_thread(gpus.memory) if self.nvml is not None else []
-        return self.window.report(self.supervisor.runners.values(), gpu_list, used)
+        return self.window.report(
+            self.supervisor.runners.values(), gpu_list, used, self.gateway.escalations.report()
+        )
 
 
 async def _forever(name: str, run: Callable[[], Awaitable[None]]) -> None:

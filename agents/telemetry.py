@@ -5,7 +5,7 @@ percentiles), from their own metrics."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
@@ -26,6 +26,7 @@ class TelemetryWindow:
         runners: Iterable[EngineRunner],
         gpu_list: Iterable[gpus.Gpu],
         memory: Iterable[gpus.GpuMemory],
+        escalations: Sequence[tuple[str, str, str, int]] = (),
     ) -> pb.Telemetry:
         """`memory` is NVML's reading, taken off the event loop by the caller."""
         runners = list(runners)
@@ -59,6 +60,12 @@ class TelemetryWindow:
             ttft_ms=_percentiles(served.ttft),
             itl_ms=_percentiles(served.itl),
             requests_per_second=served.requests / seconds if seconds > 0 else 0.0,
+            escalations=[
+                pb.EscalationCount(direction=d, peer=p, reason=r, count=n)
+                for d, p, r, n in escalations
+            ],
+            escalations_in=sum(n for d, _, _, n in escalations if d == "in"),
+            escalations_out=sum(n for d, _, _, n in escalations if d == "out"),
         )
 
     def _since_last(self, runners: list[EngineRunner]) -> tuple[Counters, float]:

@@ -8,6 +8,7 @@ arrival and never found wanting at request time.
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,10 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
 from google.protobuf import json_format
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from pydantic import ValidationError
@@ -82,12 +87,43 @@ class ApiKey:
 
 
 @dataclass(frozen=True)
+class Peer:
+    region: str
+    jurisdiction: str
+    gateway_url: str | None
+    models: frozenset[str]
+
+
+@dataclass(frozen=True)
 class FallbackChain:
     rule: str
     model: str | None
     tenant_tier: str | None
-    triggers: tuple[str, ...]
-    peers: tuple[str, ...]
+    triggers: frozenset[str]  # overload | failure
+    peers: tuple[Peer, ...]  # in order of preference
+    ttft_s: float | None = None  # overload: the predicted local TTFT past which it escalates
+    queue_depth: int | None = None  # overload: requests waiting past which it escalates
+    error_rate: float | None = None  # failure: the share of failed local attempts
+
+    def applies(self, model: str, tier: str) -> bool:
+        return self.model in (None, model) and self.tenant_tier in (None, tier)
+
+
+@dataclass(frozen=True)
+class Signer:
+    """This region's key for the requests it escalates."""
+
+    key_id: str
+    key: Ed25519PrivateKey
+
+
+@dataclass(frozen=True)
+class Sender:
+    """A region that may escalate here, and the keys its requests are signed with."""
+
+    region: str
+    jurisdiction: str
+    keys: Mapping[str, Ed25519PublicKey]
 
 
 @dataclass(frozen=True)
@@ -103,6 +139,13 @@ class RegionConfig:
     workers: tuple[WorkerSpec, ...] = ()
     keys: Mapping[str, ApiKey] = field(default_factory=dict)  # by SHA-256 hex of the key
     fallback: tuple[FallbackChain, ...] = ()
+    tenants: Mapping[str, Tenant] = field(default_factory=dict)
+    signer: Signer | None = None
+    senders: Mapping[str, Sender] = field(default_factory=dict)
+
+    def chain(self, model: str, tier: str) -> FallbackChain | None:
+        """The most specific rule for the model and the tenant's tier (compiled first)."""
+        return next((c for c in self.fallback if c.applies(model, tier)), None)
 
     def workers_of(self, model: str) -> list[WorkerSpec]:
         return [w for w in self.workers if w.model == model]
@@ -120,6 +163,7 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
     routes = {r.model: _route(r) for r in snapshot.routes}
     agents_up = max(1, snapshot.agents_up)
     keys: dict[str, ApiKey] = {}
+    tenants: dict[str, Tenant] = {}
     for grant in snapshot.tenants:
         tenant = Tenant(
             name=grant.name,
@@ -133,6 +177,7 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
             tokens_per_minute=_node_share(grant, "tokens_per_minute", agents_up),
             debug_routes=grant.debug_routes,
         )
+        tenants[tenant.name] = tenant
         for key in grant.api_keys:
             expires = key.expires_at.ToSeconds() if key.HasField("expires_at") else None
             keys[key.key_hash] = ApiKey(tenant, key.prefix, float(expires) if expires else None)
@@ -163,17 +208,55 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
         routes=MappingProxyType(routes),
         workers=workers,
         keys=MappingProxyType(keys),
-        fallback=tuple(
-            FallbackChain(
-                rule=c.rule,
-                model=c.model if c.HasField("model") else None,
-                tenant_tier=c.tenant_tier if c.HasField("tenant_tier") else None,
-                triggers=tuple(c.triggers),
-                peers=tuple(p.region for p in c.peers),
-            )
-            for c in snapshot.fallback
-        ),
+        fallback=tuple(_chain(c) for c in snapshot.fallback),
+        tenants=MappingProxyType(tenants),
+        signer=_signer(snapshot),
+        senders=MappingProxyType({t.region: _sender(t) for t in snapshot.trusted}),
     )
+
+
+def _chain(chain: pb.FallbackChain) -> FallbackChain:
+    limits = chain.thresholds
+    return FallbackChain(
+        rule=chain.rule,
+        model=chain.model if chain.HasField("model") else None,
+        tenant_tier=chain.tenant_tier if chain.HasField("tenant_tier") else None,
+        triggers=frozenset(chain.triggers),
+        peers=tuple(
+            Peer(
+                region=p.region,
+                jurisdiction=p.jurisdiction,
+                gateway_url=p.gateway_url.rstrip("/") if p.HasField("gateway_url") else None,
+                models=frozenset(p.models),
+            )
+            for p in chain.peers
+        ),
+        ttft_s=limits.ttft_ms / 1000 if limits.HasField("ttft_ms") else None,
+        queue_depth=limits.queue_depth if limits.HasField("queue_depth") else None,
+        error_rate=limits.error_rate if limits.HasField("error_rate") else None,
+    )
+
+
+def _signer(snapshot: pb.Snapshot) -> Signer | None:
+    if not snapshot.HasField("signing_key"):
+        return None
+    try:
+        seed = base64.b64decode(snapshot.signing_key.private_key, validate=True)
+        key = Ed25519PrivateKey.from_private_bytes(seed)
+    except ValueError:
+        raise SnapshotInvalid("the region's signing key is not an Ed25519 seed") from None
+    return Signer(snapshot.signing_key.key_id, key)
+
+
+def _sender(trusted: pb.TrustedRegion) -> Sender:
+    keys = {}
+    for key_id, raw in trusted.public_keys.items():
+        try:
+            keys[key_id] = Ed25519PublicKey.from_public_bytes(base64.b64decode(raw, validate=True))
+        except ValueError:
+            where = f"region {trusted.region}'s key {key_id}"
+            raise SnapshotInvalid(f"{where} is not an Ed25519 public key") from None
+    return Sender(trusted.region, trusted.jurisdiction, MappingProxyType(keys))
 
 
 def _route(route: pb.Route) -> RouteConfig:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from agents.control.compile import RouteConfig
 from agents.gateway.errors import NoHealthyWorker, Overloaded, QueueFull
@@ -28,6 +29,22 @@ from agents.router.router import Router
 DEFAULT_WAIT_S = 10.0  # the longest wait of a model without an SLO
 RECHECK_S = 0.05  # a waiting request is placed again at least this often
 FULL_S = 5.0  # a model is full for this long after a request of it last had to wait
+
+
+class Escalate(Exception):
+    """Overload: the region should send this request to a peer rather than wait here."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+@dataclass(frozen=True)
+class EscalateOver:
+    """Past these, a request of a model with a fallback rule escalates instead of waiting."""
+
+    ttft_s: float | None  # its predicted TTFT here, counting what it has waited
+    queue_depth: int | None  # requests of the model waiting here
 
 
 class Admission:
@@ -48,9 +65,16 @@ class Admission:
             self.notify(model)
 
     async def place(
-        self, route: RouteConfig, request: RouteRequest, exclude: set[str], since: float
+        self,
+        route: RouteConfig,
+        request: RouteRequest,
+        exclude: set[str],
+        since: float,
+        escalate: EscalateOver | None = None,
     ) -> Decision:
-        """The decision to act on; raises QueueFull, Overloaded or NoHealthyWorker."""
+        """The decision to act on; raises QueueFull, Overloaded or NoHealthyWorker, and
+        Escalate when `escalate` is given and passed. A request that fits here never
+        escalates."""
         slo = route.slo_ttft_s
         deadline = since + (slo if slo is not None else DEFAULT_WAIT_S)
         queued = False
@@ -67,6 +91,9 @@ class Admission:
                         f"({decision.unavailable} of {decision.total} unavailable)",
                         retry_after_s=2,
                     )
+                if escalate is not None:
+                    _check_escalation(escalate, decision, self.waiting.get(route.model, 0),
+                                      now - since, queued)  # fmt: skip
                 if not queued:
                     if self.waiting.get(route.model, 0) >= route.max_queue:
                         raise QueueFull(
@@ -89,6 +116,18 @@ class Admission:
         finally:
             if queued:
                 self.waiting[route.model] -= 1
+
+
+def _check_escalation(
+    over: EscalateOver, decision: Decision, waiting: int, waited_s: float, queued: bool
+) -> None:
+    if not decision.ranked:
+        raise Escalate("every worker of the model is busy or vetoed")
+    if over.queue_depth is not None and not queued and waiting >= over.queue_depth:
+        raise Escalate(f"{waiting} requests of the model wait here")
+    predicted = decision.best_ttft_s
+    if over.ttft_s is not None and predicted is not None and predicted + waited_s > over.ttft_s:
+        raise Escalate(f"predicted TTFT here {(predicted + waited_s) * 1000:.0f} ms")
 
 
 def _fits(

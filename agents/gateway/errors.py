@@ -17,6 +17,7 @@ class GatewayError(AgentError):
     code = "internal_error"
     kind = "api_error"  # OpenAI's error `type`
     title = "Internal error"
+    model: str | None = None  # the model asked for, once known (its load goes with the answer)
 
     def __init__(self, message: str, *, retry_after_s: int | None = None, param: str | None = None):
         super().__init__(message)

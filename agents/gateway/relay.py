@@ -4,13 +4,17 @@ found by a substring search, and drops it when the client did not ask for it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
+
+from agents.gateway.upstream import Answer, UpstreamError
 
 USAGE = b'"usage"'
 HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date",
@@ -163,3 +167,76 @@ def relayed_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
 def new_id() -> str:
     """A request id for a request that came without one."""
     return os.urandom(16).hex()
+
+
+class Track(Protocol):
+    """What a relayed answer reports as it goes: to the router for an engine's, to the peer's
+    view for a peer region's."""
+
+    @property
+    def name(self) -> str: ...  # the worker or peer, for a retry
+
+    def first_byte(self) -> None: ...
+    def progressed(self, events: int) -> None: ...
+    def failed(self) -> None: ...
+    def finished(self, usage: Usage) -> None: ...
+    def gone(self) -> None: ...
+
+
+async def relay_stream(
+    request: web.Request,
+    upstream: Answer,
+    track: Track,
+    headers: dict[str, str],
+    *,
+    native: bool,
+    keep_usage: bool,
+    since: float | None = None,
+) -> tuple[web.StreamResponse, Usage]:
+    """An answer's stream to the client as its events come. Raises Retry when it failed before
+    the client saw a byte; after that, a break ends the stream with an error event."""
+    meter = StreamMeter(native, keep_usage=keep_usage)
+    response: web.StreamResponse | None = None
+    try:
+        async for chunk in upstream.chunks():
+            data = meter.feed(chunk)
+            if not data:
+                continue
+            if response is None:
+                track.first_byte()
+                response = web.StreamResponse(headers=headers)
+                response.content_type = "text/event-stream"
+                response.headers["Cache-Control"] = "no-cache"
+                if since is not None:  # a peer region measures its round trip by it
+                    response.headers["Server-Timing"] = server_timing(since)
+                await to_client(response.prepare(request))
+            await to_client(response.write(data))
+            track.progressed(data.count(EVENT_END))
+        rest = meter.rest()
+    except ClientGone:
+        track.gone()
+        assert response is not None  # only writes to the client raise it
+        return response, meter.usage
+    except asyncio.CancelledError:
+        track.gone()
+        raise
+    except UpstreamError as error:
+        track.failed()
+        if response is None:  # nothing reached the client: another may answer
+            raise Retry(track.name, f"stream broke: {error}") from None
+        await write_quietly(response, stream_error("the upstream stream broke"))
+        return response, meter.usage
+    if response is None:
+        track.failed()
+        raise Retry(track.name, "the stream ended before its first event")
+    if rest:
+        await write_quietly(response, rest, eof=False)
+    usage = meter.finish()
+    track.finished(usage)
+    await write_quietly(response, b"")
+    return response, usage
+
+
+def server_timing(since: float) -> str:
+    """This gateway's time on the request so far (monotonic `since`), for a peer region."""
+    return f"gw;dur={(time.monotonic() - since) * 1000:.1f}"

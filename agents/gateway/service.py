@@ -1,52 +1,50 @@
 """The gateway: OpenAI API in, auth, quotas, admission, the router's choice, the engine's bytes
-out. The only I/O on a request's path is the call to the engine.
+out; a peer region's, on overload or failure, where the fallback rules allow. The only I/O on a
+request's path is the call to the engine (or the peer).
 
-A worker that fails before the first byte reaches the client (refused, reset, 5xx, a stream
-that ends before its first event) has the request retried on the next worker. A client that
-goes away has its upstream request closed and aborted, so the engine stops working on it.
+A worker that fails before the first byte reaches the client has the request retried on the
+next worker (agents/gateway/calls.py). A request escalates (agents/gateway/forward.py) only
+when its model has a fallback rule for the tenant's tier whose trigger fires: overload (its
+predicted TTFT here breaks the rule's threshold or the SLO, too many wait, the queue is full, or
+every worker is busy or vetoed) or failure (no worker serves, every attempt failed, or local
+attempts fail more often than the rule allows). A request that came from a peer is never
+escalated again and is not counted against the tenant's quota here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 import orjson
 from aiohttp import web
 
-from agents.control.compile import RegionConfig, Tenant
-from agents.gateway import auth
-from agents.gateway.admission import Admission
-from agents.gateway.errors import GatewayError, NotReady, UnsupportedMediaType, UpstreamFailed
-from agents.gateway.quotas import Quotas
-from agents.gateway.relay import (
-    EVENT_END,
-    ClientGone,
-    Retry,
-    StreamMeter,
-    Usage,
-    body_usage,
-    new_id,
-    relayed_headers,
-    stream_error,
-    to_client,
-    upstream_headers,
-    write_quietly,
+from agents.control.compile import FallbackChain, RegionConfig, RouteConfig, Tenant
+from agents.gateway import assertion, auth
+from agents.gateway.admission import Admission, Escalate, EscalateOver
+from agents.gateway.calls import EngineCalls
+from agents.gateway.errors import (
+    GatewayError,
+    NoHealthyWorker,
+    NotReady,
+    Overloaded,
+    QueueFull,
+    UnsupportedMediaType,
+    UpstreamFailed,
 )
+from agents.gateway.forward import Forwarder
+from agents.gateway.quotas import Quotas
+from agents.gateway.relay import Retry, Usage, new_id
 from agents.gateway.requests import Inference, check_context, parse
-from agents.gateway.upstream import Answer, Upstream, UpstreamError
-from agents.router.decision import Decision, Ticket
-from agents.router.policies import Candidate, RouteRequest
+from agents.gateway.upstream import Upstream
+from agents.router.escalation import LOAD_HEADER, Escalations, load_header
+from agents.router.policies import RouteRequest
 from agents.router.router import Router
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 OPERATOR = Tenant("operator", "operator", None, None, None)
-JSON = b"Content-Type: application/json\r\n"
 
 
 class Gateway:
@@ -61,23 +59,33 @@ class Gateway:
         self.router = router
         self.admission = Admission(router, clock)
         self.quotas = Quotas(clock)
+        self.escalations = Escalations(clock)
         self.config: RegionConfig | None = None
         self.operator_token = operator_token
         self.clock = clock
         self._upstream = Upstream(connect_timeout_s)
-        self._background: set[asyncio.Task[object]] = set()
+        self.calls = EngineCalls(router, self.admission, self._upstream)
+        self.forwarder = Forwarder(self.escalations, self._upstream, clock)
+        self._load: dict[str, tuple[float | None, int]] = {}  # model: (best TTFT, serving)
         router.table.on_change(self.admission.notify_all)
 
     async def close(self) -> None:
         await self._upstream.close()
 
-    def configure(self, config: RegionConfig) -> None:
+    def configure(self, config: RegionConfig, peer_health: Mapping[str, str] | None = None) -> None:
         self.router.configure(config)
+        peers = {p.region for chain in config.fallback for p in chain.peers}
+        self.escalations.configure(peers, peer_health or {})
         self.config = config
 
     def headers(self, request_id: str) -> dict[str, str]:
         region = self.config.region if self.config is not None else ""
         return {"X-Request-ID": request_id, "x-meridian-region": region}
+
+    def load_of(self, model: str) -> str:
+        """What this region says of its load for the model, on every answer of it."""
+        ttft, serving = self._load.get(model, (None, 0))
+        return load_header(ttft, self.admission.waiting.get(model, 0), serving)
 
     async def models_or_error(self, request: web.Request) -> web.Response:
         try:
@@ -101,11 +109,13 @@ class Gateway:
         )
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
-        request_id = request.headers.get("X-Request-ID") or new_id()
-        headers = self.headers(request_id[:128])
+        request_id = (request.headers.get("X-Request-ID") or new_id())[:128]
+        headers = self.headers(request_id)
         try:
-            return await self._infer(request, request_id[:128], headers)
+            return await self._infer(request, request_id, headers)
         except GatewayError as error:
+            if error.model is not None:
+                headers[LOAD_HEADER] = self.load_of(error.model)
             return error.response(headers)
 
     def _config(self) -> RegionConfig:
@@ -126,10 +136,20 @@ class Gateway:
     ) -> web.StreamResponse:
         since = self.clock()
         config = self._config()
-        tenant, insider = self._caller(request, config)
         if request.content_type not in ("application/json", ""):
             raise UnsupportedMediaType(f"send application/json, not {request.content_type}")
-        inference, model = parse(request.path, await request.read(), config)
+        body = await request.read()
+        signed = request.headers.get(assertion.HEADER)
+        came_from: str | None = None
+        if signed is not None:  # escalated here by a peer region: its word for who asks
+            claim = assertion.verify(signed, config, body=body, request_id=request_id)
+            tenant, came_from = claim.tenant or OPERATOR, claim.origin
+            debug = claim.debug
+            self.escalations.received(claim.origin, claim.reason)
+        else:
+            tenant, insider = self._caller(request, config)
+            debug = insider and request.headers.get("x-meridian-debug") == "1"
+        inference, model = parse(request.path, body, config)
         route_request = self.router.request(
             model.name, inference.key, inference.tokens, inference.max_new
         )
@@ -137,257 +157,121 @@ class Gateway:
         route = config.routes.get(model.name)
         if route is None:
             raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
-        if tenant is not OPERATOR:
+        counted = tenant is not OPERATOR and came_from is None  # a peer's was counted there
+        if counted:
             self.quotas.admit(tenant, route_request.prompt_tokens)
-        debug = insider and request.headers.get("x-meridian-debug") == "1"
-        tried: set[str] = set()
+        chain = None
+        if came_from is None and assertion.HOP not in request.headers:
+            chain = config.chain(model.name, tenant.tier)
         try:
-            for attempt in range(MAX_ATTEMPTS):
-                decision = await self.admission.place(route, route_request, tried, since)
-                self.router.record(request_id, decision)
-                chosen = decision.ranked[0]
-                if debug:
-                    queued_ms = round((self.clock() - since) * 1000, 1)  # in admission
-                    extra = {"attempt": attempt + 1, "queued_ms": queued_ms}
-                    headers["x-meridian-route"] = orjson.dumps(
-                        decision.describe(chosen.worker.id) | extra
-                    ).decode()
-                try:
-                    response, usage = await self._attempt(
-                        request, inference, request_id, decision, route_request, headers
-                    )
-                except Retry as why:
-                    log.warning("request %s: %s", request_id, why, extra={"request_id": request_id})
-                    tried.add(why.worker_id)
-                    since = self.clock()  # time lost to a failed worker is not the load's
-                    continue
-                if tenant is not OPERATOR and usage.prompt_tokens is not None:
-                    used = usage.prompt_tokens + (usage.completion_tokens or 0)
-                    self.quotas.settle(tenant, route_request.prompt_tokens, used)
-                return response
-        except GatewayError:
-            if tenant is not OPERATOR:
+            response, usage = await self._serve(
+                request, body, inference, route_request, route, config, chain, tenant,
+                request_id, headers, debug, since, came_from,
+            )  # fmt: skip
+        except GatewayError as error:
+            error.model = model.name
+            if counted:
                 self.quotas.settle(tenant, route_request.prompt_tokens, 0)
             raise
-        raise UpstreamFailed(f"{MAX_ATTEMPTS} workers failed the request", retry_after_s=1)
+        if counted and usage.prompt_tokens is not None:
+            used = usage.prompt_tokens + (usage.completion_tokens or 0)
+            self.quotas.settle(tenant, route_request.prompt_tokens, used)
+        return response
 
-    async def _attempt(
+    async def _serve(
         self,
         request: web.Request,
-        inference: Inference,
-        request_id: str,
-        decision: Decision,
-        route_request: RouteRequest,
-        headers: dict[str, str],
-    ) -> tuple[web.StreamResponse, Usage]:
-        chosen, prefill = decision.ranked[0], decision.prefill
-        worker = chosen.worker
-        ticket = self.router.dispatched(chosen, route_request, prefilled_elsewhere=bool(prefill))
-        sent_headers = upstream_headers(request_id)
-        pd: _Prefill | None = None
-        if prefill is not None:
-            pd = self._prefill(prefill, route_request, inference, request_id, sent_headers)
-            body = inference.upstream_body(request_id, pd.fields)
-        else:
-            body = inference.upstream_body(request_id)
-        if decision.pd is not None:
-            self.router.pd_choices[decision.pd] += 1
-        upstream: Answer | None = None
-        try:
-            if pd is None:
-                upstream = await self._upstream.post(worker.url, inference.path, body, sent_headers)
-            else:
-                upstream = await self._paired(pd, worker.url, inference, body, sent_headers, ticket)
-            if upstream.status >= 500:
-                self._failed(ticket)
-                raise Retry(worker.id, f"answered {upstream.status}")
-            if inference.stream and upstream.status == 200:
-                return await self._stream(request, inference, upstream, ticket, headers, request_id)
-            data = await upstream.read()
-        except OSError as error:  # UpstreamError among them
-            self._failed(ticket)
-            raise Retry(worker.id, f"{type(error).__name__}: {error}") from None
-        except asyncio.CancelledError:
-            self._gone(ticket, worker.url, request_id)
-            if pd is not None:
-                pd.cancel()
-            raise
-        except Exception:  # a fault of ours: the worker's request ends here all the same
-            self.router.abandoned(ticket)
-            raise
-        finally:
-            if upstream is not None:
-                upstream.release()
-        usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
-        self._finished(ticket, inference, usage)
-        out = relayed_headers(upstream.headers)
-        out.update(headers)
-        return web.Response(body=data, status=upstream.status, headers=out), usage
-
-    async def _stream(
-        self,
-        request: web.Request,
-        inference: Inference,
-        upstream: Answer,
-        ticket: Ticket,
-        headers: dict[str, str],
-        rid: str,
-    ) -> tuple[web.StreamResponse, Usage]:
-        meter = StreamMeter(inference.native, keep_usage=inference.wants_usage)
-        response: web.StreamResponse | None = None
-        try:
-            async for chunk in upstream.chunks():
-                data = meter.feed(chunk)
-                if not data:
-                    continue
-                if response is None:
-                    self.router.first_byte(ticket)
-                    self.admission.notify(ticket.model)
-                    response = web.StreamResponse(headers=headers)
-                    response.content_type = "text/event-stream"
-                    response.headers["Cache-Control"] = "no-cache"
-                    await to_client(response.prepare(request))
-                await to_client(response.write(data))
-                self.router.progressed(ticket, data.count(EVENT_END))
-            rest = meter.rest()
-        except ClientGone:
-            self._gone(ticket, upstream.url, rid)
-            assert response is not None  # only writes to the client raise it
-            return response, meter.usage
-        except asyncio.CancelledError:
-            self._gone(ticket, upstream.url, rid)
-            raise
-        except UpstreamError as error:
-            self._failed(ticket)
-            if response is None:  # nothing reached the client: another worker may answer
-                raise Retry(ticket.worker_id, f"stream broke: {error}") from None
-            await write_quietly(response, stream_error("the engine's stream broke"))
-            return response, meter.usage
-        if response is None:
-            self._failed(ticket)
-            raise Retry(ticket.worker_id, "the stream ended before its first event")
-        if rest:
-            await write_quietly(response, rest, eof=False)
-        usage = meter.finish()
-        self._finished(ticket, inference, usage)
-        await write_quietly(response, b"")
-        return response, usage
-
-    def _prefill(
-        self,
-        prefill: Candidate,
-        route_request: RouteRequest,
-        inference: Inference,
-        request_id: str,
-        headers: bytes,
-    ) -> _Prefill:
-        """PD: the same body to the prefill worker, with the bootstrap fields SGLang expects;
-        its answer is read and dropped (the client gets the decode worker's)."""
-        worker = prefill.worker
-        ticket = self.router.dispatched(prefill, route_request)
-        room = secrets.randbits(63)
-        fields = (
-            b'"bootstrap_host":' + orjson.dumps(worker.host)
-            + b',"bootstrap_port":' + str(worker.bootstrap_port).encode()
-            + b',"bootstrap_room":' + str(room).encode() + b","
-        )  # fmt: skip
-        body = inference.upstream_body(request_id, fields)
-        call = self._prefill_call(worker.url, inference.path, body, headers, ticket)
-        task = asyncio.get_running_loop().create_task(call)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return _Prefill(self, worker.url, request_id, ticket, fields, task)
-
-    async def _prefill_call(
-        self, url: str, path: str, body: bytes, headers: bytes, ticket: Ticket
-    ) -> bool:
-        try:
-            answer = await self._upstream.post(url, path, body, headers)
-            try:
-                await answer.read()
-            finally:
-                answer.release()
-            if answer.status >= 500:
-                self._failed(ticket)
-                return False
-        except OSError:
-            self._failed(ticket)
-            return False
-        self.router.first_byte(ticket)
-        self.router.finished(ticket, 0, None, None)
-        return True
-
-    async def _paired(
-        self,
-        pd: _Prefill,
-        worker_url: str,
-        inference: Inference,
         body: bytes,
-        headers: bytes,
-        ticket: Ticket,
-    ) -> Answer:
-        """The decode call, given up (and retried on another pair) if the prefill fails
-        before the decode worker has answered."""
-        call = self._upstream.post(worker_url, inference.path, body, headers)
-        decode = asyncio.ensure_future(call)
-        await asyncio.wait({decode, pd.task}, return_when=asyncio.FIRST_COMPLETED)
-        if not decode.done() and not pd.task.result():
-            decode.cancel()
-            self.router.abandoned(ticket)
-            self._abort_later(worker_url, pd.request_id)
-            raise Retry(pd.ticket.worker_id, "the prefill worker failed")
-        return await decode
+        inference: Inference,
+        route_request: RouteRequest,
+        route: RouteConfig,
+        config: RegionConfig,
+        chain: FallbackChain | None,
+        tenant: Tenant,
+        request_id: str,
+        headers: dict[str, str],
+        debug: bool,
+        since: float,
+        came_from: str | None,
+    ) -> tuple[web.StreamResponse, Usage]:
+        model = route.model
+        overload = chain is not None and "overload" in chain.triggers
+        failure = chain is not None and "failure" in chain.triggers
+        over = None
+        if overload:
+            assert chain is not None
+            over = EscalateOver(chain.ttft_s or route.slo_ttft_s, chain.queue_depth)
 
-    def _finished(self, ticket: Ticket, inference: Inference, usage: Usage) -> None:
-        self.router.finished(
-            ticket, len(inference.key), usage.prompt_tokens, usage.completion_tokens
-        )
-        self.admission.notify(ticket.model)
+        async def escalate(reason: str, why: str) -> tuple[web.StreamResponse, Usage] | None:
+            assert chain is not None
+            outcome = await self.forwarder.forward(
+                request, body, config=config, chain=chain, model=model,
+                tenant=None if tenant is OPERATOR else tenant, reason=reason, why=why,
+                request_id=request_id, debug=debug, stream=inference.stream,
+                native=inference.native, wants_usage=inference.wants_usage,
+                headers=self._answer_headers(headers, model),
+            )  # fmt: skip
+            log.info("request %s escalated (%s: %s) to %s", request_id, reason, why,
+                     outcome.peer or f"no peer: {outcome.refused or 'none allowed'}")  # fmt: skip
+            if outcome.response is None:
+                return None
+            return outcome.response, outcome.usage or Usage()
 
-    def _failed(self, ticket: Ticket) -> None:
-        self.router.failed(ticket)
-        self.admission.notify(ticket.model)
+        if failure and chain is not None and self.escalations.failing(chain, model):
+            done = await escalate("failure", "local attempts fail past the rule's error rate")
+            if done is not None:
+                return done
+        tried: set[str] = set()
+        arrived = since
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                decision = await self.admission.place(route, route_request, tried, since, over)
+            except Escalate as why:
+                done = await escalate("overload", why.why)
+                if done is not None:
+                    return done
+                over = None  # no peer took it: it waits here, as it would without a rule
+                decision = await self.admission.place(route, route_request, tried, since)
+            except (QueueFull, Overloaded) as error:
+                done = await escalate("overload", error.message) if overload else None
+                if done is None:
+                    raise
+                return done
+            except NoHealthyWorker as error:
+                done = await escalate("failure", error.message) if failure else None
+                if done is None:
+                    raise
+                return done
+            self.router.record(request_id, decision)
+            chosen = decision.ranked[0]
+            self._load[model] = (decision.best_ttft_s, decision.total - decision.unavailable)
+            out = self._answer_headers(headers, model)
+            if debug:
+                queued_ms = round((self.clock() - since) * 1000, 1)  # in admission
+                extra = {"attempt": attempt + 1, "queued_ms": queued_ms}
+                out["x-meridian-route"] = orjson.dumps(
+                    decision.describe(chosen.worker.id) | extra
+                ).decode()
+            try:
+                result = await self.calls.attempt(
+                    request, inference, request_id, decision, route_request, out,
+                    timed_from=arrived if came_from is not None else None,
+                )  # fmt: skip
+            except Retry as why:
+                log.warning("request %s: %s", request_id, why, extra={"request_id": request_id})
+                self.escalations.attempted(model, ok=False)
+                tried.add(why.worker_id)
+                since = self.clock()  # time lost to a failed worker is not the load's
+                continue
+            self.escalations.attempted(model, ok=True)
+            return result
+        failed = UpstreamFailed(f"{MAX_ATTEMPTS} workers failed the request", retry_after_s=1)
+        done = await escalate("failure", failed.message) if failure else None
+        if done is None:
+            raise failed
+        return done
 
-    def _gone(self, ticket: Ticket, worker_url: str, rid: str) -> None:
-        """The client went away: free the worker and tell the engine to stop."""
-        if ticket.done:
-            return
-        self.router.abandoned(ticket)
-        self.admission.notify(ticket.model)
-        self._abort_later(worker_url, rid)
-
-    def _abort_later(self, worker_url: str, rid: str) -> None:
-        if not rid:
-            return
-        task = asyncio.get_running_loop().create_task(self._abort(worker_url, rid))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _abort(self, worker_url: str, rid: str) -> None:
-        body = orjson.dumps({"rid": rid})
-        try:
-            async with asyncio.timeout(5):
-                answer = await self._upstream.post(worker_url, "/abort_request", body, JSON)
-                try:
-                    await answer.read()
-                finally:
-                    answer.release()
-        except (OSError, TimeoutError) as error:
-            log.info("abort of %s at %s: %s", rid, worker_url, error)
-
-
-@dataclass
-class _Prefill:
-    """A PD request's prefill half, running beside its decode call."""
-
-    gateway: Gateway
-    worker_url: str
-    request_id: str
-    ticket: Ticket
-    fields: bytes  # the bootstrap fields both bodies carry
-    task: asyncio.Task[bool]
-
-    def cancel(self) -> None:
-        if not self.task.done():
-            self.task.cancel()
-            self.gateway._gone(self.ticket, self.worker_url, self.request_id)
+    def _answer_headers(self, headers: dict[str, str], model: str) -> dict[str, str]:
+        out = dict(headers)
+        out[LOAD_HEADER] = self.load_of(model)
+        return out

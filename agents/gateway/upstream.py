@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
+import ssl
 import time
 from collections import deque
 from typing import cast
@@ -24,7 +26,13 @@ import httptools
 
 IDLE_S = 3.0  # uvicorn (SGLang's server) drops an idle connection after 5 s
 MAX_IDLE = 512  # idle connections kept per engine
+KEEPALIVE_S = 3  # TCP keepalive: idle seconds before probing, and between probes
 HIGH_WATER = 1 << 18  # answer bytes buffered before the engine's socket stops being read
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    return ssl.create_default_context()
 
 
 class UpstreamError(ConnectionError):
@@ -32,12 +40,14 @@ class UpstreamError(ConnectionError):
 
 
 @functools.lru_cache(maxsize=1024)
-def origin(url: str) -> tuple[str, int, bytes]:
-    """host, port and the Host header of an engine's base URL (http only)."""
+def origin(url: str) -> tuple[str, int, bytes, bool]:
+    """host, port, the Host header and whether it is TLS, of a base URL (a peer region's
+    gateway may be https; engines are http)."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"not an http:// engine URL: {url!r}")
-    return parts.hostname, parts.port or 80, parts.netloc.encode("ascii")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s):// URL: {url!r}")
+    tls = parts.scheme == "https"
+    return parts.hostname, parts.port or (443 if tls else 80), parts.netloc.encode("ascii"), tls
 
 
 class Answer:
@@ -144,7 +154,7 @@ class _Chunks:
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, pool: Upstream, key: tuple[str, int]) -> None:
+    def __init__(self, pool: Upstream, key: tuple[str, int, bool]) -> None:
         self.pool, self.key = pool, key
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -176,6 +186,14 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None and hasattr(socket, "TCP_KEEPIDLE"):
+            # a peer cut off without a word (a partition) is found in seconds, even while a
+            # request on the connection waits for its answer
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_S)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_S)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
 
     def data_received(self, data: bytes) -> None:
         answer = self.answer
@@ -217,20 +235,20 @@ class Upstream:
 
     def __init__(self, connect_timeout_s: float = 2.0) -> None:
         self.connect_timeout_s = connect_timeout_s
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
 
     async def post(self, url: str, path: str, body: bytes, headers: bytes = b"") -> Answer:
         """`headers` are whole header lines, each ending in CRLF."""
-        host, port, netloc = origin(url)
+        host, port, netloc, tls = origin(url)
         request = b"".join((
             b"POST ", path.encode("ascii"), b" HTTP/1.1\r\nHost: ", netloc,
             b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\n", headers, b"\r\n", body,
         ))  # fmt: skip
         while True:
-            connection = self._take((host, port))
+            connection = self._take((host, port, tls))
             reused = connection is not None
             if connection is None:
-                connection = await self._connect((host, port))
+                connection = await self._connect((host, port, tls))
             answer = connection.send(url, request)
             try:
                 await answer._head
@@ -258,7 +276,7 @@ class Upstream:
                 connection.close()
         self._idle.clear()
 
-    def _take(self, key: tuple[str, int]) -> _Connection | None:
+    def _take(self, key: tuple[str, int, bool]) -> _Connection | None:
         idle = self._idle.get(key)
         if not idle:
             return None
@@ -270,12 +288,15 @@ class Upstream:
             connection.close()
         return None
 
-    async def _connect(self, key: tuple[str, int]) -> _Connection:
+    async def _connect(self, key: tuple[str, int, bool]) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(self, key), key[0], key[1]
+                    lambda: _Connection(self, key),
+                    key[0],
+                    key[1],
+                    ssl=_tls_context() if key[2] else None,
                 )
         except (OSError, TimeoutError) as error:
             raise UpstreamError(f"cannot connect to {key[0]}:{key[1]}: {error}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -11,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Table,
     Text,
@@ -43,6 +45,11 @@ class RegionRow(NamedRow):
     jurisdiction: Mapped[str] = mapped_column(String(32))
     state: Mapped[str] = mapped_column(String(16))
     gateway_url: Mapped[str | None] = mapped_column(Text)
+    # Ed25519 seed: the region signs the requests it escalates with it (peers get the public
+    # half). Made with the region, never shown by the API, sent only to its own agents.
+    signing_key: Mapped[bytes] = mapped_column(
+        LargeBinary(32), default=lambda: secrets.token_bytes(32)
+    )
 
     cloud: Mapped[CloudRow] = relationship(lazy="joined")
     # The leader's latest rollup of the region (agent_rows.RegionLoadRow); read-only here.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.db.access_rows import ApiKeyRow
 from controlplane.db.engine import Database
-from controlplane.db.fleet_rows import EngineSlotRow, NodeRow
+from controlplane.db.fleet_rows import EngineSlotRow, NodeRow, RegionRow
 from controlplane.services.registry import APPLY_KINDS
 from controlplane.services.unit import current_revision
 from controlplane.snapshot import FleetState, RegionSnapshot, compile_region
@@ -35,6 +36,9 @@ async def read_fleet_state(session: AsyncSession, keys: Iterable[str] = APPLY_KI
         state[key] = {row.name: kind.doc(row) for row in rows}
     if "tenants" in keys:
         state["api_keys"] = await _api_keys(session)
+    if "regions" in keys:
+        keys_of = await session.execute(select(RegionRow.name, RegionRow.signing_key))
+        state["signing_keys"] = {name: base64.b64encode(k).decode() for name, k in keys_of}
     slots = await session.execute(
         select(EngineSlotRow.engine_id, NodeRow.name, EngineSlotRow.gpu_indexes, EngineSlotRow.port)
         .join(NodeRow, NodeRow.id == EngineSlotRow.node_id)

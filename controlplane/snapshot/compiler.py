@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from controlplane.domain import EngineBackend, NodeState, RegionState
 from controlplane.schemas.fleet import FallbackRuleSpec
+from controlplane.snapshot.keys import public_key
 from controlplane.snapshot.placement import KV_EVENTS_PORT_OFFSET, place
 from controlplane.snapshot.types import (
     DeploymentInfo,
@@ -19,7 +20,9 @@ from controlplane.snapshot.types import (
     RegionInfo,
     RegionSnapshot,
     Route,
+    SigningKey,
     TenantGrant,
+    TrustedRegion,
     Unplaced,
     Worker,
 )
@@ -61,6 +64,8 @@ def compile_region(state: FleetState, region: str) -> RegionSnapshot:
         routes=routes,
         fallback=_fallback(state, region),
         tenants=_tenants(state, region),
+        signing_key=_signing_key(state, region),
+        trusted=_trusted(state, region),
     )
 
 
@@ -164,6 +169,7 @@ def _fallback(state: FleetState, region: str) -> list[FallbackChain]:
                 cloud=state.regions[p].cloud,
                 jurisdiction=state.regions[p].jurisdiction,
                 gateway_url=state.regions[p].gateway_url,
+                models=sorted({d.model for d in state.deployments.values() if d.region == p}),
             )
             for p in rule.peers
             if state.regions[p].state is RegionState.ACTIVE
@@ -179,6 +185,32 @@ def _fallback(state: FleetState, region: str) -> list[FallbackChain]:
             )
         )
     return chains
+
+
+def _signing_key(state: FleetState, region: str) -> SigningKey | None:
+    seed = state.signing_keys.get(region)
+    if seed is None:
+        return None
+    return SigningKey(key_id=public_key(seed)[0], private_key=seed)
+
+
+def _trusted(state: FleetState, region: str) -> list[TrustedRegion]:
+    """The regions that may escalate to this one: their rules name it as a peer."""
+    senders = sorted({r.region for r in state.fallback_rules.values() if region in r.peers})
+    trusted = []
+    for sender in senders:
+        seed = state.signing_keys.get(sender)
+        if seed is None or sender not in state.regions:
+            continue
+        key_id, public = public_key(seed)
+        trusted.append(
+            TrustedRegion(
+                region=sender,
+                jurisdiction=state.regions[sender].jurisdiction,
+                public_keys={key_id: public},
+            )
+        )
+    return trusted
 
 
 def region_weight(state: FleetState, region: str) -> int:

@@ -55,6 +55,8 @@ class FleetState(Frozen):
     fallback_rules: dict[str, FallbackRuleSpec] = Field(default_factory=dict)
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
     api_keys: dict[str, ApiKeyState] = Field(default_factory=dict)
+    # Each region's Ed25519 seed, base64: it signs the requests the region escalates.
+    signing_keys: dict[str, str] = Field(default_factory=dict, repr=False)
     slots: dict[str, Slot] = Field(default_factory=dict)  # by engine id
 
 
@@ -142,6 +144,20 @@ class Peer(Frozen):
     cloud: str
     jurisdiction: str
     gateway_url: str | None
+    models: list[str]  # those it has deployments of
+
+
+class SigningKey(Frozen):
+    key_id: str
+    private_key: str = Field(repr=False)  # Ed25519 seed, base64
+
+
+class TrustedRegion(Frozen):
+    """A region whose fallback rules name this one, and the keys its escalations carry."""
+
+    region: str
+    jurisdiction: str
+    public_keys: dict[str, str]  # Ed25519 raw public keys, base64, by key id
 
 
 class FallbackChain(Frozen):
@@ -180,3 +196,5 @@ class RegionSnapshot(Frozen):
     routes: list[Route]
     fallback: list[FallbackChain]
     tenants: list[TenantGrant]
+    signing_key: SigningKey | None = None
+    trusted: list[TrustedRegion] = Field(default_factory=list)

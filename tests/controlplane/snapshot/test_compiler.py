@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from controlplane.snapshot import FleetState, compile_region
@@ -105,6 +106,22 @@ def test_fallback_chain_carries_reachable_active_peers() -> None:
     document["regions"][1]["state"] = "disabled"
     chain = compile_region(state_from(document), "us-east").fallback[0]
     assert [p.region for p in chain.peers] == ["eu-west"]
+
+
+def test_peers_say_what_they_serve_and_each_region_trusts_only_its_senders() -> None:
+    seeds = {r: base64.b64encode(bytes([i]) * 32).decode() for i, r in
+             enumerate(("us-east", "us-west", "eu-west"))}  # fmt: skip
+    state = state_from(example(), signing_keys=seeds)
+    east, eu = compile_region(state, "us-east"), compile_region(state, "eu-west")
+    peer_models = {p.region: p.models for p in east.fallback[0].peers}
+    assert peer_models == {"us-west": ["llama-3.1-8b-instruct"], "eu-west": ["llama-3.1-8b-instruct"]}
+    assert east.signing_key is not None and east.signing_key.private_key == seeds["us-east"]
+    # us-east's rule names us-west and eu-west; us-west's names eu-west; eu-west's, us-east
+    assert [t.region for t in eu.trusted] == ["us-east", "us-west"]
+    assert [t.region for t in east.trusted] == ["eu-west", "us-west"]
+    sent = eu.trusted[0].public_keys
+    assert list(sent) == [east.signing_key.key_id]
+    assert seeds["us-east"] not in eu.model_dump_json()  # only the public half leaves us-east
 
 
 def test_tenants_follow_residency_and_split_quotas_by_capacity() -> None:

@@ -343,6 +343,7 @@ class Telemetry(_message.Message):
     ESCALATIONS_IN_FIELD_NUMBER: _builtins.int
     ESCALATIONS_OUT_FIELD_NUMBER: _builtins.int
     REQUESTS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    ESCALATIONS_FIELD_NUMBER: _builtins.int
     inflight_requests: _builtins.int
     queued_requests: _builtins.int
     prefix_cache_hit_rate: _builtins.float
@@ -359,6 +360,10 @@ class Telemetry(_message.Message):
     def ttft_ms(self) -> Global___Percentiles: ...
     @_builtins.property
     def itl_ms(self) -> Global___Percentiles: ...
+    @_builtins.property
+    def escalations(self) -> _containers.RepeatedCompositeFieldContainer[Global___EscalationCount]:
+        """Escalations since the agent started, by direction, peer and reason."""
+
     def __init__(
         self,
         *,
@@ -373,14 +378,45 @@ class Telemetry(_message.Message):
         escalations_in: _builtins.int = ...,
         escalations_out: _builtins.int = ...,
         requests_per_second: _builtins.float = ...,
+        escalations: _abc.Iterable[Global___EscalationCount] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl_ms", b"itl_ms", "observed_at", b"observed_at", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["engines", b"engines", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "queued_requests", b"queued_requests", "requests_per_second", b"requests_per_second", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "queued_requests", b"queued_requests", "requests_per_second", b"requests_per_second", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Telemetry: _TypeAlias = Telemetry  # noqa: Y015
+
+@_typing.final
+class EscalationCount(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIRECTION_FIELD_NUMBER: _builtins.int
+    PEER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    direction: _builtins.str
+    """out: this agent sent requests to the peer; in: the peer sent them here."""
+    peer: _builtins.str
+    reason: _builtins.str
+    """out: overload | failure; in: the reason the sending region gave."""
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        direction: _builtins.str = ...,
+        peer: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "direction", b"direction", "peer", b"peer", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EscalationCount: _TypeAlias = EscalationCount  # noqa: Y015
 
 @_typing.final
 class ControlMessage(_message.Message):
@@ -423,6 +459,8 @@ class Snapshot(_message.Message):
     TENANTS_FIELD_NUMBER: _builtins.int
     PEER_LOAD_FIELD_NUMBER: _builtins.int
     AGENTS_UP_FIELD_NUMBER: _builtins.int
+    SIGNING_KEY_FIELD_NUMBER: _builtins.int
+    TRUSTED_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     digest: _builtins.str
     """sha256 of the content (everything but revision, digest and peer_load)."""
@@ -452,6 +490,18 @@ class Snapshot(_message.Message):
     def peer_load(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerLoad]:
         """Load of the peer regions as of sending; advisory, not part of the digest."""
 
+    @_builtins.property
+    def signing_key(self) -> Global___SigningKey:
+        """This region's key for signing the requests it escalates to a peer. Sent to this
+        region's agents only; peers get its public half in `trusted`.
+        """
+
+    @_builtins.property
+    def trusted(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrustedRegion]:
+        """The regions whose fallback rules name this one: the keys their escalations are signed
+        with.
+        """
+
     def __init__(
         self,
         *,
@@ -468,14 +518,88 @@ class Snapshot(_message.Message):
         tenants: _abc.Iterable[Global___TenantGrant] | None = ...,
         peer_load: _abc.Iterable[Global___PeerLoad] | None = ...,
         agents_up: _builtins.int = ...,
+        signing_key: Global___SigningKey | None = ...,
+        trusted: _abc.Iterable[Global___TrustedRegion] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["region", b"region"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["region", b"region", "signing_key", b"signing_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents_up", b"agents_up", "deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "tenants", b"tenants", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents_up", b"agents_up", "deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "signing_key", b"signing_key", "tenants", b"tenants", "trusted", b"trusted", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Snapshot: _TypeAlias = Snapshot  # noqa: Y015
+
+@_typing.final
+class SigningKey(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    PRIVATE_KEY_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    """The first 16 hex digits of the public key's sha256."""
+    private_key: _builtins.str
+    """Ed25519, the raw 32-byte seed, base64."""
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+        private_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id", "private_key", b"private_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SigningKey: _TypeAlias = SigningKey  # noqa: Y015
+
+@_typing.final
+class TrustedRegion(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PublicKeysEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    REGION_FIELD_NUMBER: _builtins.int
+    JURISDICTION_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEYS_FIELD_NUMBER: _builtins.int
+    region: _builtins.str
+    jurisdiction: _builtins.str
+    @_builtins.property
+    def public_keys(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Ed25519 raw public keys, base64, by key id."""
+
+    def __init__(
+        self,
+        *,
+        region: _builtins.str = ...,
+        jurisdiction: _builtins.str = ...,
+        public_keys: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jurisdiction", b"jurisdiction", "public_keys", b"public_keys", "region", b"region"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrustedRegion: _TypeAlias = TrustedRegion  # noqa: Y015
 
 @_typing.final
 class RegionInfo(_message.Message):
@@ -815,10 +939,15 @@ class Peer(_message.Message):
     CLOUD_FIELD_NUMBER: _builtins.int
     JURISDICTION_FIELD_NUMBER: _builtins.int
     GATEWAY_URL_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
     region: _builtins.str
     cloud: _builtins.str
     jurisdiction: _builtins.str
     gateway_url: _builtins.str
+    @_builtins.property
+    def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The models the peer has deployments of."""
+
     def __init__(
         self,
         *,
@@ -826,10 +955,11 @@ class Peer(_message.Message):
         cloud: _builtins.str = ...,
         jurisdiction: _builtins.str = ...,
         gateway_url: _builtins.str | None = ...,
+        models: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gateway_url", b"_gateway_url", "gateway_url", b"gateway_url"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gateway_url", b"_gateway_url", "cloud", b"cloud", "gateway_url", b"gateway_url", "jurisdiction", b"jurisdiction", "region", b"region"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gateway_url", b"_gateway_url", "cloud", b"cloud", "gateway_url", b"gateway_url", "jurisdiction", b"jurisdiction", "models", b"models", "region", b"region"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gateway_url: _TypeAlias = _typing.Literal["gateway_url"]  # noqa: Y015
     _WhichOneofArgType__gateway_url: _TypeAlias = _typing.Literal["_gateway_url", b"_gateway_url"]  # noqa: Y015

@@ -1,0 +1,262 @@
+"""The gateway's calls to its region's engines: one attempt on the router's choice (a PD pair
+when disaggregated), its bytes relayed, and what came back told to the router.
+
+A worker that fails before the first byte reaches the client (refused, reset, 5xx, a stream
+that ends before its first event) raises Retry, so the next worker is tried. A client that
+goes away has its upstream request closed and aborted, so the engine stops working on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from agents.gateway.admission import Admission
+from agents.gateway.relay import (
+    Retry,
+    Usage,
+    body_usage,
+    relay_stream,
+    relayed_headers,
+    server_timing,
+    upstream_headers,
+)
+from agents.gateway.requests import Inference
+from agents.gateway.upstream import Answer, Upstream
+from agents.router.decision import Decision, Ticket
+from agents.router.policies import Candidate, RouteRequest
+from agents.router.router import Router
+
+log = logging.getLogger(__name__)
+JSON = b"Content-Type: application/json\r\n"
+
+
+class EngineCalls:
+    def __init__(self, router: Router, admission: Admission, upstream: Upstream) -> None:
+        self.router = router
+        self.admission = admission
+        self.upstream = upstream
+        self._background: set[asyncio.Task[bool]] = set()
+
+    async def attempt(
+        self,
+        request: web.Request,
+        inference: Inference,
+        request_id: str,
+        decision: Decision,
+        route_request: RouteRequest,
+        headers: dict[str, str],
+        timed_from: float | None = None,
+    ) -> tuple[web.StreamResponse, Usage]:
+        """`timed_from`: when a peer region's request came (its answer says how long this
+        gateway took, in Server-Timing)."""
+        chosen, prefill = decision.ranked[0], decision.prefill
+        worker = chosen.worker
+        ticket = self.router.dispatched(chosen, route_request, prefilled_elsewhere=bool(prefill))
+        sent_headers = upstream_headers(request_id)
+        pd: _Prefill | None = None
+        if prefill is not None:
+            pd = self._prefill(prefill, route_request, inference, request_id, sent_headers)
+            body = inference.upstream_body(request_id, pd.fields)
+        else:
+            body = inference.upstream_body(request_id)
+        if decision.pd is not None:
+            self.router.pd_choices[decision.pd] += 1
+        upstream: Answer | None = None
+        try:
+            if pd is None:
+                upstream = await self.upstream.post(worker.url, inference.path, body, sent_headers)
+            else:
+                upstream = await self._paired(pd, worker.url, inference, body, sent_headers, ticket)
+            if upstream.status >= 500:
+                self._failed(ticket)
+                raise Retry(worker.id, f"answered {upstream.status}")
+            if inference.stream and upstream.status == 200:
+                track = _EngineTrack(self, ticket, inference, worker.url, request_id)
+                return await relay_stream(
+                    request, upstream, track, headers,
+                    native=inference.native, keep_usage=inference.wants_usage,
+                    since=timed_from,
+                )  # fmt: skip
+            data = await upstream.read()
+        except OSError as error:  # UpstreamError among them
+            self._failed(ticket)
+            raise Retry(worker.id, f"{type(error).__name__}: {error}") from None
+        except asyncio.CancelledError:
+            self._gone(ticket, worker.url, request_id)
+            if pd is not None:
+                pd.cancel()
+            raise
+        except Exception:  # a fault of ours: the worker's request ends here all the same
+            self.router.abandoned(ticket)
+            raise
+        finally:
+            if upstream is not None:
+                upstream.release()
+        usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
+        self._finished(ticket, inference, usage)
+        out = relayed_headers(upstream.headers)
+        out.update(headers)
+        if timed_from is not None:
+            out["Server-Timing"] = server_timing(timed_from)
+        return web.Response(body=data, status=upstream.status, headers=out), usage
+
+    def _prefill(
+        self,
+        prefill: Candidate,
+        route_request: RouteRequest,
+        inference: Inference,
+        request_id: str,
+        headers: bytes,
+    ) -> _Prefill:
+        """PD: the same body to the prefill worker, with the bootstrap fields SGLang expects;
+        its answer is read and dropped (the client gets the decode worker's)."""
+        worker = prefill.worker
+        ticket = self.router.dispatched(prefill, route_request)
+        room = secrets.randbits(63)
+        fields = (
+            b'"bootstrap_host":' + orjson.dumps(worker.host)
+            + b',"bootstrap_port":' + str(worker.bootstrap_port).encode()
+            + b',"bootstrap_room":' + str(room).encode() + b","
+        )  # fmt: skip
+        body = inference.upstream_body(request_id, fields)
+        call = self._prefill_call(worker.url, inference.path, body, headers, ticket)
+        task = self.in_background(call)
+        return _Prefill(self, worker.url, request_id, ticket, fields, task)
+
+    async def _prefill_call(
+        self, url: str, path: str, body: bytes, headers: bytes, ticket: Ticket
+    ) -> bool:
+        try:
+            answer = await self.upstream.post(url, path, body, headers)
+            try:
+                await answer.read()
+            finally:
+                answer.release()
+            if answer.status >= 500:
+                self._failed(ticket)
+                return False
+        except OSError:
+            self._failed(ticket)
+            return False
+        self.router.first_byte(ticket)
+        self.router.finished(ticket, 0, None, None)
+        return True
+
+    async def _paired(
+        self,
+        pd: _Prefill,
+        worker_url: str,
+        inference: Inference,
+        body: bytes,
+        headers: bytes,
+        ticket: Ticket,
+    ) -> Answer:
+        """The decode call, given up (and retried on another pair) if the prefill fails
+        before the decode worker has answered."""
+        call = self.upstream.post(worker_url, inference.path, body, headers)
+        decode = asyncio.ensure_future(call)
+        await asyncio.wait({decode, pd.task}, return_when=asyncio.FIRST_COMPLETED)
+        if not decode.done() and not pd.task.result():
+            decode.cancel()
+            self.router.abandoned(ticket)
+            self._abort_later(worker_url, pd.request_id)
+            raise Retry(pd.ticket.worker_id, "the prefill worker failed")
+        return await decode
+
+    def _finished(self, ticket: Ticket, inference: Inference, usage: Usage) -> None:
+        self.router.finished(
+            ticket, len(inference.key), usage.prompt_tokens, usage.completion_tokens
+        )
+        self.admission.notify(ticket.model)
+
+    def _failed(self, ticket: Ticket) -> None:
+        self.router.failed(ticket)
+        self.admission.notify(ticket.model)
+
+    def _gone(self, ticket: Ticket, worker_url: str, rid: str) -> None:
+        """The client went away: free the worker and tell the engine to stop."""
+        if ticket.done:
+            return
+        self.router.abandoned(ticket)
+        self.admission.notify(ticket.model)
+        self._abort_later(worker_url, rid)
+
+    def _abort_later(self, worker_url: str, rid: str) -> None:
+        if rid:
+            self.in_background(self._abort(worker_url, rid))
+
+    def in_background(self, call: Coroutine[Any, Any, bool]) -> asyncio.Task[bool]:
+        task = asyncio.get_running_loop().create_task(call)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _abort(self, worker_url: str, rid: str) -> bool:
+        body = orjson.dumps({"rid": rid})
+        try:
+            async with asyncio.timeout(5):
+                answer = await self.upstream.post(worker_url, "/abort_request", body, JSON)
+                try:
+                    await answer.read()
+                finally:
+                    answer.release()
+        except (OSError, TimeoutError) as error:
+            log.info("abort of %s at %s: %s", rid, worker_url, error)
+            return False
+        return True
+
+
+@dataclass
+class _EngineTrack:
+    """A streamed answer of an engine, told to the router as it goes."""
+
+    calls: EngineCalls
+    ticket: Ticket
+    inference: Inference
+    url: str
+    rid: str
+
+    @property
+    def name(self) -> str:
+        return self.ticket.worker_id
+
+    def first_byte(self) -> None:
+        self.calls.router.first_byte(self.ticket)
+        self.calls.admission.notify(self.ticket.model)
+
+    def progressed(self, events: int) -> None:
+        self.calls.router.progressed(self.ticket, events)
+
+    def failed(self) -> None:
+        self.calls._failed(self.ticket)
+
+    def finished(self, usage: Usage) -> None:
+        self.calls._finished(self.ticket, self.inference, usage)
+
+    def gone(self) -> None:
+        self.calls._gone(self.ticket, self.url, self.rid)
+
+
+@dataclass
+class _Prefill:
+    """A PD request's prefill half, running beside its decode call."""
+
+    calls: EngineCalls
+    worker_url: str
+    request_id: str
+    ticket: Ticket
+    fields: bytes  # the bootstrap fields both bodies carry
+    task: asyncio.Task[bool]
+
+    def cancel(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
+            self.calls._gone(self.ticket, self.worker_url, self.request_id)

@@ -1,0 +1,215 @@
+"""Forwarding an escalated request to a peer region's gateway, one hop.
+
+The client's body goes as it came, with a signed assertion of the tenant's identity (never a
+key), the request id, the W3C trace context and the hop header, so that the peer never
+forwards it again and does not count it against the tenant's quota a second time. A peer that
+fails, refuses (429, 503) or cannot be reached before the client has seen a byte makes way
+for the next candidate; a stream that breaks after its first byte ends with an SSE error
+event. Each answer's head tells the peer's view its load and the round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+
+from agents.control.compile import FallbackChain, RegionConfig, Tenant
+from agents.gateway import assertion
+from agents.gateway.relay import (
+    Retry,
+    Usage,
+    body_usage,
+    relay_stream,
+    relayed_headers,
+    upstream_headers,
+)
+from agents.gateway.upstream import Upstream
+from agents.router.escalation import LOAD_HEADER, Escalations, PeerChoice
+
+log = logging.getLogger(__name__)
+TRACE_HEADERS = ("traceparent", "tracestate")
+HEAD_TIMEOUT_S = 60.0  # the longest a peer may take to answer's head (a stream's first event)
+DROPPED = {LOAD_HEADER, "server-timing"}  # the peer's own, not the client's
+
+
+@dataclass
+class Escalated:
+    """How an escalation went: the answer, or the peers tried and why each one failed."""
+
+    reason: str
+    rule: str
+    candidates: list[PeerChoice]
+    peer: str | None = None
+    response: web.StreamResponse | None = None
+    usage: Usage | None = None
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "reason": self.reason,
+            "rule": self.rule,
+            "peer": self.peer,
+            "candidates": [
+                {"region": c.peer.region, "predicted_ttft_ms": round(c.predicted_s * 1000, 1)}
+                for c in self.candidates
+            ],
+            **({"refused": self.refused} if self.refused else {}),
+        }
+
+
+class Forwarder:
+    def __init__(
+        self,
+        escalations: Escalations,
+        upstream: Upstream,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.escalations = escalations
+        self.upstream = upstream
+        self.clock = clock
+
+    async def forward(
+        self,
+        request: web.Request,
+        body: bytes,
+        *,
+        config: RegionConfig,
+        chain: FallbackChain,
+        model: str,
+        tenant: Tenant | None,
+        reason: str,
+        why: str,
+        request_id: str,
+        debug: bool,
+        stream: bool,
+        native: bool,
+        wants_usage: bool,
+        headers: dict[str, str],
+    ) -> Escalated:
+        jurisdictions = tenant.jurisdictions if tenant is not None else None
+        candidates = self.escalations.candidates(chain, model, jurisdictions)
+        outcome = Escalated(reason, chain.rule, candidates)
+        if config.signer is None:
+            return outcome
+        trace = b"".join(
+            f"{name}: {request.headers[name]}\r\n".encode("latin-1")
+            for name in TRACE_HEADERS
+            if name in request.headers
+        )
+        for choice in candidates:
+            peer = choice.peer
+            assert peer.gateway_url is not None  # candidates have one
+            signed = assertion.sign(
+                config.signer, origin=config.region, audience=peer.region, tenant=tenant,
+                request_id=request_id, reason=reason, body=body, debug=debug,
+            )  # fmt: skip
+            sent = (
+                upstream_headers(request_id) + trace
+                + f"{assertion.HEADER}: {signed}\r\n{assertion.HOP}: {config.region}\r\n".encode()
+            )  # fmt: skip
+            self.escalations.sent(peer.region, reason)
+            started = self.clock()
+            try:
+                async with asyncio.timeout(HEAD_TIMEOUT_S):
+                    answer = await self.upstream.post(peer.gateway_url, request.path, body, sent)
+            except (OSError, TimeoutError) as error:
+                self.escalations.unreachable(peer.region)
+                outcome.refused[peer.region] = f"unreachable: {error}"
+                log.warning("request %s: peer %s unreachable: %s", request_id, peer.region, error)
+                continue
+            retry_after = answer.header(b"retry-after")
+            server = answer.header(b"server-timing")
+            self.escalations.answered(
+                peer.region, model, status=answer.status,
+                elapsed_s=self.clock() - started,
+                load=_text(answer.header(LOAD_HEADER.encode())),
+                server_s=server_seconds(server),
+                retry_after_s=float(retry_after) if retry_after and retry_after.isdigit() else None,
+            )  # fmt: skip
+            if answer.status in (429, 503) or answer.status >= 500:
+                try:
+                    await answer.read()
+                except OSError:
+                    pass
+                finally:
+                    answer.release()
+                outcome.refused[peer.region] = f"answered {answer.status}"
+                continue
+            out = {k: v for k, v in relayed_headers(answer.headers).items()
+                   if k.lower() not in DROPPED}  # fmt: skip
+            out.update({k: v for k, v in headers.items() if k.lower() != "x-meridian-region"})
+            outcome.peer = peer.region
+            if debug:  # why it escalated, with the peer's own route when it gave one
+                described = outcome.describe() | {"why": why}
+                if "x-meridian-route" in out:
+                    described["peer_route"] = orjson.loads(out["x-meridian-route"])
+                out["x-meridian-route"] = orjson.dumps({"escalated": described}).decode()
+            try:
+                if stream and answer.status == 200:
+                    track = _PeerTrack(self.escalations, peer.region)
+                    outcome.response, outcome.usage = await relay_stream(
+                        request, answer, track, out, native=native, keep_usage=wants_usage
+                    )
+                else:
+                    data = await answer.read()
+                    usage = body_usage(data, native) if answer.status == 200 else Usage()
+                    outcome.response = web.Response(body=data, status=answer.status, headers=out)
+                    outcome.usage = usage
+            except Retry as why:
+                outcome.peer = None
+                outcome.refused[peer.region] = str(why)
+                continue
+            except OSError as error:
+                self.escalations.unreachable(peer.region)
+                outcome.peer = None
+                outcome.refused[peer.region] = f"broke: {error}"
+                continue
+            finally:
+                answer.release()
+            return outcome
+        return outcome
+
+
+@dataclass
+class _PeerTrack:
+    escalations: Escalations
+    name: str
+
+    def first_byte(self) -> None:
+        pass
+
+    def progressed(self, events: int) -> None:
+        pass
+
+    def failed(self) -> None:
+        self.escalations.unreachable(self.name)
+
+    def finished(self, usage: Usage) -> None:
+        pass
+
+    def gone(self) -> None:
+        pass  # closing the connection to the peer aborts the request there too
+
+
+def server_seconds(header: bytes | None) -> float | None:
+    """The peer gateway's own time from `Server-Timing: gw;dur=<ms>`."""
+    if not header:
+        return None
+    for part in header.split(b";"):
+        name, _, value = part.strip().partition(b"=")
+        if name == b"dur":
+            try:
+                return float(value) / 1000
+            except ValueError:
+                return None
+    return None
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value is not None else None

@@ -1,0 +1,178 @@
+"""Escalation: when a region sends a request to a peer, and to which one. Decisions only.
+
+A region escalates only on overload (its predicted time to first token breaks the threshold,
+or too many requests of the model wait) or failure (no worker serves, every attempt failed, or
+its attempts fail more often than the rule allows). The candidates are the peers of the
+matching fallback chain that serve the model, that the tenant's jurisdictions allow, and that
+are not known to be unhealthy; the one with the lowest predicted TTFT including the round trip
+wins, ties going to the chain's order.
+
+What a peer is like comes from its own answers: each gateway says its load in every answer
+(`endpoint-load-metrics`, after Envoy's ORCA), and the round trip is measured per forwarded
+request (its `Server-Timing` says how long the peer itself took). A passive breaker per peer
+opens on failures and half-opens to probe, as a worker's does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from agents.control.compile import FallbackChain, Peer
+from agents.router.breaker import Breaker
+
+LOAD_HEADER = "endpoint-load-metrics"
+FRESH_S = 10.0  # a peer's reported load is believed this long
+RTT_WEIGHT = 0.3  # of a new round trip in the peer's smoothed one
+ERROR_WEIGHT = 0.05  # of a local attempt in the model's smoothed failure share
+FULL_MAX_S = 5.0  # the longest a peer that said it is full is passed over
+
+
+@dataclass
+class PeerView:
+    region: str
+    breaker: Breaker = field(default_factory=Breaker)
+    health: str = "unknown"  # the control plane's, as of the snapshot: seconds old
+    rtt_s: float | None = None
+    last_ok: float = float("-inf")
+    ttft: dict[str, tuple[float, float]] = field(default_factory=dict)  # model: (s, when)
+    full_until: dict[str, float] = field(default_factory=dict)  # model: when it may be tried
+
+    def predicted_s(self, model: str, now: float) -> float:
+        """Its reported TTFT while fresh (else none known), plus the round trip."""
+        reported, at = self.ttft.get(model, (0.0, float("-inf")))
+        return (reported if now - at <= FRESH_S else 0.0) + (self.rtt_s or 0.0)
+
+    def usable(self, model: str, now: float) -> bool:
+        if self.full_until.get(model, 0.0) > now:
+            return False
+        if self.health == "down" and now - self.last_ok > FRESH_S:
+            return False  # down by the control plane's account, and nothing newer says not
+        return self.breaker.allows(now)
+
+
+@dataclass(frozen=True)
+class PeerChoice:
+    peer: Peer
+    predicted_s: float
+
+
+class Escalations:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.peers: dict[str, PeerView] = {}
+        self.counts: Counter[tuple[str, str, str]] = Counter()  # (in|out, peer, reason)
+        self.error_share: dict[str, float] = {}  # model: smoothed share of failed attempts
+
+    def configure(self, regions: Iterable[str], health: Mapping[str, str]) -> None:
+        """The peers of the new snapshot; a peer known before keeps what is known of it."""
+        self.peers = {r: self.peers.get(r) or PeerView(r) for r in regions}
+        for region, view in self.peers.items():
+            view.health = health.get(region, "unknown")
+
+    def failing(self, chain: FallbackChain, model: str) -> bool:
+        """Local attempts fail more often than the rule allows."""
+        limit = chain.error_rate
+        return limit is not None and self.error_share.get(model, 0.0) > limit
+
+    def attempted(self, model: str, ok: bool) -> None:
+        share = self.error_share.get(model, 0.0)
+        self.error_share[model] = share + ERROR_WEIGHT * ((0.0 if ok else 1.0) - share)
+
+    def candidates(
+        self, chain: FallbackChain, model: str, jurisdictions: frozenset[str] | None
+    ) -> list[PeerChoice]:
+        now = self.clock()
+        ranked: list[tuple[float, int, PeerChoice]] = []
+        for order, peer in enumerate(chain.peers):
+            if peer.gateway_url is None or model not in peer.models:
+                continue
+            if jurisdictions is not None and peer.jurisdiction not in jurisdictions:
+                continue  # residency: never served outside the tenant's jurisdictions
+            view = self.peers.get(peer.region)
+            if view is None or not view.usable(model, now):
+                continue
+            predicted = view.predicted_s(model, now)
+            ranked.append((round(predicted, 3), order, PeerChoice(peer, predicted)))
+        ranked.sort(key=lambda item: item[:2])
+        return [choice for _, _, choice in ranked]
+
+    def sent(self, region: str, reason: str) -> None:
+        self.counts["out", region, reason] += 1
+        view = self.peers.get(region)
+        if view is not None:
+            view.breaker.dispatched()
+
+    def received(self, region: str, reason: str) -> None:
+        self.counts["in", region, reason] += 1
+
+    def answered(
+        self,
+        region: str,
+        model: str,
+        *,
+        status: int,
+        elapsed_s: float,
+        load: str | None,
+        server_s: float | None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        """A peer's answer came (its head): what it says of its load, and the round trip."""
+        view = self.peers.get(region)
+        if view is None:
+            return
+        now = self.clock()
+        rtt = max(0.0, elapsed_s - server_s) if server_s is not None else elapsed_s
+        view.rtt_s = rtt if view.rtt_s is None else view.rtt_s + RTT_WEIGHT * (rtt - view.rtt_s)
+        ttft = parse_load(load).get("ttft_ms") if load else None
+        if ttft is not None:
+            view.ttft[model] = (ttft / 1000, now)
+        if status >= 500 and status != 503:
+            view.breaker.failed(now)
+            return
+        view.last_ok = now
+        view.breaker.succeeded()
+        if status in (429, 503):  # it is full, or has no worker for the model: not for now
+            view.full_until[model] = now + min(FULL_MAX_S, retry_after_s or 1.0)
+
+    def unreachable(self, region: str) -> None:
+        view = self.peers.get(region)
+        if view is not None:
+            view.breaker.failed(self.clock())
+
+    def status(self) -> dict[str, object]:
+        now = self.clock()
+        return {
+            "peers": {
+                r: {"breaker": str(v.breaker.state), "health": v.health,
+                    "rtt_ms": round(v.rtt_s * 1000, 2) if v.rtt_s is not None else None,
+                    "ttft_ms": {m: round(t * 1000, 1) for m, (t, at) in v.ttft.items()
+                                if now - at <= FRESH_S}}
+                for r, v in sorted(self.peers.items())
+            },
+            "counts": [{"direction": d, "peer": p, "reason": r, "count": n}
+                       for d, p, r, n in self.report()],
+        }  # fmt: skip
+
+    def report(self) -> list[tuple[str, str, str, int]]:
+        return [(d, p, r, n) for (d, p, r), n in sorted(self.counts.items())]
+
+
+def load_header(ttft_s: float | None, waiting: int, serving: int) -> str:
+    """What a gateway says of its load, for the model of the answer, in ORCA's text form."""
+    ttft = f"named_metrics.ttft_ms={ttft_s * 1000:.1f}, " if ttft_s is not None else ""
+    return f"TEXT {ttft}named_metrics.waiting={waiting}, named_metrics.serving={serving}"
+
+
+def parse_load(header: str) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    _, _, body = header.partition(" ")
+    for item in body.split(","):
+        name, _, value = item.strip().partition("=")
+        try:
+            metrics[name.removeprefix("named_metrics.")] = float(value)
+        except ValueError:
+            continue
+    return metrics
