@@ -86,9 +86,10 @@ class Admission:
                 if decision.ranked and _fits(decision, route, request, since, now):
                     return decision
                 if not decision.ranked and not decision.vetoed:
+                    failed = f"{len(exclude)} failed it, " if exclude else ""
                     raise NoHealthyWorker(
                         f"no worker of {route.model} is serving "
-                        f"({decision.unavailable} of {decision.total} unavailable)",
+                        f"({failed}{decision.unavailable} of {decision.total} unavailable)",
                         retry_after_s=2,
                     )
                 if escalate is not None:
@@ -125,7 +126,9 @@ def _check_escalation(
         raise Escalate("every worker of the model is busy or vetoed")
     if over.queue_depth is not None and not queued and waiting >= over.queue_depth:
         raise Escalate(f"{waiting} requests of the model wait here")
-    predicted = decision.best_ttft_s
+    best = decision.ranked[0]
+    # the wait admission predicted there (with the engine's room and queue), else the policy's
+    predicted = best.wait_s * best.view.bias if best.wait_s is not None else decision.best_ttft_s
     if over.ttft_s is not None and predicted is not None and predicted + waited_s > over.ttft_s:
         raise Escalate(f"predicted TTFT here {(predicted + waited_s) * 1000:.0f} ms")
 
@@ -148,6 +151,10 @@ def _fits(
     uncached = max(0, request.prompt_tokens - best.matched_tokens)
     answer = view.answer(request.max_new)
     held, room = view.held_wait(load, now), view.room_wait(uncached, load, now, answer, 1.0)
+    # what the model misses (a step it has not learned, answers that run long) it misses
+    # again: the prediction is scaled by how late first bytes have lately come here
+    wait = max(predicted, view.head_age(now), held, room)
+    best.wait_s = wait
     if (
         (held > 0 or room > 0 or load.waiting > 0)
         and isinstance(params, CostParams)
@@ -157,13 +164,7 @@ def _fits(
         # does): what it cannot start at once waits here, where it can be shed (one that
         # has room starts a burst together, in a batch)
         return False
-    # and what the model misses (a step it has not learned, answers that run long) it
-    # misses again: the prediction is scaled by how late first bytes have lately come here
-    wait = max(predicted, view.head_age(now), held, room)
-    if now - since + wait * view.bias > slo:
-        return False
-    best.wait_s = wait
-    return True
+    return now - since + wait * view.bias <= slo
 
 
 def _retry_s(slo: float | None) -> int:

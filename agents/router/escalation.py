@@ -5,7 +5,8 @@ or too many requests of the model wait) or failure (no worker serves, every atte
 its attempts fail more often than the rule allows). The candidates are the peers of the
 matching fallback chain that serve the model, that the tenant's jurisdictions allow, and that
 are not known to be unhealthy; the one with the lowest predicted TTFT including the round trip
-wins, ties going to the chain's order.
+wins, ties (within 50 ms) going to the chain's order. A peer not yet measured is taken to be as
+far as the measured ones are on average, and to have no wait.
 
 What a peer is like comes from its own answers: each gateway says its load in every answer
 (`endpoint-load-metrics`, after Envoy's ORCA), and the round trip is measured per forwarded
@@ -28,6 +29,7 @@ FRESH_S = 10.0  # a peer's reported load is believed this long
 RTT_WEIGHT = 0.3  # of a new round trip in the peer's smoothed one
 ERROR_WEIGHT = 0.05  # of a local attempt in the model's smoothed failure share
 FULL_MAX_S = 5.0  # the longest a peer that said it is full is passed over
+TIE_S = 0.05  # predictions this close are a tie, which the chain's order breaks
 
 
 @dataclass
@@ -40,10 +42,12 @@ class PeerView:
     ttft: dict[str, tuple[float, float]] = field(default_factory=dict)  # model: (s, when)
     full_until: dict[str, float] = field(default_factory=dict)  # model: when it may be tried
 
-    def predicted_s(self, model: str, now: float) -> float:
-        """Its reported TTFT while fresh (else none known), plus the round trip."""
+    def predicted_s(self, model: str, now: float, rtt_s: float) -> float:
+        """Its reported TTFT while fresh (else none known), plus the round trip (`rtt_s` when
+        none is measured yet)."""
         reported, at = self.ttft.get(model, (0.0, float("-inf")))
-        return (reported if now - at <= FRESH_S else 0.0) + (self.rtt_s or 0.0)
+        rtt = self.rtt_s if self.rtt_s is not None else rtt_s
+        return (reported if now - at <= FRESH_S else 0.0) + rtt
 
     def usable(self, model: str, now: float) -> bool:
         if self.full_until.get(model, 0.0) > now:
@@ -85,7 +89,9 @@ class Escalations:
         self, chain: FallbackChain, model: str, jurisdictions: frozenset[str] | None
     ) -> list[PeerChoice]:
         now = self.clock()
-        ranked: list[tuple[float, int, PeerChoice]] = []
+        known = [v.rtt_s for v in self.peers.values() if v.rtt_s is not None]
+        typical_rtt = sum(known) / len(known) if known else 0.0
+        ranked: list[tuple[int, int, PeerChoice]] = []
         for order, peer in enumerate(chain.peers):
             if peer.gateway_url is None or model not in peer.models:
                 continue
@@ -94,8 +100,8 @@ class Escalations:
             view = self.peers.get(peer.region)
             if view is None or not view.usable(model, now):
                 continue
-            predicted = view.predicted_s(model, now)
-            ranked.append((round(predicted, 3), order, PeerChoice(peer, predicted)))
+            predicted = view.predicted_s(model, now, typical_rtt)
+            ranked.append((int(predicted / TIE_S), order, PeerChoice(peer, predicted)))
         ranked.sort(key=lambda item: item[:2])
         return [choice for _, _, choice in ranked]
 

@@ -52,8 +52,9 @@ async def start_agent(
     token: str | None = None,
     node: str = "",
     operator: str | None = None,
+    port: int | None = None,
 ) -> AgentProc:
-    port = free_port()
+    port = port or free_port()
     args = ["--control-plane", control_plane, "--region", region, "--data-dir", str(data_dir)]
     args += ["--port", str(port)] + (["--bootstrap-token", token] if token else [])
     args += ["--node", node] if node else []

@@ -114,8 +114,10 @@ def test_peers_say_what_they_serve_and_each_region_trusts_only_its_senders() -> 
     state = state_from(example(), signing_keys=seeds)
     east, eu = compile_region(state, "us-east"), compile_region(state, "eu-west")
     peer_models = {p.region: p.models for p in east.fallback[0].peers}
-    assert peer_models == {"us-west": ["llama-3.1-8b-instruct"], "eu-west": ["llama-3.1-8b-instruct"]}
-    assert east.signing_key is not None and east.signing_key.private_key == seeds["us-east"]
+    llama = ["llama-3.1-8b-instruct"]
+    assert peer_models == {"us-west": llama, "eu-west": llama}
+    assert east.signing_key is not None
+    assert east.signing_key.private_key == seeds["us-east"]
     # us-east's rule names us-west and eu-west; us-west's names eu-west; eu-west's, us-east
     assert [t.region for t in eu.trusted] == ["us-east", "us-west"]
     assert [t.region for t in east.trusted] == ["eu-west", "us-west"]

@@ -25,10 +25,10 @@ async def test_loaded_state_compiles_like_the_document(api: Api, database_url: s
     assert [k.prefix for k in state.api_keys.values()] == [key["prefix"]]
     assert revoked["prefix"] != key["prefix"]
     expected = state_from(
-            example(),
-            revision=state.revision,
-            api_keys=state.api_keys,
-            signing_keys=state.signing_keys,
-        )
+        example(),
+        revision=state.revision,
+        api_keys=state.api_keys,
+        signing_keys=state.signing_keys,
+    )
     for region in ("us-east", "us-west", "eu-west"):
         assert snapshots[region] == compile_region(expected, region)

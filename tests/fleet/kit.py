@@ -1,0 +1,137 @@
+"""A fleet of several regions to test escalation on: a control plane on a real PostgreSQL, the
+example fleet's regions each with its agent (gateway and simulated engines), all real
+processes. The regions' gateway URLs point at the agents' ports, so that peers reach each
+other."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import yaml
+
+from meridian.procs import free_port, stop_child
+from tests.agents.agent_kit import AgentProc, engines_ready, start_agent
+from tests.controlplane.conftest import Server, start_server
+from tests.controlplane.fleet import EXAMPLE
+from tests.controlplane.push.kit import ADMIN, bootstrap_token, eventually
+
+LLAMA = "llama-3.1-8b-instruct"
+OPERATOR = "operator-token-0123456789"
+HOSTS = {"us-east": "127.0.0.1", "us-west": "127.0.0.2", "eu-west": "127.0.0.3"}
+
+
+@dataclass
+class Fleet:
+    cp: Server
+    agents: dict[str, AgentProc]  # by region
+    keys: dict[str, str]  # tenant: API key
+
+    def client(self, region: str, tenant: str = "acme") -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=f"{self.agents[region].url}/v1", api_key=self.keys[tenant], max_retries=0
+        )
+
+    async def status(self, region: str) -> dict[str, Any]:
+        return await self.agents[region].status()
+
+    async def escalations(self, region: str) -> dict[tuple[str, str], int]:
+        """(direction, peer): count, as the region's agent reports them."""
+        counts: dict[tuple[str, str], int] = {}
+        for c in (await self.status(region))["escalation"]["counts"]:
+            key = (c["direction"], c["peer"])
+            counts[key] = counts.get(key, 0) + int(c["count"])
+        return counts
+
+    async def kill_engines(self, region: str) -> list[int]:
+        """kill -9 every engine of the region's agent; their pids."""
+        pids = [e["pid"] for e in (await self.status(region))["engines"] if e.get("pid")]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        return pids
+
+    async def fail_engines(self, region: str, error_rate: float = 1.0) -> None:
+        """Every engine of the region answers this share of requests with a 500."""
+        async with httpx.AsyncClient(timeout=5) as http:
+            for engine in (await self.status(region))["engines"]:
+                faults = {"error_rate": error_rate}
+                answer = await http.post(f"{engine['url']}/sim/faults", json=faults)
+                assert answer.status_code == 200, answer.text
+
+    async def kill_control_plane(self) -> None:
+        self.cp.process.kill()
+        await self.cp.process.wait()
+
+
+def fleet_document(ports: dict[str, int], change: Callable[[dict[str, Any]], None] | None) -> str:
+    """The example fleet with llama only, gateway URLs at the agents' ports."""
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    doc["models"] = [m for m in doc["models"] if m["name"] == LLAMA]
+    doc["deployments"] = [d for d in doc["deployments"] if d["model"] == LLAMA]
+    doc["routing_policies"] = [p for p in doc["routing_policies"] if p["model"] == LLAMA]
+    for region in doc["regions"]:
+        region["gateway_url"] = f"http://127.0.0.1:{ports[region['name']]}"
+    if change is not None:
+        change(doc)
+    return yaml.safe_dump(doc)
+
+
+@contextlib.asynccontextmanager
+async def fleet_of(
+    database_url: str,
+    data_dir: Path,
+    regions: tuple[str, ...] = ("us-east", "us-west", "eu-west"),
+    change: Callable[[dict[str, Any]], None] | None = None,
+) -> AsyncIterator[Fleet]:
+    """The regions named, each with its agent once its engines are ready. `change` edits the
+    fleet document before it is applied."""
+    ports = {r: free_port() for r in HOSTS}
+    cp = await start_server(database_url)
+    agents: dict[str, AgentProc] = {}
+    try:
+        async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN, timeout=30) as http:
+            applied = await http.post(
+                "/v1/apply",
+                content=fleet_document(ports, change),
+                headers={"Content-Type": "application/yaml"},
+            )
+            assert applied.status_code == 200, applied.text
+            keys = {}
+            for tenant in ("acme", "eurobank"):
+                made = await http.post("/v1/api-keys", json={"tenant": tenant})
+                assert made.status_code == 201, made.text
+                keys[tenant] = str(made.json()["key"])
+            deployments = applied_deployments(yaml.safe_load(fleet_document(ports, change)))
+        for region in regions:
+            token = await bootstrap_token(cp.url, region)
+            agents[region] = await start_agent(
+                cp.grpc_target, region, data_dir / region, token=token, node=f"{region}-1",
+                operator=OPERATOR, port=ports[region],
+            )  # fmt: skip
+        for region, agent in agents.items():
+
+            async def ready(agent: AgentProc = agent, count: int = deployments[region]) -> bool:
+                status = await agent.status()
+                return engines_ready(status, count) and status["revision"] is not None
+
+            await eventually(ready, within_s=40)
+        yield Fleet(cp, agents, keys)
+    finally:
+        for agent in agents.values():
+            await agent.stop()
+        await stop_child(cp.process)
+
+
+def applied_deployments(doc: dict[str, Any]) -> dict[str, int]:
+    """Engines per region: its deployments' replicas (a PD one's count prefill and decode)."""
+    counts: dict[str, int] = {}
+    for d in doc["deployments"]:
+        counts[d["region"]] = counts.get(d["region"], 0) + d.get("replicas", 1)
+    return counts

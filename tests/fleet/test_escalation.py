@@ -1,0 +1,143 @@
+"""Escalation and failover on a fleet of real processes: a region whose engines die, or that is
+overloaded, sends its requests to a peer, within the tenant's residency, one hop, with the
+control plane dead."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.controlplane.push.kit import eventually
+from tests.fleet.kit import LLAMA, fleet_of
+
+HELLO = [{"role": "user", "content": "hello there"}]
+
+
+async def _ask(client: openai.AsyncOpenAI, max_tokens: int = 4) -> tuple[float, str]:
+    """When the answer came, and the region that served it."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model=LLAMA,
+        messages=HELLO,
+        max_tokens=max_tokens,  # type: ignore[arg-type]
+    )
+    raw.parse()
+    return time.monotonic(), raw.headers["x-meridian-region"]
+
+
+async def _traffic(
+    client: openai.AsyncOpenAI, stop: asyncio.Event, senders: int, max_tokens: int = 4
+) -> tuple[list[tuple[float, str]], list[BaseException]]:
+    served: list[tuple[float, str]] = []
+    failed: list[BaseException] = []
+
+    async def send() -> None:
+        while not stop.is_set():
+            try:
+                served.append(await _ask(client, max_tokens))
+            except openai.APIError as error:
+                failed.append(error)
+
+    await asyncio.gather(*(send() for _ in range(senders)))
+    return served, failed
+
+
+async def test_a_region_whose_engines_die_escalates_and_loses_nothing(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with fleet_of(database_url, tmp_path, ("us-east", "us-west")) as fleet:
+        await fleet.kill_control_plane()  # nothing of this needs it
+        client = fleet.client("us-east")
+        stop = asyncio.Event()
+        traffic = asyncio.create_task(_traffic(client, stop, senders=4))
+        await asyncio.sleep(1.0)
+        killed_at = time.monotonic()
+        pids = await fleet.kill_engines("us-east")
+        await asyncio.sleep(2.0)
+        stop.set()
+        served, failed = await traffic
+        counts = await fleet.escalations("us-east")
+        received = await fleet.escalations("us-west")
+        await client.close()
+    before = [region for at, region in served if at < killed_at]
+    escalated = [at for at, region in served if region == "us-west"]
+    assert pids
+    assert failed == []
+    assert set(before) == {"us-east"}  # with room, nothing escalated
+    assert escalated
+    assert escalated[0] - killed_at < 1.0
+    assert counts[("out", "us-west")] == len(escalated)
+    assert received[("in", "us-east")] == len(escalated)
+
+
+def _narrow_us_west(doc: dict[str, object]) -> None:
+    """us-west's one engine runs two requests at a time."""
+    for d in doc["deployments"]:  # type: ignore[attr-defined]
+        if d["region"] == "us-west":
+            d["engine_args"] = {"max-running-requests": 2}
+
+
+async def test_an_overloaded_region_sends_the_excess_to_an_idle_peer_and_none_with_room(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with fleet_of(database_url, tmp_path, ("us-east", "us-west"), _narrow_us_west) as fleet:
+        client = fleet.client("us-west")
+        calm = [await _ask(client, max_tokens=16) for _ in range(6)]  # one at a time: room
+        after_calm = await fleet.escalations("us-west")
+        stop = asyncio.Event()
+        traffic = asyncio.create_task(_traffic(client, stop, senders=24, max_tokens=48))
+        await asyncio.sleep(4.0)
+        stop.set()
+        served, failed = await traffic
+        after = await fleet.escalations("us-west")
+        await client.close()
+    assert {region for _, region in calm} == {"us-west"}
+    assert after_calm == {}
+    here = [region for _, region in served].count("us-west")
+    assert failed == []
+    assert here >= 8  # its own worker stayed busy
+    assert after[("out", "us-east")] == len(served) - here > here
+
+
+async def test_residency_holds_under_failure_and_a_request_never_bounces_back(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with fleet_of(database_url, tmp_path) as fleet:
+        await fleet.kill_control_plane()
+        await fleet.fail_engines("eu-west")
+        eu_acme, eu_bank = fleet.client("eu-west", "acme"), fleet.client("eu-west", "eurobank")
+        acme_served = [await _ask(eu_acme) for _ in range(3)]
+        with pytest.raises(openai.APIStatusError) as refused:
+            await _ask(eu_bank)  # eu-west's only peer is us-east: outside its jurisdiction
+        bank_at_east = fleet.client("us-east", "eurobank")
+        with pytest.raises(openai.PermissionDeniedError):
+            await _ask(bank_at_east)
+        from_eu = await fleet.escalations("eu-west")
+
+        await fleet.fail_engines("eu-west", 0.0)
+
+        async def eu_west_serves() -> bool:  # once its breakers have probed the engines
+            with contextlib.suppress(openai.APIStatusError):
+                return (await _ask(eu_acme))[1] == "eu-west"
+            return False
+
+        await eventually(eu_west_serves, within_s=20)
+        await fleet.fail_engines("us-east")
+        await fleet.fail_engines("us-west")  # us-east's rule names us-west, and us-west's it
+        east = fleet.client("us-east", "acme")
+        looped = [await _ask(east) for _ in range(3)]
+        counts = {r: await fleet.escalations(r) for r in fleet.agents}
+        for client in (eu_acme, eu_bank, bank_at_east, east):
+            await client.close()
+    assert {region for _, region in acme_served} == {"us-east"}
+    assert refused.value.status_code in (502, 503)
+    assert from_eu == {("out", "us-east"): 3}  # acme's three; eurobank's never left
+    # us-west took us-east's requests, failed them, and did not send them back
+    assert {region for _, region in looped} == {"eu-west"}
+    assert counts["us-west"][("in", "us-east")] >= 1
+    assert not [k for k in counts["us-west"] if k[0] == "out"]
+    assert ("in", "us-west") not in counts["us-east"]
