@@ -11,11 +11,12 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.controlplane.push.kit import eventually
 from tests.fleet.kit import LLAMA, fleet_of
 
-HELLO = [{"role": "user", "content": "hello there"}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
 async def _ask(client: openai.AsyncOpenAI, max_tokens: int = 4) -> tuple[float, str]:
@@ -23,7 +24,7 @@ async def _ask(client: openai.AsyncOpenAI, max_tokens: int = 4) -> tuple[float, 
     raw = await client.chat.completions.with_raw_response.create(
         model=LLAMA,
         messages=HELLO,
-        max_tokens=max_tokens,  # type: ignore[arg-type]
+        max_tokens=max_tokens,
     )
     raw.parse()
     return time.monotonic(), raw.headers["x-meridian-region"]
