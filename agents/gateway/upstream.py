@@ -27,6 +27,7 @@ import httptools
 IDLE_S = 3.0  # uvicorn (SGLang's server) drops an idle connection after 5 s
 MAX_IDLE = 512  # idle connections kept per engine
 KEEPALIVE_S = 3  # TCP keepalive: idle seconds before probing, and between probes
+UNACKED_MS = 6000  # sent bytes unacknowledged this long: the connection is dead
 HIGH_WATER = 1 << 18  # answer bytes buffered before the engine's socket stops being read
 
 
@@ -194,6 +195,8 @@ class _Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_S)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_S)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+            # and one that stops acknowledging what was sent (keepalive does not cover it)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKED_MS)
 
     def data_received(self, data: bytes) -> None:
         answer = self.answer

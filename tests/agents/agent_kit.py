@@ -53,7 +53,10 @@ async def start_agent(
     node: str = "",
     operator: str | None = None,
     port: int | None = None,
+    inside: list[str] | None = None,
+    host: str = "127.0.0.1",
 ) -> AgentProc:
+    """`inside`: a prefix that runs it elsewhere (a network namespace), listening on `host`."""
     port = port or free_port()
     args = ["--control-plane", control_plane, "--region", region, "--data-dir", str(data_dir)]
     args += ["--port", str(port)] + (["--bootstrap-token", token] if token else [])
@@ -61,10 +64,12 @@ async def start_agent(
     env = {**os.environ, **FAST}
     if operator is not None:
         env["MERIDIAN_AGENT_OPERATOR_TOKEN"] = operator
+    if host != "127.0.0.1":
+        env["MERIDIAN_AGENT_HOST"] = host
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "meridian", "agent", "run", *args, env=env
+        *(inside or []), sys.executable, "-m", "meridian", "agent", "run", *args, env=env
     )
-    agent = AgentProc(process, f"http://127.0.0.1:{port}", operator)
+    agent = AgentProc(process, f"http://{host}:{port}", operator)
     try:
         await wait_ready(agent.url, process, 10, path="/healthz", what="the agent")
     except BaseException:

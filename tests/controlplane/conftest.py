@@ -73,7 +73,7 @@ async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, s
 Server = ControlPlane
 
 
-async def start_server(database_url: str, **env: str) -> Server:
+async def start_server(database_url: str, host: str = "127.0.0.1", **env: str) -> Server:
     """`meridian controlplane serve` as a real child process; MERIDIAN_* settings in `env`."""
     settings = {
         "MERIDIAN_DATABASE_URL": database_url,
@@ -81,7 +81,7 @@ async def start_server(database_url: str, **env: str) -> Server:
         "MERIDIAN_LOG_LEVEL": "warning",
         **{f"MERIDIAN_{key.upper()}": value for key, value in env.items()},
     }
-    return await start_control_plane(settings, timeout_s=30)
+    return await start_control_plane(settings, host=host, timeout_s=30)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -22,6 +22,7 @@ from tests.agents.agent_kit import AgentProc, engines_ready, start_agent
 from tests.controlplane.conftest import Server, start_server
 from tests.controlplane.fleet import EXAMPLE
 from tests.controlplane.push.kit import ADMIN, bootstrap_token, eventually
+from tests.fleet.netns import Netns
 
 LLAMA = "llama-3.1-8b-instruct"
 OPERATOR = "operator-token-0123456789"
@@ -70,14 +71,19 @@ class Fleet:
         await self.cp.process.wait()
 
 
-def fleet_document(ports: dict[str, int], change: Callable[[dict[str, Any]], None] | None) -> str:
+def fleet_document(
+    ports: dict[str, int],
+    change: Callable[[dict[str, Any]], None] | None,
+    addresses: dict[str, str] | None = None,
+) -> str:
     """The example fleet with llama only, gateway URLs at the agents' ports."""
     doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     doc["models"] = [m for m in doc["models"] if m["name"] == LLAMA]
     doc["deployments"] = [d for d in doc["deployments"] if d["model"] == LLAMA]
     doc["routing_policies"] = [p for p in doc["routing_policies"] if p["model"] == LLAMA]
     for region in doc["regions"]:
-        region["gateway_url"] = f"http://127.0.0.1:{ports[region['name']]}"
+        address = (addresses or {}).get(region["name"], "127.0.0.1")
+        region["gateway_url"] = f"http://{address}:{ports[region['name']]}"
     if change is not None:
         change(doc)
     return yaml.safe_dump(doc)
@@ -89,17 +95,23 @@ async def fleet_of(
     data_dir: Path,
     regions: tuple[str, ...] = ("us-east", "us-west", "eu-west"),
     change: Callable[[dict[str, Any]], None] | None = None,
+    isolated: dict[str, Netns] | None = None,
 ) -> AsyncIterator[Fleet]:
     """The regions named, each with its agent once its engines are ready. `change` edits the
-    fleet document before it is applied."""
+    fleet document before it is applied; a region in `isolated` runs in its namespace."""
+    isolated = isolated or {}
     ports = {r: free_port() for r in HOSTS}
-    cp = await start_server(database_url)
+    addresses = {r: ns.inner_ip for r, ns in isolated.items()}
+    document = fleet_document(ports, change, addresses)
+    # the control plane listens where a namespace reaches it (this side of its pair)
+    host = next(iter(isolated.values())).host_ip if isolated else "127.0.0.1"
+    cp = await start_server(database_url, host=host)
     agents: dict[str, AgentProc] = {}
     try:
         async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN, timeout=30) as http:
             applied = await http.post(
                 "/v1/apply",
-                content=fleet_document(ports, change),
+                content=document,
                 headers={"Content-Type": "application/yaml"},
             )
             assert applied.status_code == 200, applied.text
@@ -108,12 +120,14 @@ async def fleet_of(
                 made = await http.post("/v1/api-keys", json={"tenant": tenant})
                 assert made.status_code == 201, made.text
                 keys[tenant] = str(made.json()["key"])
-            deployments = applied_deployments(yaml.safe_load(fleet_document(ports, change)))
+            deployments = applied_deployments(yaml.safe_load(document))
         for region in regions:
             token = await bootstrap_token(cp.url, region)
+            ns = isolated.get(region)
             agents[region] = await start_agent(
                 cp.grpc_target, region, data_dir / region, token=token, node=f"{region}-1",
-                operator=OPERATOR, port=ports[region],
+                operator=OPERATOR, port=ports[region], inside=ns.run() if ns else None,
+                host=ns.inner_ip if ns else "127.0.0.1",
             )  # fmt: skip
         for region, agent in agents.items():
 

@@ -8,13 +8,15 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.controlplane.push.kit import eventually
-from tests.fleet.kit import LLAMA, fleet_of
+from tests.fleet.kit import LLAMA, Fleet, fleet_of
+from tests.fleet.netns import namespace
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
@@ -142,3 +144,77 @@ async def test_residency_holds_under_failure_and_a_request_never_bounces_back(
     assert counts["us-west"][("in", "us-east")] >= 1
     assert not [k for k in counts["us-west"] if k[0] == "out"]
     assert ("in", "us-west") not in counts["us-east"]
+
+
+async def test_an_escalated_stream_comes_whole_and_one_that_breaks_ends_with_an_error_event(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with fleet_of(database_url, tmp_path, ("us-east", "us-west")) as fleet:
+        await fleet.fail_engines("us-east")
+        client = fleet.client("us-east")
+        whole = await client.chat.completions.create(
+            model=LLAMA, messages=HELLO, max_tokens=8, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = [chunk async for chunk in whole]
+        long = await client.chat.completions.with_raw_response.create(
+            model=LLAMA, messages=HELLO, max_tokens=2000, stream=True
+        )
+        stream = long.parse()
+        first = await anext(aiter(stream))
+        await fleet.kill_engines("us-west")
+        with pytest.raises(openai.APIError, match="stream broke"):
+            async for _ in stream:
+                pass
+        await client.close()
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 8
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert long.headers["x-meridian-region"] == "us-west"
+    assert first.choices[0].delta is not None
+
+
+async def _tries(fleet: Fleet, region: str, peer: str) -> int:
+    return (await fleet.escalations(region)).get(("out", peer), 0)
+
+
+def _narrow_us_east(doc: dict[str, Any]) -> None:
+    for d in doc["deployments"]:
+        if d["region"] == "us-east":
+            d["engine_args"] = {"max-running-requests": 2}
+
+
+async def test_a_peer_cut_off_by_a_partition_is_given_up_and_nothing_hangs(
+    database_url: str, tmp_path: Path
+) -> None:
+    with namespace("w") as ns:
+        async with fleet_of(
+            database_url, tmp_path, ("us-east", "us-west"), _narrow_us_east, {"us-west": ns}
+        ) as fleet:
+            client = fleet.client("us-east").with_options(timeout=30)
+            stop = asyncio.Event()
+            joined = asyncio.create_task(_traffic(client, stop, senders=12, max_tokens=32))
+            await asyncio.sleep(3.0)
+            stop.set()
+            before, _ = await joined
+            ns.cut()
+            cut_at = time.monotonic()
+            stop = asyncio.Event()
+            cut = asyncio.create_task(_traffic(client, stop, senders=12, max_tokens=32))
+            await asyncio.sleep(8.0)  # what was in flight to it fails (6 s unacknowledged)
+            tries_then = await _tries(fleet, "us-east", "us-west")
+            await asyncio.sleep(6.0)
+            tries_later = await _tries(fleet, "us-east", "us-west")
+            stop.set()
+            after, refused = await cut
+            ended_at = time.monotonic()
+            status = await fleet.status("us-east")
+            ns.heal()
+            await client.close()
+    late = [region for at, region in after if at > cut_at + 8.0]
+    assert "us-west" in {region for _, region in before}  # it escalated across the pair
+    assert set(late) == {"us-east"}  # then it served locally
+    assert all(isinstance(e, openai.RateLimitError) for e in refused)  # and said no cleanly
+    assert status["escalation"]["peers"]["us-west"]["breaker"] in ("open", "half_open")
+    assert tries_later - tries_then <= 2  # given up: a probe now and then, no more
+    assert ended_at - cut_at < 25  # nothing hung
