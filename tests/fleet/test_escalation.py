@@ -146,12 +146,19 @@ async def test_residency_holds_under_failure_and_a_request_never_bounces_back(
     assert ("in", "us-west") not in counts["us-east"]
 
 
+def _small_quota(doc: dict[str, Any]) -> None:
+    """acme: 60 requests a minute, shared by capacity: us-east 30, us-west 10."""
+    next(t for t in doc["tenants"] if t["name"] == "acme")["requests_per_minute"] = 60
+
+
 async def test_an_escalated_stream_comes_whole_and_one_that_breaks_ends_with_an_error_event(
     database_url: str, tmp_path: Path
 ) -> None:
-    async with fleet_of(database_url, tmp_path, ("us-east", "us-west")) as fleet:
+    async with fleet_of(database_url, tmp_path, ("us-east", "us-west"), _small_quota) as fleet:
         await fleet.fail_engines("us-east")
         client = fleet.client("us-east")
+        # counted against acme's quota at us-east only: more than us-west's share of it
+        counted_once = [await _ask(client) for _ in range(16)]
         whole = await client.chat.completions.create(
             model=LLAMA, messages=HELLO, max_tokens=8, stream=True,
             stream_options={"include_usage": True},
@@ -167,6 +174,7 @@ async def test_an_escalated_stream_comes_whole_and_one_that_breaks_ends_with_an_
             async for _ in stream:
                 pass
         await client.close()
+    assert {region for _, region in counted_once} == {"us-west"}
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 8
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
