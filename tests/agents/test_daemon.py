@@ -48,7 +48,7 @@ async def test_agent_runs_the_node_engines_and_reports_them(
     database_url: str, tmp_path: Path
 ) -> None:
     async with agent_of(database_url, tmp_path, "us-east") as (cp, agent, revision):
-        status = await _status_when(agent, lambda s: engines_ready(s, 2))
+        status = await _status_when(agent, lambda s: engines_ready(s, 3))
         node = await eventually(lambda: _applied(cp.url, "us-east-1", revision), within_s=15)
         async with httpx.AsyncClient(timeout=5) as client:
             models = (await client.get("http://127.0.0.1:30001/v1/models")).json()
@@ -63,9 +63,10 @@ async def test_agent_runs_the_node_engines_and_reports_them(
     assert status["control_plane"]["connected"] is True
     engines = {e["id"]: e for e in status["engines"]}
     assert engines["llama-us-east/unified-0"]["gpus"] == [0]
-    assert engines["qwen-us-east/unified-0"]["gpus"] == [1, 2]  # tp 2: two GPUs, none shared
+    assert engines["qwen-us-east/prefill-0"]["gpus"] == [1, 2]  # tp 2: two GPUs, none shared
+    assert engines["qwen-us-east/decode-0"]["gpus"] == [3, 4]
     assert {e["backend"] for e in engines.values()} == {"sim"}
-    assert [g["index"] for g in status["gpus"]] == [0, 1, 2]
+    assert [g["index"] for g in status["gpus"]] == [0, 1, 2, 3, 4]
     assert {g["source"] for g in status["gpus"]} == {"declared"}
     assert models["data"][0]["id"] == "qwen2.5-32b-instruct"
     assert node["health"] == "up"
@@ -73,7 +74,7 @@ async def test_agent_runs_the_node_engines_and_reports_them(
     # ...with what the engines served, read from their metrics, rolled up for the region
     assert load["prefix_cache_hit_rate"] > 0.5
     assert load["ttft_ms"]["p50"] > 0
-    assert load["engines_ready"] == 2
+    assert load["engines_ready"] == 3
 
 
 async def _same_prompt_again_and_again(client: httpx.AsyncClient) -> None:

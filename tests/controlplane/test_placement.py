@@ -90,7 +90,7 @@ async def test_a_database_from_before_slots_keeps_what_agents_run(api: Api, db: 
         await session.execute(delete(EngineSlotRow))  # as in a database upgraded to 0003
     await seed_slots(db)  # what a control plane does when it starts
     async with db.sessions() as session:
-        assert await session.scalar(select(func.count()).select_from(EngineSlotRow)) == 5
+        assert await session.scalar(select(func.count()).select_from(EngineSlotRow)) == 6
     # A deployment that sorts first takes the free GPU; the running engine stays.
     await api.create(
         "deployments",

@@ -117,7 +117,7 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
             "eurobank": ["eu"],
         }
         assert sorted(local["processes"]["agents"]) == ["eu-west", "us-east", "us-west"]
-        assert sorted(local["processes"]["engines"]["us-east"]) == sorted(engine_pids[:2])
+        assert sorted(local["processes"]["engines"]["us-east"]) == sorted(engine_pids[:3])
         for tenant in local["tenants"]:
             assert tenant["api_key"] in output  # printed as well
     finally:
@@ -156,7 +156,8 @@ async def _chat_through(local: dict[str, Any], region: str, tenant: str) -> Any:
 
 ENGINES = [
     "llama-us-east/unified-0",
-    "qwen-us-east/unified-0",
+    "qwen-us-east/prefill-0",
+    "qwen-us-east/decode-0",
     "llama-us-west/unified-0",
     "llama-eu-west/unified-0",
     "llama-eu-west/unified-1",

@@ -147,7 +147,7 @@ async def test_residency_holds_under_failure_and_a_request_never_bounces_back(
 
 
 def _small_quota(doc: dict[str, Any]) -> None:
-    """acme: 60 requests a minute, shared by capacity: us-east 30, us-west 10."""
+    """acme: 60 requests a minute, shared by GPUs: us-east 38, us-west 8 (of 8 GPUs)."""
     next(t for t in doc["tenants"] if t["name"] == "acme")["requests_per_minute"] = 60
 
 

@@ -25,7 +25,7 @@ ENGINE = "http://127.0.0.1:30000"  # us-east-1's first engine: llama (the sorted
 async def test_the_openai_client_works_unchanged_streamed_and_not(
     database_url: str, tmp_path: Path
 ) -> None:
-    async with region_of(database_url, tmp_path, "us-east", engines=2) as region:
+    async with region_of(database_url, tmp_path, "us-east", engines=3) as region:
         key = await region.api_key("acme")
         await region.applied()
         client = openai.AsyncOpenAI(base_url=region.base_url, api_key=key, max_retries=0)
@@ -79,7 +79,7 @@ async def test_the_openai_client_works_unchanged_streamed_and_not(
 async def test_bad_keys_unknown_models_and_missing_capabilities_get_openai_errors(
     database_url: str, tmp_path: Path
 ) -> None:
-    async with region_of(database_url, tmp_path, "us-east", engines=2) as region:
+    async with region_of(database_url, tmp_path, "us-east", engines=3) as region:
         key = await region.api_key("acme")
         eu_only = await region.api_key("eurobank")  # allowed in the eu jurisdiction only
         await region.applied()

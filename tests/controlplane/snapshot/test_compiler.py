@@ -25,8 +25,12 @@ def test_engines_get_their_own_gpus() -> None:
     assert snapshot.revision == 7
     (node,) = snapshot.nodes
     placed = {e.id: e.gpu_indexes for e in node.engines}
-    assert placed == {"llama-us-east/unified-0": [0], "qwen-us-east/unified-0": [1, 2]}
-    assert len({e.port for e in node.engines}) == 2
+    assert placed == {
+        "llama-us-east/unified-0": [0],
+        "qwen-us-east/prefill-0": [1, 2],  # tp 2, disaggregated: two GPUs each
+        "qwen-us-east/decode-0": [3, 4],
+    }
+    assert len({e.port for e in node.engines}) == 3
     assert snapshot.unplaced == []
     assert [w.url for w in snapshot.workers] == [e.url for e in node.engines]
 
@@ -139,10 +143,10 @@ def test_tenants_follow_residency_and_split_quotas_by_capacity() -> None:
     barred = by_region["us-east"]["eurobank"]
     assert barred.allowed_jurisdictions == ["eu"]
     assert barred.requests_per_minute == barred.tokens_per_minute == 0
-    # acme's 6000 rpm follow the GPUs: 3 in us-east, 1 in us-west, 2 in eu-west
+    # acme's 6000 rpm follow the GPUs: 5 in us-east, 1 in us-west, 2 in eu-west
     assert [
         by_region[r]["acme"].requests_per_minute for r in ("us-east", "us-west", "eu-west")
-    ] == [3000, 1000, 2000]
+    ] == [3750, 750, 1500]
     eurobank = by_region["eu-west"]["eurobank"]
     assert eurobank.requests_per_minute == 1200
     assert [k.key_hash for k in eurobank.api_keys] == ["a" * 64]
