@@ -14,6 +14,7 @@ COMMANDS = {
     "controlplane": ("controlplane.cli", "controlplane", "Run and manage the control plane."),
     "apply": ("controlplane.client", "apply_command", "Apply a fleet document."),
     "up": ("meridian.up", "up_command", "Run a whole local fleet."),
+    "demo": ("meridian.demo", "demo", "Show the local fleet at work (sample traffic, live)."),
     "bench": ("bench.cli", "bench", "Run benchmarks."),
     "agent": ("agents.cli", "agent", "Run a node agent."),
     "sim": ("agents.engines.sim.cli", "sim_command", "Serve a simulated SGLang engine."),

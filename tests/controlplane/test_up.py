@@ -120,6 +120,13 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         assert sorted(local["processes"]["engines"]["us-east"]) == sorted(engine_pids[:3])
         for tenant in local["tenants"]:
             assert tenant["api_key"] in output  # printed as well
+        demo = await _demo(data_dir / "local-fleet.json")
+        final = demo[demo.rindex("requests (phase") :]  # the last frame of the live view
+        (eurobank,) = [line for line in final.splitlines() if "eurobank" in line]
+        assert "eu-west" in eurobank
+        assert "us-" not in eurobank  # residency: served in its jurisdiction only
+        assert "us-west  → out to" in final  # the surge and the fault escalated
+        assert "failure" in final
     finally:
         await _interrupt(proc)
     assert proc.returncode == 0
@@ -140,6 +147,18 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         await _interrupt(proc)
     pid_file = next((data_dir / "postgres").rglob("postmaster.pid"), None)
     assert pid_file is None, "PostgreSQL was left running"
+
+
+async def _demo(fleet_file: Path) -> str:
+    """`meridian demo traffic`, short, as a user would run it beside `meridian up`."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "meridian", "demo", "traffic", "--fleet-file", str(fleet_file),
+        "--seconds", "12", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, out.decode()
+    return out.decode()
 
 
 async def _chat_through(local: dict[str, Any], region: str, tenant: str) -> Any:

@@ -1,0 +1,233 @@
+"""`meridian demo traffic`: sample traffic across the local fleet's regions, shown live: where
+each region's requests were served, and the escalations between regions with their reasons.
+
+It reads `.meridian/local-fleet.json` (written by `meridian up`) and runs four phases:
+- **calm**: a few requests a second into every region; each serves its own;
+- **surge**: long, uncached prompts into one region, past what its engines prefill in time, so
+  that the excess escalates (overload) to a peer with room;
+- **fault**: that region's engines answer every request with an error (the simulator's fault
+  knob), so that its requests escalate (failure);
+- **recovered**: the fault is lifted and the region serves its own again.
+
+The residency-restricted tenant's requests go only to regions of its jurisdictions, and are
+never served outside them, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "theta",
+    "kappa",
+    "lambda",
+    "sigma",
+    "omega",
+    "region",
+    "cloud",
+]
+PHASES = ("calm", "surge", "fault", "recovered")
+SURGE_RPS = 8.0
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    served_by: Counter[str] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)  # by status or error
+    latencies: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Demo:
+    fleet: dict[str, Any]
+    target: str  # the region the surge and the fault hit
+    seconds: float
+    rps: float
+    tallies: dict[tuple[str, str], Tally] = field(default_factory=lambda: defaultdict(Tally))
+    escalations: dict[tuple[str, ...], int] = field(default_factory=dict)
+    phase: str = "calm"
+
+    def url(self, region: str) -> str:
+        return str(next(r["gateway_url"] for r in self.fleet["regions"] if r["name"] == region))
+
+    def entries(self) -> list[tuple[str, dict[str, Any]]]:
+        """(region, tenant) pairs to send to: every tenant into every region it may use."""
+        pairs = []
+        for region in self.fleet["regions"]:
+            for tenant in self.fleet["tenants"]:
+                allowed = tenant["jurisdictions"]
+                if region["gateway_url"] and (not allowed or region["jurisdiction"] in allowed):
+                    pairs.append((region["name"], tenant))
+        return pairs
+
+    async def send(
+        self, http: httpx.AsyncClient, region: str, tenant: dict[str, Any], words: int
+    ) -> None:
+        prompt = " ".join(random.choices(WORDS, k=words))
+        body = {"model": self.fleet["models"][0], "max_tokens": 32,
+                "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+        tally = self.tallies[region, tenant["name"]]
+        tally.sent += 1
+        started = time.monotonic()
+        try:
+            answer = await http.post(
+                f"{self.url(region)}/v1/chat/completions", json=body,
+                headers={"Authorization": f"Bearer {tenant['api_key']}"},
+            )  # fmt: skip
+        except httpx.HTTPError as error:
+            tally.refused[type(error).__name__] += 1
+            return
+        if answer.status_code == 200:
+            tally.served_by[answer.headers.get("x-meridian-region", "?")] += 1
+            tally.latencies.append(time.monotonic() - started)
+        else:
+            tally.refused[str(answer.status_code)] += 1
+
+    async def traffic(self, http: httpx.AsyncClient) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        end = time.monotonic() + self.seconds
+        quarter = self.seconds / 4
+        while (now := time.monotonic()) < end:
+            self.phase = PHASES[min(3, int((self.seconds - (end - now)) / quarter))]
+            for region, tenant in self.entries():
+                if random.random() < self.rps / 10:
+                    tasks.add(asyncio.create_task(self.send(http, region, tenant, 20)))
+            if self.phase == "surge" and random.random() < SURGE_RPS / 10:
+                # long uncached prompts: more prefill than the region's one engine does in time
+                tenant = self.fleet["tenants"][0]
+                tasks.add(asyncio.create_task(self.send(http, self.target, tenant, 4000)))
+            tasks = {t for t in tasks if not t.done()}
+            await asyncio.sleep(0.1)
+        await asyncio.gather(*tasks)
+
+    async def faults(self, http: httpx.AsyncClient) -> None:
+        """The fault phase: the target's engines fail every request, then recover."""
+        quarter = self.seconds / 4
+        await asyncio.sleep(2 * quarter)
+        await self._set_faults(http, 1.0)
+        try:
+            await asyncio.sleep(quarter)
+        finally:
+            await self._set_faults(http, 0.0)
+
+    async def _set_faults(self, http: httpx.AsyncClient, error_rate: float) -> None:
+        status = (await http.get(f"{self.url(self.target)}/agent/status")).json()
+        for engine in status["engines"]:
+            with contextlib.suppress(httpx.HTTPError):
+                await http.post(f"{engine['url']}/sim/faults", json={"error_rate": error_rate})
+
+    async def counts(self, http: httpx.AsyncClient) -> dict[tuple[str, ...], int]:
+        """Each agent's escalation counts: (region, direction, peer, reason): requests."""
+        counts: dict[tuple[str, ...], int] = {}
+        for region in self.fleet["regions"]:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                status = (await http.get(f"{region['gateway_url']}/agent/status")).json()
+                for c in status["escalation"]["counts"]:
+                    key = (region["name"], c["direction"], c["peer"], c["reason"])
+                    counts[key] = int(c["count"])
+        return counts
+
+    async def watch(self, http: httpx.AsyncClient, before: dict[tuple[str, ...], int]) -> None:
+        """Escalations since the demo began, as the agents count them."""
+        while True:
+            now = await self.counts(http)
+            self.escalations = {k: n - before.get(k, 0) for k, n in now.items()}
+            await asyncio.sleep(0.5)
+
+    def view(self) -> Group:
+        requests = Table(title=f"requests (phase: {self.phase}; surge and fault hit "
+                               f"{self.target})", box=None)  # fmt: skip
+        for column in ("sent to", "tenant", "sent", "served by", "refused", "p50 s"):
+            requests.add_column(column)
+        for (region, tenant), t in sorted(self.tallies.items()):
+            served = ", ".join(f"{r} {n}" for r, n in t.served_by.most_common())
+            refused = ", ".join(f"{c}: {n}" for c, n in t.refused.most_common()) or "-"
+            p50 = sorted(t.latencies)[len(t.latencies) // 2] if t.latencies else 0.0
+            requests.add_row(region, tenant, str(t.sent), served, refused, f"{p50:.2f}")
+        flows = Table(title="escalations since the demo began, as the agents count them", box=None)
+        for column in ("region", "direction", "peer", "reason", "requests"):
+            flows.add_column(column)
+        for (region, direction, peer, reason), count in sorted(self.escalations.items()):
+            if count:
+                arrow = "→ out to" if direction == "out" else "← in from"
+                flows.add_row(region, arrow, peer, reason, str(count))
+        return Group(requests, flows)
+
+
+@click.group("demo")
+def demo() -> None:
+    """Show the local fleet at work."""
+
+
+@demo.command("traffic")
+@click.option("--fleet-file", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path(".meridian/local-fleet.json"), show_default=True,
+              help="what `meridian up` wrote")  # fmt: skip
+@click.option("--seconds", type=click.FloatRange(8, 3600), default=40.0, show_default=True)
+@click.option("--rps", type=click.FloatRange(0.1, 50), default=2.0, show_default=True,
+              help="calm requests a second into each region, per tenant")  # fmt: skip
+@click.option("--target", default="us-west", show_default=True,
+              help="the region the surge and the fault hit")  # fmt: skip
+def traffic_command(fleet_file: Path, seconds: float, rps: float, target: str) -> None:
+    """Send sample traffic across the regions and show, live, where it went and why."""
+    try:
+        fleet = json.loads(fleet_file.read_text())
+    except (OSError, ValueError) as error:
+        raise click.ClickException(
+            f"cannot read {fleet_file} ({error}): start the local fleet with `meridian up` first"
+        ) from None
+    regions = {r["name"] for r in fleet.get("regions", [])}
+    if target not in regions:
+        raise click.BadParameter(
+            f"not a region of the fleet: {sorted(regions)}", param_hint="--target"
+        )
+    console = Console()
+    run = Demo(fleet, target, seconds, rps)
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=256)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+            watcher = asyncio.create_task(run.watch(http, await run.counts(http)))
+            with Live(run.view(), console=console, refresh_per_second=4) as live:
+                refresh = asyncio.create_task(_refresh(live, run))
+                try:
+                    await asyncio.gather(run.traffic(http), run.faults(http))
+                finally:
+                    refresh.cancel()
+                    watcher.cancel()
+                    await asyncio.sleep(0.6)
+                live.update(run.view())
+
+    try:
+        asyncio.run(main())
+    except httpx.ConnectError as error:
+        raise click.ClickException(
+            f"the local fleet does not answer ({error}): is `meridian up` running?"
+        ) from None
+
+
+async def _refresh(live: Live, run: Demo) -> None:
+    while True:
+        live.update(run.view())
+        await asyncio.sleep(0.25)
