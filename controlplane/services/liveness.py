@@ -97,7 +97,22 @@ def summarize(
         "prefix_cache_hit_rate": sum(rates) / len(rates) if rates else 0.0,
         "ttft_ms": {q: worst("ttft_ms", q) for q in ("p50", "p90", "p99")},
         "requests_per_second": sum(float(t.get("requests_per_second", 0.0)) for t in live),
+        "escalations": _escalations(live),
     }
+
+
+def _escalations(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Requests escalated out of the region and into it, by peer and reason, summed over its
+    nodes (each counts since its agent started)."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for telemetry in live:
+        for c in telemetry.get("escalations", []):
+            key = (str(c.get("direction")), str(c.get("peer")), str(c.get("reason")))
+            counts[key] = counts.get(key, 0) + int(c.get("count", 0))
+    return [
+        {"direction": d, "peer": p, "reason": r, "count": n}
+        for (d, p, r), n in sorted(counts.items())
+    ]
 
 
 async def rollup(db: Database, now: datetime, keep: timedelta) -> dict[str, dict[str, Any]]:

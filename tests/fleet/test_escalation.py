@@ -14,7 +14,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.controlplane.push.kit import eventually
+from tests.controlplane.push.kit import eventually, get
 from tests.fleet.kit import LLAMA, Fleet, fleet_of
 from tests.fleet.netns import namespace
 
@@ -98,12 +98,21 @@ async def test_an_overloaded_region_sends_the_excess_to_an_idle_peer_and_none_wi
         served, failed = await traffic
         after = await fleet.escalations("us-west")
         await client.close()
+
+        async def reported() -> list[dict[str, Any]] | None:  # in heartbeats, rolled up
+            region = await get(fleet.cp.url, "/v1/regions/us-west")
+            flows = (region.get("load") or {}).get("escalations") or []
+            out = [f for f in flows if f["direction"] == "out"]
+            return out if sum(f["count"] for f in out) >= after[("out", "us-east")] else None
+
+        rolled_up = await eventually(reported, within_s=20)
     assert {region for _, region in calm} == {"us-west"}
     assert after_calm == {}
     here = [region for _, region in served].count("us-west")
     assert failed == []
     assert here >= 8  # its own worker stayed busy
     assert after[("out", "us-east")] == len(served) - here > here
+    assert {(f["peer"], f["reason"]) for f in rolled_up} == {("us-east", "overload")}
 
 
 async def test_residency_holds_under_failure_and_a_request_never_bounces_back(
