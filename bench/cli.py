@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from bench import overhead, overload, routing
+from bench import escalation, overhead, overload, routing
 from bench.propagation import Options, run
 from bench.sim import run as run_sim
 
@@ -168,5 +168,31 @@ def overload_command(
     )  # fmt: skip
     try:
         asyncio.run(overload.run(options))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@bench.command("escalation")
+@click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True,
+              help="simulated engines in each of the two regions")  # fmt: skip
+@click.option("--seconds", type=click.FloatRange(5, 3600), default=20, show_default=True,
+              help="of load in each phase")  # fmt: skip
+@click.option("--capacity", type=click.FloatRange(0.1, 1000), default=None,
+              help="no sweep: region A's capacity (rps) from an earlier run")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PNG; default: beside --out")  # fmt: skip
+def escalation_command(
+    workers: int, seconds: float, capacity: float | None, out: Path | None, plot: Path | None
+) -> None:
+    """Region A at 1x, 2x and 5x its capacity beside an idle peer, with escalation and
+    without; with room; a resident tenant; and A's engines killed."""
+    root = _scratch("escalation")
+    options = escalation.Options(
+        workers=workers, seconds=seconds, capacity_rps=capacity, out=out,
+        plot=plot or (out.with_suffix(".png") if out else None), root=root,
+    )  # fmt: skip
+    try:
+        asyncio.run(escalation.run(options))
     finally:
         shutil.rmtree(root, ignore_errors=True)

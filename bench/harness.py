@@ -237,6 +237,22 @@ async def start_region(
     gateways: int = 1,
     max_queue: int = 100_000,
 ) -> Region:
+    cp, admin = await start_control(stack, root)
+    doc = fleet_document([s.url for s in sims], gateways, max_queue)
+    await apply(admin, doc)
+    operator = secrets.token_urlsafe(24)
+    agents, urls = [], []
+    for node in doc["nodes"]:
+        process, url = await start_agent(stack, root, cp, admin, REGION, node["name"], operator)
+        agents.append(process)
+        urls.append(url)
+    return Region(cp, admin, agents, urls, operator, len(sims))
+
+
+async def start_control(
+    stack: AsyncExitStack, root: Path
+) -> tuple[ControlPlane, httpx.AsyncClient]:
+    """An embedded PostgreSQL and a control plane on it, and an admin client of it."""
     postgres = EmbeddedPostgres(root / "postgres")
     credentials = await postgres.start()
     stack.push_async_callback(postgres.stop)
@@ -253,36 +269,47 @@ async def start_region(
         base_url=cp.url, headers={"Authorization": f"Bearer {token}"}, timeout=60
     )
     stack.push_async_callback(admin.aclose)
-    doc = fleet_document([s.url for s in sims], gateways, max_queue)
+    return cp, admin
+
+
+async def apply(admin: httpx.AsyncClient, doc: dict[str, Any]) -> None:
     applied = await admin.post(
         "/v1/apply", content=yaml.safe_dump(doc).encode(),
         headers={"Content-Type": "application/yaml"},
     )  # fmt: skip
     applied.raise_for_status()
-    operator = secrets.token_urlsafe(24)
-    agents, urls = [], []
-    for node in doc["nodes"]:
-        made = await admin.post("/v1/bootstrap-tokens", json={"region": REGION})
-        made.raise_for_status()
-        port = free_port()
-        args = [
-            "--control-plane", cp.grpc_target, "--region", REGION, "--node", node["name"],
-            "--hostname", "127.0.0.1", "--data-dir", str(root / node["name"]),
-            "--host", "127.0.0.1", "--port", str(port),
-        ]  # fmt: skip
-        agent_env = {**os.environ, "MERIDIAN_AGENT_BOOTSTRAP_TOKEN": made.json()["token"],
-                     "MERIDIAN_AGENT_OPERATOR_TOKEN": operator}  # fmt: skip
-        log = (root / f"agent-{node['name']}.log").open("wb")
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "meridian", "agent", "run", *args,
-            env=agent_env, stdout=log, stderr=log,
-        )  # fmt: skip
-        stack.push_async_callback(stop_child, process)
-        url = f"http://127.0.0.1:{port}"
-        await wait_ready(url, process, 30, path="/healthz", what="an agent")
-        agents.append(process)
-        urls.append(url)
-    return Region(cp, admin, agents, urls, operator, len(sims))
+
+
+async def start_agent(
+    stack: AsyncExitStack,
+    root: Path,
+    cp: ControlPlane,
+    admin: httpx.AsyncClient,
+    region: str,
+    node: str,
+    operator: str,
+    port: int | None = None,
+) -> tuple[asyncio.subprocess.Process, str]:
+    """A node's agent, registered with a fresh bootstrap token; its process and URL."""
+    made = await admin.post("/v1/bootstrap-tokens", json={"region": region})
+    made.raise_for_status()
+    port = port or free_port()
+    args = [
+        "--control-plane", cp.grpc_target, "--region", region, "--node", node,
+        "--hostname", "127.0.0.1", "--data-dir", str(root / node),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    agent_env = {**os.environ, "MERIDIAN_AGENT_BOOTSTRAP_TOKEN": made.json()["token"],
+                 "MERIDIAN_AGENT_OPERATOR_TOKEN": operator}  # fmt: skip
+    log = (root / f"agent-{node}.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "meridian", "agent", "run", *args,
+        env=agent_env, stdout=log, stderr=log,
+    )  # fmt: skip
+    stack.push_async_callback(stop_child, process)
+    url = f"http://127.0.0.1:{port}"
+    await wait_ready(url, process, 30, path="/healthz", what="an agent")
+    return process, url
 
 
 @dataclass

@@ -39,6 +39,9 @@ class Result:
     completion: int = 0
     error: str = ""
     answer: str = ""
+    region: str = ""  # the region that served it (x-meridian-region), when a gateway did
+    sent_at: float = 0.0  # the event loop's time when it was sent
+    done: float = 0.0  # and when it ended
 
     def meets(self, ttft_s: float, itl_s: float) -> bool:
         return self.status == 200 and self.ttft_s <= ttft_s and self.itl_s <= itl_s
@@ -98,6 +101,13 @@ class Client:
         await self.session.close()
 
     async def chat(self, url: str, req: Req) -> Result:
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()
+        result = await self._chat(url, req)
+        result.sent_at, result.done = sent_at, loop.time()
+        return result
+
+    async def _chat(self, url: str, req: Req) -> Result:
         body = orjson.dumps({
             "model": MODEL, "messages": req.messages, "max_tokens": req.max_tokens,
             "stream": True, "stream_options": {"include_usage": True},
@@ -109,6 +119,7 @@ class Client:
             async with self.session.post(
                 f"{url}/v1/chat/completions", data=body, headers=self.headers
             ) as response:
+                region = response.headers.get("x-meridian-region", "")
                 if response.status != 200:
                     return Result(response.status, error=(await response.text())[:200])
                 buffer = b""
@@ -133,7 +144,7 @@ class Client:
         if not first:
             return Result(502, error="no content")
         itl = (last - first) / (completion - 1) if completion > 1 else 0.0
-        return Result(200, first - sent, itl, completion, answer="".join(pieces))
+        return Result(200, first - sent, itl, completion, answer="".join(pieces), region=region)
 
 
 async def poisson(

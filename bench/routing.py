@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections import Counter
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,6 +173,7 @@ class Bench:
         if reqs is not None:
             summary["ttft_p99_warm_s"] = warm_ttft_p99(reqs, results)
         summary["rate_rps"] = round(rate, 3)
+        summary["served_by"] = dict(Counter(r.region for r in results if r.status == 200))
         summary["cpu"] = cpu
         return summary
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from agents.router.router import Router
 DEFAULT_WAIT_S = 10.0  # the longest wait of a model without an SLO
 RECHECK_S = 0.05  # a waiting request is placed again at least this often
 FULL_S = 5.0  # a model is full for this long after a request of it last had to wait
+RATE_S = 5.0  # the window of a model's admission rate
 
 
 class Escalate(Exception):
@@ -54,6 +56,7 @@ class Admission:
         self.waiting: dict[str, int] = {}
         self._full_at: dict[str, float] = {}
         self._events: dict[str, asyncio.Event] = {}
+        self._rates: dict[str, tuple[float, float]] = {}  # model: (admissions/s, when)
 
     def notify(self, model: str) -> None:
         event = self._events.pop(model, None)
@@ -63,6 +66,20 @@ class Admission:
     def notify_all(self) -> None:
         for model in list(self._events):
             self.notify(model)
+
+    def _admitted(self, model: str, now: float) -> None:
+        """The model's rate of admissions: an exponentially weighted count over RATE_S."""
+        rate, at = self._rates.get(model, (0.0, now))
+        self._rates[model] = (rate * math.exp(-(now - at) / RATE_S) + 1 / RATE_S, now)
+
+    def _drain_s(self, model: str, waiting: int, now: float) -> float:
+        """How long the requests waiting for the model take to be admitted, at the rate they
+        lately have been (Little's law); without admissions lately, as long as it takes."""
+        if waiting == 0:
+            return 0.0
+        rate, at = self._rates.get(model, (0.0, now))
+        rate *= math.exp(-(now - at) / RATE_S)
+        return waiting / rate if rate > 0 else math.inf
 
     async def place(
         self,
@@ -84,6 +101,7 @@ class Admission:
                 decision = self.router.route(route, request, exclude)
                 now = self.clock()
                 if decision.ranked and _fits(decision, route, request, since, now):
+                    self._admitted(route.model, now)
                     return decision
                 if not decision.ranked and not decision.vetoed:
                     failed = f"{len(exclude)} failed it, " if exclude else ""
@@ -93,8 +111,10 @@ class Admission:
                         retry_after_s=2,
                     )
                 if escalate is not None:
-                    _check_escalation(escalate, decision, self.waiting.get(route.model, 0),
-                                      now - since, queued)  # fmt: skip
+                    waiting = self.waiting.get(route.model, 0)
+                    # a request about to queue waits for those ahead of it to be admitted
+                    ahead = 0.0 if queued else self._drain_s(route.model, waiting, now)
+                    _check_escalation(escalate, decision, waiting, now - since + ahead, queued)
                 if not queued:
                     if self.waiting.get(route.model, 0) >= route.max_queue:
                         raise QueueFull(
@@ -130,7 +150,9 @@ def _check_escalation(
     # the wait admission predicted there (with the engine's room and queue), else the policy's
     predicted = best.wait_s * best.view.bias if best.wait_s is not None else decision.best_ttft_s
     if over.ttft_s is not None and predicted is not None and predicted + waited_s > over.ttft_s:
-        raise Escalate(f"predicted TTFT here {(predicted + waited_s) * 1000:.0f} ms")
+        total = predicted + waited_s
+        raise Escalate(f"predicted TTFT here {total * 1000:.0f} ms" if total < math.inf
+                       else "requests wait here and none has been admitted lately")  # fmt: skip
 
 
 def _fits(

@@ -25,6 +25,7 @@ from agents.gateway.errors import Forbidden, Unauthenticated
 
 HEADER = "x-meridian-assertion"
 HOP = "x-meridian-hop"  # the region a forwarded request came from: it is never forwarded again
+WAITED = "x-meridian-waited-ms"  # how long it waited there: its SLO is end to end
 TTL_S = 30.0
 MAX_LEN = 4096
 

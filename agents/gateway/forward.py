@@ -85,6 +85,7 @@ class Forwarder:
         tenant: Tenant | None,
         reason: str,
         why: str,
+        waited_s: float,
         request_id: str,
         debug: bool,
         stream: bool,
@@ -95,6 +96,7 @@ class Forwarder:
         jurisdictions = tenant.jurisdictions if tenant is not None else None
         candidates = self.escalations.candidates(chain, model, jurisdictions)
         outcome = Escalated(reason, chain.rule, candidates)
+        started_all = self.clock()
         if config.signer is None:
             return outcome
         trace = b"".join(
@@ -109,9 +111,11 @@ class Forwarder:
                 config.signer, origin=config.region, audience=peer.region, tenant=tenant,
                 request_id=request_id, reason=reason, body=body, debug=debug,
             )  # fmt: skip
+            waited_ms = (waited_s + self.clock() - started_all) * 1000
             sent = (
                 upstream_headers(request_id) + trace
-                + f"{assertion.HEADER}: {signed}\r\n{assertion.HOP}: {config.region}\r\n".encode()
+                + f"{assertion.HEADER}: {signed}\r\n{assertion.HOP}: {config.region}\r\n"
+                  f"{assertion.WAITED}: {waited_ms:.0f}\r\n".encode()
             )  # fmt: skip
             self.escalations.sent(peer.region, reason)
             started = self.clock()

@@ -134,7 +134,7 @@ class Gateway:
     async def _infer(
         self, request: web.Request, request_id: str, headers: dict[str, str]
     ) -> web.StreamResponse:
-        since = self.clock()
+        since = arrived = self.clock()
         config = self._config()
         if request.content_type not in ("application/json", ""):
             raise UnsupportedMediaType(f"send application/json, not {request.content_type}")
@@ -146,6 +146,8 @@ class Gateway:
             tenant, came_from = claim.tenant or OPERATOR, claim.origin
             debug = claim.debug
             self.escalations.received(claim.origin, claim.reason)
+            # the SLO is the client's, end to end: what it waited there counts here
+            since -= _waited_s(request.headers.get(assertion.WAITED))
         else:
             tenant, insider = self._caller(request, config)
             debug = insider and request.headers.get("x-meridian-debug") == "1"
@@ -166,7 +168,7 @@ class Gateway:
         try:
             response, usage = await self._serve(
                 request, body, inference, route_request, route, config, chain, tenant,
-                request_id, headers, debug, since, came_from,
+                request_id, headers, debug, (since, arrived), came_from,
             )  # fmt: skip
         except GatewayError as error:
             error.model = model.name
@@ -191,9 +193,12 @@ class Gateway:
         request_id: str,
         headers: dict[str, str],
         debug: bool,
-        since: float,
+        times: tuple[float, float],
         came_from: str | None,
     ) -> tuple[web.StreamResponse, Usage]:
+        """`times`: since when the SLO counts (earlier for a request a peer escalated here),
+        and when the request came here."""
+        since, arrived = times
         model = route.model
         overload = chain is not None and "overload" in chain.triggers
         failure = chain is not None and "failure" in chain.triggers
@@ -207,6 +212,7 @@ class Gateway:
             outcome = await self.forwarder.forward(
                 request, body, config=config, chain=chain, model=model,
                 tenant=None if tenant is OPERATOR else tenant, reason=reason, why=why,
+                waited_s=self.clock() - arrived,
                 request_id=request_id, debug=debug, stream=inference.stream,
                 native=inference.native, wants_usage=inference.wants_usage,
                 headers=self._answer_headers(headers, model),
@@ -222,7 +228,6 @@ class Gateway:
             if done is not None:
                 return done
         tried: set[str] = set()
-        arrived = since
         for attempt in range(MAX_ATTEMPTS):
             try:
                 decision = await self.admission.place(route, route_request, tried, since, over)
@@ -275,3 +280,11 @@ class Gateway:
         out = dict(headers)
         out[LOAD_HEADER] = self.load_of(model)
         return out
+
+
+def _waited_s(header: str | None) -> float:
+    """What a request waited in the region that escalated it (`x-meridian-waited-ms`)."""
+    try:
+        return min(60.0, max(0.0, float(header) / 1000)) if header else 0.0
+    except ValueError:
+        return 0.0
