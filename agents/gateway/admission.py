@@ -74,12 +74,10 @@ class Admission:
 
     def _drain_s(self, model: str, waiting: int, now: float) -> float:
         """How long the requests waiting for the model take to be admitted, at the rate they
-        lately have been (Little's law); without admissions lately, as long as it takes."""
-        if waiting == 0:
-            return 0.0
+        lately have been (Little's law); not known (0) without admissions lately."""
         rate, at = self._rates.get(model, (0.0, now))
         rate *= math.exp(-(now - at) / RATE_S)
-        return waiting / rate if rate > 0 else math.inf
+        return waiting / rate if waiting and rate > 1 / RATE_S else 0.0
 
     async def place(
         self,
@@ -147,12 +145,12 @@ def _check_escalation(
     if over.queue_depth is not None and not queued and waiting >= over.queue_depth:
         raise Escalate(f"{waiting} requests of the model wait here")
     best = decision.ranked[0]
-    # the wait admission predicted there (with the engine's room and queue), else the policy's
-    predicted = best.wait_s * best.view.bias if best.wait_s is not None else decision.best_ttft_s
+    # the wait admission predicted there (with the engine's room and queue), else the policy's;
+    # not scaled up by how late first bytes lately came, as admission's is: that guards the
+    # SLO of what is admitted, and would send requests away that wait here in time
+    predicted = best.wait_s if best.wait_s is not None else decision.best_ttft_s
     if over.ttft_s is not None and predicted is not None and predicted + waited_s > over.ttft_s:
-        total = predicted + waited_s
-        raise Escalate(f"predicted TTFT here {total * 1000:.0f} ms" if total < math.inf
-                       else "requests wait here and none has been admitted lately")  # fmt: skip
+        raise Escalate(f"predicted TTFT here {(predicted + waited_s) * 1000:.0f} ms")
 
 
 def _fits(

@@ -28,7 +28,8 @@ LOAD_HEADER = "endpoint-load-metrics"
 FRESH_S = 10.0  # a peer's reported load is believed this long
 RTT_WEIGHT = 0.3  # of a new round trip in the peer's smoothed one
 ERROR_WEIGHT = 0.05  # of a local attempt in the model's smoothed failure share
-FULL_MAX_S = 5.0  # the longest a peer that said it is full is passed over
+FULL_MAX_S = 0.5  # the longest a peer that said it is full is passed over: its queue moves
+# faster than the Retry-After it tells clients
 TIE_S = 0.05  # predictions this close are a tie, which the chain's order breaks
 
 
