@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.controlplane.push.kit import eventually, get
-from tests.fleet.kit import LLAMA, Fleet, fleet_of
+from tests.fleet.kit import LLAMA, OPERATOR, Fleet, fleet_of
 from tests.fleet.netns import namespace
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
@@ -168,6 +169,14 @@ async def test_an_escalated_stream_comes_whole_and_one_that_breaks_ends_with_an_
         client = fleet.client("us-east")
         # counted against acme's quota at us-east only: more than us-west's share of it
         counted_once = [await _ask(client) for _ in range(16)]
+        insider = openai.AsyncOpenAI(
+            base_url=f"{fleet.agents['us-east'].url}/v1", api_key=OPERATOR, max_retries=0,
+            default_headers={"x-meridian-debug": "1"},
+        )  # fmt: skip
+        receipt = await insider.chat.completions.with_raw_response.create(
+            model=LLAMA, messages=HELLO, max_tokens=2
+        )
+        await insider.close()
         whole = await client.chat.completions.create(
             model=LLAMA, messages=HELLO, max_tokens=8, stream=True,
             stream_options={"include_usage": True},
@@ -184,6 +193,9 @@ async def test_an_escalated_stream_comes_whole_and_one_that_breaks_ends_with_an_
                 pass
         await client.close()
     assert {region for _, region in counted_once} == {"us-west"}
+    why = orjson.loads(receipt.headers["x-meridian-route"])["escalated"]
+    assert (why["reason"], why["peer"], why["rule"]) == ("failure", "us-west", "us-east-out")
+    assert why["peer_route"]["worker"].startswith("llama-us-west/")  # the peer's own receipt
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 8
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
