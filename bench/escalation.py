@@ -15,7 +15,6 @@ rule names B (overload and failure). In one run:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import signal
@@ -27,7 +26,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench import routing
+from bench import plots, routing
 from bench.harness import (
     MODEL,
     Region,
@@ -149,12 +148,13 @@ async def run(options: Options) -> dict[str, Any]:
         bench.current = "engines_die"
         result["engines_die"] = await _failover(bench, workload, capacity * 0.5, sims_a, options)
     _report(console, result)
-    if options.out is not None:
-        options.out.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {options.out}")
-    if options.plot is not None:
-        _plot(result, options.plot)
-        console.print(f"wrote {options.plot}")
+    plots.save(
+        console, result, options.out, options.plot,
+        lambda path: plots.modes_by_load(
+            result["results"], path, ttft_key="ttft_p99_served_s",
+            xlabel="offered load into A, x A's capacity",
+        ),
+    )  # fmt: skip
     return result
 
 
@@ -241,23 +241,3 @@ def _report(console: Console, result: dict[str, Any]) -> None:
         f"first whole answer {die['first_escalated_success_s']} s after; "
         f"{die['failed_after_kill']} requests failed after the kill"
     )
-
-
-def _plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for mode, runs in result["results"].items():
-        loads = list(runs)
-        left.plot(loads, [runs[x]["goodput_rps"] for x in loads], marker="o", label=mode)
-        right.plot(loads, [runs[x]["ttft_p99_served_s"] for x in loads], marker="o", label=mode)
-    left.set_ylabel("goodput, requests/s within SLO")
-    right.set_ylabel("TTFT p99 of served requests, s")
-    for ax in (left, right):
-        ax.set_xlabel("offered load into A, x A's capacity")
-        ax.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)

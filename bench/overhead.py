@@ -12,7 +12,6 @@ a closed loop of concurrent clients for a while, and the router's own CPU second
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from contextlib import AsyncExitStack
@@ -27,6 +26,7 @@ from rich.table import Table
 
 from agents.gateway.relay import upstream_headers
 from agents.gateway.upstream import Upstream
+from bench import plots
 from bench.harness import (
     MODEL,
     Sim,
@@ -189,12 +189,7 @@ async def run(options: Options) -> dict[str, Any]:
     result = _result(samples, throughput)
     result["clients"] = clients
     _report(console, result)
-    if options.out is not None:
-        options.out.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {options.out}")
-    if options.plot is not None:
-        _plot(samples, options.plot)
-        console.print(f"wrote {options.plot}")
+    plots.save(console, result, options.out, options.plot, lambda path: _plot(samples, path))
     return result
 
 

@@ -11,7 +11,6 @@ SLO), TTFT p99 of the requests that were served, and the share answered 429 or 5
 
 from __future__ import annotations
 
-import json
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench import routing
+from bench import plots, routing
 from bench.harness import start_region, start_sims
 from bench.load import Client, shared_prefix
 
@@ -98,12 +97,13 @@ async def run(options: Options) -> dict[str, Any]:
                 }  # fmt: skip
             result["results"][mode] = runs
     _report(console, result)
-    if options.out is not None:
-        options.out.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {options.out}")
-    if options.plot is not None:
-        _plot(result, options.plot)
-        console.print(f"wrote {options.plot}")
+    plots.save(
+        console, result, options.out, options.plot,
+        lambda path: plots.modes_by_load(
+            result["results"], path, ttft_key="ttft_p99_admitted_s",
+            xlabel="offered load, x capacity", log_ttft=True,
+        ),
+    )  # fmt: skip
     return result
 
 
@@ -120,24 +120,3 @@ def _report(console: Console, result: dict[str, Any]) -> None:
                 f"{r['rejected_share']:.1%}", str(r["other_failures"]),
             )  # fmt: skip
     console.print(table)
-
-
-def _plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for mode, runs in result["results"].items():
-        loads = list(runs)
-        left.plot(loads, [runs[x]["goodput_rps"] for x in loads], marker="o", label=mode)
-        right.plot(loads, [runs[x]["ttft_p99_admitted_s"] for x in loads], marker="o", label=mode)
-    left.set_ylabel("goodput, requests/s within SLO")
-    right.set_ylabel("TTFT p99 of served requests, s")
-    right.set_yscale("log")
-    for ax in (left, right):
-        ax.set_xlabel("offered load, x capacity")
-        ax.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
