@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from prometheus_client.core import Metric
 
 from agents.control.compile import compile_config
 from agents.control.link import ControlLink
@@ -29,6 +31,7 @@ from agents.engines.supervisor import Supervisor
 from agents.errors import SnapshotInvalid
 from agents.gateway.service import Gateway
 from agents.http import build_app
+from agents.metrics import state_families
 from agents.router.router import Router
 from agents.settings import AgentSettings
 from agents.telemetry import TelemetryWindow
@@ -61,6 +64,7 @@ class Agent:
         self.poller = LoadPoller(self.table, settings.load_poll_s, settings.probe_timeout_s)
         self.kv_events = KvEventSubscriber(self.router, self.table)
         self.snapshot: pb.Snapshot | None = None
+        self.applied_at: float | None = None  # wall clock
         self.window = TelemetryWindow()
         self.link = ControlLink(
             settings,
@@ -92,7 +96,7 @@ class Agent:
             backends=self.backends,
         )
         await asyncio.to_thread(self.store.save_snapshot, snapshot)
-        self.snapshot = snapshot
+        self.snapshot, self.applied_at = snapshot, time.time()
         self.table.replace(config.workers)
         for engine_id, runner in self.supervisor.runners.items():
             self.table.set_engine_state(engine_id, str(runner.state))
@@ -115,7 +119,7 @@ class Agent:
         """Run until SIGINT or SIGTERM; then stop every engine it started."""
         await asyncio.to_thread(self.store.prepare)
         await self._from_disk()
-        app = build_app(self.gateway, self.status, self.operator_token)
+        app = build_app(self.gateway, self.status, self.operator_token, self.metric_state)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.host, self.settings.port, backlog=4096)
@@ -172,6 +176,24 @@ class Agent:
                 for g in gpu_list
             ],
         }
+
+    def metric_state(self) -> list[Metric]:
+        """The families of /metrics that the agent's state holds (read on the event loop)."""
+        gateway = self.gateway
+        breakers = [("worker", v.worker_id, str(v.breaker.state))
+                    for v in gateway.router.views.values()]  # fmt: skip
+        breakers += [
+            ("peer", r, str(v.breaker.state)) for r, v in gateway.escalations.peers.items()
+        ]
+        return state_families(
+            revision=self.snapshot.revision if self.snapshot is not None else None,
+            applied_at=self.applied_at,
+            waiting=dict(gateway.admission.waiting),
+            rejections=dict(gateway.rejections),
+            decisions=dict(gateway.decisions),
+            escalations=gateway.escalations.report(),
+            breakers=breakers,
+        )
 
     async def telemetry(self) -> pb.Telemetry:
         gpu_list = inventory(self.snapshot, self.link.state.node, self.nvml)

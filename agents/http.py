@@ -8,15 +8,20 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from prometheus_client.core import Metric
 
 from agents.gateway.auth import bearer, same_secret
 from agents.gateway.errors import BadRequest, GatewayError, Unauthenticated
 from agents.gateway.service import Gateway
+from agents.metrics import CONTENT_TYPE, render
 from agents.router.router import DECISIONS_KEPT
 
 
 def build_app(
-    gateway: Gateway, status: Callable[[], dict[str, Any]], operator_token: str | None
+    gateway: Gateway,
+    status: Callable[[], dict[str, Any]],
+    operator_token: str | None,
+    state: Callable[[], list[Metric]] = list,
 ) -> web.Application:
     async def healthz(_request: web.Request) -> web.Response:
         return _json({"status": "ok"})
@@ -40,6 +45,14 @@ def build_app(
             return BadRequest("limit must be a whole number", param="limit").response({})
         return refused(request) or _json(gateway.router.recent_decisions(limit))
 
+    async def prometheus(request: web.Request) -> web.Response:
+        """Prometheus text; behind the operator token, as /agent/* is (it names tenants)."""
+        denied = refused(request)
+        if denied is not None:
+            return denied
+        body = await render(gateway.metrics, state())
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", gateway.infer)
     app.router.add_post("/v1/completions", gateway.infer)
@@ -48,6 +61,7 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/agent/status", agent_status)
     app.router.add_get("/agent/decisions", decisions)
+    app.router.add_get("/metrics", prometheus)
     return app
 
 

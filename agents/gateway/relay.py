@@ -20,6 +20,7 @@ USAGE = b'"usage"'
 HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date",
                b"server"}  # fmt: skip
 EVENT_END = b"\n\n"
+FIRST_AT = "meridian.first_at"  # on a streamed response: when its first event went out
 JSON_REQUEST = b"Content-Type: application/json\r\nX-Request-ID: "
 
 
@@ -207,6 +208,7 @@ async def relay_stream(
                 response = web.StreamResponse(headers=headers)
                 response.content_type = "text/event-stream"
                 response.headers["Cache-Control"] = "no-cache"
+                response[FIRST_AT] = time.monotonic()
                 if since is not None:  # a peer region measures its round trip by it
                     response.headers["Server-Timing"] = server_timing(since)
                 await to_client(response.prepare(request))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 
 import orjson
@@ -35,9 +36,10 @@ from agents.gateway.errors import (
 )
 from agents.gateway.forward import Forwarder
 from agents.gateway.quotas import Quotas
-from agents.gateway.relay import Retry, Usage, new_id
+from agents.gateway.relay import FIRST_AT, Retry, Usage, new_id
 from agents.gateway.requests import Inference, check_context, parse
 from agents.gateway.upstream import Upstream
+from agents.metrics import RequestMetrics, Served
 from agents.router.escalation import LOAD_HEADER, Escalations, load_header
 from agents.router.policies import RouteRequest
 from agents.router.router import Router
@@ -67,6 +69,9 @@ class Gateway:
         self.calls = EngineCalls(router, self.admission, self._upstream)
         self.forwarder = Forwarder(self.escalations, self._upstream, clock)
         self._load: dict[str, tuple[float | None, int]] = {}  # model: (best TTFT, serving)
+        self.metrics = RequestMetrics(lambda: self.config.region if self.config else "")
+        self.rejections: Counter[tuple[str, str]] = Counter()  # (model, code)
+        self.decisions: Counter[tuple[str, str, str]] = Counter()  # (model, policy, choice)
         router.table.on_change(self.admission.notify_all)
 
     async def close(self) -> None:
@@ -109,14 +114,22 @@ class Gateway:
         )
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
+        started = self.clock()
         request_id = (request.headers.get("X-Request-ID") or new_id())[:128]
         headers = self.headers(request_id)
+        served, error_type = Served(), None
         try:
-            return await self._infer(request, request_id, headers)
+            response = await self._infer(request, request_id, headers, served)
         except GatewayError as error:
             if error.model is not None:
                 headers[LOAD_HEADER] = self.load_of(error.model)
-            return error.response(headers)
+            if error.status in (429, 503) and served.model:
+                self.rejections[served.model, error.code] += 1
+            response, error_type = error.response(headers), error.code
+        served.first_at = response.get(FIRST_AT)
+        self.metrics.answered(request.path, response.status, started, self.clock(), served,
+                              error_type)  # fmt: skip
+        return response
 
     def _config(self) -> RegionConfig:
         if self.config is None:
@@ -132,7 +145,7 @@ class Gateway:
         return tenant, tenant.debug_routes
 
     async def _infer(
-        self, request: web.Request, request_id: str, headers: dict[str, str]
+        self, request: web.Request, request_id: str, headers: dict[str, str], served: Served
     ) -> web.StreamResponse:
         since = arrived = self.clock()
         config = self._config()
@@ -151,7 +164,9 @@ class Gateway:
         else:
             tenant, insider = self._caller(request, config)
             debug = insider and request.headers.get("x-meridian-debug") == "1"
+        served.tenant = tenant.name
         inference, model = parse(request.path, body, config)
+        served.model = model.name
         route_request = self.router.request(
             model.name, inference.key, inference.tokens, inference.max_new
         )
@@ -168,13 +183,15 @@ class Gateway:
         try:
             response, usage = await self._serve(
                 request, body, inference, route_request, route, config, chain, tenant,
-                request_id, headers, debug, (since, arrived), came_from,
+                request_id, headers, debug, (since, arrived), came_from, served,
             )  # fmt: skip
         except GatewayError as error:
             error.model = model.name
             if counted:
                 self.quotas.settle(tenant, route_request.prompt_tokens, 0)
             raise
+        served.prompt_tokens, served.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+        served.completion_tokens = usage.completion_tokens
         if counted and usage.prompt_tokens is not None:
             used = usage.prompt_tokens + (usage.completion_tokens or 0)
             self.quotas.settle(tenant, route_request.prompt_tokens, used)
@@ -195,6 +212,7 @@ class Gateway:
         debug: bool,
         times: tuple[float, float],
         came_from: str | None,
+        served: Served,
     ) -> tuple[web.StreamResponse, Usage]:
         """`times`: since when the SLO counts (earlier for a request a peer escalated here),
         and when the request came here."""
@@ -221,6 +239,7 @@ class Gateway:
                      outcome.peer or f"no peer: {outcome.refused or 'none allowed'}")  # fmt: skip
             if outcome.response is None:
                 return None
+            served.worker = f"peer:{outcome.peer}"
             return outcome.response, outcome.usage or Usage()
 
         if failure and chain is not None and self.escalations.failing(chain, model):
@@ -249,6 +268,12 @@ class Gateway:
                 return done
             self.router.record(request_id, decision)
             chosen = decision.ranked[0]
+            served.worker = chosen.worker.id
+            served.routed_prompt, served.routed_cached = (
+                route_request.prompt_tokens,
+                min(chosen.matched_tokens, route_request.prompt_tokens),
+            )
+            self.decisions[model, decision.policy, decision.pd or "unified"] += 1
             self._load[model] = (decision.best_ttft_s, decision.total - decision.unavailable)
             out = self._answer_headers(headers, model)
             if debug:

@@ -1,0 +1,155 @@
+"""The agent's Prometheus metrics (`GET /metrics`).
+
+- OpenTelemetry's GenAI server histograms, as Prometheus names, with the conventions' bucket
+  boundaries: `gen_ai_server_time_to_first_token_seconds` and
+  `gen_ai_server_time_per_output_token_seconds` (streamed answers) and
+  `gen_ai_server_request_duration_seconds` (every answer, with `error_type` when it failed),
+  by `gen_ai_operation_name` and `gen_ai_request_model`; observed once per request.
+- Meridian's own, under `meridian_`: requests by region, model, tenant, status and worker
+  (or `peer:<region>`); routing decisions by policy and choice; prompt tokens as routed (the
+  router's predicted cache hits) and as the engines report them; admission's queue depth and
+  rejections; escalations by direction, peer and reason; circuit breakers; the snapshot's
+  revision and age. The state families are read from the agent when scraped, on the event
+  loop (cheap), and rendered off it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0)  # fmt: skip
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                    40.96, 81.92)  # fmt: skip
+OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion",
+              "/generate": "text_completion"}  # fmt: skip
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass
+class Served:
+    """What one request came to, noted by the gateway as it goes."""
+
+    model: str = ""
+    tenant: str = ""
+    worker: str = ""  # the engine's worker id, or peer:<region>
+    first_at: float | None = None  # monotonic time of the first byte of a streamed answer
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # as the engine reports them
+    routed_prompt: int = 0  # as the router predicted: the prompt, and its cached part
+    routed_cached: int = 0
+
+
+class RequestMetrics:
+    def __init__(self, region: Callable[[], str]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.region = region
+        op, model = "gen_ai_operation_name", "gen_ai_request_model"
+        r = self.registry
+        self.ttft = Histogram("gen_ai_server_time_to_first_token", "Time to generate first token "
+                              "for successful responses", [op, model], unit="seconds",
+                              buckets=TTFT_BUCKETS, registry=r)  # fmt: skip
+        self.tpot = Histogram("gen_ai_server_time_per_output_token", "Time per output token "
+                              "generated after the first token for successful responses",
+                              [op, model], unit="seconds", buckets=TPOT_BUCKETS,
+                              registry=r)  # fmt: skip
+        self.duration = Histogram("gen_ai_server_request_duration", "Generative AI server "
+                                  "request duration such as time-to-last byte",
+                                  [op, model, "error_type"], unit="seconds",
+                                  buckets=DURATION_BUCKETS, registry=r)  # fmt: skip
+        self.requests = Counter("meridian_requests", "Requests answered by this gateway",
+                                ["region", "model", "tenant", "status", "worker"],
+                                registry=r)  # fmt: skip
+        self.tokens = Counter("meridian_prompt_tokens", "Prompt tokens, and their cached part, "
+                              "as routed (the router's prediction) and as the engines report",
+                              ["model", "source", "kind"], registry=r)  # fmt: skip
+
+    def answered(self, path: str, status: int, started: float, now: float, served: Served,
+                 error: str | None) -> None:  # fmt: skip
+        op, model = OPERATIONS.get(path, "chat"), served.model or "unknown"
+        duration = now - started
+        self.duration.labels(op, model, error or "").observe(duration)
+        self.requests.labels(self.region(), model, served.tenant or "unknown", str(status),
+                             served.worker or "none").inc()  # fmt: skip
+        if status == 200 and served.first_at is not None:
+            ttft = served.first_at - started
+            self.ttft.labels(op, model).observe(ttft)
+            if served.completion_tokens and served.completion_tokens > 1:
+                tpot = (now - served.first_at) / (served.completion_tokens - 1)
+                self.tpot.labels(op, model).observe(tpot)
+        if served.routed_prompt:
+            self.tokens.labels(model, "routed", "prompt").inc(served.routed_prompt)
+            self.tokens.labels(model, "routed", "cached").inc(served.routed_cached)
+        if served.prompt_tokens:
+            self.tokens.labels(model, "engine", "prompt").inc(served.prompt_tokens)
+            self.tokens.labels(model, "engine", "cached").inc(served.cached_tokens or 0)
+
+
+class _Scrape:
+    """The registry's families and the state's, as one collector for generate_latest."""
+
+    def __init__(self, registry: CollectorRegistry, state: list[Metric]) -> None:
+        self.registry, self.state = registry, state
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.registry.collect()
+        yield from self.state
+
+
+async def render(metrics: RequestMetrics, state: Iterable[Metric]) -> bytes:
+    """The exposition text; the state's families were read on the loop, rendering is not."""
+    return await asyncio.to_thread(generate_latest, _Scrape(metrics.registry, list(state)))
+
+
+def state_families(
+    *,
+    revision: int | None,
+    applied_at: float | None,
+    waiting: dict[str, int],
+    rejections: dict[tuple[str, str], int],
+    decisions: dict[tuple[str, str, str], int],
+    escalations: list[tuple[str, str, str, int]],
+    breakers: list[tuple[str, str, str]],
+) -> list[Metric]:
+    """Meridian's families that the agent's state holds, built on the event loop."""
+    out: list[Metric] = []
+    rev = GaugeMetricFamily("meridian_snapshot_revision", "Revision of the snapshot in force")
+    age = GaugeMetricFamily("meridian_snapshot_age_seconds", "Seconds since it was applied")
+    if revision is not None:
+        rev.add_metric([], revision)
+    if applied_at is not None:
+        age.add_metric([], time.time() - applied_at)
+    out += [rev, age]
+    queue = GaugeMetricFamily("meridian_admission_waiting", "Requests waiting in admission",
+                              labels=["model"])  # fmt: skip
+    for model, n in sorted(waiting.items()):
+        queue.add_metric([model], n)
+    refused = CounterMetricFamily("meridian_admission_rejections", "Requests admission refused",
+                                  labels=["model", "code"])  # fmt: skip
+    for (model, code), n in sorted(rejections.items()):
+        refused.add_metric([model, code], n)
+    chosen = CounterMetricFamily("meridian_routing_decisions", "Routing decisions",
+                                 labels=["model", "policy", "choice"])  # fmt: skip
+    for (model, policy, choice), n in sorted(decisions.items()):
+        chosen.add_metric([model, policy, choice], n)
+    flows = CounterMetricFamily(
+        "meridian_escalations",
+        "Requests escalated out to a peer region or in from one",
+        labels=["direction", "peer", "reason"],
+    )
+    for direction, peer, reason, n in escalations:
+        flows.add_metric([direction, peer, reason], n)
+    states = GaugeMetricFamily("meridian_circuit_breaker_state", "1 for each breaker's state",
+                               labels=["kind", "target", "state"])  # fmt: skip
+    for kind, target, state in breakers:
+        for s in ("closed", "half_open", "open"):
+            states.add_metric([kind, target, s], 1 if s == state else 0)
+    return [*out, queue, refused, chosen, flows, states]
