@@ -13,6 +13,7 @@ from controlplane.coord.base import Coordinator, LocalCoordinator, replica_info
 from controlplane.coord.etcd import EtcdCoordinator
 from controlplane.coord.singletons import Singletons
 from controlplane.db.engine import Database
+from controlplane.metrics import ControlPlaneMetrics
 from controlplane.push.hub import SnapshotHub
 from controlplane.push.server import start_grpc
 from controlplane.push.service import FleetService
@@ -39,6 +40,7 @@ class Replica:
         self.coordinator = make_coordinator(settings)
         self.hub = SnapshotHub(db)
         self.reports = NodeReports(db)
+        self.metrics = ControlPlaneMetrics()
         self.service = FleetService(
             db,
             self.hub,
@@ -46,6 +48,7 @@ class Replica:
             self.coordinator,
             self.feed,
             heartbeat_timeout_s=settings.heartbeat_timeout_s,
+            metrics=self.metrics,
         )
         self.singletons = Singletons(
             self.coordinator, db, down_after=timedelta(seconds=settings.node_down_after_s)
@@ -64,7 +67,7 @@ class Replica:
             self.reports.start()
             self._grpc = await start_grpc(self.service, settings)
             self.singletons.start()
-            app = create_app(settings, self.db, self.feed, self.coordinator)
+            app = create_app(settings, self.db, self.feed, self.coordinator, self.metrics)
             config = uvicorn.Config(
                 app,
                 host=settings.host,

@@ -9,6 +9,7 @@ from controlplane.api.deps import Services
 from controlplane.api.kinds import kind_router
 from controlplane.coord.base import Coordinator, LocalCoordinator, replica_info
 from controlplane.db.engine import Database
+from controlplane.metrics import ControlPlaneMetrics
 from controlplane.services.auth import Authenticator
 from controlplane.services.registry import KINDS
 from controlplane.services.resources import Resources
@@ -21,6 +22,7 @@ def create_app(
     db: Database,
     feed: RevisionFeed | None = None,
     coordinator: Coordinator | None = None,
+    metrics: ControlPlaneMetrics | None = None,
 ) -> FastAPI:
     """The REST API; `feed` and `coordinator` come from the replica it runs in, if any."""
     feed = feed or RevisionFeed()
@@ -38,6 +40,8 @@ def create_app(
         feed=feed,
         coordinator=coordinator or LocalCoordinator(replica_info(settings)),
     )
+    app.state.metrics = metrics = metrics or ControlPlaneMetrics()
+    app.middleware("http")(metrics.timed)
     problems.install(app)
     app.include_router(operator.router)
     for kind in KINDS:

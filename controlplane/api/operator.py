@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import yaml
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sqlalchemy import text
 
 from controlplane.api.deps import CurrentPrincipal, ServicesDep
@@ -15,6 +15,7 @@ from controlplane.api.problems import problem
 from controlplane.db import migrate
 from controlplane.domain import Role
 from controlplane.errors import MalformedBody, UnsupportedMediaType
+from controlplane.metrics import CONTENT_TYPE
 from controlplane.services import audit
 from controlplane.services.apply import apply_plan, parse_document, required_role
 
@@ -90,6 +91,18 @@ async def audit_events(
 ) -> dict[str, Any]:
     who.require(Role.VIEWER)
     return await audit.audit_events(services.db, limit=limit, cursor=cursor, kind=kind, name=name)
+
+
+@router.get(
+    "/metrics",
+    tags=["operator"],
+    summary="Prometheus metrics of this replica",
+    response_class=PlainTextResponse,
+)
+async def metrics(request: Request, who: CurrentPrincipal) -> Response:
+    who.require(Role.VIEWER)
+    body = await request.app.state.metrics.render()
+    return Response(body, media_type=CONTENT_TYPE)
 
 
 @router.get("/healthz", tags=["operator"], summary="The process is up")

@@ -21,6 +21,7 @@ from controlplane.errors import (
     ProtocolViolation,
     WrongRegion,
 )
+from controlplane.metrics import ControlPlaneMetrics
 from controlplane.push.hub import SnapshotHub
 from controlplane.push.status import guarded
 from controlplane.push.wire import telemetry_doc
@@ -43,6 +44,7 @@ class StreamState:
     digest: str  # ... and that snapshot's content digest
     sent: int = 0  # the newest revision sent on this stream
     sent_digest: str = ""
+    sent_at: float = 0.0  # monotonic: when it was written
 
 
 def bearer(context: Context) -> str:
@@ -65,6 +67,7 @@ class FleetService:
         feed: RevisionFeed,
         *,
         heartbeat_timeout_s: float,
+        metrics: ControlPlaneMetrics | None = None,
     ) -> None:
         self._db = db
         self._hub = hub
@@ -72,6 +75,7 @@ class FleetService:
         self._coord = coordinator
         self._feed = feed
         self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._metrics = metrics or ControlPlaneMetrics()
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -137,11 +141,14 @@ class FleetService:
             )
             state = StreamState(hello.revision, hello.digest)
             await self._coord.agent_connected(presence)
+            connected = self._metrics.connected.labels(identity.region)
+            connected.inc()
             try:
                 # Tells the agent at once that its Hello was taken, even if nothing is newer.
                 await context.send_initial_metadata(((STREAM_ACCEPTED, "1"),))
                 await self._serve(context, identity, state)
             finally:
+                connected.dec()
                 await self._coord.agent_disconnected(presence)
 
     async def _serve(self, context: Context, who: agents.AgentIdentity, state: StreamState) -> None:
@@ -170,6 +177,7 @@ class FleetService:
             elif feed.revision > max(state.sent, state.revision):
                 await context.write(feed.message)
                 state.sent, state.sent_digest = feed.revision, feed.digest
+                state.sent_at = time.monotonic()
                 self._reports.desired(who.node_id, feed.revision)
             await changed.wait()
 
@@ -180,8 +188,12 @@ class FleetService:
             body = message.WhichOneof("body")
             if body == "ack":
                 self._reports.applied(who.node_id, message.ack.revision)
+                self._metrics.acks.labels(who.region).inc()
                 if message.ack.revision == state.sent:
                     state.revision, state.digest = state.sent, state.sent_digest
+                    if state.sent_at:  # sent on this stream, not found already in force
+                        lag = time.monotonic() - state.sent_at
+                        self._metrics.push_lag.labels(who.region).observe(lag)
             elif body == "nack":
                 nack = message.nack
                 log.warning(
@@ -192,6 +204,7 @@ class FleetService:
                     extra={"node_id": who.node, "region": who.region},
                 )
                 self._reports.nacked(who.node_id, nack.revision, nack.reason or "no reason given")
+                self._metrics.nacks.labels(who.region).inc()
             elif body == "heartbeat":
                 telemetry = message.heartbeat.telemetry
                 at = (

@@ -9,6 +9,7 @@ import httpx
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.controlplane.push.kit import ADMIN
 from tests.fleet.kit import LLAMA, OPERATOR, Fleet, fleet_of
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
@@ -73,3 +74,30 @@ async def test_an_agent_s_metrics_after_traffic_local_and_escalated(
                   reason="failure") == 2  # fmt: skip
     assert _total(there["meridian_circuit_breaker_state"], kind="peer", target="us-west",
                   state="closed") == 1  # fmt: skip
+
+
+async def test_the_control_plane_s_metrics_count_agents_acks_and_its_api(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with (
+        fleet_of(database_url, tmp_path, ("us-east", "us-west")) as fleet,
+        httpx.AsyncClient(base_url=fleet.cp.url, timeout=10) as http,
+    ):
+        anonymous = await http.get("/metrics")
+        await http.get("/v1/regions/us-west", headers=ADMIN)
+        await http.get("/v1/regions/atlantis", headers=ADMIN)
+        text = (await http.get("/metrics", headers=ADMIN)).text
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    assert anonymous.status_code == 401
+    assert _total(samples["meridian_agents_connected"], region="us-west") == 1
+    assert _total(samples["meridian_agents_connected"], region="us-east") == 1
+    assert _total(samples["meridian_snapshot_acks_total"], region="us-west") >= 1
+    assert _total(samples["meridian_push_ack_seconds_count"], region="us-east") >= 1
+    api = samples["http_server_request_duration_seconds_count"]
+    route = {"http_route": "/v1/regions/{name}", "http_request_method": "GET"}
+    assert _total(api, http_response_status_code="200", **route) == 1
+    assert _total(api, http_response_status_code="404", **route) == 1
+    assert _total(api, http_route="/v1/apply", http_response_status_code="200") == 1

@@ -1,0 +1,62 @@
+"""The control plane's Prometheus metrics (`GET /metrics`, viewer and above): its API's latency
+(OpenTelemetry's `http.server.request.duration`, as a Prometheus name, by method, route
+template and status), the agents connected to this replica per region, the snapshot acks
+and nacks they sent, and the push lag: from a snapshot's send to its agent's ack."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+
+HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+PUSH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ControlPlaneMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=False)
+        self.api = Histogram(
+            "http_server_request_duration", "Duration of the admin API's requests",
+            ["http_request_method", "http_route", "http_response_status_code"],
+            unit="seconds", buckets=HTTP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.connected = Gauge("meridian_agents_connected", "Agents holding a stream to this "
+                               "replica", ["region"], registry=r)  # fmt: skip
+        self.acks = Counter("meridian_snapshot_acks", "Snapshots agents applied", ["region"],
+                            registry=r)  # fmt: skip
+        self.nacks = Counter("meridian_snapshot_nacks", "Snapshots agents refused", ["region"],
+                             registry=r)  # fmt: skip
+        self.push_lag = Histogram("meridian_push_ack", "From a snapshot's send to its agent's "
+                                  "ack", ["region"], unit="seconds", buckets=PUSH_BUCKETS,
+                                  registry=r)  # fmt: skip
+
+    async def render(self) -> bytes:
+        return await asyncio.to_thread(generate_latest, self.registry)
+
+    async def timed(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        """HTTP middleware: each request's duration, by its route's template."""
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            self.api.labels(request.method, _route(request), str(status)).observe(
+                time.perf_counter() - started
+            )
+
+
+def _route(request: Request) -> str:
+    """The route template (`/v1/regions/{name}`) the router matched, never the raw path
+    (which would make labels without bound)."""
+    route = request.scope.get("route")
+    return str(getattr(route, "path", "unmatched"))
