@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -35,6 +36,7 @@ from agents.metrics import state_families
 from agents.router.router import Router
 from agents.settings import AgentSettings
 from agents.telemetry import TelemetryWindow
+from agents.tracing import Tracing
 from agents.workers.kv_events import KvEventSubscriber
 from agents.workers.poller import LoadPoller
 from agents.workers.table import WorkerTable
@@ -56,10 +58,17 @@ class Agent:
         self.router = Router(self.table)
         token = settings.operator_token
         self.operator_token = token.get_secret_value() if token is not None else None
+        endpoint = settings.trace_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        self.tracing = (
+            Tracing(endpoint, settings.trace_sample, settings.region, settings.node)
+            if endpoint
+            else None
+        )
         self.gateway = Gateway(
             self.router,
             operator_token=self.operator_token,
             connect_timeout_s=settings.upstream_connect_timeout_s,
+            tracing=self.tracing,
         )
         self.poller = LoadPoller(self.table, settings.load_poll_s, settings.probe_timeout_s)
         self.kv_events = KvEventSubscriber(self.router, self.table)
@@ -152,6 +161,8 @@ class Agent:
             await self.supervisor.stop_all()
             await runner.cleanup()
             await self.gateway.close()
+            if self.tracing is not None:
+                await asyncio.to_thread(self.tracing.shutdown)  # what is batched goes out
 
     def status(self) -> dict[str, Any]:
         link = self.link.state

@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -46,6 +47,9 @@ class Served:
     cached_tokens: int | None = None  # as the engine reports them
     routed_prompt: int = 0  # as the router predicted: the prompt, and its cached part
     routed_cached: int = 0
+    span: Any = None  # the request's trace span, when tracing is on
+    trace: bytes = b""  # its context as header lines, for the engine or a peer
+    decision: dict[str, Any] | None = None  # meridian.* attributes of the routing decision
 
 
 class RequestMetrics:

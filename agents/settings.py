@@ -45,6 +45,13 @@ class AgentSettings(BaseSettings):
     )
     load_poll_s: float = Field(default=0.2, gt=0, le=60, description="workers' /get_load")
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    trace_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="OTLP/HTTP endpoint for traces; default OTEL_EXPORTER_OTLP_ENDPOINT; "
+        "unset: no tracing",
+    )
+    trace_sample: float = Field(default=1.0, ge=0, le=1, description="share of traces kept")
 
     @model_validator(mode="after")
     def _guarded_when_public(self) -> AgentSettings:

@@ -54,13 +54,14 @@ class EngineCalls:
         route_request: RouteRequest,
         headers: dict[str, str],
         timed_from: float | None = None,
+        trace: bytes = b"",
     ) -> tuple[web.StreamResponse, Usage]:
         """`timed_from`: when a peer region's request came (its answer says how long this
         gateway took, in Server-Timing)."""
         chosen, prefill = decision.ranked[0], decision.prefill
         worker = chosen.worker
         ticket = self.router.dispatched(chosen, route_request, prefilled_elsewhere=bool(prefill))
-        sent_headers = upstream_headers(request_id)
+        sent_headers = upstream_headers(request_id) + trace
         pd: _Prefill | None = None
         if prefill is not None:
             pd = self._prefill(prefill, route_request, inference, request_id, sent_headers)

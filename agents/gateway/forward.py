@@ -92,14 +92,16 @@ class Forwarder:
         native: bool,
         wants_usage: bool,
         headers: dict[str, str],
+        trace: bytes = b"",
     ) -> Escalated:
+        """`trace`: this gateway's span context; without it, the client's passes on."""
         jurisdictions = tenant.jurisdictions if tenant is not None else None
         candidates = self.escalations.candidates(chain, model, jurisdictions)
         outcome = Escalated(reason, chain.rule, candidates)
         started_all = self.clock()
         if config.signer is None:
             return outcome
-        trace = b"".join(
+        trace = trace or b"".join(
             f"{name}: {request.headers[name]}\r\n".encode("latin-1")
             for name in TRACE_HEADERS
             if name in request.headers

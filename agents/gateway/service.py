@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 import orjson
 from aiohttp import web
 
+from agents import tracing
 from agents.control.compile import FallbackChain, RegionConfig, RouteConfig, Tenant
 from agents.gateway import assertion, auth
 from agents.gateway.admission import Admission, Escalate, EscalateOver
@@ -39,10 +40,12 @@ from agents.gateway.quotas import Quotas
 from agents.gateway.relay import FIRST_AT, Retry, Usage, new_id
 from agents.gateway.requests import Inference, check_context, parse
 from agents.gateway.upstream import Upstream
-from agents.metrics import RequestMetrics, Served
+from agents.metrics import OPERATIONS, RequestMetrics, Served
+from agents.router.decision import Decision
 from agents.router.escalation import LOAD_HEADER, Escalations, load_header
-from agents.router.policies import RouteRequest
+from agents.router.policies import Candidate, RouteRequest
 from agents.router.router import Router
+from agents.tracing import Tracing
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
@@ -57,8 +60,10 @@ class Gateway:
         operator_token: str | None,
         connect_timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        tracing: Tracing | None = None,
     ) -> None:
         self.router = router
+        self.tracing = tracing
         self.admission = Admission(router, clock)
         self.quotas = Quotas(clock)
         self.escalations = Escalations(clock)
@@ -118,6 +123,10 @@ class Gateway:
         request_id = (request.headers.get("X-Request-ID") or new_id())[:128]
         headers = self.headers(request_id)
         served, error_type = Served(), None
+        if self.tracing is not None:
+            operation = OPERATIONS.get(request.path, "chat")
+            served.span = self.tracing.start(operation, request.headers, time.time_ns())
+            served.trace = tracing.context_headers(served.span)
         try:
             response = await self._infer(request, request_id, headers, served)
         except GatewayError as error:
@@ -127,9 +136,29 @@ class Gateway:
                 self.rejections[served.model, error.code] += 1
             response, error_type = error.response(headers), error.code
         served.first_at = response.get(FIRST_AT)
-        self.metrics.answered(request.path, response.status, started, self.clock(), served,
-                              error_type)  # fmt: skip
+        now = self.clock()
+        self.metrics.answered(request.path, response.status, started, now, served, error_type)
+        if served.span is not None:
+            self._traced(request, response, served, started, error_type)
         return response
+
+    def _traced(self, request: web.Request, response: web.StreamResponse, served: Served,
+                started: float, error: str | None) -> None:  # fmt: skip
+        operation = OPERATIONS.get(request.path, "chat")
+        if served.model:
+            served.span.update_name(f"{operation} {served.model}")
+        first = served.first_at - started if served.first_at is not None else None
+        tracing.finish(served.span, {
+            "gen_ai.operation.name": operation, "gen_ai.request.model": served.model or None,
+            "gen_ai.usage.input_tokens": served.prompt_tokens,
+            "gen_ai.usage.output_tokens": served.completion_tokens,
+            "gen_ai.usage.cache_read.input_tokens": served.cached_tokens,
+            "gen_ai.response.time_to_first_chunk": first,
+            "http.response.status_code": response.status,
+            "meridian.region": self.config.region if self.config else None,
+            "meridian.tenant": served.tenant or None, "meridian.worker": served.worker or None,
+            **(served.decision or {}),
+        }, error, time.time_ns())  # fmt: skip
 
     def _config(self) -> RegionConfig:
         if self.config is None:
@@ -231,7 +260,7 @@ class Gateway:
                 request, body, config=config, chain=chain, model=model,
                 tenant=None if tenant is OPERATOR else tenant, reason=reason, why=why,
                 waited_s=self.clock() - arrived,
-                request_id=request_id, debug=debug, stream=inference.stream,
+                request_id=request_id, debug=debug, stream=inference.stream, trace=served.trace,
                 native=inference.native, wants_usage=inference.wants_usage,
                 headers=self._answer_headers(headers, model),
             )  # fmt: skip
@@ -240,6 +269,9 @@ class Gateway:
             if outcome.response is None:
                 return None
             served.worker = f"peer:{outcome.peer}"
+            served.decision = {"meridian.escalated": True, "meridian.escalation.reason": reason,
+                               "meridian.escalation.why": why, "meridian.peer": outcome.peer,
+                               "meridian.escalation.rule": chain.rule}  # fmt: skip
             return outcome.response, outcome.usage or Usage()
 
         if failure and chain is not None and self.escalations.failing(chain, model):
@@ -269,6 +301,8 @@ class Gateway:
             self.router.record(request_id, decision)
             chosen = decision.ranked[0]
             served.worker = chosen.worker.id
+            if served.span is not None:
+                served.decision = _decision_attributes(decision, chosen)
             served.routed_prompt, served.routed_cached = (
                 route_request.prompt_tokens,
                 min(chosen.matched_tokens, route_request.prompt_tokens),
@@ -285,7 +319,7 @@ class Gateway:
             try:
                 result = await self.calls.attempt(
                     request, inference, request_id, decision, route_request, out,
-                    timed_from=arrived if came_from is not None else None,
+                    timed_from=arrived if came_from is not None else None, trace=served.trace,
                 )  # fmt: skip
             except Retry as why:
                 log.warning("request %s: %s", request_id, why, extra={"request_id": request_id})
@@ -313,3 +347,16 @@ def _waited_s(header: str | None) -> float:
         return min(60.0, max(0.0, float(header) / 1000)) if header else 0.0
     except ValueError:
         return 0.0
+
+
+def _decision_attributes(decision: Decision, chosen: Candidate) -> dict[str, object]:
+    top = decision.ranked[:3]
+    return {
+        "meridian.escalated": False,
+        "meridian.policy": decision.policy,
+        "meridian.reason": decision.reason,
+        "meridian.prefix.matched_tokens": chosen.matched_tokens,
+        "meridian.pd": decision.pd or "unified",
+        "meridian.candidates": [c.worker.id for c in top],
+        "meridian.candidates.predicted_ttft_ms": [round(c.ttft_s * 1000, 1) for c in top],
+    }
