@@ -72,29 +72,51 @@ class RequestMetrics:
         self.requests = Counter("meridian_requests", "Requests answered by this gateway",
                                 ["region", "model", "tenant", "status", "worker"],
                                 registry=r)  # fmt: skip
+        self._series: dict[tuple[str, str, str | None], _Series] = {}
+        self._requests: dict[tuple[str, str, int, str], Any] = {}
         self.tokens = Counter("meridian_prompt_tokens", "Prompt tokens, and their cached part, "
                               "as routed (the router's prediction) and as the engines report",
                               ["model", "source", "kind"], registry=r)  # fmt: skip
 
     def answered(self, path: str, status: int, started: float, now: float, served: Served,
                  error: str | None) -> None:  # fmt: skip
+        """One request's observations; the labelled series are looked up once per key and
+        kept (prometheus_client's `labels()` takes a lock and builds a key each call)."""
         op, model = OPERATIONS.get(path, "chat"), served.model or "unknown"
-        duration = now - started
-        self.duration.labels(op, model, error or "").observe(duration)
-        self.requests.labels(self.region(), model, served.tenant or "unknown", str(status),
-                             served.worker or "none").inc()  # fmt: skip
+        series = self._series.get((op, model, error))
+        if series is None:
+            series = self._series[op, model, error] = _Series(self, op, model, error)
+        series.duration.observe(now - started)
+        key = (model, served.tenant, status, served.worker)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = self.requests.labels(
+                self.region(), model, served.tenant or "unknown", str(status),
+                served.worker or "none",
+            )  # fmt: skip
+        counter.inc()
         if status == 200 and served.first_at is not None:
-            ttft = served.first_at - started
-            self.ttft.labels(op, model).observe(ttft)
+            series.ttft.observe(served.first_at - started)
             if served.completion_tokens and served.completion_tokens > 1:
-                tpot = (now - served.first_at) / (served.completion_tokens - 1)
-                self.tpot.labels(op, model).observe(tpot)
+                series.tpot.observe((now - served.first_at) / (served.completion_tokens - 1))
         if served.routed_prompt:
-            self.tokens.labels(model, "routed", "prompt").inc(served.routed_prompt)
-            self.tokens.labels(model, "routed", "cached").inc(served.routed_cached)
+            series.routed_prompt.inc(served.routed_prompt)
+            series.routed_cached.inc(served.routed_cached)
         if served.prompt_tokens:
-            self.tokens.labels(model, "engine", "prompt").inc(served.prompt_tokens)
-            self.tokens.labels(model, "engine", "cached").inc(served.cached_tokens or 0)
+            series.engine_prompt.inc(served.prompt_tokens)
+            series.engine_cached.inc(served.cached_tokens or 0)
+
+
+class _Series:
+    """The labelled series one (operation, model, error) writes to."""
+
+    def __init__(self, m: RequestMetrics, op: str, model: str, error: str | None) -> None:
+        self.duration = m.duration.labels(op, model, error or "")
+        self.ttft, self.tpot = m.ttft.labels(op, model), m.tpot.labels(op, model)
+        self.routed_prompt = m.tokens.labels(model, "routed", "prompt")
+        self.routed_cached = m.tokens.labels(model, "routed", "cached")
+        self.engine_prompt = m.tokens.labels(model, "engine", "prompt")
+        self.engine_cached = m.tokens.labels(model, "engine", "cached")
 
 
 class _Scrape:

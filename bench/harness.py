@@ -236,14 +236,19 @@ async def start_region(
     *,
     gateways: int = 1,
     max_queue: int = 100_000,
+    agent_env: list[dict[str, str]] | None = None,
 ) -> Region:
+    """`agent_env`: settings of each agent, in order (tracing, for one)."""
     cp, admin = await start_control(stack, root)
     doc = fleet_document([s.url for s in sims], gateways, max_queue)
     await apply(admin, doc)
     operator = secrets.token_urlsafe(24)
     agents, urls = [], []
-    for node in doc["nodes"]:
-        process, url = await start_agent(stack, root, cp, admin, REGION, node["name"], operator)
+    for i, node in enumerate(doc["nodes"]):
+        env = (agent_env or [])[i] if i < len(agent_env or []) else {}
+        process, url = await start_agent(
+            stack, root, cp, admin, REGION, node["name"], operator, env=env
+        )
         agents.append(process)
         urls.append(url)
     return Region(cp, admin, agents, urls, operator, len(sims))
@@ -289,6 +294,7 @@ async def start_agent(
     node: str,
     operator: str,
     port: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[asyncio.subprocess.Process, str]:
     """A node's agent, registered with a fresh bootstrap token; its process and URL."""
     made = await admin.post("/v1/bootstrap-tokens", json={"region": region})
@@ -300,7 +306,7 @@ async def start_agent(
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     agent_env = {**os.environ, "MERIDIAN_AGENT_BOOTSTRAP_TOKEN": made.json()["token"],
-                 "MERIDIAN_AGENT_OPERATOR_TOKEN": operator}  # fmt: skip
+                 "MERIDIAN_AGENT_OPERATOR_TOKEN": operator, **(env or {})}  # fmt: skip
     log = (root / f"agent-{node}.log").open("wb")
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "meridian", "agent", "run", *args,

@@ -12,8 +12,12 @@ a closed loop of concurrent clients for a while, and the router's own CPU second
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
@@ -37,6 +42,9 @@ from bench.harness import (
 )
 from bench.load import quantile
 from meridian.procs import free_port, stop_child, wait_ready
+
+# the same gateway with tracing on, every span exported (OTLP/HTTP) at these shares
+TRACED = {"meridian_traced_1pct": 0.01, "meridian_traced_100pct": 1.0}
 
 
 @dataclass
@@ -171,26 +179,67 @@ async def run(options: Options) -> dict[str, Any]:
         url = f"http://127.0.0.1:{port}"
         await wait_ready(url, engine, 20, path="/health", what="the null engine")
         sims = [Sim(engine, url, 1.0)]
-        with console.status("starting a region (PostgreSQL, control plane, agent)"):
-            region = await start_region(stack, options.root, sims, gateways=1)
+        sink = await _trace_sink(stack)
+        traced: list[dict[str, str]] = [{}] + [
+            {"MERIDIAN_AGENT_TRACE_ENDPOINT": sink, "MERIDIAN_AGENT_TRACE_SAMPLE": str(share)}
+            for share in TRACED.values()
+        ]
+        with console.status("starting a region (PostgreSQL, control plane, agents)"):
+            region = await start_region(
+                stack, options.root, sims, gateways=len(traced), agent_env=traced
+            )
             await region.route("cost", {})
         router = await start_sglang_router(stack, "cache_aware", sims, options.root)
-        targets = {"engine": url, "meridian": region.gateway_urls[0], "sglang_router": router.url}
-        pids = {"meridian": region.pids[0], "sglang_router": router.process.pid}
+        gateways = dict(zip(["meridian", *TRACED], region.gateway_urls, strict=True))
+        targets = {"engine": url, **gateways, "sglang_router": router.url}
+        pids = dict(zip(["meridian", *TRACED], region.pids, strict=True))
+        pids["sglang_router"] = router.process.pid
         headers = {"Authorization": f"Bearer {region.operator}", "Content-Type": "application/json"}
         samples = await _latency(targets, headers, options, console)
         with console.status("the gateway's client against aiohttp's, on the engine"):
             clients = await _clients(url)
         throughput = {}
-        for name in ("meridian", "sglang_router", "engine"):
+        gateways_pids = [pids[n] for n in gateways]
+        for name in ("meridian", *TRACED, "sglang_router", "engine"):
             with console.status(f"throughput of {name}: {options.concurrency} clients"):
                 pid = pids.get(name, engine.pid)
-                throughput[name] = await _throughput(targets[name], pid, headers, options)
+                # the other gateways are paused meanwhile: their polls would take CPU from it
+                idle = [p for p in gateways_pids if p != pid]
+                with _paused(idle):
+                    throughput[name] = await _throughput(targets[name], pid, headers, options)
     result = _result(samples, throughput)
     result["clients"] = clients
     _report(console, result)
     plots.save(console, result, options.out, options.plot, lambda path: _plot(samples, path))
     return result
+
+
+@contextlib.contextmanager
+def _paused(pids: list[int]) -> Iterator[None]:
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+async def _trace_sink(stack: AsyncExitStack) -> str:
+    """An OTLP/HTTP endpoint that takes the traced agents' spans and drops them."""
+
+    async def traces(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return f"http://127.0.0.1:{port}"
 
 
 def _result(
@@ -202,7 +251,7 @@ def _result(
         out["engine"][f"{mode}_p50_ms"] = round(quantile(base[mode], 0.5) * 1000, 3)
         out["engine"][f"{mode}_p99_ms"] = round(quantile(base[mode], 0.99) * 1000, 3)
     out["engine"].update(throughput["engine"])
-    for name in ("meridian", "sglang_router"):
+    for name in ("meridian", *TRACED, "sglang_router"):
         mine = samples[name]
         row: dict[str, Any] = {}
         for mode in ("plain", "stream"):

@@ -126,7 +126,10 @@ class Gateway:
         if self.tracing is not None:
             operation = OPERATIONS.get(request.path, "chat")
             served.span = self.tracing.start(operation, request.headers, time.time_ns())
-            served.trace = tracing.context_headers(served.span)
+            # the engine needs the context only of a trace that is kept; a peer gets it always
+            # (it follows this region's sampling), made when it escalates
+            if served.span.is_recording():
+                served.trace = tracing.context_headers(served.span)
         try:
             response = await self._infer(request, request_id, headers, served)
         except GatewayError as error:
@@ -138,7 +141,7 @@ class Gateway:
         served.first_at = response.get(FIRST_AT)
         now = self.clock()
         self.metrics.answered(request.path, response.status, started, now, served, error_type)
-        if served.span is not None:
+        if served.span is not None and served.span.is_recording():
             self._traced(request, response, served, started, error_type)
         return response
 
@@ -260,7 +263,8 @@ class Gateway:
                 request, body, config=config, chain=chain, model=model,
                 tenant=None if tenant is OPERATOR else tenant, reason=reason, why=why,
                 waited_s=self.clock() - arrived,
-                request_id=request_id, debug=debug, stream=inference.stream, trace=served.trace,
+                request_id=request_id, debug=debug, stream=inference.stream,
+                trace=tracing.context_headers(served.span) if served.span is not None else b"",
                 native=inference.native, wants_usage=inference.wants_usage,
                 headers=self._answer_headers(headers, model),
             )  # fmt: skip
@@ -301,7 +305,7 @@ class Gateway:
             self.router.record(request_id, decision)
             chosen = decision.ranked[0]
             served.worker = chosen.worker.id
-            if served.span is not None:
+            if served.trace:  # a trace that is kept
                 served.decision = _decision_attributes(decision, chosen)
             served.routed_prompt, served.routed_cached = (
                 route_request.prompt_tokens,
