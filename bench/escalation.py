@@ -36,7 +36,7 @@ from bench.harness import (
     start_control,
     start_sims,
 )
-from bench.load import Client, Req, poisson, shared_prefix
+from bench.load import Client, Req, poisson
 from meridian.procs import free_port
 
 A, B = "bench", "peer"
@@ -80,8 +80,7 @@ async def run(options: Options) -> dict[str, Any]:
         workers=options.workers, phase_seconds=options.seconds, speed=options.speed,
         stream_interval=options.stream_interval, start_rps=4.0, root=options.root,
     )  # fmt: skip
-    workload = shared_prefix(o.groups, o.per_group, o.system_tokens, o.question_tokens,
-                             o.output_tokens, o.seed)  # fmt: skip
+    workload = o.workload()
     result: dict[str, Any] = {"results": {}}
     async with AsyncExitStack() as stack:
         with console.status("starting simulators, a control plane and two regions"):

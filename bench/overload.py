@@ -21,7 +21,7 @@ from rich.table import Table
 
 from bench import plots, routing
 from bench.harness import start_region, start_sims
-from bench.load import Client, shared_prefix
+from bench.load import Client
 
 MULTIPLES = (1.0, 2.0, 5.0)
 # KV events on: the engines' caches are flushed before each run, and only the exact index
@@ -54,8 +54,7 @@ async def run(options: Options) -> dict[str, Any]:
         workers=options.workers, phase_seconds=options.seconds, speed=options.speed,
         stream_interval=options.stream_interval, start_rps=8.0, root=options.root,
     )  # fmt: skip
-    workload = shared_prefix(o.groups, o.per_group, o.system_tokens, o.question_tokens,
-                             o.output_tokens, o.seed)  # fmt: skip
+    workload = o.workload()
     result: dict[str, Any] = {"results": {}}
     async with AsyncExitStack() as stack:
         with console.status(f"starting {o.workers} simulators and a region"):

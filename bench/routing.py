@@ -88,6 +88,11 @@ class Options:
     plot: Path | None = None
     root: Path = Path(".")  # scratch: the PostgreSQL files and the processes' logs
 
+    def workload(self) -> list[Req]:
+        """The shared-prefix workload (SGLang bench_serving's generated-shared-prefix)."""
+        return shared_prefix(self.groups, self.per_group, self.system_tokens,
+                             self.question_tokens, self.output_tokens, self.seed)  # fmt: skip
+
     @property
     def pool_tokens(self) -> int:
         """A quarter of all the prefixes, plus room for the requests running at once."""
@@ -230,8 +235,7 @@ async def run(options: Options) -> dict[str, Any]:
     console = Console(width=150)
     root = options.root
     o = options
-    workload = shared_prefix(o.groups, o.per_group, o.system_tokens, o.question_tokens,
-                             o.output_tokens, o.seed)  # fmt: skip
+    workload = o.workload()
     result: dict[str, Any] = {"results": {}, "sweeps": {}, "workloads": {}, "setup": {}}
     async with AsyncExitStack() as stack:
         with console.status(f"starting {o.workers} simulators and a region with 2 gateways"):
@@ -300,8 +304,7 @@ async def _extra(bench: Bench, base_rps: float) -> dict[str, Any]:
         ("multi_turn", None, base_rps / 10, None, 96),
         ("mixed_speed", None, 0.6 * base_rps, None, 0),
     ]
-    workload = shared_prefix(o.groups, o.per_group, o.system_tokens, o.question_tokens,
-                             o.output_tokens, o.seed)  # fmt: skip
+    workload = o.workload()
     for shape, reqs, rate, sims, chats in shapes:
         out[shape] = {"rate_rps": round(rate, 3)}
         slow = bench.sims[len(bench.sims) // 2 :] if shape == "mixed_speed" else []
