@@ -268,7 +268,7 @@ class Gateway:
                 native=inference.native, wants_usage=inference.wants_usage,
                 headers=self._answer_headers(headers, model),
             )  # fmt: skip
-            log.info("request %s escalated (%s: %s) to %s", request_id, reason, why,
+            log.debug("request %s escalated (%s: %s) to %s", request_id, reason, why,
                      outcome.peer or f"no peer: {outcome.refused or 'none allowed'}")  # fmt: skip
             if outcome.response is None:
                 return None
