@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import timedelta
 
 import grpc
 import uvicorn
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
 
 from controlplane.api.app import create_app
 from controlplane.coord.base import Coordinator, LocalCoordinator, replica_info
@@ -21,6 +24,7 @@ from controlplane.services.placements import seed_slots
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
 from controlplane.settings import Settings
+from controlplane.tracing import api_middleware, make_tracer
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,10 @@ class Replica:
         self.db = db
         self.feed = RevisionFeed()
         self.coordinator = make_coordinator(settings)
-        self.hub = SnapshotHub(db)
+        traced = make_tracer(settings, self.coordinator.me.id)
+        self.tracer: Tracer | None = traced[0] if traced else None
+        self._provider: TracerProvider | None = traced[1] if traced else None
+        self.hub = SnapshotHub(db, tracer=self.tracer)
         self.reports = NodeReports(db)
         self.metrics = ControlPlaneMetrics()
         self.service = FleetService(
@@ -68,6 +75,8 @@ class Replica:
             self._grpc = await start_grpc(self.service, settings)
             self.singletons.start()
             app = create_app(settings, self.db, self.feed, self.coordinator, self.metrics)
+            if self.tracer is not None:
+                app.middleware("http")(api_middleware(self.tracer))
             config = uvicorn.Config(
                 app,
                 host=settings.host,
@@ -95,3 +104,5 @@ class Replica:
         await self.reports.stop()
         await self.hub.stop()
         await self.coordinator.stop()
+        if self._provider is not None:
+            await asyncio.to_thread(self._provider.shutdown)  # what is batched goes out

@@ -48,6 +48,13 @@ class Settings(BaseSettings):
         default=10.0, gt=0, le=3600, description="a node with no agent stream for this long is down"
     )
     replica_id: str | None = Field(default=None, description="default: host-pid-random")
+    trace_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="OTLP/HTTP endpoint for traces; default OTEL_EXPORTER_OTLP_ENDPOINT; "
+        "unset: no tracing",
+    )
+    trace_sample: float = Field(default=1.0, ge=0, le=1, description="share of traces kept")
 
     @field_validator("admin_token")
     @classmethod

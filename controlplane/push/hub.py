@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from opentelemetry.trace import SpanContext, Tracer
 from sqlalchemy import select
 
 from controlplane.db.agent_rows import RegionLoadRow
@@ -32,11 +33,13 @@ class RegionFeed:
     revision: int
     digest: str
     message: bytes  # a serialized ControlMessage
+    trace: SpanContext | None = None  # the compile's span, parent of each send's
 
 
 class SnapshotHub:
-    def __init__(self, db: Database, *, poll_s: float = 2.0) -> None:
+    def __init__(self, db: Database, *, poll_s: float = 2.0, tracer: Tracer | None = None) -> None:
         self._db = db
+        self.tracer = tracer
         self._poll_s = poll_s
         self._snapshots: dict[str, pb.Snapshot] = {}
         self._feeds: dict[str, RegionFeed] = {}
@@ -75,10 +78,15 @@ class SnapshotHub:
 
     async def refresh(self) -> None:
         async with self._lock:
-            started = time.perf_counter()
+            started, started_ns = time.perf_counter(), time.time_ns()
             state = await load_fleet_state(self._db)
             if state.revision <= self.revision:
                 return
+            span = None
+            if self.tracer is not None:
+                span = self.tracer.start_span(
+                    f"compile revision {state.revision}", start_time=started_ns
+                )
             self._peer_load = await self._read_peer_loads()
             changed = []
             for region in state.regions:
@@ -91,10 +99,15 @@ class SnapshotHub:
             for region in gone:
                 del self._snapshots[region]
                 self._feeds.pop(region, None)
+            trace = span.get_span_context() if span is not None else None
             for region in changed:
-                self._encode(region)
+                self._encode(region, trace)
             self.revision = state.revision
             self.last_compile_s = time.perf_counter() - started
+            if span is not None:
+                span.set_attributes({"meridian.revision": state.revision,
+                                     "meridian.regions_changed": changed + gone})  # fmt: skip
+                span.end()
             for region in [*changed, *gone]:
                 self._wake(region)
             if changed or gone:
@@ -106,14 +119,17 @@ class SnapshotHub:
                     extra={"revision": state.revision, "compile_s": self.last_compile_s},
                 )
 
-    def _encode(self, region: str) -> None:
+    def _encode(self, region: str, trace: SpanContext | None = None) -> None:
         snapshot = pb.Snapshot()
         snapshot.CopyFrom(self._snapshots[region])
         snapshot.peer_load.extend(v for k, v in sorted(self._peer_load.items()) if k != region)
         own = self._peer_load.get(region)
         snapshot.agents_up = own.nodes_up if own is not None else 0
         message = pb.ControlMessage(snapshot=snapshot).SerializeToString()
-        self._feeds[region] = RegionFeed(snapshot.revision, snapshot.digest, message)
+        old = self._feeds.get(region)
+        if trace is None and old is not None and old.revision == snapshot.revision:
+            trace = old.trace  # peer load refreshed: the same revision's trace
+        self._feeds[region] = RegionFeed(snapshot.revision, snapshot.digest, message, trace)
 
     def _wake(self, region: str) -> None:
         event = self._changed.pop(region, None)

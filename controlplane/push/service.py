@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from opentelemetry.trace import SpanKind
 
 from controlplane.coord.base import AgentPresence, Coordinator
 from controlplane.db.engine import Database
@@ -29,6 +30,7 @@ from controlplane.services import agents
 from controlplane.services.kind import parse
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
+from controlplane.tracing import child_of
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +177,18 @@ class FleetService:
                 self._reports.desired(who.node_id, state.revision)
                 state.sent = state.revision
             elif feed.revision > max(state.sent, state.revision):
-                await context.write(feed.message)
+                tracer = self._hub.tracer
+                span = None
+                if tracer is not None:
+                    span = tracer.start_span(f"push revision {feed.revision}",
+                                             child_of(feed.trace), SpanKind.PRODUCER)  # fmt: skip
+                    span.set_attributes({"meridian.region": who.region, "meridian.node": who.node,
+                                         "meridian.revision": feed.revision})  # fmt: skip
+                try:
+                    await context.write(feed.message)
+                finally:
+                    if span is not None:
+                        span.end()
                 state.sent, state.sent_digest = feed.revision, feed.digest
                 state.sent_at = time.monotonic()
                 self._reports.desired(who.node_id, feed.revision)

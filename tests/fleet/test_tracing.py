@@ -19,10 +19,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from meridian.procs import free_port
-from tests.controlplane.push.kit import eventually
+from tests.controlplane.push.kit import ADMIN, eventually
 from tests.fleet.kit import LLAMA, fleet_of
 
 CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+ADMIN_TRACE = "5bf92f3577b34da6a3ce929d0e0e4737"
 
 
 def _value(any_value: Any) -> Any:
@@ -47,6 +48,7 @@ async def collector(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[dict[
                         "trace": span.trace_id.hex(), "span": span.span_id.hex(),
                         "parent": span.parent_span_id.hex(), "name": span.name,
                         "region": resource.get("meridian.region"),
+                        "service": resource.get("service.name"),
                         "attributes": {a.key: _value(a.value) for a in span.attributes},
                     })  # fmt: skip
         body = ExportTraceServiceResponse().SerializeToString()
@@ -66,7 +68,7 @@ async def collector(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[dict[
         await runner.cleanup()
 
 
-async def test_one_trace_follows_a_request_across_an_escalation(
+async def test_one_trace_follows_a_request_across_regions_and_a_change_to_the_fleet(
     database_url: str, tmp_path: Path, collector: list[dict[str, Any]]
 ) -> None:
     assert os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
@@ -85,6 +87,30 @@ async def test_one_trace_follows_a_request_across_an_escalation(
             return mine if {"us-east", "us-west"} <= set(mine) else None
 
         spans = await eventually(both, within_s=15)
+        # a change through the admin API: its request, the compile, the send to each agent
+        async with httpx.AsyncClient(base_url=fleet.cp.url, timeout=30) as http:
+            changed = await http.patch(
+                "/v1/tenants/acme", json={"requests_per_minute": 7000},
+                headers={**ADMIN, "If-Match": "*",
+                         "traceparent": f"00-{ADMIN_TRACE}-{CLIENT_SPAN}-01"},
+            )  # fmt: skip
+            revision = (await http.get("/v1/revision", headers=ADMIN)).json()["revision"]
+
+        async def pushed() -> list[dict[str, Any]] | None:
+            cp = [s for s in collector if s["service"] == "meridian-controlplane"]
+            compiled = [s for s in cp if s["name"].startswith("compile revision")]
+            sends = [s for s in cp if s["name"] == f"push revision {revision}"
+                     and s["parent"] in {c["span"] for c in compiled}]  # fmt: skip
+            regions = {s["attributes"]["meridian.region"] for s in sends}
+            api = [s for s in cp if s["trace"] == ADMIN_TRACE]
+            return cp if {"us-east", "us-west"} <= regions and api else None
+
+        control = await eventually(pushed, within_s=15)
+    api = [s for s in control if s["trace"] == ADMIN_TRACE]
+    assert changed.status_code == 200
+    assert [s["name"] for s in api] == ["PATCH /v1/tenants/{name}"]
+    assert api[0]["parent"] == CLIENT_SPAN
+    assert api[0]["attributes"]["http.response.status_code"] == 200
     east, west = spans["us-east"], spans["us-west"]
     assert answer.status_code == 200
     assert answer.headers["x-meridian-region"] == "us-west"
