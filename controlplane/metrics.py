@@ -9,6 +9,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from opentelemetry.trace import SpanKind, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
@@ -16,10 +18,12 @@ from starlette.responses import Response
 HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 PUSH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROPAGATOR = TraceContextTextMapPropagator()
 
 
 class ControlPlaneMetrics:
-    def __init__(self) -> None:
+    def __init__(self, tracer: Tracer | None = None) -> None:
+        self.tracer = tracer
         self.registry = r = CollectorRegistry(auto_describe=False)
         self.api = Histogram(
             "http_server_request_duration", "Duration of the admin API's requests",
@@ -42,17 +46,33 @@ class ControlPlaneMetrics:
     async def timed(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        """HTTP middleware: each request's duration, by its route's template."""
+        """HTTP middleware: each request's duration by its route's template, and with a
+        tracer, its server span (a child of the caller's W3C context)."""
         started = time.perf_counter()
+        span = None
+        if self.tracer is not None:
+            parent = PROPAGATOR.extract(dict(request.headers))
+            span = self.tracer.start_span(request.method, parent, SpanKind.SERVER)
         status = 500
         try:
             response = await call_next(request)
             status = response.status_code
             return response
         finally:
-            self.api.labels(request.method, _route(request), str(status)).observe(
+            route = _route(request)
+            self.api.labels(request.method, route, str(status)).observe(
                 time.perf_counter() - started
             )
+            if span is not None:
+                span.update_name(f"{request.method} {route}")
+                span.set_attributes(
+                    {
+                        "http.request.method": request.method,
+                        "http.route": route,
+                        "http.response.status_code": status,
+                    }
+                )
+                span.end()
 
 
 def _route(request: Request) -> str:

@@ -24,7 +24,7 @@ from controlplane.services.placements import seed_slots
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
 from controlplane.settings import Settings
-from controlplane.tracing import api_middleware, make_tracer
+from controlplane.tracing import make_tracer
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Replica:
         self._provider: TracerProvider | None = traced[1] if traced else None
         self.hub = SnapshotHub(db, tracer=self.tracer)
         self.reports = NodeReports(db)
-        self.metrics = ControlPlaneMetrics()
+        self.metrics = ControlPlaneMetrics(self.tracer)
         self.service = FleetService(
             db,
             self.hub,
@@ -75,8 +75,6 @@ class Replica:
             self._grpc = await start_grpc(self.service, settings)
             self.singletons.start()
             app = create_app(settings, self.db, self.feed, self.coordinator, self.metrics)
-            if self.tracer is not None:
-                app.middleware("http")(api_middleware(self.tracer))
             config = uvicorn.Config(
                 app,
                 host=settings.host,
