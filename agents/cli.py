@@ -52,4 +52,6 @@ def run(**options: Any) -> None:
             "first start (POST /v1/bootstrap-tokens on the control plane makes one)"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # httpx logs every request at INFO: the engines' probes, three every two seconds each
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     uvloop.run(Agent(settings).serve())

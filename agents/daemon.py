@@ -93,6 +93,7 @@ class Agent:
 
     def _engine_state(self, engine_id: str, state: EngineState) -> None:
         self.table.set_engine_state(engine_id, str(state))
+        self.link.beat_soon()  # the control plane (and its status page) hears of it at once
 
     async def apply(self, snapshot: pb.Snapshot) -> None:
         """Check and compile, persist, then act; a snapshot that fails changes nothing."""
@@ -210,7 +211,11 @@ class Agent:
         gpu_list = inventory(self.snapshot, self.link.state.node, self.nvml)
         used = await asyncio.to_thread(gpus.memory) if self.nvml is not None else []
         return self.window.report(
-            self.supervisor.runners.values(), gpu_list, used, self.gateway.escalations.report()
+            self.supervisor.runners.values(),
+            gpu_list,
+            used,
+            self.gateway.escalations.report(),
+            self.gateway.receipts.kept,
         )
 
 

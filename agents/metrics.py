@@ -50,6 +50,9 @@ class Served:
     span: Any = None  # the request's trace span, when tracing is on
     trace: bytes = b""  # its context as header lines, for the engine or a peer
     decision: dict[str, Any] | None = None  # meridian.* attributes of the routing decision
+    policy: str = ""  # the routing policy, or "escalation"
+    reason: str = ""  # the router's reason, or the escalation's
+    came_from: str = ""  # the region that escalated it here
 
 
 class RequestMetrics:

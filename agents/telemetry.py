@@ -13,6 +13,7 @@ from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from agents.engines import gpus
 from agents.engines.metrics import Counters, quantile
 from agents.engines.runner import EngineRunner
+from agents.gateway.receipts import Receipt
 
 
 class TelemetryWindow:
@@ -27,6 +28,7 @@ class TelemetryWindow:
         gpu_list: Iterable[gpus.Gpu],
         memory: Iterable[gpus.GpuMemory],
         escalations: Sequence[tuple[str, str, str, int]] = (),
+        receipts: Iterable[Receipt] = (),
     ) -> pb.Telemetry:
         """`memory` is NVML's reading, taken off the event loop by the caller."""
         runners = list(runners)
@@ -41,6 +43,8 @@ class TelemetryWindow:
                 state=str(r.state),
                 inflight_requests=r.load.running,
                 queued_requests=r.load.waiting,
+                restarts=r.restarts,
+                reason=r.reason[:500],
             )
             for r in runners
         ]
@@ -66,6 +70,7 @@ class TelemetryWindow:
             ],
             escalations_in=sum(n for d, _, _, n in escalations if d == "in"),
             escalations_out=sum(n for d, _, _, n in escalations if d == "out"),
+            receipts=[_receipt(r) for r in receipts],
         )
 
     def _since_last(self, runners: list[EngineRunner]) -> tuple[Counters, float]:
@@ -90,3 +95,13 @@ def _percentiles(buckets: dict[float, float]) -> pb.Percentiles:
         p90=quantile(buckets, 0.9) * 1000,
         p99=quantile(buckets, 0.99) * 1000,
     )
+
+
+def _receipt(r: Receipt) -> pb.RouteReceipt:
+    at = Timestamp()
+    at.FromNanoseconds(int(r.at * 1e9))
+    return pb.RouteReceipt(
+        at=at, request_id=r.request_id, model=r.model, tenant=r.tenant, status=r.status,
+        served_by=r.served_by, policy=r.policy, reason=r.reason[:300], came_from=r.came_from,
+        ttft_ms=r.ttft_ms or 0.0, duration_ms=r.duration_ms,
+    )  # fmt: skip

@@ -10,8 +10,11 @@ PostgreSQL stop.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import signal
+import sys
+import webbrowser
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -45,7 +48,22 @@ def admin_token(settings: Settings) -> str:
     return token
 
 
-async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> None:
+def open_in_browser(url: str) -> bool:
+    """Open the URL in the desktop's browser; never a terminal one (it would take the console
+    that the fleet's output goes to), so nothing without a display."""
+    if sys.platform not in ("darwin", "win32") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    ):
+        return False
+    try:
+        return webbrowser.open(url, new=2)
+    except webbrowser.Error:
+        return False
+
+
+async def run_local_fleet(
+    settings: Settings, fleet: Path, console: Console, *, browser: bool = True
+) -> None:
     token = admin_token(settings)
     api = f"http://{settings.host}:{settings.port}"
     async with AsyncExitStack() as stack:
@@ -97,7 +115,9 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
             statuses=statuses,
         )
         print_fleet(console, doc, out)
+        page = f"{api}/status"
         table = Table(show_header=False, box=None)
+        table.add_row("status page", f"{page} (log in with the admin token)")
         table.add_row("API", api)
         table.add_row("API docs", f"{api}/docs")
         table.add_row("agents (gRPC)", f"{settings.host}:{settings.grpc_port}")
@@ -116,6 +136,8 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
                 % doc["models"][0],
             )
         console.print(table)
+        if browser and await asyncio.to_thread(open_in_browser, page):
+            console.print(f"opened {page} in your browser")
         console.print("Ctrl-C stops everything.")
         code = await proc.wait()
         if code != 0:
@@ -131,7 +153,10 @@ async def run_local_fleet(settings: Settings, fleet: Path, console: Console) -> 
     help="fleet document to apply",
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="REST port [8400]")
-def up_command(fleet: Path, port: int | None) -> None:
+@click.option(
+    "--no-browser", is_flag=True, help="do not open the status page in a browser (it is printed)"
+)
+def up_command(fleet: Path, port: int | None, no_browser: bool) -> None:
     """Run a local fleet: PostgreSQL, the control plane, the fleet applied, agents and engines."""
     settings = Settings().with_overrides(port=port)
     console = Console()
@@ -140,7 +165,7 @@ def up_command(fleet: Path, port: int | None) -> None:
         task = asyncio.current_task()
         assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-        await run_local_fleet(settings, fleet, console)
+        await run_local_fleet(settings, fleet, console, browser=not no_browser)
 
     try:
         asyncio.run(main())

@@ -7,6 +7,7 @@ in a jittered, growing pause and another try, while the engines go on as they ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 AGENT_VERSION = "meridian-agent/0.4"
 STREAM_ACCEPTED = "meridian-stream-accepted"
 FORGET_CREDENTIAL = {"agent_credential_invalid"}
+MIN_BEAT_S = 0.1
 
 
 @dataclass
@@ -53,6 +55,7 @@ class ControlLink:
         self._current, self._apply, self._telemetry = current, apply, telemetry
         self._gpus = gpus or []
         self.state = LinkState()
+        self._soon = asyncio.Event()
         identity = store.load_identity()
         self.state.node = settings.node or (identity.node if identity else "")
 
@@ -152,10 +155,18 @@ class ControlLink:
             return
         await stream.ack(snapshot.revision)
 
+    def beat_soon(self) -> None:
+        """Send the next heartbeat now, not at its time: something the fleet should see changed
+        (an engine's state)."""
+        self._soon.set()
+
     async def _beat(self, stream: SyncStream) -> None:
         try:
             while True:
+                self._soon.clear()
                 await stream.heartbeat(await self._telemetry())
-                await asyncio.sleep(self.settings.heartbeat_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._soon.wait(), self.settings.heartbeat_s)
+                await asyncio.sleep(MIN_BEAT_S)  # a burst of changes makes one beat
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
             log.debug("heartbeats stop with the stream: %s", error)

@@ -37,6 +37,7 @@ from agents.gateway.errors import (
 )
 from agents.gateway.forward import Forwarder
 from agents.gateway.quotas import Quotas
+from agents.gateway.receipts import Receipts
 from agents.gateway.relay import FIRST_AT, Retry, Usage, new_id
 from agents.gateway.requests import Inference, check_context, parse
 from agents.gateway.upstream import Upstream
@@ -77,6 +78,7 @@ class Gateway:
         self.metrics = RequestMetrics(lambda: self.config.region if self.config else "")
         self.rejections: Counter[tuple[str, str]] = Counter()  # (model, code)
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (model, policy, choice)
+        self.receipts = Receipts()
         router.table.on_change(self.admission.notify_all)
 
     async def close(self) -> None:
@@ -141,6 +143,7 @@ class Gateway:
         served.first_at = response.get(FIRST_AT)
         now = self.clock()
         self.metrics.answered(request.path, response.status, started, now, served, error_type)
+        self.receipts.note(request_id, response.status, started, now, served, error_type)
         if served.span is not None and served.span.is_recording():
             self._traced(request, response, served, started, error_type)
         return response
@@ -189,6 +192,7 @@ class Gateway:
         if signed is not None:  # escalated here by a peer region: its word for who asks
             claim = assertion.verify(signed, config, body=body, request_id=request_id)
             tenant, came_from = claim.tenant or OPERATOR, claim.origin
+            served.came_from = came_from
             debug = claim.debug
             self.escalations.received(claim.origin, claim.reason)
             # the SLO is the client's, end to end: what it waited there counts here
@@ -273,6 +277,7 @@ class Gateway:
             if outcome.response is None:
                 return None
             served.worker = f"peer:{outcome.peer}"
+            served.policy, served.reason = "escalation", f"{reason}: {why}"
             served.decision = {"meridian.escalated": True, "meridian.escalation.reason": reason,
                                "meridian.escalation.why": why, "meridian.peer": outcome.peer,
                                "meridian.escalation.rule": chain.rule}  # fmt: skip
@@ -305,6 +310,7 @@ class Gateway:
             self.router.record(request_id, decision)
             chosen = decision.ranked[0]
             served.worker = chosen.worker.id
+            served.policy, served.reason = decision.policy, decision.reason
             if served.trace:  # a trace that is kept
                 served.decision = _decision_attributes(decision, chosen)
             served.routed_prompt, served.routed_cached = (

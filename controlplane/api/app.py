@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from controlplane.api import operator, problems
+from controlplane.api import operator, problems, status
 from controlplane.api.deps import Services
 from controlplane.api.kinds import kind_router
 from controlplane.coord.base import Coordinator, LocalCoordinator, replica_info
@@ -14,6 +14,7 @@ from controlplane.services.auth import Authenticator
 from controlplane.services.registry import KINDS
 from controlplane.services.resources import Resources
 from controlplane.services.revisions import RevisionFeed
+from controlplane.services.status import StatusCache, fleet_status
 from controlplane.settings import Settings
 
 
@@ -43,7 +44,9 @@ def create_app(
     app.state.metrics = metrics = metrics or ControlPlaneMetrics()
     app.middleware("http")(metrics.timed)
     problems.install(app)
+    app.state.status = StatusCache(lambda: fleet_status(db))
     app.include_router(operator.router)
+    app.include_router(status.router)
     for kind in KINDS:
         app.include_router(kind_router(kind))
     return app

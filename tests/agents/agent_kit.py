@@ -55,13 +55,15 @@ async def start_agent(
     port: int | None = None,
     inside: list[str] | None = None,
     host: str = "127.0.0.1",
+    env: dict[str, str] | None = None,
 ) -> AgentProc:
-    """`inside`: a prefix that runs it elsewhere (a network namespace), listening on `host`."""
+    """`inside`: a prefix that runs it elsewhere (a network namespace), listening on `host`;
+    `env`: more settings (MERIDIAN_AGENT_*)."""
     port = port or free_port()
     args = ["--control-plane", control_plane, "--region", region, "--data-dir", str(data_dir)]
     args += ["--port", str(port)] + (["--bootstrap-token", token] if token else [])
     args += ["--node", node] if node else []
-    env = {**os.environ, **FAST}
+    env = {**os.environ, **FAST, **(env or {})}
     if operator is not None:
         env["MERIDIAN_AGENT_OPERATOR_TOKEN"] = operator
     if host != "127.0.0.1":

@@ -12,6 +12,7 @@ ACTIONS = [
     ("GET", "/v1/regions", None, "viewer"),
     ("GET", "/v1/audit-events", None, "viewer"),
     ("GET", "/v1/principals", None, "viewer"),
+    ("GET", "/v1/status", None, "viewer"),
     ("POST", "/v1/clouds", {"name": "oci", "provider": "oci"}, "operator"),
     ("POST", "/v1/bootstrap-tokens", {"region": "us-east"}, "operator"),
     ("POST", "/v1/apply?dry_run=true", {"clouds": BASE["clouds"]}, "operator"),

@@ -58,6 +58,7 @@ async def _run_up(data_dir: Path, port: int) -> tuple[asyncio.subprocess.Process
         "up",
         "--port",
         str(port),
+        "--no-browser",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         env=env,

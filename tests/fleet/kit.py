@@ -96,9 +96,11 @@ async def fleet_of(
     regions: tuple[str, ...] = ("us-east", "us-west", "eu-west"),
     change: Callable[[dict[str, Any]], None] | None = None,
     isolated: dict[str, Netns] | None = None,
+    agent_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Fleet]:
     """The regions named, each with its agent once its engines are ready. `change` edits the
-    fleet document before it is applied; a region in `isolated` runs in its namespace."""
+    fleet document before it is applied; a region in `isolated` runs in its namespace;
+    `agent_env` adds settings to every agent."""
     isolated = isolated or {}
     ports = {r: free_port() for r in HOSTS}
     addresses = {r: ns.inner_ip for r, ns in isolated.items()}
@@ -127,7 +129,7 @@ async def fleet_of(
             agents[region] = await start_agent(
                 cp.grpc_target, region, data_dir / region, token=token, node=f"{region}-1",
                 operator=OPERATOR, port=ports[region], inside=ns.run() if ns else None,
-                host=ns.inner_ip if ns else "127.0.0.1",
+                host=ns.inner_ip if ns else "127.0.0.1", env=agent_env,
             )  # fmt: skip
         for region, agent in agents.items():
 

@@ -278,6 +278,8 @@ class EngineStatus(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     INFLIGHT_REQUESTS_FIELD_NUMBER: _builtins.int
     QUEUED_REQUESTS_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     deployment: _builtins.str
     model: _builtins.str
@@ -285,6 +287,9 @@ class EngineStatus(_message.Message):
     """starting | ready | unhealthy | draining | stopped | crash_loop"""
     inflight_requests: _builtins.int
     queued_requests: _builtins.int
+    restarts: _builtins.int
+    """Times it was started again since the agent started, and why it last stopped or failed."""
+    reason: _builtins.str
     def __init__(
         self,
         *,
@@ -294,10 +299,12 @@ class EngineStatus(_message.Message):
         state: _builtins.str = ...,
         inflight_requests: _builtins.int = ...,
         queued_requests: _builtins.int = ...,
+        restarts: _builtins.int = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "id", b"id", "inflight_requests", b"inflight_requests", "model", b"model", "queued_requests", b"queued_requests", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "id", b"id", "inflight_requests", b"inflight_requests", "model", b"model", "queued_requests", b"queued_requests", "reason", b"reason", "restarts", b"restarts", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -344,6 +351,7 @@ class Telemetry(_message.Message):
     ESCALATIONS_OUT_FIELD_NUMBER: _builtins.int
     REQUESTS_PER_SECOND_FIELD_NUMBER: _builtins.int
     ESCALATIONS_FIELD_NUMBER: _builtins.int
+    RECEIPTS_FIELD_NUMBER: _builtins.int
     inflight_requests: _builtins.int
     queued_requests: _builtins.int
     prefix_cache_hit_rate: _builtins.float
@@ -364,6 +372,10 @@ class Telemetry(_message.Message):
     def escalations(self) -> _containers.RepeatedCompositeFieldContainer[Global___EscalationCount]:
         """Escalations since the agent started, by direction, peer and reason."""
 
+    @_builtins.property
+    def receipts(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteReceipt]:
+        """A few recent requests, sampled, newest last: where each went and why."""
+
     def __init__(
         self,
         *,
@@ -379,14 +391,69 @@ class Telemetry(_message.Message):
         escalations_out: _builtins.int = ...,
         requests_per_second: _builtins.float = ...,
         escalations: _abc.Iterable[Global___EscalationCount] | None = ...,
+        receipts: _abc.Iterable[Global___RouteReceipt] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl_ms", b"itl_ms", "observed_at", b"observed_at", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "queued_requests", b"queued_requests", "requests_per_second", b"requests_per_second", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Telemetry: _TypeAlias = Telemetry  # noqa: Y015
+
+@_typing.final
+class RouteReceipt(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SERVED_BY_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    CAME_FROM_FIELD_NUMBER: _builtins.int
+    TTFT_MS_FIELD_NUMBER: _builtins.int
+    DURATION_MS_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    model: _builtins.str
+    tenant: _builtins.str
+    status: _builtins.int
+    served_by: _builtins.str
+    """The engine's worker id, or peer:<region> for a request escalated to a peer."""
+    policy: _builtins.str
+    """The routing policy, or "escalation"; empty when refused before routing."""
+    reason: _builtins.str
+    """Why: the router's reason, the escalation's, or the error's code."""
+    came_from: _builtins.str
+    """The region that escalated the request here, if one did."""
+    ttft_ms: _builtins.float
+    duration_ms: _builtins.float
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        request_id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        status: _builtins.int = ...,
+        served_by: _builtins.str = ...,
+        policy: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        came_from: _builtins.str = ...,
+        ttft_ms: _builtins.float = ...,
+        duration_ms: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "came_from", b"came_from", "duration_ms", b"duration_ms", "model", b"model", "policy", b"policy", "reason", b"reason", "request_id", b"request_id", "served_by", b"served_by", "status", b"status", "tenant", b"tenant", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteReceipt: _TypeAlias = RouteReceipt  # noqa: Y015
 
 @_typing.final
 class EscalationCount(_message.Message):

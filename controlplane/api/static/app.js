@@ -1,0 +1,259 @@
+// Meridian's status page: log in with a token (kept in this tab's session storage, sent only
+// in the Authorization header), then poll /v1/status and draw the fleet. Everything is built
+// with DOM calls and textContent: nothing the fleet reports is ever parsed as HTML.
+"use strict";
+
+const POLL_MS = 2000;
+const STALE_AFTER_MS = 10000;
+const KEY = "meridian.token";
+const SVG = "http://www.w3.org/2000/svg";
+
+let timer = null;
+let lastOk = 0;
+const history = []; // [time, {flowKey: count}] over the last minute, for rates
+
+function $(id) { return document.getElementById(id); }
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined) continue;
+    if (k === "class") node.className = v;
+    else if (k.startsWith("data-")) node.setAttribute(k, v);
+    else node[k] = v;
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function badge(state) { return el("span", { class: `badge ${state}` }, state.replace("_", " ")); }
+
+function fixed(v, digits) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits); }
+
+function ms(v) { return v ? `${Math.round(v)} ms` : "–"; }
+
+function ago(iso) {
+  if (!iso) return "never";
+  const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+  return s < 90 ? `${Math.round(s)} s ago` : `${Math.round(s / 60)} min ago`;
+}
+
+// --- login -----------------------------------------------------------------------------
+
+function showLogin(message) {
+  stop();
+  $("fleet").hidden = true;
+  $("summary").hidden = true;
+  $("login").hidden = false;
+  $("login-error").textContent = message || "";
+  $("token").focus();
+}
+
+async function login(event) {
+  event.preventDefault();
+  const token = $("token").value.trim();
+  if (!token) return;
+  sessionStorage.setItem(KEY, token);
+  $("token").value = "";
+  await poll();
+}
+
+function logout() {
+  sessionStorage.removeItem(KEY);
+  showLogin("");
+}
+
+function stop() { if (timer !== null) { clearTimeout(timer); timer = null; } }
+
+// --- polling ---------------------------------------------------------------------------
+
+async function poll() {
+  stop();
+  const token = sessionStorage.getItem(KEY);
+  if (!token) { showLogin(""); return; }
+  let answer;
+  try {
+    answer = await fetch("/v1/status", {
+      headers: { Authorization: `Bearer ${token}`, Accept: "application/json" },
+      cache: "no-store",
+    });
+  } catch (error) {
+    stale(`the control plane cannot be reached: ${error.message}`);
+    timer = setTimeout(poll, POLL_MS);
+    return;
+  }
+  if (answer.status === 401 || answer.status === 403) {
+    sessionStorage.removeItem(KEY);
+    const problem = await answer.json().catch(() => ({}));
+    showLogin(answer.status === 401 ? "That token is not valid."
+      : `That token may not view the fleet: ${problem.detail || "it needs viewer or above"}.`);
+    return;
+  }
+  if (!answer.ok) {
+    const problem = await answer.json().catch(() => ({}));
+    stale(`the control plane answered ${answer.status}: ${problem.detail || answer.statusText}`);
+  } else {
+    lastOk = Date.now();
+    render(await answer.json());
+  }
+  timer = setTimeout(poll, POLL_MS);
+}
+
+function stale(message) {
+  if (lastOk && Date.now() - lastOk > STALE_AFTER_MS) {
+    $("stale").hidden = false;
+    $("stale").textContent = `Not current: ${message}. Showing what was seen ${ago(new Date(lastOk).toISOString())}.`;
+    $("live").classList.add("stale");
+  }
+}
+
+// --- drawing ---------------------------------------------------------------------------
+
+function render(doc) {
+  $("login").hidden = true;
+  $("fleet").hidden = false;
+  $("summary").hidden = false;
+  $("stale").hidden = true;
+  $("live").classList.remove("stale");
+  $("revision").textContent = doc.revision;
+  $("updated").textContent = `updated ${new Date(doc.generated_at).toLocaleTimeString()}`;
+  $("regions").replaceChildren(...doc.regions.map(region));
+  flows(doc.regions, doc.flows);
+  receipts(doc.receipts);
+}
+
+function region(r) {
+  const load = r.load || {};
+  const ttft = load.ttft_ms || {};
+  const stat = (value, label) => el("div", { class: "stat" }, el("b", {}, value), el("span", {}, label));
+  const acked = r.revision === null ? "no agent has been sent a revision yet"
+    : `in force: revision ${r.revision}, acked by ${r.acked} of ${r.agents} agent(s)`;
+  return el("article", { class: "card region", "data-region": r.name, "data-health": r.health },
+    el("div", { class: "region-head" }, el("h3", {}, r.name), badge(r.health)),
+    el("div", { class: "meta" },
+      `${r.cloud} (${r.provider}) · ${r.geography} · jurisdiction ${r.jurisdiction}` +
+      (r.state !== "active" ? ` · ${r.state}` : "")),
+    el("div", { class: "acks", "data-acked": `${r.acked}/${r.agents}` }, acked),
+    r.nacks.length ? el("ul", { class: "nacks" },
+      r.nacks.map((n) => el("li", {}, `${n.node} refused ${n.reason}`))) : null,
+    el("div", { class: "stats" },
+      stat(fixed(load.requests_per_second, 1), "requests/s"),
+      stat(load.inflight_requests ?? "–", "in flight"),
+      stat(load.queued_requests ?? "–", "queued"),
+      stat(ms(ttft.p50), "TTFT p50"),
+      stat(ms(ttft.p99), "TTFT p99"),
+      stat(load.prefix_cache_hit_rate === undefined ? "–"
+        : `${Math.round(load.prefix_cache_hit_rate * 100)}%`, "prefix-cache hits")),
+    r.nodes.length ? r.nodes.map(node) : el("p", { class: "hint" }, "no nodes registered"));
+}
+
+function node(n) {
+  const gpus = n.gpus.map((g) => {
+    const share = g.used_gb && g.memory_gb ? Math.min(100, (100 * g.used_gb) / g.memory_gb) : 0;
+    const bar = el("i");
+    bar.style.width = `${share}%`;
+    return el("span", { class: "gpu", title: `${g.model}: ${fixed(g.used_gb, 1)} of ${g.memory_gb} GB` },
+      `GPU ${g.index} · ${g.memory_gb ?? "?"} GB`, bar);
+  });
+  const rows = n.engines.map((e) =>
+    el("tr", { "data-engine": e.id, "data-state": e.state },
+      el("td", {}, e.id), el("td", {}, badge(e.state)),
+      el("td", {}, `${e.inflight} running, ${e.queued} queued`),
+      el("td", { class: "why" }, [
+        e.restarts ? `restarted ${e.restarts} time${e.restarts > 1 ? "s" : ""}` : "",
+        e.reason || ""].filter(Boolean).join(" · "))));
+  return el("div", { class: "node", "data-node": n.name },
+    el("div", { class: "node-head" }, el("b", {}, n.name), badge(n.health),
+      el("span", { class: "hint" },
+        `applied revision ${n.applied_revision ?? "–"} · heartbeat ${ago(n.heartbeat_at)}`)),
+    n.nack ? el("div", { class: "error" }, `refused ${n.nack}`) : null,
+    el("div", { class: "gpus" }, gpus),
+    rows.length ? el("table", { class: "engines" }, el("tbody", {}, rows))
+      : el("p", { class: "hint" }, "no engines"));
+}
+
+function flows(regions, list) {
+  const now = Date.now();
+  const totals = {};
+  for (const f of list) {
+    const key = `${f.from}→${f.to}`;
+    totals[key] = (totals[key] || 0) + f.count;
+  }
+  history.push([now, totals]);
+  while (history.length > 1 && now - history[0][0] > 60000) history.shift();
+  const [then, before] = history[0];
+  const minutes = Math.max((now - then) / 60000, 1 / 60);
+
+  const box = $("flows");
+  box.replaceChildren();
+  const defs = svg("defs");
+  const marker = svg("marker", { id: "head", viewBox: "0 0 10 10", refX: "9", refY: "5",
+    markerWidth: "6", markerHeight: "6", orient: "auto-start-reverse" });
+  marker.append(svg("path", { d: "M0 0L10 5L0 10z", fill: "#2f6fdf" }));
+  defs.append(marker);
+  box.append(defs);
+  const W = 640, H = 300, R = 34;
+  const at = {};
+  regions.forEach((r, i) => {
+    const angle = (2 * Math.PI * i) / regions.length - Math.PI / 2;
+    at[r.name] = [W / 2 + 190 * Math.cos(angle) * (regions.length > 2 ? 1 : 1.2),
+      H / 2 + 105 * Math.sin(angle)];
+  });
+  for (const [key, count] of Object.entries(totals)) {
+    const [from, to] = key.split("→");
+    if (!at[from] || !at[to]) continue;
+    const [x1, y1] = at[from], [x2, y2] = at[to];
+    const dx = x2 - x1, dy = y2 - y1, d = Math.hypot(dx, dy) || 1;
+    const nx = -dy / d, ny = dx / d; // bend to the side, so that A→B and B→A both show
+    const sx = x1 + (dx * R) / d, sy = y1 + (dy * R) / d;
+    const ex = x2 - (dx * (R + 4)) / d, ey = y2 - (dy * (R + 4)) / d;
+    const cx = (x1 + x2) / 2 + nx * 40, cy = (y1 + y2) / 2 + ny * 40;
+    const width = 1.5 + Math.min(8, Math.log10(1 + count) * 3);
+    const path = svg("path", { class: "arrow", d: `M${sx} ${sy}Q${cx} ${cy} ${ex} ${ey}`,
+      "stroke-width": width, "marker-end": "url(#head)", "data-flow": key });
+    path.append(svg("title", {}, `${key}: ${count} request(s)`));
+    box.append(path);
+    const rate = (count - (before[key] || 0)) / minutes;
+    // the label sits beside the curve's midpoint, on its outer side
+    const mx = (sx + 2 * cx + ex) / 4 + nx * 14, my = (sy + 2 * cy + ey) / 4 + ny * 14 + 4;
+    box.append(svg("text", { class: "label", x: mx, y: my, "text-anchor": "middle" },
+      `${count} · ${rate.toFixed(0)}/min`));
+  }
+  for (const r of regions) {
+    const [x, y] = at[r.name];
+    box.append(svg("circle", { class: `place ${r.health}`, cx: x, cy: y, r: R }));
+    box.append(svg("text", { x, y: y + 4, "text-anchor": "middle" }, r.name));
+  }
+  $("flow-list").replaceChildren(...(list.length ? list.map((f) =>
+    el("li", {}, `${f.from} → ${f.to}: ${f.count} on ${f.reason}`))
+    : [el("li", { class: "hint" }, "no request has escalated")]));
+}
+
+function receipts(list) {
+  const rows = list.map((r) => el("tr", { class: r.status >= 400 ? "err" : "" },
+    el("td", {}, new Date(r.at).toLocaleTimeString()),
+    el("td", {}, r.came_from ? `${r.region} (from ${r.came_from})` : r.region),
+    el("td", {}, r.tenant), el("td", {}, r.model),
+    el("td", { class: "status" }, r.status),
+    el("td", {}, r.served_by || "–"), el("td", {}, r.policy || "–"),
+    el("td", { class: "why" }, r.reason || ""),
+    el("td", {}, ms(r.ttft_ms)), el("td", {}, ms(r.duration_ms))));
+  $("receipts").tBodies[0].replaceChildren(...(rows.length ? rows
+    : [el("tr", {}, el("td", { colSpan: 10, class: "hint" }, "no requests yet"))]));
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login-form").addEventListener("submit", login);
+  $("logout").addEventListener("click", logout);
+  poll();
+});

@@ -1,0 +1,160 @@
+"""The fleet as the status page shows it: regions on their clouds, the revision each runs and
+who acked it, nodes with their GPUs and engines, load, escalation flows and recent route
+receipts. Read in one transaction from what the agents reported (each node's latest
+heartbeat, flushed within half a second), so it is as fresh as the heartbeats, not as the
+leader's periodic rollup.
+
+Many viewers poll it; `StatusCache` reads the database at most once a second per replica
+whatever their number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+
+from controlplane.db.agent_rows import NodeTelemetryRow
+from controlplane.db.engine import Database
+from controlplane.db.fleet_rows import NodeRow, RegionRow
+from controlplane.services.liveness import UP, summarize
+from controlplane.services.unit import current_revision
+
+RECEIPTS = 25
+
+
+async def fleet_status(db: Database) -> dict[str, Any]:
+    async with db.sessions() as session, session.begin():
+        revision = await current_revision(session)
+        regions = (await session.execute(select(RegionRow))).unique().scalars().all()
+        nodes = (await session.execute(select(NodeRow))).unique().scalars().all()
+        telemetry = {
+            row.node_id: row for row in (await session.execute(select(NodeTelemetryRow))).scalars()
+        }
+    latest = {node_id: row.data for node_id, row in telemetry.items()}
+    out_regions, flows, receipts = [], [], []
+    for region in sorted(regions, key=lambda r: r.name):
+        mine = sorted((n for n in nodes if n.region_id == region.id), key=lambda n: n.name)
+        load = summarize(region.name, mine, latest)
+        for count in load.pop("escalations"):
+            if count["direction"] == "out":
+                flows.append({"from": region.name, "to": count["peer"],
+                              "reason": count["reason"], "count": count["count"]})  # fmt: skip
+        pushed = max((n.desired_revision or 0 for n in mine), default=0)
+        node_docs = []
+        for node in mine:
+            beat = telemetry.get(node.id)
+            node_docs.append(_node(node, beat))
+            for r in beat.data.get("receipts", []) if beat else []:
+                receipts.append({**_receipt(r), "region": region.name, "node": node.name})
+        out_regions.append({
+            "name": region.name,
+            "cloud": region.cloud.name,
+            "provider": region.cloud.provider,
+            "geography": region.geography,
+            "jurisdiction": region.jurisdiction,
+            "state": region.state,
+            "gateway_url": region.gateway_url,
+            "health": load.pop("health"),
+            "revision": pushed or None,
+            "acked": sum(1 for n in mine if pushed and (n.applied_revision or 0) >= pushed),
+            "agents": len(mine),
+            "nacks": [{"node": n.name, "reason": n.last_nack_reason}
+                      for n in mine if n.last_nack_reason],
+            "load": {k: v for k, v in load.items() if k != "region"},
+            "nodes": node_docs,
+        })  # fmt: skip
+    receipts.sort(key=_when, reverse=True)
+    return {
+        "revision": revision,
+        "generated_at": datetime.now(UTC).isoformat(),
+        "regions": out_regions,
+        "flows": flows,
+        "receipts": receipts[:RECEIPTS],
+    }
+
+
+def _node(node: NodeRow, beat: NodeTelemetryRow | None) -> dict[str, Any]:
+    data = beat.data if beat is not None else {}
+    up = node.health == UP
+    memory = {g.get("index"): g for g in data.get("gpus", [])}
+    return {
+        "name": node.name,
+        "health": node.health,
+        "health_changed_at": node.health_changed_at.isoformat() if node.health_changed_at else None,
+        "applied_revision": node.applied_revision,
+        "nack": node.last_nack_reason,
+        "heartbeat_at": beat.observed_at.isoformat() if beat is not None else None,
+        "gpus": [
+            {
+                "index": g.get("index"),
+                "model": g.get("model"),
+                "memory_gb": g.get("memory_gb"),
+                "used_gb": memory.get(g.get("index"), {}).get("used_gb"),
+            }
+            for g in node.gpus
+        ],
+        "engines": [
+            {
+                "id": e.get("id"),
+                "model": e.get("model"),
+                # what a node that is down last said is not its state now
+                "state": e.get("state") if up else "unknown",
+                "inflight": int(e.get("inflight_requests", 0)),
+                "queued": int(e.get("queued_requests", 0)),
+                "restarts": int(e.get("restarts", 0)),
+                "reason": e.get("reason") or None,
+            }
+            for e in data.get("engines", [])
+        ],
+    }
+
+
+def _when(receipt: dict[str, Any]) -> datetime:
+    try:
+        return datetime.fromisoformat(str(receipt["at"]))
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
+
+
+def _receipt(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "at": r.get("at"),
+        "request_id": r.get("request_id"),
+        "model": r.get("model"),
+        "tenant": r.get("tenant"),
+        "status": r.get("status"),
+        "served_by": r.get("served_by"),
+        "policy": r.get("policy"),
+        "reason": r.get("reason"),
+        "came_from": r.get("came_from") or None,
+        "ttft_ms": r.get("ttft_ms") or None,
+        "duration_ms": r.get("duration_ms"),
+    }
+
+
+class StatusCache:
+    """The latest status, read again once it is older than `max_age_s`; concurrent callers
+    share one read."""
+
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[dict[str, Any]]],
+        max_age_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read, self.max_age_s, self._clock = read, max_age_s, clock
+        self._value: dict[str, Any] | None = None
+        self._at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> dict[str, Any]:
+        async with self._lock:
+            if self._value is None or self._clock() - self._at >= self.max_age_s:
+                self._value = await self._read()
+                self._at = self._clock()
+            return self._value

@@ -1,0 +1,108 @@
+"""The web status page in a real browser (Debian's Chromium, headless, driven by Playwright) on
+a fleet of real processes: log in with a viewer token, see the three regions, and see an
+engine go down and come back without reloading the page."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.async_api import Browser, Page, async_playwright
+
+from tests.controlplane.push.kit import ADMIN
+from tests.fleet.kit import LLAMA, fleet_of
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ENGINE = "llama-us-west/unified-0"
+# Where the screenshot goes: the test's directory, or MERIDIAN_SCREENSHOT_DIR when set.
+SHOTS = os.environ.get("MERIDIAN_SCREENSHOT_DIR")
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    assert CHROMIUM, "Chromium is not installed: ./scripts/test installs it"
+    async with async_playwright() as p:
+        # --no-sandbox: the tests run as root, where Chromium's sandbox cannot start
+        chromium = await p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        await chromium.close()
+
+
+async def test_the_status_page_shows_the_fleet_live(
+    database_url: str, tmp_path: Path, browser: Browser
+) -> None:
+    # A slower restart than the default, so that the engine stays down long enough for the
+    # assertion to see it down; the page is polled either way.
+    env = {"MERIDIAN_AGENT_RESTART_BACKOFF_S": "4"}
+    async with fleet_of(database_url, tmp_path, agent_env=env) as fleet:
+        async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as http:
+            made = await http.post("/v1/principals", json={"name": "wall", "role": "viewer"})
+            assert made.status_code == 201, made.text
+            viewer = made.json()["token"]
+        page = await browser.new_page(viewport={"width": 1500, "height": 1100})
+        addresses: list[str] = []
+        page.on("request", lambda request: addresses.append(request.url))
+        loads: list[str] = []
+        page.on("load", lambda p: loads.append(p.url))
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+
+        await page.goto(f"{fleet.cp.url}/status")
+        await _log_in(page, "not-a-token")
+        await page.get_by_text("That token is not valid.").wait_for(timeout=5000)
+        await _log_in(page, viewer)
+        await page.locator("[data-region]").nth(2).wait_for(timeout=10000)
+        regions = page.locator("article[data-region]")
+        assert await regions.evaluate_all("els => els.map(e => e.dataset.region)") == [
+            "eu-west",
+            "us-east",
+            "us-west",
+        ]
+        eu = page.locator('[data-region="eu-west"]')
+        assert "jurisdiction eu" in await eu.inner_text()
+        await page.locator('[data-region="us-west"][data-health="up"]').wait_for(timeout=10000)
+        for region in ("us-east", "us-west", "eu-west"):  # every agent acked its revision
+            acks = page.locator(f'[data-region="{region}"] [data-acked="1/1"]')
+            await acks.wait_for(timeout=10000)
+        engine = page.locator(f'[data-engine="{ENGINE}"]')
+        await page.locator(f'[data-engine="{ENGINE}"][data-state="ready"]').wait_for(timeout=10000)
+
+        async with fleet.client("us-west") as client:  # receipts of what was served
+            for _ in range(3):
+                await client.chat.completions.create(
+                    model=LLAMA, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
+        receipt = page.locator("#receipts tbody tr", has_text=ENGINE).first
+        await receipt.wait_for(timeout=10000)
+        assert "us-west" in await receipt.inner_text()
+
+        killed_at = time.monotonic()
+        (pid,) = [e["pid"] for e in (await fleet.status("us-west"))["engines"] if e["id"] == ENGINE]
+        os.kill(pid, 9)
+        await page.locator(f'[data-engine="{ENGINE}"]:not([data-state="ready"])').wait_for(
+            timeout=8000
+        )
+        seen_down_s = time.monotonic() - killed_at
+        shot = Path(SHOTS or tmp_path) / "status-page.png"
+        await page.screenshot(path=str(shot), full_page=True)
+        print(f"\nthe page showed {ENGINE} down {seen_down_s:.1f} s after kill -9; {shot}")
+        assert "exited with -9" in await engine.inner_text()
+        await page.locator(f'[data-engine="{ENGINE}"][data-state="ready"]').wait_for(
+            timeout=20000
+        )  # and back, still without a reload
+
+        assert len(loads) == 1, f"the page was loaded again: {loads}"
+        assert not errors, errors
+        origin = fleet.cp.url
+        assert all(a.startswith(origin) for a in addresses), "the page fetched from elsewhere"
+        assert not [a for a in addresses if viewer in a or "token" in a], "a token in a URL"
+
+
+async def _log_in(page: Page, token: str) -> None:
+    await page.locator("#token").fill(token)
+    await page.get_by_role("button", name="Show the fleet").click()
