@@ -216,6 +216,7 @@ class Agent:
             used,
             self.gateway.escalations.report(),
             self.gateway.receipts.kept,
+            {v.worker_id: str(v.breaker.state) for v in self.gateway.router.views.values()},
         )
 
 

@@ -5,7 +5,7 @@ percentiles), from their own metrics."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
@@ -29,6 +29,7 @@ class TelemetryWindow:
         memory: Iterable[gpus.GpuMemory],
         escalations: Sequence[tuple[str, str, str, int]] = (),
         receipts: Iterable[Receipt] = (),
+        breakers: Mapping[str, str] | None = None,
     ) -> pb.Telemetry:
         """`memory` is NVML's reading, taken off the event loop by the caller."""
         runners = list(runners)
@@ -45,6 +46,7 @@ class TelemetryWindow:
                 queued_requests=r.load.waiting,
                 restarts=r.restarts,
                 reason=r.reason[:500],
+                breaker=(breakers or {}).get(r.spec.id, ""),
             )
             for r in runners
         ]

@@ -107,6 +107,7 @@ def _node(node: NodeRow, beat: NodeTelemetryRow | None) -> dict[str, Any]:
                 "inflight": int(e.get("inflight_requests", 0)),
                 "queued": int(e.get("queued_requests", 0)),
                 "restarts": int(e.get("restarts", 0)),
+                "breaker": (e.get("breaker") or None) if up else None,
                 "reason": e.get("reason") or None,
             }
             for e in data.get("engines", [])

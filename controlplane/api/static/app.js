@@ -167,7 +167,12 @@ function node(n) {
   });
   const rows = n.engines.map((e) =>
     el("tr", { "data-engine": e.id, "data-state": e.state },
-      el("td", {}, e.id), el("td", {}, badge(e.state)),
+      el("td", {}, e.id),
+      el("td", {}, badge(e.state),
+        // the gateway no longer sends it requests: it failed them (the engine may look well)
+        e.breaker && e.breaker !== "closed"
+          ? el("span", { class: `badge breaker ${e.breaker}`, title: "the gateway's circuit breaker" },
+            `breaker ${e.breaker.replace("_", " ")}`) : null),
       el("td", {}, `${e.inflight} running, ${e.queued} queued`),
       el("td", { class: "why" }, [
         e.restarts ? `restarted ${e.restarts} time${e.restarts > 1 ? "s" : ""}` : "",

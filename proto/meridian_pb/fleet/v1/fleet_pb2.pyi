@@ -280,6 +280,7 @@ class EngineStatus(_message.Message):
     QUEUED_REQUESTS_FIELD_NUMBER: _builtins.int
     RESTARTS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    BREAKER_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     deployment: _builtins.str
     model: _builtins.str
@@ -290,6 +291,8 @@ class EngineStatus(_message.Message):
     restarts: _builtins.int
     """Times it was started again since the agent started, and why it last stopped or failed."""
     reason: _builtins.str
+    breaker: _builtins.str
+    """The gateway's circuit breaker for it: closed | half_open | open (empty: not routed to)."""
     def __init__(
         self,
         *,
@@ -301,10 +304,11 @@ class EngineStatus(_message.Message):
         queued_requests: _builtins.int = ...,
         restarts: _builtins.int = ...,
         reason: _builtins.str = ...,
+        breaker: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "id", b"id", "inflight_requests", b"inflight_requests", "model", b"model", "queued_requests", b"queued_requests", "reason", b"reason", "restarts", b"restarts", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker", b"breaker", "deployment", b"deployment", "id", b"id", "inflight_requests", b"inflight_requests", "model", b"model", "queued_requests", b"queued_requests", "reason", b"reason", "restarts", b"restarts", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
