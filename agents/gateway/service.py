@@ -130,7 +130,7 @@ class Gateway:
             served.span = self.tracing.start(operation, request.headers, time.time_ns())
             # the engine needs the context only of a trace that is kept; a peer gets it always
             # (it follows this region's sampling), made when it escalates
-            if served.span.is_recording():
+            if served.span is not None and served.span.is_recording():
                 served.trace = tracing.context_headers(served.span)
         try:
             response = await self._infer(request, request_id, headers, served)
@@ -165,6 +165,12 @@ class Gateway:
             "meridian.tenant": served.tenant or None, "meridian.worker": served.worker or None,
             **(served.decision or {}),
         }, error, time.time_ns())  # fmt: skip
+
+    def _peer_trace(self, served: Served) -> bytes:
+        """The trace context a peer region gets: the span's, or one saying it is not kept."""
+        if served.span is not None:
+            return tracing.context_headers(served.span)
+        return self.tracing.unkept_headers() if self.tracing is not None else b""
 
     def _config(self) -> RegionConfig:
         if self.config is None:
@@ -268,7 +274,7 @@ class Gateway:
                 tenant=None if tenant is OPERATOR else tenant, reason=reason, why=why,
                 waited_s=self.clock() - arrived,
                 request_id=request_id, debug=debug, stream=inference.stream,
-                trace=tracing.context_headers(served.span) if served.span is not None else b"",
+                trace=self._peer_trace(served),
                 native=inference.native, wants_usage=inference.wants_usage,
                 headers=self._answer_headers(headers, model),
             )  # fmt: skip
