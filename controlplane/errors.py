@@ -147,3 +147,21 @@ class CoordinationUnavailable(MeridianError):
     code = "coordination_unavailable"
     status = 503
     title = "etcd cannot be reached"
+
+
+class DatabaseUnreachable(MeridianError):
+    code = "database_unreachable"
+    status = 503
+    title = "The database cannot be reached"
+
+
+class SchemaNotCurrent(MeridianError):
+    code = "schema_not_current"
+    status = 503
+    title = "The database's schema is not the one this version needs"
+
+
+class PortUnavailable(MeridianError):
+    code = "port_unavailable"
+    status = 503
+    title = "A port cannot be bound"

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+from collections.abc import Iterator
 from datetime import timedelta
 
 import grpc
@@ -27,6 +30,23 @@ from controlplane.settings import Settings
 from controlplane.tracing import make_tracer
 
 log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, whose SIGTERM and SIGINT stop the serving and return: uvicorn's own handling
+    raises the signal again once it has stopped, and a SIGTERM raised so kills the process
+    before what it runs in is closed (an embedded PostgreSQL would be left running)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
 
 def make_coordinator(settings: Settings) -> Coordinator:
@@ -91,7 +111,7 @@ class Replica:
                 settings.grpc_port,
                 "TLS" if settings.tls_cert_file else "plaintext",
             )
-            await uvicorn.Server(config).serve()
+            await _Server(config).serve()
         finally:
             await self.stop()
 

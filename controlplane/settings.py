@@ -8,6 +8,8 @@ from typing import Self
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from controlplane.db.engine import url_problem
+
 _PLACEHOLDERS = {"changeme", "change-me", "secret", "password", "admin", "token", "xxx"}
 
 
@@ -80,8 +82,9 @@ class Settings(BaseSettings):
     def _postgres_only(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
-        if not value.startswith(("postgresql://", "postgresql+asyncpg://", "postgres://")):
-            raise ValueError("MERIDIAN_DATABASE_URL must be a postgresql:// URL")
+        problem = url_problem(value)
+        if problem is not None:
+            raise ValueError(f"MERIDIAN_DATABASE_URL {problem}")
         return value
 
     @model_validator(mode="after")

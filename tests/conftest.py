@@ -14,11 +14,13 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
-import asyncpg
+import psycopg
 import pytest
 import pytest_asyncio
 
+import meridian  # noqa: F401  (before gRPC starts: its fork handlers off, as in every process)
 from controlplane.db import migrate
 from controlplane.db.embedded import UNSAFE_FAST, Credentials, EmbeddedPostgres
 from controlplane.db.engine import Database
@@ -37,13 +39,20 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+async def sql(url: str, statement: str, timeout_s: float = 10) -> list[tuple[Any, ...]]:
+    """One statement on its own connection, outside a transaction; the rows it returns."""
+    async with await psycopg.AsyncConnection.connect(
+        url, autocommit=True, connect_timeout=max(2, int(timeout_s))
+    ) as conn:
+        cursor = await conn.execute(statement.encode())
+        return await cursor.fetchall() if cursor.description else []
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def postgres(workdir: Path) -> AsyncIterator[Credentials]:
     server = EmbeddedPostgres(workdir / "postgres", server_settings=UNSAFE_FAST)
     credentials = await server.start()
-    admin = await asyncpg.connect(credentials.url("postgres"))
-    await admin.execute(f'CREATE DATABASE "{TEMPLATE}"')
-    await admin.close()
+    await sql(credentials.url("postgres"), f'CREATE DATABASE "{TEMPLATE}"')
     db = Database.connect(credentials.url(TEMPLATE), pool_size=1)
     await migrate.upgrade(db.engine)
     await db.close()
@@ -58,15 +67,11 @@ async def _scratch_database(
     """A database for one test, dropped afterwards; a copy of `template` when given."""
     name = f"{prefix}_{os.getpid()}_{next(_counter)}"
     clause = f' TEMPLATE "{template}"' if template else ""
-    admin = await asyncpg.connect(postgres.url("postgres"))
-    await admin.execute(f'CREATE DATABASE "{name}"{clause}')
-    await admin.close()
+    await sql(postgres.url("postgres"), f'CREATE DATABASE "{name}"{clause}')
     try:
         yield postgres.url(name)
     finally:
-        admin = await asyncpg.connect(postgres.url("postgres"))
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+        await sql(postgres.url("postgres"), f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest_asyncio.fixture(loop_scope="session")

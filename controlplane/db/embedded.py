@@ -20,7 +20,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
+import psycopg
 
 from controlplane.errors import EmbeddedDatabaseError
 
@@ -180,13 +180,12 @@ class EmbeddedPostgres:
         self._credentials_file.chmod(0o600)
 
     async def _ensure_database(self, creds: Credentials) -> None:
-        conn = await asyncpg.connect(creds.url("postgres"))
-        try:
-            exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DATABASE)
-            if not exists:
+        async with await psycopg.AsyncConnection.connect(
+            creds.url("postgres"), autocommit=True
+        ) as conn:
+            found = await conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,))
+            if await found.fetchone() is None:
                 await conn.execute(f'CREATE DATABASE "{DATABASE}"')
-        finally:
-            await conn.close()
 
     def _give_to_server(self, path: Path) -> None:
         if self._os_user is not None:
@@ -200,6 +199,8 @@ class EmbeddedPostgres:
             return root
         uid = self._os_user.pw_uid
         for parent in root.parents:
+            if not parent.exists():
+                continue  # made by start(), with the umask's mode
             info = parent.stat()
             if info.st_uid != uid and not info.st_mode & stat.S_IXOTH:
                 digest = hashlib.sha256(str(root).encode()).hexdigest()[:12]

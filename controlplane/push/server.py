@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from controlplane.errors import PortUnavailable
 from controlplane.push.service import FleetService
 from controlplane.settings import Settings
 
@@ -37,9 +38,15 @@ async def start_grpc(service: FleetService, settings: Settings) -> grpc.aio.Serv
     server.add_generic_rpc_handlers((service.handler(),))
     address = f"{settings.host}:{settings.grpc_port}"
     credentials = server_credentials(settings)
-    if credentials is None:
-        server.add_insecure_port(address)
-    else:
-        server.add_secure_port(address, credentials)
+    try:
+        if credentials is None:
+            server.add_insecure_port(address)
+        else:
+            server.add_secure_port(address, credentials)
+    except RuntimeError as error:  # grpcio's way of saying the port cannot be bound
+        raise PortUnavailable(
+            f"the gRPC port {address} cannot be bound (in use?); choose another with "
+            "--grpc-port or MERIDIAN_GRPC_PORT"
+        ) from error
     await server.start()
     return server

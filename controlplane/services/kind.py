@@ -196,7 +196,7 @@ class Kind(Generic[RowT]):
         try:
             await uow.session.flush()
         except IntegrityError as exc:
-            constraint = getattr(exc.orig.__cause__, "constraint_name", None) if exc.orig else None
+            constraint = getattr(getattr(exc.orig, "diag", None), "constraint_name", None)
             raise AlreadyExists(
                 f"{self.kind} {name!r} conflicts with an existing {self.kind} "
                 f"({constraint or 'a unique constraint'})",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncpg
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection
@@ -10,16 +9,13 @@ from sqlalchemy.engine import Connection
 from controlplane.db import migrate
 from controlplane.db.engine import Database
 from controlplane.db.rows import Base
+from tests.conftest import sql
 from tests.controlplane.conftest import run_cli
 
 
 async def _tables(url: str) -> set[str]:
-    conn = await asyncpg.connect(url)
-    try:
-        rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
-    finally:
-        await conn.close()
-    return {row["tablename"] for row in rows}
+    rows = await sql(url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+    return {row[0] for row in rows}
 
 
 async def test_upgrade_from_empty_then_downgrade(empty_database_url: str) -> None:

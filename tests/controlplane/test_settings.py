@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from controlplane.db.engine import async_url
 from controlplane.settings import Settings
 
 
@@ -19,7 +20,21 @@ def test_placeholder_admin_tokens_are_refused(token: str) -> None:
 def test_only_postgres_urls() -> None:
     with pytest.raises(ValidationError, match="postgresql"):
         Settings(database_url="sqlite:///x.db")
+    with pytest.raises(ValidationError, match="names no host"):
+        Settings(database_url="postgresql:///meridian")
     assert Settings(database_url="").database_url is None
+
+
+@pytest.mark.parametrize(
+    "spelling", ["postgresql", "postgres", "postgresql+psycopg", "postgresql+asyncpg",
+                 "postgresql+psycopg2", "POSTGRESQL"],
+)  # fmt: skip
+def test_every_usual_spelling_of_a_postgres_url_means_psycopg(spelling: str) -> None:
+    url = f"{spelling}://meridian:s%40cret@db.internal:5433/fleet?sslmode=require"
+    assert Settings(database_url=url).database_url == url
+    assert async_url(url) == (
+        "postgresql+psycopg://meridian:s%40cret@db.internal:5433/fleet?sslmode=require"
+    )
 
 
 def test_etcd_endpoints_are_host_port_pairs() -> None:

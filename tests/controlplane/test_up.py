@@ -10,36 +10,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import openai
+import psycopg
 import pytest
 
 from controlplane.db.embedded import UNSAFE_FAST, EmbeddedPostgres
 from meridian.procs import free_port
+from tests.conftest import sql
 
 
 async def test_embedded_postgres_keeps_data_across_restarts(workdir: Path) -> None:
     root = workdir / "embedded-restart"
     first = EmbeddedPostgres(root, server_settings=UNSAFE_FAST)
     credentials = await first.start()
-    conn = await asyncpg.connect(credentials.url())
-    await conn.execute("CREATE TABLE kept (v text); INSERT INTO kept VALUES ('still here')")
-    await conn.close()
+    await sql(
+        credentials.url(), "CREATE TABLE kept (v text); INSERT INTO kept VALUES ('still here')"
+    )
     await first.stop()
 
     second = EmbeddedPostgres(root)
     again = await second.start()
     assert again == credentials
-    conn = await asyncpg.connect(again.url())
-    assert await conn.fetchval("SELECT v FROM kept") == "still here"
-    await conn.close()
+    assert await sql(again.url(), "SELECT v FROM kept") == [("still here",)]
     await second.stop()
-    try:
-        await asyncpg.connect(again.url(), timeout=2)
-        raise AssertionError("the server still answers after stop")
-    except OSError:
-        pass
+    with pytest.raises(psycopg.OperationalError):
+        await sql(again.url(), "SELECT 1", timeout_s=2)
 
 
 async def _run_up(data_dir: Path, port: int) -> tuple[asyncio.subprocess.Process, str]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncpg
 import grpc
 import pytest
 
 from agents.control.fleet import FleetClient, error_code
+from tests.conftest import sql
 from tests.controlplane.conftest import Server
 from tests.controlplane.push.conftest import registered
 from tests.controlplane.push.kit import Agent, bootstrap_token, get
@@ -45,11 +45,7 @@ async def test_bad_expired_and_foreign_tokens_are_refused_and_change_nothing(
             "validation_failed",
         )
 
-        conn = await asyncpg.connect(database_url)
-        try:
-            await conn.execute("UPDATE bootstrap_tokens SET expires_at = now() - interval '1 s'")
-        finally:
-            await conn.close()
+        await sql(database_url, "UPDATE bootstrap_tokens SET expires_at = now() - interval '1 s'")
         assert await refused(client, east_token, region="us-east") == (
             grpc.StatusCode.UNAUTHENTICATED,
             "bootstrap_token_expired",
