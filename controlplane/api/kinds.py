@@ -5,15 +5,16 @@ No `from __future__ import annotations` here: FastAPI must see each kind's body 
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Query, Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Response
 from fastapi.responses import JSONResponse
 
 from controlplane.api.deps import CurrentPrincipal, IfMatch, ServicesDep, etag
 from controlplane.domain import Role
 from controlplane.errors import ValidationFailed
 from controlplane.schemas.common import NAME_PATTERN, Page
+from controlplane.services.auth import Principal
 from controlplane.services.kind import Kind
-from controlplane.services.resources import Written
+from controlplane.services.resources import Written, check_version
 
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN, max_length=63)]
 Limit = Annotated[int, Query(ge=1, le=500, description="items per page")]
@@ -35,6 +36,25 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
     update_body = kind.replace_schema
     one = {"model": kind.out, "description": f"the {kind.kind}"}
 
+    # What a write checks before its body is read, in RFC 9110's order (13.2.2): who asks
+    # (401, 403), then the object (404) and the precondition (428, 412); the body (422) last.
+    # FastAPI resolves these dependencies before it validates the body.
+    async def may_write(who: CurrentPrincipal) -> Principal:
+        who.require(kind.write_role)
+        return who
+
+    Writer = Annotated[Principal, Depends(may_write)]
+
+    async def precondition(
+        name: NamePath, services: ServicesDep, expected: IfMatch, who: Writer
+    ) -> set[int] | str:
+        """If-Match against the stored version; the write checks it again under its lock."""
+        check_version(kind, name, await services.resources.version(kind, name), expected)
+        assert expected is not None
+        return expected
+
+    Checked = Annotated[set[int] | str, Depends(precondition)]
+
     @router.get("", response_model=Page, summary=f"List {kind.plural}")
     async def list_(
         services: ServicesDep, who: CurrentPrincipal, limit: Limit = 100, cursor: Cursor = None
@@ -50,25 +70,22 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
 
     @router.post("", status_code=201, responses={201: one}, summary=f"Create a {kind.kind}")
     async def create(
+        who: Writer,
         body: create_body,  # type: ignore[valid-type]
         services: ServicesDep,
-        who: CurrentPrincipal,
     ) -> JSONResponse:
-        who.require(kind.write_role)
         name = body.name  # type: ignore[attr-defined]
-        spec = kind.spec.model_validate(body.model_dump(exclude={"name"}))  # type: ignore[attr-defined]
-        written = await services.resources.create(kind, name, spec, who.name)
+        written = await services.resources.create(kind, name, kind.spec_of(body), who.name)
         return _written(written, 201, f"/v1/{kind.plural}/{written.view['name']}")
 
     @router.delete("/{name}", status_code=204, summary=f"Delete a {kind.kind}")
     async def delete(
         name: NamePath,
+        who: Writer,
+        expected: Checked,
         services: ServicesDep,
-        who: CurrentPrincipal,
-        expected: IfMatch,
         cascade: Annotated[bool, Query(description="delete what depends on it too")] = False,
     ) -> Response:
-        who.require(kind.write_role)
         revision = await services.resources.delete(kind, name, expected, who.name, cascade=cascade)
         headers = {"X-Meridian-Revision": str(revision)} if revision is not None else None
         return Response(status_code=204, headers=headers)
@@ -79,21 +96,22 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
     @router.put("/{name}", responses={200: one}, summary=f"Replace a {kind.kind}")
     async def replace(
         name: NamePath,
+        who: Writer,
+        expected: Checked,
         body: update_body,  # type: ignore[valid-type]
         services: ServicesDep,
-        who: CurrentPrincipal,
-        expected: IfMatch,
     ) -> JSONResponse:
-        who.require(kind.write_role)
         given = getattr(body, "name", None)
         if given is not None and given != name:
             raise ValidationFailed(
                 "the body names another object",
                 [{"field": "body.name", "message": f"is {given!r}, the path says {name!r}"}],
             )
-        spec_type = kind.update_spec or kind.spec
-        spec = spec_type.model_validate(body.model_dump(exclude={"name"}))  # type: ignore[attr-defined]
-        return _written(await services.resources.replace(kind, name, spec, expected, who.name))
+        spec = kind.spec_of(body, kind.update_spec)
+        version = body.version  # type: ignore[attr-defined]
+        return _written(
+            await services.resources.replace(kind, name, spec, expected, who.name, version)
+        )
 
     @router.patch(
         "/{name}",
@@ -102,12 +120,11 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
     )
     async def patch(
         name: NamePath,
+        who: Writer,
+        expected: Checked,
         body: Annotated[dict[str, Any], Body(description="the fields to change; null removes")],
         services: ServicesDep,
-        who: CurrentPrincipal,
-        expected: IfMatch,
     ) -> JSONResponse:
-        who.require(kind.write_role)
         return _written(await services.resources.patch(kind, name, body, expected, who.name))
 
     return router

@@ -180,12 +180,12 @@ class RegionStatus(Spec):
     )
 
 
-class RegionOut(Meta, RegionStatus, RegionSpec):
-    pass
+class RegionOut(Meta, RegionSpec):
+    status: RegionStatus
 
 
-class NodeOut(Meta, NodeStatus, NodeSpec):
-    pass
+class NodeOut(Meta, NodeSpec):
+    status: NodeStatus
 
 
 class ModelOut(Meta, ModelSpec):

@@ -37,6 +37,7 @@ class ApiKeyKind(Kind[ApiKeyRow]):
     update_spec = ApiKeyUpdate
     write_role = Role.ADMIN
     name_prefix = "key"
+    server_set = frozenset({"prefix", "revoked_at", "tenant"})  # tenant: fixed once made
 
     def doc(self, row: ApiKeyRow) -> Doc:
         return {

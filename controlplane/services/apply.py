@@ -56,7 +56,7 @@ def parse_document(document: Any) -> Plan:
             if name in seen:
                 errors.append({"field": f"{key}.{index}.name", "message": f"{name!r} repeats"})
             seen.add(name)
-            parsed.append((name, kind.spec.model_validate(spec.model_dump(exclude={"name"}))))
+            parsed.append((name, kind.spec_of(spec)))
         plan.append((kind, parsed))
     if errors:
         raise ValidationFailed("the fleet document is not valid", errors)

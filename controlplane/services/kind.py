@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ClassVar, Generic
+from typing import Any, ClassVar, Generic, cast
 
-from pydantic import BaseModel, ValidationError, create_model
+from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic.config import JsonDict
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
@@ -20,6 +21,11 @@ from controlplane.domain import Role
 from controlplane.errors import AlreadyExists, HasDependents, ValidationFailed
 from controlplane.schemas.common import Meta, Name, Spec
 from controlplane.services.unit import Doc, RowT, UnitOfWork
+
+# What a reader sees that the server sets: accepted on write, never applied.
+SERVER_SET = {"name", "version", "created_at", "updated_at", "status"}
+READ_ONLY: JsonDict = {"readOnly": True}
+MAX_BIGINT = 2**63 - 1
 
 
 @dataclass
@@ -67,6 +73,7 @@ class Kind(Generic[RowT]):
     updatable: ClassVar[bool] = True
     name_prefix: ClassVar[str | None] = None  # set: a name is generated when none is given
     refs: ClassVar[dict[str, tuple[type[NamedRow], str]]] = {}
+    server_set: ClassVar[frozenset[str]] = frozenset()  # more fields a reader sees, not set
 
     def __init__(self) -> None:
         self.dependents_of: list[tuple[Kind[Any], str]] = []
@@ -82,13 +89,37 @@ class Kind(Generic[RowT]):
         return self._named("Replace", optional=True, base=self.update_spec or self.spec)
 
     def _named(self, suffix: str, *, optional: bool, base: type[Spec] | None = None) -> type[Spec]:
+        """The spec with its name, and the fields a reader sees that the server sets, so that
+        what a GET returns can be written back (they are not applied; `version`, on a change,
+        must be the current one)."""
         base = base or self.spec
         name_type: Any = Name | None if optional else Name
-        return create_model(
-            f"{base.__name__.removesuffix('Spec')}{suffix}",
-            __base__=base,
-            name=(name_type, None if optional else ...),
-        )
+        observed = {
+            field: (Any, Field(None, json_schema_extra=READ_ONLY, description="read-only"))
+            for field in ("created_at", "updated_at", *sorted(self.server_set))
+            if field not in base.model_fields
+        }
+        fields: dict[str, Any] = {
+            "name": (name_type, None if optional else ...),
+            "version": (int | None, Field(None, ge=1, le=MAX_BIGINT, json_schema_extra=READ_ONLY,
+                                          description="read-only; on PUT, if given, must be "
+                                          "the current version, as If-Match")),
+            "status": (Any, Field(None, json_schema_extra=READ_ONLY,
+                                  description="read-only: what the system observes")),
+            **observed,
+        }  # fmt: skip
+        name = f"{base.__name__.removesuffix('Spec')}{suffix}"
+        return cast(type[Spec], create_model(name, __base__=base, **fields))
+
+    def spec_of(self, body: Spec, schema: type[Spec] | None = None) -> Spec:
+        """The spec a written body (of create_schema or replace_schema) declares."""
+        schema = schema or self.spec
+        given = body.model_dump()
+        return schema.model_validate({k: v for k, v in given.items() if k in schema.model_fields})
+
+    def read_only(self) -> set[str]:
+        """The fields a reader sees that a write may carry but never sets."""
+        return SERVER_SET | self.server_set
 
     # --- mapping between spec and row -------------------------------------------------
 
@@ -104,8 +135,10 @@ class Kind(Generic[RowT]):
         return {}
 
     def view(self, row: RowT) -> Doc:
-        """What a reader sees: name, spec, status and metadata."""
-        body = {"name": row.name, **self.doc(row), **self.status(row)}
+        """What a reader sees: name, spec, status (what the system observes, read-only) and
+        metadata."""
+        status = self.status(row)
+        body = {"name": row.name, **self.doc(row), **({"status": status} if status else {})}
         body.update(version=row.version, created_at=row.created_at, updated_at=row.updated_at)
         return self.out.model_validate(body).model_dump(mode="json")
 

@@ -10,7 +10,13 @@ from typing import Any
 from sqlalchemy import select
 
 from controlplane.db.engine import Database
-from controlplane.errors import MalformedBody, PreconditionRequired, VersionMismatch
+from controlplane.errors import (
+    MalformedBody,
+    NotFound,
+    PreconditionRequired,
+    ValidationFailed,
+    VersionMismatch,
+)
 from controlplane.schemas.common import Spec
 from controlplane.services.kind import Kind, parse
 from controlplane.services.placements import commit
@@ -55,8 +61,13 @@ def decode_cursor(cursor: str) -> str:
 
 
 def check_version(
-    kind: Kind[Any], name: str, version: int, expected: set[int] | str | None
+    kind: Kind[Any],
+    name: str,
+    version: int,
+    expected: set[int] | str | None,
+    given: int | None = None,
 ) -> None:
+    """If-Match's versions (`expected`), and a `version` the body gives, against the object's."""
     if expected is None:
         raise PreconditionRequired(
             f"send If-Match with the {kind.kind}'s ETag (its version) to change it"
@@ -64,6 +75,11 @@ def check_version(
     if expected != ANY_VERSION and version not in expected:
         raise VersionMismatch(
             f"{kind.kind} {name!r} is at version {version}, not {sorted(expected)}",
+            current_version=version,
+        )
+    if given is not None and given != version:
+        raise VersionMismatch(
+            f"{kind.kind} {name!r} is at version {version}; the body was read at {given}",
             current_version=version,
         )
 
@@ -90,6 +106,14 @@ class Resources:
             "next": encode_cursor(rows[-1].name) if more and rows else None,
         }
 
+    async def version(self, kind: Kind[Any], name: str) -> int:
+        """The stored object's version; NotFound when there is none."""
+        async with self._db.sessions() as session:
+            found = await session.scalar(select(kind.row.version).where(kind.row.name == name))
+        if found is None:
+            raise NotFound(f"no {kind.kind} named {name!r}", kind=kind.kind, name=name)
+        return int(found)
+
     async def get(self, kind: Kind[Any], name: str) -> Doc:
         async with self._db.sessions() as session:
             return kind.view(await UnitOfWork(session, "").get(kind.row, kind.kind, name))
@@ -104,12 +128,18 @@ class Resources:
         return await self._published(written)
 
     async def replace(
-        self, kind: Kind[Any], name: str, spec: Spec, expected: set[int] | str | None, actor: str
+        self,
+        kind: Kind[Any],
+        name: str,
+        spec: Spec,
+        expected: set[int] | str | None,
+        actor: str,
+        version: int | None = None,
     ) -> Written:
         async with self._db.sessions() as session, session.begin():
             uow = UnitOfWork(session, actor)
             row = await uow.get(kind.row, kind.kind, name, lock=True)
-            check_version(kind, name, row.version, expected)
+            check_version(kind, name, row.version, expected, version)
             await kind.update(uow, row, spec)
             written = Written(kind.view(row), {}, await commit(uow))
         return await self._published(written)
@@ -121,9 +151,16 @@ class Resources:
         async with self._db.sessions() as session, session.begin():
             uow = UnitOfWork(session, actor)
             row = await uow.get(kind.row, kind.kind, name, lock=True)
-            check_version(kind, name, row.version, expected)
+            given = patch.get("version")
+            check_version(kind, name, row.version, expected, given if type(given) is int else None)
             current = {k: v for k, v in kind.doc(row).items() if k in schema.model_fields}
-            spec = parse(schema, merge_patch(current, patch), ("body",))
+            if patch.get("name", name) != name:
+                raise ValidationFailed(
+                    "the body names another object",
+                    [{"field": "body.name", "message": f"is {patch['name']!r}, not {name!r}"}],
+                )
+            changes = {k: v for k, v in patch.items() if k not in kind.read_only()}
+            spec = parse(schema, merge_patch(current, changes), ("body",))
             await kind.update(uow, row, spec)
             written = Written(kind.view(row), {}, await commit(uow))
         return await self._published(written)

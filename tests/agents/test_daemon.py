@@ -69,8 +69,8 @@ async def test_agent_runs_the_node_engines_and_reports_them(
     assert [g["index"] for g in status["gpus"]] == [0, 1, 2, 3, 4]
     assert {g["source"] for g in status["gpus"]} == {"declared"}
     assert models["data"][0]["id"] == "qwen2.5-32b-instruct"
-    assert node["health"] == "up"
-    assert node["last_heartbeat_at"] is not None  # telemetry arrives
+    assert node["status"]["health"] == "up"
+    assert node["status"]["last_heartbeat_at"] is not None  # telemetry arrives
     # ...with what the engines served, read from their metrics, rolled up for the region
     assert load["prefix_cache_hit_rate"] > 0.5
     assert load["ttft_ms"]["p50"] > 0
@@ -85,15 +85,18 @@ async def _same_prompt_again_and_again(client: httpx.AsyncClient) -> None:
 
 
 async def _served(url: str, region: str) -> dict[str, Any] | None:
-    load: dict[str, Any] | None = (await get(url, f"/v1/regions/{region}"))["load"]
+    load: dict[str, Any] | None = (await get(url, f"/v1/regions/{region}"))["status"]["load"]
     return load if load and load["requests_per_second"] > 0 else None
 
 
 async def _applied(url: str, node: str, revision: int) -> dict[str, Any] | None:
     found: dict[str, Any] = await get(url, f"/v1/nodes/{node}")
-    done = found["applied_revision"] == revision and found["last_heartbeat_at"] is not None
+    done = (
+        found["status"]["applied_revision"] == revision
+        and found["status"]["last_heartbeat_at"] is not None
+    )
     # health turns `up` on the liveness sweep after the stream opens, not with it
-    return found if done and found["health"] == "up" else None
+    return found if done and found["status"]["health"] == "up" else None
 
 
 async def test_a_snapshot_the_node_cannot_run_is_nacked_and_the_old_one_kept(
@@ -105,9 +108,9 @@ async def test_a_snapshot_the_node_cannot_run_is_nacked_and_the_old_one_kept(
         await patch(cp.url, "/v1/deployments/llama-us-west", bad)
         node = await eventually(lambda: _nacked(cp.url, "us-west-1"), within_s=15)
         after = await agent.status()
-    assert "no-such-flag" in node["last_nack_reason"]
-    assert node["applied_revision"] == revision
-    assert node["desired_revision"] > revision
+    assert "no-such-flag" in node["status"]["last_nack_reason"]
+    assert node["status"]["applied_revision"] == revision
+    assert node["status"]["desired_revision"] > revision
     assert after["revision"] == revision
     assert after["engines"][0]["pid"] == before["engines"][0]["pid"]  # left running as it was
     assert after["engines"][0]["state"] == "ready"
@@ -115,7 +118,7 @@ async def test_a_snapshot_the_node_cannot_run_is_nacked_and_the_old_one_kept(
 
 async def _nacked(url: str, node: str) -> dict[str, Any] | None:
     found: dict[str, Any] = await get(url, f"/v1/nodes/{node}")
-    return found if found["last_nack_reason"] else None
+    return found if found["status"]["last_nack_reason"] else None
 
 
 async def test_an_agent_restarted_while_the_control_plane_is_down_comes_back_from_disk(

@@ -102,7 +102,7 @@ async def test_an_overloaded_region_sends_the_excess_to_an_idle_peer_and_none_wi
 
         async def reported() -> list[dict[str, Any]] | None:  # in heartbeats, rolled up
             region = await get(fleet.cp.url, "/v1/regions/us-west")
-            flows = (region.get("load") or {}).get("escalations") or []
+            flows = (region["status"].get("load") or {}).get("escalations") or []
             out = [f for f in flows if f["direction"] == "out"]
             return out if sum(f["count"] for f in out) >= after[("out", "us-east")] else None
 

@@ -109,7 +109,7 @@ async def test_killing_the_leader_hands_the_singletons_over_and_agents_resume(
 
         async def all_up() -> bool:
             nodes = [await get(leader.url, f"/v1/nodes/{a.node}") for a in (resuming, lost)]
-            return all(node["health"] == "up" for node in nodes)
+            return all(node["status"]["health"] == "up" for node in nodes)
 
         await eventually(all_up)  # the leader has seen both agents
         leader.process.send_signal(signal.SIGKILL)
@@ -127,7 +127,7 @@ async def test_killing_the_leader_hands_the_singletons_over_and_agents_resume(
         # The survivor's sweeper runs now: the agent that did not come back is marked down.
         async def lost_is_down() -> bool:
             node = await get(survivor.url, f"/v1/nodes/{lost.node}")
-            return bool(node["health"] == "down")
+            return bool(node["status"]["health"] == "down")
 
         await eventually(lost_is_down, within_s=15)
 
@@ -139,7 +139,7 @@ async def test_killing_the_leader_hands_the_singletons_over_and_agents_resume(
         assert newer.revision > resuming.revision
         await steady.nothing(0.5)  # eu-west has its own policy: not affected
         node = await get(survivor.url, f"/v1/nodes/{resuming.node}")
-        assert node["health"] == "up"
+        assert node["status"]["health"] == "up"
     finally:
         for agent in (resuming, lost, steady):
             await agent.close()

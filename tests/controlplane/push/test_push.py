@@ -40,11 +40,14 @@ async def test_a_new_agent_gets_its_own_regions_snapshot_and_its_ack_is_recorded
 
         async def acked() -> bool:
             node = await node_status(cp, "us-east-1")
-            return bool(node["applied_revision"] == snapshot.revision and node["health"] == "up")
+            return bool(
+                node["status"]["applied_revision"] == snapshot.revision
+                and node["status"]["health"] == "up"
+            )
 
         await eventually(acked)
         node = await node_status(cp, "us-east-1")
-        assert node["desired_revision"] == snapshot.revision
+        assert node["status"]["desired_revision"] == snapshot.revision
         await agent.nothing()
     finally:
         await agent.close()
@@ -111,12 +114,12 @@ async def test_a_nack_keeps_the_previous_revision_and_shows_the_reason(cp: Serve
 
         async def nacked() -> dict[str, Any] | None:
             node = await node_status(cp, agent.node)
-            return node if node["last_nack_reason"] else None
+            return node if node["status"]["last_nack_reason"] else None
 
         node = await eventually(nacked)
-        assert node["applied_revision"] == good.revision
-        assert node["desired_revision"] == bad.revision
-        assert "unknown argument mem-frac" in node["last_nack_reason"]
+        assert node["status"]["applied_revision"] == good.revision
+        assert node["status"]["desired_revision"] == bad.revision
+        assert "unknown argument mem-frac" in node["status"]["last_nack_reason"]
         await agent.nothing()  # the refused snapshot is not sent again and again
     finally:
         await agent.close()
@@ -133,7 +136,7 @@ async def test_heartbeats_are_stored_and_silence_ends_the_stream(cp: Server) -> 
         await agent.heartbeat(telemetry)
 
         async def beat_seen() -> bool:
-            return (await node_status(cp, agent.node))["last_heartbeat_at"] is not None
+            return (await node_status(cp, agent.node))["status"]["last_heartbeat_at"] is not None
 
         await eventually(beat_seen)
         # The agent now falls silent: the control plane closes the stream after 2 s...
@@ -145,12 +148,12 @@ async def test_heartbeats_are_stored_and_silence_ends_the_stream(cp: Server) -> 
         # ... and the liveness sweeper marks the node down once nobody holds it, and then
         # its region, whose only node it is.
         async def down() -> bool:
-            return bool((await node_status(cp, agent.node))["health"] == "down")
+            return bool((await node_status(cp, agent.node))["status"]["health"] == "down")
 
         await eventually(down)
 
         async def region_down() -> bool:
-            return bool((await get(cp.url, "/v1/regions/us-east"))["health"] == "down")
+            return bool((await get(cp.url, "/v1/regions/us-east"))["status"]["health"] == "down")
 
         await eventually(region_down, within_s=15)
     finally:
@@ -168,12 +171,12 @@ async def test_a_regions_load_reaches_its_peers_in_their_next_snapshot(cp: Serve
 
         async def rolled_up() -> dict[str, Any] | None:
             region = await get(cp.url, "/v1/regions/us-east")
-            load = region["load"]
+            load = region["status"]["load"]
             return region if load and load["inflight_requests"] == 7 else None
 
         region = await eventually(rolled_up, within_s=20)
-        assert region["health"] == "up"
-        assert region["load"]["engines_ready"] == 1
+        assert region["status"]["health"] == "up"
+        assert region["status"]["load"]["engines_ready"] == 1
 
         await patch(cp.url, "/v1/deployments/llama-eu-west", {"replicas": 1})
         snapshot = await eu.next()
