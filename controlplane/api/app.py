@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from controlplane.api import operator, problems, status
+from controlplane.api import openapi, operator, problems, status
 from controlplane.api.deps import Services
 from controlplane.api.kinds import kind_router
 from controlplane.coord.base import Coordinator, LocalCoordinator, replica_info
@@ -44,6 +44,7 @@ def create_app(
     app.state.metrics = metrics = metrics or ControlPlaneMetrics()
     app.middleware("http")(metrics.timed)
     problems.install(app)
+    openapi.install(app)
     app.state.status = StatusCache(lambda: fleet_status(db))
     app.include_router(operator.router)
     app.include_router(status.router)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from controlplane.coord.base import Coordinator
 from controlplane.db.engine import Database
@@ -33,10 +34,17 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
+# Declares the bearer token in the OpenAPI document; the header is read as it came, so that a
+# wrong scheme is told apart from a missing token.
+BEARER = HTTPBearer(auto_error=False, description="an admin, operator or viewer token")
+
+
 async def current_principal(
-    services: ServicesDep, authorization: Annotated[str | None, Header()] = None
+    request: Request,
+    services: ServicesDep,
+    _: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
 ) -> Principal:
-    return await services.auth.principal(authorization)
+    return await services.auth.principal(request.headers.get("authorization"))
 
 
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]

@@ -18,7 +18,9 @@ from controlplane.services.resources import Written, check_version
 
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN, max_length=63)]
 Limit = Annotated[int, Query(ge=1, le=500, description="items per page")]
-Cursor = Annotated[str | None, Query(max_length=200, description="`next` of the last page")]
+Cursor = Annotated[
+    str | None, Query(pattern=NAME_PATTERN, max_length=63, description="`next` of the last page")
+]
 
 
 def _written(written: Written, status: int = 200, location: str | None = None) -> JSONResponse:
@@ -35,6 +37,7 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
     create_body = kind.create_schema
     update_body = kind.replace_schema
     one = {"model": kind.out, "description": f"the {kind.kind}"}
+    created = {"model": kind.created_schema, "description": f"the new {kind.kind}"}
 
     # What a write checks before its body is read, in RFC 9110's order (13.2.2): who asks
     # (401, 403), then the object (404) and the precondition (428, 412); the body (422) last.
@@ -68,7 +71,7 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
         view = await services.resources.get(kind, name)
         return JSONResponse(view, headers={"ETag": etag(view["version"])})
 
-    @router.post("", status_code=201, responses={201: one}, summary=f"Create a {kind.kind}")
+    @router.post("", status_code=201, responses={201: created}, summary=f"Create a {kind.kind}")
     async def create(
         who: Writer,
         body: create_body,  # type: ignore[valid-type]

@@ -16,6 +16,7 @@ from controlplane.db import migrate
 from controlplane.domain import Role
 from controlplane.errors import MalformedBody, UnsupportedMediaType
 from controlplane.metrics import CONTENT_TYPE
+from controlplane.schemas.common import NAME_PATTERN, SLUG_PATTERN
 from controlplane.services import audit
 from controlplane.services.apply import apply_plan, parse_document, required_role
 
@@ -85,9 +86,11 @@ async def audit_events(
     services: ServicesDep,
     who: CurrentPrincipal,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    cursor: Annotated[str | None, Query(max_length=32)] = None,
-    kind: Annotated[str | None, Query(max_length=32)] = None,
-    name: Annotated[str | None, Query(max_length=63)] = None,
+    cursor: Annotated[
+        str | None, Query(pattern=r"^[0-9]{1,18}$", description="`next` of the last page")
+    ] = None,
+    kind: Annotated[str | None, Query(pattern=SLUG_PATTERN, description="e.g. region")] = None,
+    name: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=63)] = None,
 ) -> dict[str, Any]:
     who.require(Role.VIEWER)
     return await audit.audit_events(services.db, limit=limit, cursor=cursor, kind=kind, name=name)

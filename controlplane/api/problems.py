@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from controlplane.errors import MeridianError
 
@@ -54,6 +56,22 @@ def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     return out
 
 
+def _allowed(request: Request) -> set[str]:
+    return _methods(request.app.routes, {**request.scope, "method": "GET"})
+
+
+def _methods(routes: Iterable[Any], scope: dict[str, Any]) -> set[str]:
+    """The methods of the routes whose path matches the scope's, into included routers."""
+    methods: set[str] = set()
+    for route in routes:
+        inner = getattr(getattr(route, "original_router", None), "routes", None)
+        if inner is not None:
+            methods |= _methods(inner, scope)
+        elif route.matches(scope)[0] != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return methods
+
+
 def install(app: FastAPI) -> None:
     async def on_meridian(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, MeridianError)
@@ -74,8 +92,14 @@ def install(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:  # a body that is not even text: as one that is not JSON
+            return problem(422, "malformed_body", "The request is not valid",
+                           f"the body cannot be read: {exc.detail}", request.url.path)  # fmt: skip
         code, title = _HTTP_CODES.get(exc.status_code, ("http_error", "HTTP error"))
-        return problem(exc.status_code, code, title, str(exc.detail), request.url.path)
+        answer = problem(exc.status_code, code, title, str(exc.detail), request.url.path)
+        if exc.status_code == 405:  # every method the path takes, over all of its routes
+            answer.headers["Allow"] = ", ".join(sorted(_allowed(request)))
+        return answer
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", extra={"path": request.url.path})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, ForeignKey, Integer, String
+from sqlalchemy import BigInteger, Boolean, DateTime, ForeignKey, Integer, String
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -18,7 +18,7 @@ class TenantRow(NamedRow):
     tier: Mapped[str] = mapped_column(String(32))
     allowed_jurisdictions: Mapped[list[str] | None] = mapped_column(JSONB)
     requests_per_minute: Mapped[int | None] = mapped_column(Integer)
-    tokens_per_minute: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
     debug_routes: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
 
 

@@ -14,7 +14,7 @@ from controlplane.schemas.common import Meta, Name, Slug, Spec, Unique
 class TenantSpec(Spec):
     tier: Slug = "standard"
     allowed_jurisdictions: Annotated[list[Slug], Unique] | None = Field(
-        default=None, description="null: any jurisdiction"
+        default=None, max_length=64, description="null: any jurisdiction"
     )
     requests_per_minute: int | None = Field(default=None, ge=1, le=1_000_000_000)
     tokens_per_minute: int | None = Field(default=None, ge=1, le=1_000_000_000_000)

@@ -77,7 +77,8 @@ class ModelSpec(Spec):
     )
     context_length: int = Field(ge=1, le=10_000_000)
     capabilities: Annotated[list[Capability], Unique] = Field(
-        default_factory=lambda: [Capability.CHAT, Capability.COMPLETION]
+        default_factory=lambda: [Capability.CHAT, Capability.COMPLETION],
+        max_length=len(Capability),
     )
     min_gpu_memory_gb: int = Field(default=0, ge=0, le=4096)
 
@@ -98,9 +99,11 @@ class DeploymentSpec(Spec):
     prefill_replicas: int = Field(default=0, ge=0, le=1024)
     decode_replicas: int = Field(default=0, ge=0, le=1024)
     engine_args: dict[ArgKey, Scalar] = Field(
-        default_factory=dict, description="extra launch_server flags, without the leading --"
+        default_factory=dict,
+        max_length=64,
+        description="extra launch_server flags, without the leading --",
     )
-    external_urls: Annotated[list[HttpUrl], Unique] = Field(default_factory=list)
+    external_urls: Annotated[list[HttpUrl], Unique] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -130,7 +133,7 @@ class RoutingPolicySpec(Spec):
     model: Name
     region: Name | None = Field(default=None, description="null: every region of the model")
     policy: RoutingPolicyName = RoutingPolicyName.COST
-    params: dict[ArgKey, Scalar] = Field(default_factory=dict)
+    params: dict[ArgKey, Scalar] = Field(default_factory=dict, max_length=32)
     slo_ttft_ms: int | None = Field(default=None, ge=1, le=600_000)
     slo_itl_ms: int | None = Field(default=None, ge=1, le=60_000)
     max_inflight: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -164,7 +167,9 @@ class FallbackRuleSpec(Spec):
         min_length=1, max_length=32, description="peer regions, in order of preference"
     )
     triggers: Annotated[list[FallbackTrigger], Unique] = Field(
-        default_factory=lambda: [FallbackTrigger.OVERLOAD, FallbackTrigger.FAILURE], min_length=1
+        default_factory=lambda: [FallbackTrigger.OVERLOAD, FallbackTrigger.FAILURE],
+        min_length=1,
+        max_length=len(FallbackTrigger),
     )
     thresholds: FallbackThresholds = Field(default_factory=FallbackThresholds)
 

@@ -37,6 +37,7 @@ class ApiKeyKind(Kind[ApiKeyRow]):
     update_spec = ApiKeyUpdate
     write_role = Role.ADMIN
     name_prefix = "key"
+    shown_once = "key"
     server_set = frozenset({"prefix", "revoked_at", "tenant"})  # tenant: fixed once made
 
     def doc(self, row: ApiKeyRow) -> Doc:
@@ -89,6 +90,7 @@ class PrincipalKind(Kind[PrincipalRow]):
         PrincipalOut,
     )
     write_role = Role.ADMIN
+    shown_once = "token"
 
     def mint(self, row: PrincipalRow) -> Doc:
         secret = new_secret("mp")
@@ -106,6 +108,7 @@ class BootstrapTokenKind(Kind[BootstrapTokenRow]):
     )
     updatable = False
     name_prefix = "bt"
+    shown_once = "token"
 
     def doc(self, row: BootstrapTokenRow) -> Doc:
         return {"region": row.region.name, "expires_at": row.expires_at.isoformat()}

@@ -74,6 +74,7 @@ class Kind(Generic[RowT]):
     name_prefix: ClassVar[str | None] = None  # set: a name is generated when none is given
     refs: ClassVar[dict[str, tuple[type[NamedRow], str]]] = {}
     server_set: ClassVar[frozenset[str]] = frozenset()  # more fields a reader sees, not set
+    shown_once: ClassVar[str | None] = None  # the field of the secret mint() shows once
 
     def __init__(self) -> None:
         self.dependents_of: list[tuple[Kind[Any], str]] = []
@@ -82,6 +83,16 @@ class Kind(Generic[RowT]):
     def create_schema(self) -> type[Spec]:
         """The spec with its name, as POST and a fleet document take it."""
         return self._named("Create", optional=self.name_prefix is not None)
+
+    @cached_property
+    def created_schema(self) -> type[Meta]:
+        """What a create answers: the object, and its secret, shown this once."""
+        if self.shown_once is None:
+            return self.out
+        field: Any = (str, Field(description="the secret, shown this once; stored as a hash"))
+        name = self.out.__name__.removesuffix("Out") + "Created"
+        fields: dict[str, Any] = {self.shown_once: field}
+        return cast(type[Meta], create_model(name, __base__=self.out, **fields))
 
     @cached_property
     def replace_schema(self) -> type[Spec]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +9,6 @@ from sqlalchemy import select
 
 from controlplane.db.engine import Database
 from controlplane.errors import (
-    MalformedBody,
     NotFound,
     PreconditionRequired,
     ValidationFailed,
@@ -47,17 +44,6 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
-
-
-def encode_cursor(value: str) -> str:
-    return base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError) as exc:
-        raise MalformedBody("cursor: not a cursor this API gave out") from exc
 
 
 def check_version(
@@ -96,14 +82,14 @@ class Resources:
     async def list(self, kind: Kind[Any], *, limit: int, cursor: str | None) -> Doc:
         query = select(kind.row).order_by(kind.row.name).limit(limit + 1)
         if cursor:
-            query = query.where(kind.row.name > decode_cursor(cursor))
+            query = query.where(kind.row.name > cursor)  # the last name of the page before
         async with self._db.sessions() as session:
             rows = list((await session.execute(query)).unique().scalars())
         more = len(rows) > limit
         rows = rows[:limit]
         return {
             "items": [kind.view(r) for r in rows],
-            "next": encode_cursor(rows[-1].name) if more and rows else None,
+            "next": rows[-1].name if more and rows else None,
         }
 
     async def version(self, kind: Kind[Any], name: str) -> int:
