@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from controlplane.coord.base import Coordinator
 from controlplane.db.engine import Database
+from controlplane.domain import Role
 from controlplane.services.auth import Authenticator, Principal
 from controlplane.services.resources import ANY_VERSION, Resources
 from controlplane.services.revisions import RevisionFeed
@@ -48,6 +49,22 @@ async def current_principal(
 
 
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
+
+ROLE_KEY = "x-meridian-role"
+
+
+def allowed(role: Role, **openapi_extra: Any) -> dict[str, Any]:
+    """Route arguments for who may call it: the least role, enforced by a dependency that runs
+    before the route's others and before its body is read, and declared in the OpenAPI
+    document (`x-meridian-role`), from which the RBAC test takes every operation."""
+
+    async def check(who: CurrentPrincipal) -> None:
+        who.require(role)
+
+    return {
+        "dependencies": [Depends(check)],
+        "openapi_extra": {ROLE_KEY: str(role), **openapi_extra},
+    }
 
 
 def if_match(if_match: Annotated[str | None, Header()] = None) -> set[int] | str | None:

@@ -8,11 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Path, Query, Response
 from fastapi.responses import JSONResponse
 
-from controlplane.api.deps import CurrentPrincipal, IfMatch, ServicesDep, etag
+from controlplane.api.deps import CurrentPrincipal, IfMatch, ServicesDep, allowed, etag
 from controlplane.domain import Role
 from controlplane.errors import ValidationFailed
 from controlplane.schemas.common import NAME_PATTERN, Page
-from controlplane.services.auth import Principal
 from controlplane.services.kind import Kind
 from controlplane.services.resources import Written, check_version
 
@@ -40,16 +39,13 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
     created = {"model": kind.created_schema, "description": f"the new {kind.kind}"}
 
     # What a write checks before its body is read, in RFC 9110's order (13.2.2): who asks
-    # (401, 403), then the object (404) and the precondition (428, 412); the body (422) last.
-    # FastAPI resolves these dependencies before it validates the body.
-    async def may_write(who: CurrentPrincipal) -> Principal:
-        who.require(kind.write_role)
-        return who
-
-    Writer = Annotated[Principal, Depends(may_write)]
+    # (401, 403: the route's `allowed` dependency, first), then the object (404) and the
+    # precondition (428, 412); the body (422) last. FastAPI resolves dependencies before it
+    # validates the body.
+    reader, writer = allowed(Role.VIEWER), allowed(kind.write_role)
 
     async def precondition(
-        name: NamePath, services: ServicesDep, expected: IfMatch, who: Writer
+        name: NamePath, services: ServicesDep, expected: IfMatch
     ) -> set[int] | str:
         """If-Match against the stored version; the write checks it again under its lock."""
         check_version(kind, name, await services.resources.version(kind, name), expected)
@@ -58,22 +54,22 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
 
     Checked = Annotated[set[int] | str, Depends(precondition)]
 
-    @router.get("", response_model=Page, summary=f"List {kind.plural}")
+    @router.get("", response_model=Page, summary=f"List {kind.plural}", **reader)
     async def list_(
-        services: ServicesDep, who: CurrentPrincipal, limit: Limit = 100, cursor: Cursor = None
+        services: ServicesDep, limit: Limit = 100, cursor: Cursor = None
     ) -> dict[str, Any]:
-        who.require(Role.VIEWER)
         return await services.resources.list(kind, limit=limit, cursor=cursor)
 
-    @router.get("/{name}", responses={200: one}, summary=f"Get a {kind.kind}")
-    async def get(name: NamePath, services: ServicesDep, who: CurrentPrincipal) -> JSONResponse:
-        who.require(Role.VIEWER)
+    @router.get("/{name}", responses={200: one}, summary=f"Get a {kind.kind}", **reader)
+    async def get(name: NamePath, services: ServicesDep) -> JSONResponse:
         view = await services.resources.get(kind, name)
         return JSONResponse(view, headers={"ETag": etag(view["version"])})
 
-    @router.post("", status_code=201, responses={201: created}, summary=f"Create a {kind.kind}")
+    @router.post(
+        "", status_code=201, responses={201: created}, summary=f"Create a {kind.kind}", **writer
+    )
     async def create(
-        who: Writer,
+        who: CurrentPrincipal,
         body: create_body,  # type: ignore[valid-type]
         services: ServicesDep,
     ) -> JSONResponse:
@@ -81,10 +77,10 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
         written = await services.resources.create(kind, name, kind.spec_of(body), who.name)
         return _written(written, 201, f"/v1/{kind.plural}/{written.view['name']}")
 
-    @router.delete("/{name}", status_code=204, summary=f"Delete a {kind.kind}")
+    @router.delete("/{name}", status_code=204, summary=f"Delete a {kind.kind}", **writer)
     async def delete(
         name: NamePath,
-        who: Writer,
+        who: CurrentPrincipal,
         expected: Checked,
         services: ServicesDep,
         cascade: Annotated[bool, Query(description="delete what depends on it too")] = False,
@@ -96,10 +92,10 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
     if not kind.updatable:
         return router
 
-    @router.put("/{name}", responses={200: one}, summary=f"Replace a {kind.kind}")
+    @router.put("/{name}", responses={200: one}, summary=f"Replace a {kind.kind}", **writer)
     async def replace(
         name: NamePath,
-        who: Writer,
+        who: CurrentPrincipal,
         expected: Checked,
         body: update_body,  # type: ignore[valid-type]
         services: ServicesDep,
@@ -120,10 +116,11 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
         "/{name}",
         responses={200: one},
         summary=f"Change fields of a {kind.kind} (JSON merge patch, RFC 7396)",
+        **writer,
     )
     async def patch(
         name: NamePath,
-        who: Writer,
+        who: CurrentPrincipal,
         expected: Checked,
         body: Annotated[dict[str, Any], Body(description="the fields to change; null removes")],
         services: ServicesDep,

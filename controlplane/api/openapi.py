@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from controlplane.api.deps import ROLE_KEY
 from controlplane.api.problems import PROBLEM_JSON
 
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -49,7 +50,6 @@ WHY = {
     428: "If-Match is missing (`precondition_required`)",
     503: "not ready: the database cannot be reached or its schema is not current",
 }
-PUBLIC = {"/healthz", "/readyz"}
 IF_MATCH = {"put", "patch", "delete"}
 
 
@@ -121,7 +121,7 @@ def _merge_patch_body(schemas: dict[str, Any], put: dict[str, Any], patch: dict[
 
 def _problems(path: str, method: str, operation: dict[str, Any]) -> list[int]:
     statuses = {422} if operation.get("parameters") or operation.get("requestBody") else set()
-    if path not in PUBLIC:
+    if ROLE_KEY in operation:
         statuses |= {401, 403}
     if path == "/readyz":
         statuses.add(503)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sqlalchemy import text
 
-from controlplane.api.deps import CurrentPrincipal, ServicesDep
+from controlplane.api.deps import CurrentPrincipal, ServicesDep, allowed
 from controlplane.api.problems import problem
 from controlplane.db import migrate
 from controlplane.domain import Role
@@ -57,8 +57,8 @@ async def _read_document(request: Request) -> Any:
 @router.post(
     "/v1/apply",
     tags=["apply"],
-    openapi_extra=_DOCUMENT_BODY,
-    summary="Make the fleet match a document",
+    summary="Make the fleet match a document (an admin's, when it lists access kinds)",
+    **allowed(Role.OPERATOR, **_DOCUMENT_BODY),
 )
 async def apply(
     request: Request,
@@ -67,7 +67,6 @@ async def apply(
     dry_run: Annotated[bool, Query(description="show the diff, change nothing")] = False,
     cascade: Annotated[bool, Query(description="let deletes take dependents along")] = False,
 ) -> dict[str, Any]:
-    who.require(Role.OPERATOR)
     plan = parse_document(await _read_document(request))
     who.require(required_role(plan))
     return await apply_plan(
@@ -75,16 +74,21 @@ async def apply(
     )
 
 
-@router.get("/v1/revision", tags=["operator"], summary="The global config revision")
-async def revision(services: ServicesDep, who: CurrentPrincipal) -> dict[str, int]:
-    who.require(Role.VIEWER)
+@router.get(
+    "/v1/revision", tags=["operator"], summary="The global config revision", **allowed(Role.VIEWER)
+)
+async def revision(services: ServicesDep) -> dict[str, int]:
     return {"revision": await audit.revision(services.db)}
 
 
-@router.get("/v1/audit-events", tags=["operator"], summary="The audit log, newest first")
+@router.get(
+    "/v1/audit-events",
+    tags=["operator"],
+    summary="The audit log, newest first",
+    **allowed(Role.VIEWER),
+)
 async def audit_events(
     services: ServicesDep,
-    who: CurrentPrincipal,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Annotated[
         str | None, Query(pattern=r"^[0-9]{1,18}$", description="`next` of the last page")
@@ -92,7 +96,6 @@ async def audit_events(
     kind: Annotated[str | None, Query(pattern=SLUG_PATTERN, description="e.g. region")] = None,
     name: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=63)] = None,
 ) -> dict[str, Any]:
-    who.require(Role.VIEWER)
     return await audit.audit_events(services.db, limit=limit, cursor=cursor, kind=kind, name=name)
 
 
@@ -101,9 +104,9 @@ async def audit_events(
     tags=["operator"],
     summary="Prometheus metrics of this replica",
     response_class=PlainTextResponse,
+    **allowed(Role.VIEWER),
 )
-async def metrics(request: Request, who: CurrentPrincipal) -> Response:
-    who.require(Role.VIEWER)
+async def metrics(request: Request) -> Response:
     body = await request.app.state.metrics.render()
     return Response(body, media_type=CONTENT_TYPE)
 
@@ -138,7 +141,7 @@ async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
     "/v1/cluster",
     tags=["operator"],
     summary="The control-plane replicas: this one, the leader, and every live one",
+    **allowed(Role.VIEWER),
 )
-async def cluster(services: ServicesDep, who: CurrentPrincipal) -> dict[str, Any]:
-    who.require(Role.VIEWER)
+async def cluster(services: ServicesDep) -> dict[str, Any]:
     return await services.coordinator.cluster()

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 
-from controlplane.api.deps import CurrentPrincipal
+from controlplane.api.deps import allowed
 from controlplane.domain import Role
 from controlplane.errors import NotFound
 from controlplane.services.status import StatusCache
@@ -39,9 +39,9 @@ router = APIRouter()
     tags=["operator"],
     summary="The fleet as the status page shows it: regions, revisions and acks, nodes, GPUs "
     "and engines, load, escalation flows and recent route receipts",
+    **allowed(Role.VIEWER),
 )
-async def status(request: Request, response: Response, who: CurrentPrincipal) -> dict[str, Any]:
-    who.require(Role.VIEWER)
+async def status(request: Request, response: Response) -> dict[str, Any]:
     response.headers["Cache-Control"] = "no-store"
     cache: StatusCache = request.app.state.status
     return await cache.get()

@@ -25,6 +25,7 @@ class Api:
     """An HTTP client bound to the control plane, authenticated as the bootstrap admin."""
 
     client: httpx.AsyncClient
+    db: Database
 
     def as_(self, token: str | None) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}"} if token else {}
@@ -51,7 +52,7 @@ async def api(database_url: str) -> AsyncIterator[Api]:
         base_url="http://controlplane",
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
     ) as client:
-        yield Api(client)
+        yield Api(client, db)
     await db.close()
 
 
