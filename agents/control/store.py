@@ -15,6 +15,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.content import digest
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,11 @@ class Store:
         snapshot = pb.Snapshot()
         try:
             snapshot.ParseFromString(data)
+            whole = bool(snapshot.digest) and digest(snapshot) == snapshot.digest
         except DecodeError:
-            log.error("%s is not a snapshot; setting it aside", self.snapshot_path)
+            whole = False
+        if not whole:  # cut short, or not a snapshot: the control plane's next one is awaited
+            log.error("%s is not a whole snapshot; setting it aside", self.snapshot_path)
             self.snapshot_path.replace(self.snapshot_path.with_suffix(".corrupt"))
             return None
         return snapshot

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from google.protobuf import json_format
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.content import digest
 
 from controlplane.snapshot import RegionSnapshot
 
@@ -21,18 +21,6 @@ def to_wire(snapshot: RegionSnapshot) -> pb.Snapshot:
     message = json_format.ParseDict(doc, pb.Snapshot())
     message.digest = digest(message)
     return message
-
-
-def digest(message: pb.Snapshot) -> str:
-    """sha256 of what the agent must run and how it must route: not the revision, not load,
-    not the agents up."""
-    content = pb.Snapshot()
-    content.CopyFrom(message)
-    content.revision = 0
-    content.ClearField("digest")
-    content.ClearField("peer_load")
-    content.ClearField("agents_up")
-    return hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()
 
 
 def telemetry_doc(telemetry: pb.Telemetry) -> dict[str, Any]:
