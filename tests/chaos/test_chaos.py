@@ -1,0 +1,217 @@
+"""Kill every part of a running fleet, one at a time, under traffic and writes, and check what a
+user would notice: requests that had a healthy path are served, auth and quotas hold from the
+last snapshot, every acknowledged write is there afterwards (none by half), and every agent
+converges to the newest revision. The scenarios share one fleet, in order; each heals what it
+broke. The table at the end of the run counts what happened in each."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from controlplane.db.embedded import EmbeddedPostgres
+from tests.chaos.kit import (
+    CUT_OFF,
+    LLAMA,
+    REGIONS,
+    Fleet,
+    Traffic,
+    Writes,
+    kill9,
+    report,
+)
+from tests.controlplane.push.kit import eventually
+
+BROKEN_S = 5.0  # how long each part stays dead under load
+
+
+async def _under_load(fleet: Fleet, regions: tuple[str, ...] = REGIONS) -> tuple[Traffic, Writes]:
+    traffic, writes = Traffic(fleet, regions=regions), Writes(fleet)
+    traffic.start()
+    writes.start()
+    await asyncio.sleep(2)  # a steady state first
+    return traffic, writes
+
+
+async def _settle(traffic: Traffic, writes: Writes) -> None:
+    await asyncio.sleep(2)  # and some load after the heal
+    await traffic.stop()
+    await writes.stop()
+
+
+def _no_failures(traffic: Traffic) -> None:
+    assert traffic.served > 0
+    assert not traffic.failed, traffic.failed[:5]
+    assert traffic.refused_bad_key > 0
+
+
+async def test_a_control_plane_replica_killed(fleet: Fleet) -> None:
+    traffic, writes = await _under_load(fleet)
+    victim = fleet.replicas[0]
+    kill9(victim.process.pid)
+    await victim.process.wait()
+    await _quota_holds(fleet, "us-east")
+    await asyncio.sleep(BROKEN_S)
+    await fleet.restart_replica(0)
+    await _settle(traffic, writes)
+    _no_failures(traffic)
+    found = await writes.verify()
+    revision = await fleet.converged()
+    report("control-plane replica kill -9", traffic, writes, found, converged_to=revision)
+
+
+async def test_postgresql_killed(fleet: Fleet) -> None:
+    traffic, writes = await _under_load(fleet)
+    postmaster = int((fleet.postgres.pgdata / "postmaster.pid").read_text().split()[0])
+    kill9(postmaster)
+    await _quota_holds(fleet, "us-east")
+    await asyncio.sleep(BROKEN_S)
+    refused_while_down = writes.refused
+    restarted = EmbeddedPostgres(fleet.root / "postgres")
+    await restarted.start()
+    fleet.postgres = restarted
+    await _settle(traffic, writes)
+    _no_failures(traffic)  # the agents serve from their snapshots; auth and quotas too
+    found = await writes.verify()
+    revision = await fleet.converged()
+    report("PostgreSQL kill -9", traffic, writes, found, converged_to=revision)
+    assert refused_while_down > 0, "no write was even tried while the database was down"
+
+
+async def test_the_etcd_leader_killed(fleet: Fleet) -> None:
+    traffic, writes = await _under_load(fleet)
+    leader = await fleet.etcd.leader()
+    assert leader.process is not None
+    kill9(leader.process.pid)
+    await leader.process.wait()
+    new_leader = await fleet.etcd.leader()
+    assert new_leader is not leader
+    await _quota_holds(fleet, "eu-west")
+    await asyncio.sleep(BROKEN_S)
+    await fleet.etcd.start(leader, new=False)
+    await _settle(traffic, writes)
+    _no_failures(traffic)
+    found = await writes.verify()
+    revision = await fleet.converged()
+    report("etcd leader kill -9", traffic, writes, found, converged_to=revision)
+
+
+async def test_an_agent_killed(fleet: Fleet) -> None:
+    """us-east's agent dies: the other regions serve on untouched; restarted on its data
+    directory, it takes over its engines and serves before it hears from the control plane."""
+    others = tuple(r for r in REGIONS if r != "us-east")
+    traffic, writes = await _under_load(fleet, others)
+    pids = [e["pid"] for e in (await fleet.agents["us-east"].status())["engines"]]
+    await fleet.kill_agent("us-east")
+    await _quota_holds(fleet, "eu-west")
+    await asyncio.sleep(BROKEN_S)
+    await fleet.start_agent("us-east")
+    await fleet.ready("us-east")
+    status = await fleet.agents["us-east"].status()
+    assert sorted(e["pid"] for e in status["engines"]) == sorted(pids)  # adopted, not restarted
+    await _settle(traffic, writes)
+    _no_failures(traffic)
+    found = await writes.verify()
+    revision = await fleet.converged()
+    report("agent kill -9", traffic, writes, found, converged_to=revision)
+
+
+async def test_an_engine_killed(fleet: Fleet) -> None:
+    traffic, writes = await _under_load(fleet)
+    engines = (await fleet.agents["eu-west"].status())["engines"]
+    kill9(engines[0]["pid"])
+    await _quota_holds(fleet, "eu-west")
+    await asyncio.sleep(BROKEN_S)
+    await fleet.ready("eu-west")  # restarted by its agent
+    await _settle(traffic, writes)
+    _no_failures(traffic)
+    found = await writes.verify()
+    revision = await fleet.converged()
+    report("engine kill -9", traffic, writes, found, converged_to=revision)
+
+
+async def test_a_region_cut_off_from_the_control_plane(fleet: Fleet) -> None:
+    """us-west loses the control plane (its packets dropped, not refused): it serves on, its
+    auth and quotas from the last snapshot; healed, it catches up."""
+    before = (await fleet.agents[CUT_OFF].status())["revision"]
+    traffic, writes = await _under_load(fleet)
+    fleet.proxy.cut_off()
+    await asyncio.sleep(BROKEN_S)
+    metered = await _metered(fleet, CUT_OFF, 20)
+    fleet.proxy.heal()
+    await _settle(traffic, writes)
+    _no_failures(traffic)
+    assert metered.count(200) > 0, metered  # its share of the tenant's quota, and no more
+    assert metered.count(429) > 0, metered
+    assert set(metered) <= {200, 429}, metered
+    found = await writes.verify()
+    assert len(writes.acknowledged) > 0  # the control plane went on taking writes
+    revision = await fleet.converged()
+    assert revision > before
+    report("region partitioned from the control plane", traffic, writes, found,
+           converged_to=revision)  # fmt: skip
+
+
+async def _quota_holds(fleet: Fleet, region: str) -> None:
+    """A tenant of 30 requests a minute, asked 40 times, more than its share here: some are
+    refused with 429, none failed."""
+    answers = await _metered(fleet, region, 40)
+    assert set(answers) <= {200, 429}, answers
+    assert answers.count(429) > 0, answers
+
+
+async def _metered(fleet: Fleet, region: str, n: int) -> list[int]:
+    url = f"http://127.0.0.1:{fleet.agent_ports[region]}/v1/chat/completions"
+    body = {"model": LLAMA, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    headers = {"Authorization": f"Bearer {fleet.keys['metered']}"}
+    async with httpx.AsyncClient(timeout=30, headers=headers) as http:
+        return [(await http.post(url, json=body)).status_code for _ in range(n)]
+
+
+async def test_a_malformed_snapshot_is_nacked_and_the_last_good_one_serves(
+    fleet: Fleet,
+) -> None:
+    traffic, writes = await _under_load(fleet)
+    async with fleet.admin() as http:
+        path = "/v1/deployments/llama-eu-west"
+        bad = await http.patch(path, json={"engine_args": {"mem-frac": 0.5}},
+                               headers={"If-Match": "*"})  # fmt: skip
+        assert bad.status_code == 200, bad.text
+
+        async def nacked() -> str | None:
+            node = (await http.get("/v1/nodes/eu-west-1")).json()
+            reason: str | None = node["status"]["last_nack_reason"]
+            return reason
+
+        reason = await eventually(nacked, within_s=20)
+        assert "mem-frac" in reason
+        await asyncio.sleep(2)  # serving on the last good snapshot meanwhile
+        good = await http.patch(path, json={"engine_args": None}, headers={"If-Match": "*"})
+        assert good.status_code == 200, good.text
+    await _settle(traffic, writes)
+    _no_failures(traffic)
+    found = await writes.verify()
+    revision = await fleet.converged()
+    report("malformed snapshot (nacked)", traffic, writes, found, converged_to=revision)
+
+
+async def test_a_truncated_snapshot_on_disk_is_set_aside(fleet: Fleet) -> None:
+    """eu-west's agent stops; its snapshot file is cut in half; started again, it sets the
+    file aside and runs what the control plane sends, not garbage."""
+    await fleet.agents["eu-west"].stop()
+    saved: Path = fleet.root / "agents" / "eu-west" / "snapshot.pb"
+    data = await asyncio.to_thread(saved.read_bytes)
+    await asyncio.to_thread(saved.write_bytes, data[: len(data) // 2])
+    await fleet.start_agent("eu-west")
+    await fleet.ready("eu-west")
+    status = await fleet.agents["eu-west"].status()
+    assert status["source"] == "control-plane"
+    assert saved.with_suffix(".corrupt").exists()
+    traffic, writes = await _under_load(fleet)
+    await _settle(traffic, writes)
+    _no_failures(traffic)
+    found = await writes.verify()
+    revision = await fleet.converged()
+    report("truncated snapshot on disk", traffic, writes, found, converged_to=revision)
