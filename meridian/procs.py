@@ -27,6 +27,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on host:port already (a bind there would fail)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM, then SIGKILL if it has not ended within the grace period."""
     if proc.returncode is not None:

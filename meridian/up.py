@@ -29,7 +29,7 @@ from controlplane.db.provision import database_url
 from controlplane.settings import Settings
 from meridian.local_agents import await_engines, local_nodes, print_engines, start_agents
 from meridian.local_fleet import describe, print_fleet
-from meridian.procs import start_control_plane, stop_child
+from meridian.procs import port_in_use, start_control_plane, stop_child
 
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
 
@@ -61,9 +61,26 @@ def open_in_browser(url: str) -> bool:
         return False
 
 
+def check_ports(settings: Settings, fleet: Path) -> None:
+    """Every port the fleet will listen on is free, or one clear line says which is not."""
+    wanted = [
+        (settings.host, settings.port, "the API (--port)"),
+        (settings.host, settings.grpc_port, "the agents' gRPC (MERIDIAN_GRPC_PORT)"),
+    ]
+    wanted += [(n.host, n.port, f"agent {n.name} (its region's gateway_url in {fleet.name})")
+               for n in local_nodes(fleet)]  # fmt: skip
+    for host, port, what in wanted:
+        if port_in_use(host, port):
+            raise click.ClickException(
+                f"{host}:{port}, for {what}, is in use: is another fleet running? "
+                "Stop it, or choose other ports"
+            )
+
+
 async def run_local_fleet(
     settings: Settings, fleet: Path, console: Console, *, browser: bool = True
 ) -> None:
+    check_ports(settings, fleet)
     token = admin_token(settings)
     api = f"http://{settings.host}:{settings.port}"
     async with AsyncExitStack() as stack:

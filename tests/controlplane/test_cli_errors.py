@@ -113,3 +113,17 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def test_up_on_a_port_in_use_says_which_before_starting_anything(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, output = await run_cli(
+            "up", "--no-browser", "--port", str(port),
+            env={"MERIDIAN_DATA_DIR": str(tmp_path / "up")},
+        )  # fmt: skip
+    assert code == 1
+    assert f"127.0.0.1:{port}, for the API (--port), is in use" in _one_clear_line(output)
+    assert not (tmp_path / "up" / "postgres").exists()  # nothing was started
