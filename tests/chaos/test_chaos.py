@@ -41,6 +41,17 @@ async def _settle(traffic: Traffic, writes: Writes) -> None:
     await writes.stop()
 
 
+async def _after(fleet: Fleet, traffic: Traffic, writes: Writes, scenario: str) -> int:
+    """What every scenario checks once healed: nothing failed that had a healthy path, every
+    acknowledged write is there, every agent runs the newest revision; the revision."""
+    await _settle(traffic, writes)
+    _no_failures(traffic)
+    found = await writes.verify()
+    revision = await fleet.converged()
+    report(scenario, traffic, writes, found, converged_to=revision)
+    return revision
+
+
 def _no_failures(traffic: Traffic) -> None:
     assert traffic.served > 0
     assert not traffic.failed, traffic.failed[:5]
@@ -55,11 +66,7 @@ async def test_a_control_plane_replica_killed(fleet: Fleet) -> None:
     await _quota_holds(fleet, "us-east")
     await asyncio.sleep(BROKEN_S)
     await fleet.restart_replica(0)
-    await _settle(traffic, writes)
-    _no_failures(traffic)
-    found = await writes.verify()
-    revision = await fleet.converged()
-    report("control-plane replica kill -9", traffic, writes, found, converged_to=revision)
+    await _after(fleet, traffic, writes, "control-plane replica kill -9")
 
 
 async def test_postgresql_killed(fleet: Fleet) -> None:
@@ -72,11 +79,7 @@ async def test_postgresql_killed(fleet: Fleet) -> None:
     restarted = EmbeddedPostgres(fleet.root / "postgres")
     await restarted.start()
     fleet.postgres = restarted
-    await _settle(traffic, writes)
-    _no_failures(traffic)  # the agents serve from their snapshots; auth and quotas too
-    found = await writes.verify()
-    revision = await fleet.converged()
-    report("PostgreSQL kill -9", traffic, writes, found, converged_to=revision)
+    await _after(fleet, traffic, writes, "PostgreSQL kill -9")
     assert refused_while_down > 0, "no write was even tried while the database was down"
 
 
@@ -91,11 +94,7 @@ async def test_the_etcd_leader_killed(fleet: Fleet) -> None:
     await _quota_holds(fleet, "eu-west")
     await asyncio.sleep(BROKEN_S)
     await fleet.etcd.start(leader, new=False)
-    await _settle(traffic, writes)
-    _no_failures(traffic)
-    found = await writes.verify()
-    revision = await fleet.converged()
-    report("etcd leader kill -9", traffic, writes, found, converged_to=revision)
+    await _after(fleet, traffic, writes, "etcd leader kill -9")
 
 
 async def test_an_agent_killed(fleet: Fleet) -> None:
@@ -111,11 +110,7 @@ async def test_an_agent_killed(fleet: Fleet) -> None:
     await fleet.ready("us-east")
     status = await fleet.agents["us-east"].status()
     assert sorted(e["pid"] for e in status["engines"]) == sorted(pids)  # adopted, not restarted
-    await _settle(traffic, writes)
-    _no_failures(traffic)
-    found = await writes.verify()
-    revision = await fleet.converged()
-    report("agent kill -9", traffic, writes, found, converged_to=revision)
+    await _after(fleet, traffic, writes, "agent kill -9")
 
 
 async def test_an_engine_killed(fleet: Fleet) -> None:
@@ -125,11 +120,7 @@ async def test_an_engine_killed(fleet: Fleet) -> None:
     await _quota_holds(fleet, "eu-west")
     await asyncio.sleep(BROKEN_S)
     await fleet.ready("eu-west")  # restarted by its agent
-    await _settle(traffic, writes)
-    _no_failures(traffic)
-    found = await writes.verify()
-    revision = await fleet.converged()
-    report("engine kill -9", traffic, writes, found, converged_to=revision)
+    await _after(fleet, traffic, writes, "engine kill -9")
 
 
 async def test_a_region_cut_off_from_the_control_plane(fleet: Fleet) -> None:
@@ -141,17 +132,12 @@ async def test_a_region_cut_off_from_the_control_plane(fleet: Fleet) -> None:
     await asyncio.sleep(BROKEN_S)
     metered = await _metered(fleet, CUT_OFF, 20)
     fleet.proxy.heal()
-    await _settle(traffic, writes)
-    _no_failures(traffic)
+    revision = await _after(fleet, traffic, writes, "region partitioned from the control plane")
     assert metered.count(200) > 0, metered  # its share of the tenant's quota, and no more
     assert metered.count(429) > 0, metered
     assert set(metered) <= {200, 429}, metered
-    found = await writes.verify()
     assert len(writes.acknowledged) > 0  # the control plane went on taking writes
-    revision = await fleet.converged()
     assert revision > before
-    report("region partitioned from the control plane", traffic, writes, found,
-           converged_to=revision)  # fmt: skip
 
 
 async def _quota_holds(fleet: Fleet, region: str) -> None:
@@ -190,11 +176,7 @@ async def test_a_malformed_snapshot_is_nacked_and_the_last_good_one_serves(
         await asyncio.sleep(2)  # serving on the last good snapshot meanwhile
         good = await http.patch(path, json={"engine_args": None}, headers={"If-Match": "*"})
         assert good.status_code == 200, good.text
-    await _settle(traffic, writes)
-    _no_failures(traffic)
-    found = await writes.verify()
-    revision = await fleet.converged()
-    report("malformed snapshot (nacked)", traffic, writes, found, converged_to=revision)
+    await _after(fleet, traffic, writes, "malformed snapshot (nacked)")
 
 
 async def test_a_truncated_snapshot_on_disk_is_set_aside(fleet: Fleet) -> None:
@@ -210,8 +192,4 @@ async def test_a_truncated_snapshot_on_disk_is_set_aside(fleet: Fleet) -> None:
     assert status["source"] == "control-plane"
     assert saved.with_suffix(".corrupt").exists()
     traffic, writes = await _under_load(fleet)
-    await _settle(traffic, writes)
-    _no_failures(traffic)
-    found = await writes.verify()
-    revision = await fleet.converged()
-    report("truncated snapshot on disk", traffic, writes, found, converged_to=revision)
+    await _after(fleet, traffic, writes, "truncated snapshot on disk")
