@@ -25,6 +25,7 @@ from controlplane.db import migrate
 from controlplane.db.embedded import UNSAFE_FAST, Credentials, EmbeddedPostgres
 from controlplane.db.engine import Database
 from meridian.procs import free_port
+from tests import report
 
 TEMPLATE = "meridian_template"
 _counter = itertools.count()
@@ -135,3 +136,11 @@ async def etcd(workdir: Path) -> AsyncIterator[str]:
     """One etcd for the session; tests keep apart by each using a key prefix of its own."""
     async with running_etcd(workdir / "etcd") as (endpoint, _):
         yield endpoint
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The sections tests added to tests/report.py, after the run."""
+    for title, lines in report.SECTIONS.items():
+        terminalreporter.section(title)
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -34,14 +34,15 @@ from tests.controlplane.conftest import ADMIN_TOKEN
 from tests.controlplane.fleet import EXAMPLE
 from tests.controlplane.push.kit import eventually
 from tests.fleet.kit import OPERATOR, applied_deployments, fleet_document
+from tests.report import SECTIONS, add
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 JSON = {"Content-Type": "application/json"}
 REGIONS = ("us-east", "us-west", "eu-west")
 CUT_OFF = "us-west"  # the region whose link to the control plane goes through the proxy
 LLAMA = "llama-3.1-8b-instruct"
-REPORT: list[dict[str, Any]] = []
-_changes = itertools.count(1)  # one row per scenario, printed at the end of the run
+SECTION = "chaos: what users saw while parts were killed"
+_changes = itertools.count(1)
 
 
 # --- etcd ------------------------------------------------------------------------------
@@ -486,12 +487,14 @@ class Writes:
         return len(self.acknowledged)
 
 
-def report(scenario: str, traffic: Traffic, writes: Writes, found: int, **extra: Any) -> None:
-    REPORT.append({
-        "scenario": scenario, "served": traffic.served, "failed": len(traffic.failed),
-        "bad key refused": traffic.refused_bad_key, "writes acknowledged": len(writes.acknowledged),
-        "writes found": found, "writes refused": writes.refused, **extra,
-    })  # fmt: skip
+def report(scenario: str, traffic: Traffic, writes: Writes, found: int, revision: int) -> None:
+    """A row of the run's chaos table."""
+    if SECTION not in SECTIONS:
+        add(SECTION, "scenario | requests served | failed | bad key refused | writes "
+                     "acknowledged | found | refused | agents converged to revision")  # fmt: skip
+    add(SECTION, f"{scenario} | {traffic.served} | {len(traffic.failed)} | "
+                 f"{traffic.refused_bad_key} | {len(writes.acknowledged)} | {found} | "
+                 f"{writes.refused} | {revision}")  # fmt: skip
 
 
 def kill9(pid: int) -> None:

@@ -48,7 +48,7 @@ async def _after(fleet: Fleet, traffic: Traffic, writes: Writes, scenario: str) 
     _no_failures(traffic)
     found = await writes.verify()
     revision = await fleet.converged()
-    report(scenario, traffic, writes, found, converged_to=revision)
+    report(scenario, traffic, writes, found, revision)
     return revision
 
 
