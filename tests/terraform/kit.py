@@ -1,0 +1,67 @@
+"""Terraform, run as an operator runs it, offline: providers only from the machine's plugin
+directory (/opt/tf-plugins), never from a registry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TERRAFORM = Path(__file__).resolve().parents[2] / "terraform"
+MODULES = TERRAFORM / "modules"
+PLUGINS = Path("/opt/tf-plugins")
+
+
+def terraform_binary() -> str:
+    found = shutil.which("terraform")
+    if found is None:
+        pytest.fail("terraform is not installed (this image has it in /usr/local/bin)")
+    return found
+
+
+async def terraform(workdir: Path, *args: str, check: bool = True) -> tuple[int, str]:
+    """`terraform ARGS` in `workdir`; its exit code and output."""
+    config = workdir / ".terraformrc"
+    await asyncio.to_thread(
+        config.write_text,
+        f'provider_installation {{\n  filesystem_mirror {{\n    path = "{PLUGINS}"\n  }}\n}}\n',
+    )
+    env = {**os.environ, "TF_CLI_CONFIG_FILE": str(config), "TF_IN_AUTOMATION": "1",
+           "CHECKPOINT_DISABLE": "1", "TF_INPUT": "0"}  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        terraform_binary(), f"-chdir={workdir}", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 300)
+    text = out.decode()
+    if check:
+        assert proc.returncode == 0, f"terraform {' '.join(args)}:\n{text}"
+    return proc.returncode or 0, text
+
+
+async def render(workdir: Path, module: str, variables: dict[str, Any]) -> dict[str, Any]:
+    """Apply a root module that only calls `module` (one that needs no provider) with
+    `variables`; its outputs."""
+    await asyncio.to_thread(_root_module, workdir, module, variables)
+    await terraform(workdir, "init", "-input=false", "-no-color")
+    await terraform(workdir, "apply", "-auto-approve", "-input=false", "-no-color")
+    _, out = await terraform(workdir, "output", "-json", "all")
+    rendered: dict[str, Any] = json.loads(out)
+    return rendered
+
+
+def _root_module(workdir: Path, module: str, variables: dict[str, Any]) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "main.tf").write_text(
+        "".join(f'variable "{k}" {{}}\n' for k in variables)
+        + f'module "under_test" {{\n  source = "{MODULES / module}"\n'
+        + "".join(f"  {k} = var.{k}\n" for k in variables)
+        + "}\n"
+        + 'output "all" {\n  value     = module.under_test\n  sensitive = true\n}\n'
+    )
+    (workdir / "terraform.tfvars.json").write_text(json.dumps(variables))
