@@ -1,0 +1,19 @@
+output "gateway_url" {
+  description = "The region's gateway: the fleet document's gateway_url for it."
+  value       = "http://${azurerm_public_ip.gateway.ip_address}:${var.gateway_port}"
+}
+
+output "region" {
+  description = "The Meridian region its nodes join."
+  value       = var.region
+}
+
+output "gpus" {
+  description = "GPUs in the pool: node_count x gpus_per_node."
+  value       = var.node_count * var.gpus_per_node
+}
+
+output "scale_set" {
+  description = "The pool's scale set."
+  value       = azurerm_linux_virtual_machine_scale_set.nodes.name
+}

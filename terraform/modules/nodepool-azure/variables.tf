@@ -1,0 +1,160 @@
+variable "name" {
+  description = "The pool's name: prefixes every resource it makes."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{0,30}[a-z0-9]$", var.name))
+    error_message = "name must be 2-32 lowercase letters, digits or '-', starting with a letter."
+  }
+}
+
+variable "region" {
+  description = "The Meridian region its nodes join (its name in the fleet document), not the Azure location."
+  type        = string
+  validation {
+    condition     = can(regex("^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$", var.region))
+    error_message = "region must be 1-63 letters, digits, '.', '_' or '-'."
+  }
+}
+
+variable "resource_group_name" {
+  description = "The resource group the pool goes in."
+  type        = string
+}
+
+variable "location" {
+  description = "The Azure location: westeurope, eastus, ..."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z]+[a-z0-9]*$", var.location))
+    error_message = "location must be an Azure location name, e.g. westeurope."
+  }
+}
+
+variable "zones" {
+  description = "Availability zones of the scale set; empty for none."
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = alltrue([for z in var.zones : contains(["1", "2", "3"], z)])
+    error_message = "zones are \"1\", \"2\" or \"3\"."
+  }
+}
+
+variable "subnet_id" {
+  description = "The subnet of the machines and the load balancer's backend."
+  type        = string
+}
+
+variable "vm_size" {
+  description = "A GPU VM size: Standard_ND96asr_v4, Standard_ND96isr_H100_v5, Standard_NC24ads_A100_v4, ..."
+  type        = string
+  validation {
+    condition     = can(regex("^Standard_N[CDV][0-9A-Za-z_]+$", var.vm_size))
+    error_message = "vm_size must be an N-series GPU size (Standard_NC*, Standard_ND*, Standard_NV*)."
+  }
+}
+
+variable "gpus_per_node" {
+  description = "GPUs in one machine of vm_size."
+  type        = number
+  validation {
+    condition     = var.gpus_per_node >= 1 && var.gpus_per_node <= 16 && floor(var.gpus_per_node) == var.gpus_per_node
+    error_message = "gpus_per_node must be a whole number from 1 to 16."
+  }
+}
+
+variable "node_count" {
+  description = "Machines in the pool."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.node_count >= 0 && var.node_count <= 1000 && floor(var.node_count) == var.node_count
+    error_message = "node_count must be a whole number from 0 to 1000."
+  }
+}
+
+variable "spot" {
+  description = "Spot capacity instead of regular."
+  type        = bool
+  default     = false
+}
+
+variable "image" {
+  description = "The marketplace image (publisher, offer, sku, version), e.g. an HPC image with the NVIDIA driver."
+  type = object({
+    publisher = string
+    offer     = string
+    sku       = string
+    version   = string
+  })
+}
+
+variable "admin_ssh_key" {
+  description = "The public SSH key of the machines' admin user."
+  type        = string
+}
+
+variable "os_disk_gb" {
+  description = "The OS disk (managed, persistent): the OS, packages, model cache and the agent's data directory."
+  type        = number
+  default     = 512
+  validation {
+    condition     = var.os_disk_gb >= 64 && var.os_disk_gb <= 4095
+    error_message = "os_disk_gb must be from 64 to 4095."
+  }
+}
+
+variable "control_plane" {
+  description = "The control plane's gRPC target, as agent-bootstrap takes it."
+  type        = string
+}
+
+variable "key_vault_name" {
+  description = "The Key Vault that holds the region's bootstrap token."
+  type        = string
+}
+
+variable "key_vault_id" {
+  description = "That Key Vault's resource id, to grant the machines' identity read access to its secrets."
+  type        = string
+}
+
+variable "bootstrap_token_secret_name" {
+  description = "The Key Vault secret's name."
+  type        = string
+  validation {
+    condition     = can(regex("^[0-9A-Za-z-]{1,127}$", var.bootstrap_token_secret_name))
+    error_message = "bootstrap_token_secret_name must be a Key Vault secret name."
+  }
+}
+
+variable "gateway_port" {
+  description = "The agents' port: the region's OpenAI endpoint."
+  type        = number
+  default     = 8500
+  validation {
+    condition     = var.gateway_port >= 1024 && var.gateway_port <= 65535
+    error_message = "gateway_port must be from 1024 to 65535."
+  }
+}
+
+variable "client_cidrs" {
+  description = "Who may reach the region's gateway."
+  type        = list(string)
+  validation {
+    condition     = alltrue([for c in var.client_cidrs : can(cidrhost(c, 0))])
+    error_message = "client_cidrs must be CIDR blocks."
+  }
+}
+
+variable "meridian_package" {
+  description = "What pip installs for Meridian."
+  type        = string
+  default     = "meridian"
+}
+
+variable "sglang_package" {
+  description = "What pip installs for SGLang."
+  type        = string
+  default     = "sglang[all]"
+}

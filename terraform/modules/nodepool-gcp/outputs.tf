@@ -1,0 +1,19 @@
+output "gateway_url" {
+  description = "The region's gateway: the fleet document's gateway_url for it."
+  value       = "http://${google_compute_forwarding_rule.gateway.ip_address}:${var.gateway_port}"
+}
+
+output "region" {
+  description = "The Meridian region its nodes join."
+  value       = var.region
+}
+
+output "gpus" {
+  description = "GPUs in the pool: node_count x gpus_per_node."
+  value       = var.node_count * var.gpus_per_node
+}
+
+output "instance_group" {
+  description = "The pool's managed instance group."
+  value       = google_compute_instance_group_manager.nodes.instance_group
+}

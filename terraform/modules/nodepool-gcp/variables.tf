@@ -1,0 +1,135 @@
+variable "name" {
+  description = "The pool's name: prefixes every resource it makes."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$", var.name))
+    error_message = "name must be 1-32 lowercase letters, digits or '-', starting with a letter."
+  }
+}
+
+variable "region" {
+  description = "The Meridian region its nodes join (its name in the fleet document), not the GCP region."
+  type        = string
+  validation {
+    condition     = can(regex("^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$", var.region))
+    error_message = "region must be 1-63 letters, digits, '.', '_' or '-'."
+  }
+}
+
+variable "project" {
+  description = "The GCP project."
+  type        = string
+}
+
+variable "zone" {
+  description = "The zone of the pool (GPUs are zonal): europe-west4-a, us-central1-b, ..."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]-[a-z]$", var.zone))
+    error_message = "zone must be a GCP zone, e.g. europe-west4-a."
+  }
+}
+
+variable "network" {
+  description = "The VPC network's self link or name."
+  type        = string
+}
+
+variable "subnetwork" {
+  description = "The subnetwork's self link or name, in the zone's region."
+  type        = string
+}
+
+variable "machine_type" {
+  description = "A GPU machine type with its GPUs attached: a3-highgpu-8g, a2-highgpu-1g, g2-standard-24, ..."
+  type        = string
+  validation {
+    condition     = can(regex("^(a3|a2|g2)-[a-z]+-[0-9]+g?$", var.machine_type))
+    error_message = "machine_type must be an accelerator-optimized type (a3-*, a2-*, g2-*) whose GPUs come with it."
+  }
+}
+
+variable "gpus_per_node" {
+  description = "GPUs in one machine of machine_type."
+  type        = number
+  validation {
+    condition     = var.gpus_per_node >= 1 && var.gpus_per_node <= 16 && floor(var.gpus_per_node) == var.gpus_per_node
+    error_message = "gpus_per_node must be a whole number from 1 to 16."
+  }
+}
+
+variable "node_count" {
+  description = "Machines in the pool."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.node_count >= 0 && var.node_count <= 1000 && floor(var.node_count) == var.node_count
+    error_message = "node_count must be a whole number from 0 to 1000."
+  }
+}
+
+variable "spot" {
+  description = "Spot capacity instead of on-demand."
+  type        = bool
+  default     = false
+}
+
+variable "image" {
+  description = "The boot image, e.g. a Deep Learning VM image with the NVIDIA driver."
+  type        = string
+}
+
+variable "boot_disk_gb" {
+  description = "The boot disk (persistent disk): the OS, packages, model cache and the agent's data directory."
+  type        = number
+  default     = 500
+  validation {
+    condition     = var.boot_disk_gb >= 50 && var.boot_disk_gb <= 65536
+    error_message = "boot_disk_gb must be from 50 to 65536."
+  }
+}
+
+variable "control_plane" {
+  description = "The control plane's gRPC target, as agent-bootstrap takes it."
+  type        = string
+}
+
+variable "bootstrap_token_secret" {
+  description = "The Secret Manager secret (projects/P/secrets/S) that holds the region's bootstrap token."
+  type        = string
+  validation {
+    condition     = can(regex("^projects/[^/]+/secrets/[^/]+$", var.bootstrap_token_secret))
+    error_message = "bootstrap_token_secret must be projects/PROJECT/secrets/NAME."
+  }
+}
+
+variable "gateway_port" {
+  description = "The agents' port: the region's OpenAI endpoint."
+  type        = number
+  default     = 8500
+  validation {
+    condition     = var.gateway_port >= 1024 && var.gateway_port <= 65535
+    error_message = "gateway_port must be from 1024 to 65535."
+  }
+}
+
+variable "client_cidrs" {
+  description = "Who may reach the region's gateway."
+  type        = list(string)
+  validation {
+    condition     = alltrue([for c in var.client_cidrs : can(cidrhost(c, 0))])
+    error_message = "client_cidrs must be CIDR blocks."
+  }
+}
+
+variable "meridian_package" {
+  description = "What pip installs for Meridian."
+  type        = string
+  default     = "meridian"
+}
+
+variable "sglang_package" {
+  description = "What pip installs for SGLang."
+  type        = string
+  default     = "sglang[all]"
+}
