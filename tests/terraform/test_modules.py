@@ -14,7 +14,7 @@ import pytest
 
 from tests.terraform.kit import MODULES, terraform
 
-WITH_PROVIDER = ["nodepool-aws"]
+WITH_PROVIDER = ["controlplane-aws", "nodepool-aws"]
 
 
 @pytest.mark.parametrize("module", WITH_PROVIDER)

@@ -1,5 +1,5 @@
 locals {
-  settings = merge({ HOST = "0.0.0.0" }, var.agent_settings, {
+  settings = merge({ HOST = "0.0.0.0" }, var.control_plane_tls ? { TLS_CA_FILE = var.ca_bundle } : {}, var.agent_settings, {
     CONTROL_PLANE = var.control_plane
     REGION        = var.region
     PORT          = tostring(var.port)

@@ -16,6 +16,18 @@ variable "control_plane" {
   }
 }
 
+variable "control_plane_tls" {
+  description = "The control plane serves gRPC over TLS with a publicly trusted certificate (its load balancer's): verified against the system's CA bundle."
+  type        = bool
+  default     = false
+}
+
+variable "ca_bundle" {
+  description = "The system's CA bundle, for control_plane_tls."
+  type        = string
+  default     = "/etc/ssl/certs/ca-certificates.crt"
+}
+
 variable "bootstrap_token_command" {
   description = "A shell command that prints the region's bootstrap token, read at boot from the cloud's secret store (so that the token is never in user data). Run once, before the agent's first start."
   type        = string

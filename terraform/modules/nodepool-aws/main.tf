@@ -7,6 +7,7 @@ module "bootstrap" {
   source                  = "../agent-bootstrap"
   region                  = var.region
   control_plane           = var.control_plane
+  control_plane_tls       = var.control_plane_tls
   bootstrap_token_command = "aws secretsmanager get-secret-value --region ${data.aws_region.current.name} --secret-id ${var.bootstrap_token_secret_arn} --query SecretString --output text"
   meridian_package        = var.meridian_package
   sglang_package          = var.sglang_package

@@ -83,6 +83,12 @@ variable "root_volume_gb" {
   }
 }
 
+variable "control_plane_tls" {
+  description = "The control plane's gRPC port serves TLS with a publicly trusted certificate (controlplane-aws's does)."
+  type        = bool
+  default     = true
+}
+
 variable "control_plane" {
   description = "The control plane's gRPC target, as agent-bootstrap takes it (the control plane's load balancer, host:port)."
   type        = string

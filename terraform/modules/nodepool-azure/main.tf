@@ -3,9 +3,10 @@
 # is the region's gateway.
 
 module "bootstrap" {
-  source        = "../agent-bootstrap"
-  region        = var.region
-  control_plane = var.control_plane
+  source            = "../agent-bootstrap"
+  region            = var.region
+  control_plane     = var.control_plane
+  control_plane_tls = var.control_plane_tls
   # The scale set's managed identity reads the token from Key Vault at boot.
   bootstrap_token_command = "az login --identity >/dev/null && az keyvault secret show --vault-name ${var.key_vault_name} --name ${var.bootstrap_token_secret_name} --query value --output tsv"
   meridian_package        = var.meridian_package

@@ -11,6 +11,7 @@ module "bootstrap" {
   source                  = "../agent-bootstrap"
   region                  = var.region
   control_plane           = var.control_plane
+  control_plane_tls       = var.control_plane_tls
   bootstrap_token_command = "gcloud secrets versions access latest --secret=${var.bootstrap_token_secret}"
   meridian_package        = var.meridian_package
   sglang_package          = var.sglang_package

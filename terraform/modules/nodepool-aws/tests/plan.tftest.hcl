@@ -76,6 +76,10 @@ run "no_secret_in_user_data" {
     error_message = "the user data is not the shared bootstrap"
   }
   assert {
+    condition     = strcontains(module.bootstrap.script, "'MERIDIAN_AGENT_TLS_CA_FILE' '/etc/ssl/certs/ca-certificates.crt'")
+    error_message = "the agents do not verify the control plane's TLS certificate"
+  }
+  assert {
     condition     = aws_launch_template.nodes.metadata_options[0].http_tokens == "required"
     error_message = "IMDSv1 is open: any process could read the instance's credentials"
   }
