@@ -46,22 +46,26 @@ async def terraform(workdir: Path, *args: str, check: bool = True) -> tuple[int,
 
 async def render(workdir: Path, module: str, variables: dict[str, Any]) -> dict[str, Any]:
     """Apply a root module that only calls `module` (one that needs no provider) with
-    `variables`; its outputs."""
-    await asyncio.to_thread(_root_module, workdir, module, variables)
-    await terraform(workdir, "init", "-input=false", "-no-color")
-    await terraform(workdir, "apply", "-auto-approve", "-input=false", "-no-color")
-    _, out = await terraform(workdir, "output", "-json", "all")
+    `variables`; its outputs. The modules are copied beside the root module, so that their
+    relative sources (../agent-bootstrap) resolve as they do for an operator."""
+    root = workdir / "root"
+    await asyncio.to_thread(_root_module, workdir, root, module, variables)
+    await terraform(root, "init", "-input=false", "-no-color")
+    await terraform(root, "apply", "-auto-approve", "-input=false", "-no-color")
+    _, out = await terraform(root, "output", "-json", "all")
     rendered: dict[str, Any] = json.loads(out)
     return rendered
 
 
-def _root_module(workdir: Path, module: str, variables: dict[str, Any]) -> None:
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "main.tf").write_text(
+def _root_module(workdir: Path, root: Path, module: str, variables: dict[str, Any]) -> None:
+    if not (workdir / "modules").exists():
+        shutil.copytree(MODULES, workdir / "modules")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "main.tf").write_text(
         "".join(f'variable "{k}" {{}}\n' for k in variables)
-        + f'module "under_test" {{\n  source = "{MODULES / module}"\n'
+        + f'module "under_test" {{\n  source = "../modules/{module}"\n'
         + "".join(f"  {k} = var.{k}\n" for k in variables)
         + "}\n"
         + 'output "all" {\n  value     = module.under_test\n  sensitive = true\n}\n'
     )
-    (workdir / "terraform.tfvars.json").write_text(json.dumps(variables))
+    (root / "terraform.tfvars.json").write_text(json.dumps(variables))

@@ -3,15 +3,18 @@
 
 data "aws_region" "current" {}
 
-module "bootstrap" {
-  source                  = "../agent-bootstrap"
+module "common" {
+  source                  = "../pool-common"
   region                  = var.region
   control_plane           = var.control_plane
   control_plane_tls       = var.control_plane_tls
   bootstrap_token_command = "aws secretsmanager get-secret-value --region ${data.aws_region.current.name} --secret-id ${var.bootstrap_token_secret_arn} --query SecretString --output text"
   meridian_package        = var.meridian_package
   sglang_package          = var.sglang_package
-  port                    = var.gateway_port
+  gateway_port            = var.gateway_port
+  gpus_per_node           = var.gpus_per_node
+  node_count              = var.node_count
+  client_cidrs            = var.client_cidrs
 }
 
 resource "aws_security_group" "nodes" {
@@ -79,7 +82,7 @@ resource "aws_launch_template" "nodes" {
   name_prefix   = "${var.name}-"
   image_id      = var.ami_id
   instance_type = var.instance_type
-  user_data     = base64encode(module.bootstrap.cloud_init)
+  user_data     = base64encode(module.common.cloud_init)
   tags          = var.tags
 
   iam_instance_profile {

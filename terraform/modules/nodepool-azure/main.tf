@@ -2,8 +2,8 @@
 # scale set whose machines boot with the shared agent bootstrap, behind a load balancer that
 # is the region's gateway.
 
-module "bootstrap" {
-  source            = "../agent-bootstrap"
+module "common" {
+  source            = "../pool-common"
   region            = var.region
   control_plane     = var.control_plane
   control_plane_tls = var.control_plane_tls
@@ -11,7 +11,10 @@ module "bootstrap" {
   bootstrap_token_command = "az login --identity >/dev/null && az keyvault secret show --vault-name ${var.key_vault_name} --name ${var.bootstrap_token_secret_name} --query value --output tsv"
   meridian_package        = var.meridian_package
   sglang_package          = var.sglang_package
-  port                    = var.gateway_port
+  gateway_port            = var.gateway_port
+  gpus_per_node           = var.gpus_per_node
+  node_count              = var.node_count
+  client_cidrs            = var.client_cidrs
 }
 
 resource "azurerm_user_assigned_identity" "nodes" {
@@ -97,7 +100,7 @@ resource "azurerm_linux_virtual_machine_scale_set" "nodes" {
   instances           = var.node_count
   zones               = var.zones
   admin_username      = "meridian"
-  custom_data         = base64encode(module.bootstrap.cloud_init)
+  custom_data         = base64encode(module.common.cloud_init)
   priority            = var.spot ? "Spot" : "Regular"
   eviction_policy     = var.spot ? "Delete" : null
   upgrade_mode        = "Manual"

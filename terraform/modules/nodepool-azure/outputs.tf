@@ -10,7 +10,7 @@ output "region" {
 
 output "gpus" {
   description = "GPUs in the pool: node_count x gpus_per_node."
-  value       = var.node_count * var.gpus_per_node
+  value       = module.common.gpus
 }
 
 output "scale_set" {

@@ -10,10 +10,6 @@ variable "name" {
 variable "region" {
   description = "The Meridian region its nodes join (its name in the fleet document), not the Azure location."
   type        = string
-  validation {
-    condition     = can(regex("^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$", var.region))
-    error_message = "region must be 1-63 letters, digits, '.', '_' or '-'."
-  }
 }
 
 variable "resource_group_name" {
@@ -55,22 +51,15 @@ variable "vm_size" {
 }
 
 variable "gpus_per_node" {
+  # validated, as the other inputs every pool takes alike, by ../pool-common
   description = "GPUs in one machine of vm_size."
   type        = number
-  validation {
-    condition     = var.gpus_per_node >= 1 && var.gpus_per_node <= 16 && floor(var.gpus_per_node) == var.gpus_per_node
-    error_message = "gpus_per_node must be a whole number from 1 to 16."
-  }
 }
 
 variable "node_count" {
   description = "Machines in the pool."
   type        = number
   default     = 1
-  validation {
-    condition     = var.node_count >= 0 && var.node_count <= 1000 && floor(var.node_count) == var.node_count
-    error_message = "node_count must be a whole number from 0 to 1000."
-  }
 }
 
 variable "spot" {
@@ -138,19 +127,11 @@ variable "gateway_port" {
   description = "The agents' port: the region's OpenAI endpoint."
   type        = number
   default     = 8500
-  validation {
-    condition     = var.gateway_port >= 1024 && var.gateway_port <= 65535
-    error_message = "gateway_port must be from 1024 to 65535."
-  }
 }
 
 variable "client_cidrs" {
   description = "Who may reach the region's gateway."
   type        = list(string)
-  validation {
-    condition     = alltrue([for c in var.client_cidrs : can(cidrhost(c, 0))])
-    error_message = "client_cidrs must be CIDR blocks."
-  }
 }
 
 variable "meridian_package" {

@@ -7,15 +7,18 @@ locals {
   tag        = "${var.name}-gateway"
 }
 
-module "bootstrap" {
-  source                  = "../agent-bootstrap"
+module "common" {
+  source                  = "../pool-common"
   region                  = var.region
   control_plane           = var.control_plane
   control_plane_tls       = var.control_plane_tls
   bootstrap_token_command = "gcloud secrets versions access latest --secret=${var.bootstrap_token_secret}"
   meridian_package        = var.meridian_package
   sglang_package          = var.sglang_package
-  port                    = var.gateway_port
+  gateway_port            = var.gateway_port
+  gpus_per_node           = var.gpus_per_node
+  node_count              = var.node_count
+  client_cidrs            = var.client_cidrs
   # Deep Learning VM images carry the driver; others get it from the bootstrap.
 }
 
@@ -51,7 +54,7 @@ resource "google_compute_instance_template" "nodes" {
   }
 
   metadata = {
-    startup-script = module.bootstrap.script
+    startup-script = module.common.script
   }
 
   service_account {

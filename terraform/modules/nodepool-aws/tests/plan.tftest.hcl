@@ -64,19 +64,19 @@ run "no_secret_in_user_data" {
   command = plan
 
   assert {
-    condition     = strcontains(module.bootstrap.script, "secretsmanager get-secret-value --region us-east-1 --secret-id arn:aws:secretsmanager:us-east-1:123456789012:secret:meridian/bootstrap/us-east-AbCdEf")
+    condition     = strcontains(module.common.script, "secretsmanager get-secret-value --region us-east-1 --secret-id arn:aws:secretsmanager:us-east-1:123456789012:secret:meridian/bootstrap/us-east-AbCdEf")
     error_message = "the machines do not read the token from Secrets Manager at boot"
   }
   assert {
-    condition     = !can(regex("BOOTSTRAP_TOKEN=[^%]", module.bootstrap.script)) && !strcontains(module.bootstrap.script, "mb-")
+    condition     = !can(regex("BOOTSTRAP_TOKEN=[^%]", module.common.script)) && !strcontains(module.common.script, "mb-")
     error_message = "a bootstrap token is written into the user data"
   }
   assert {
-    condition     = base64decode(aws_launch_template.nodes.user_data) == module.bootstrap.cloud_init
+    condition     = base64decode(aws_launch_template.nodes.user_data) == module.common.cloud_init
     error_message = "the user data is not the shared bootstrap"
   }
   assert {
-    condition     = strcontains(module.bootstrap.script, "'MERIDIAN_AGENT_TLS_CA_FILE' '/etc/ssl/certs/ca-certificates.crt'")
+    condition     = strcontains(module.common.script, "'MERIDIAN_AGENT_TLS_CA_FILE' '/etc/ssl/certs/ca-certificates.crt'")
     error_message = "the agents do not verify the control plane's TLS certificate"
   }
   assert {

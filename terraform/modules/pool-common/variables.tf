@@ -1,0 +1,69 @@
+variable "region" {
+  description = "The Meridian region the pool's nodes join (its name in the fleet document), not the cloud's region."
+  type        = string
+  validation {
+    condition     = can(regex("^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$", var.region))
+    error_message = "region must be 1-63 letters, digits, '.', '_' or '-'."
+  }
+}
+
+variable "gpus_per_node" {
+  description = "GPUs in one machine of the pool."
+  type        = number
+  validation {
+    condition     = var.gpus_per_node >= 1 && var.gpus_per_node <= 16 && floor(var.gpus_per_node) == var.gpus_per_node
+    error_message = "gpus_per_node must be a whole number from 1 to 16."
+  }
+}
+
+variable "node_count" {
+  description = "Machines in the pool."
+  type        = number
+  validation {
+    condition     = var.node_count >= 0 && var.node_count <= 1000 && floor(var.node_count) == var.node_count
+    error_message = "node_count must be a whole number from 0 to 1000."
+  }
+}
+
+variable "gateway_port" {
+  description = "The agents' port: the region's OpenAI endpoint."
+  type        = number
+  validation {
+    condition     = var.gateway_port >= 1024 && var.gateway_port <= 65535 && floor(var.gateway_port) == var.gateway_port
+    error_message = "gateway_port must be a whole number from 1024 to 65535."
+  }
+}
+
+variable "client_cidrs" {
+  description = "Who may reach the region's gateway: clients, and peer regions that escalate to it."
+  type        = list(string)
+  validation {
+    condition     = length(var.client_cidrs) > 0 && alltrue([for c in var.client_cidrs : can(cidrhost(c, 0))])
+    error_message = "client_cidrs must be one CIDR block or more."
+  }
+}
+
+variable "control_plane" {
+  description = "The control plane's gRPC target."
+  type        = string
+}
+
+variable "control_plane_tls" {
+  description = "The control plane's gRPC port serves TLS with a publicly trusted certificate."
+  type        = bool
+}
+
+variable "bootstrap_token_command" {
+  description = "How a machine reads the region's bootstrap token from its cloud's secret store."
+  type        = string
+}
+
+variable "meridian_package" {
+  description = "What pip installs for Meridian."
+  type        = string
+}
+
+variable "sglang_package" {
+  description = "What pip installs for SGLang."
+  type        = string
+}
