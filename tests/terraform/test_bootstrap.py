@@ -130,9 +130,13 @@ async def test_the_bootstrap_for_real_joins_a_node_to_the_fleet(
         status = await eventually(serving, within_s=90)
         assert status["node"] == "us-west-1"
         assert status["source"] == "control-plane"
-        async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN, timeout=30) as http:
-            node = (await http.get("/v1/nodes/us-west-1")).json()
-        assert node["status"]["applied_revision"] == status["revision"]
+
+        async def acked() -> bool:  # acks reach the database in batches, every half second
+            async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN, timeout=30) as http:
+                node = (await http.get("/v1/nodes/us-west-1")).json()
+            return bool(node["status"]["applied_revision"] == status["revision"])
+
+        await eventually(acked, within_s=10)
         unit = (root / "etc/systemd/system/meridian-agent.service").read_text()
         assert f"ExecStart={root}/opt/meridian/bin/meridian agent run" in unit
         assert (root / "etc/meridian/agent.env").stat().st_mode & 0o077 == 0  # owner only
