@@ -24,6 +24,10 @@ def agent() -> None:
 @click.option("--control-plane", help="HOST:PORT of the control plane's gRPC port")
 @click.option("--region", help="the region this node serves")
 @click.option("--bootstrap-token", help="the region's bootstrap token (first start only)")
+@click.option(
+    "--bootstrap-token-command",
+    help="a shell command that prints the bootstrap token, run whenever the agent registers",
+)
 @click.option("--data-dir", type=click.Path(path_type=Path), help="identity and last snapshot")
 @click.option("--host", help="address of the agent's HTTP port")
 @click.option("--port", type=int, help="the agent's HTTP port (/agent/status, /healthz)")
@@ -46,10 +50,12 @@ def run(**options: Any) -> None:
         first = error.errors()[0]
         name = str(first["loc"][0]).replace("_", "-") if first["loc"] else "settings"
         raise click.UsageError(f"--{name}: {first['msg']}") from error
-    if settings.bootstrap_token is None and Store(settings.data_dir).load_identity() is None:
+    no_token = settings.bootstrap_token is None and settings.bootstrap_token_command is None
+    if no_token and Store(settings.data_dir).load_identity() is None:
         raise click.UsageError(
-            f"{settings.data_dir} holds no agent identity yet: give --bootstrap-token for the "
-            "first start (POST /v1/bootstrap-tokens on the control plane makes one)"
+            f"{settings.data_dir} holds no agent identity yet: give --bootstrap-token (or "
+            "--bootstrap-token-command) for the first start (POST /v1/bootstrap-tokens on the "
+            "control plane makes one)"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # httpx logs every request at INFO: the engines' probes, three every two seconds each

@@ -18,6 +18,13 @@ class AgentSettings(BaseSettings):
     bootstrap_token: SecretStr | None = Field(
         default=None, description="exchanged for a credential on first start; kept out of disk"
     )
+    bootstrap_token_command: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="a shell command that prints the bootstrap token (read from a secret "
+        "store); run each time the agent has to register, so a rotated token is picked up",
+    )
     node: str = Field(default="", description="the node to claim; default: the one recorded")
     hostname: str = Field(default_factory=socket.gethostname)
     data_dir: Path = Path(".meridian-agent")

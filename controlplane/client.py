@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import httpx
@@ -20,7 +20,7 @@ class ClientSettings(BaseSettings):
     token: SecretStr | None = None
 
 
-def _fail(console: Console, response: httpx.Response) -> None:
+def fail(console: Console, response: httpx.Response) -> NoReturn:
     try:
         body = response.json()
     except ValueError:
@@ -88,5 +88,5 @@ def apply_command(
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach {url or settings.url}: {exc}") from exc
     if response.status_code != 200:
-        _fail(console, response)
+        fail(console, response)
     print_changes(console, response.json())

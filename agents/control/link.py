@@ -27,6 +27,7 @@ AGENT_VERSION = "meridian-agent/0.4"
 STREAM_ACCEPTED = "meridian-stream-accepted"
 FORGET_CREDENTIAL = {"agent_credential_invalid"}
 MIN_BEAT_S = 0.1
+TOKEN_COMMAND_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -95,11 +96,8 @@ class ControlLink:
         if identity is not None and identity.credential and identity.region == self.settings.region:
             self.state.node = identity.node
             return identity
-        token = self.settings.bootstrap_token
-        if token is None:
-            raise RegistrationFailed("no credential on disk and no bootstrap token to get one")
         answer = await client.register(
-            token.get_secret_value(),
+            await self._bootstrap_token(),
             region=self.settings.region,
             hostname=self.settings.hostname,
             node=self.state.node,
@@ -111,6 +109,40 @@ class ControlLink:
         self.state.node = identity.node
         log.info("registered as node %s of region %s", identity.node, identity.region)
         return identity
+
+    async def _bootstrap_token(self) -> str:
+        """The token given, or what the token command prints now: a pool's machines may boot
+        before the operator has put a token in the secret store, or after it was rotated."""
+        given, command = self.settings.bootstrap_token, self.settings.bootstrap_token_command
+        if given is not None:
+            return given.get_secret_value()
+        if command is None:
+            raise RegistrationFailed("no credential on disk and no bootstrap token to get one")
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), TOKEN_COMMAND_TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise RegistrationFailed(
+                f"the bootstrap token command ran past {TOKEN_COMMAND_TIMEOUT_S:.0f} s"
+            ) from None
+        token = out.decode(errors="replace").strip()
+        if proc.returncode != 0:
+            said = err.decode(errors="replace").strip().splitlines()
+            why = said[-1][:300] if said else "and said nothing"
+            raise RegistrationFailed(f"the bootstrap token command exited {proc.returncode}: {why}")
+        if not token:
+            raise RegistrationFailed(
+                "the bootstrap token command printed no token: has `meridian join` put one in "
+                "the secret store yet?"
+            )
+        return token
 
     def _forget_credential(self) -> None:
         identity = self.store.load_identity()

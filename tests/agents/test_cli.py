@@ -13,7 +13,7 @@ async def test_a_first_start_without_a_bootstrap_token_is_refused(tmp_path: Path
         "--data-dir", str(tmp_path / "empty"),
     )  # fmt: skip
     assert code == 2
-    assert "give --bootstrap-token for the first start" in output
+    assert "give --bootstrap-token (or --bootstrap-token-command) for the first start" in output
     assert not (tmp_path / "empty").exists()
 
 

@@ -1,5 +1,6 @@
-"""The control plane's API fixture, for the tests that apply what Terraform renders."""
+"""The control plane's fixtures, for the tests that give it what Terraform renders: its API
+in-process, and a real server for `meridian join`."""
 
-from tests.controlplane.conftest import api
+from tests.controlplane.conftest import api, server
 
-__all__ = ["api"]
+__all__ = ["api", "server"]

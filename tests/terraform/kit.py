@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +71,31 @@ def _root_module(workdir: Path, root: Path, module: str, variables: dict[str, An
         + 'output "all" {\n  value     = module.under_test\n  sensitive = true\n}\n'
     )
     (root / "terraform.tfvars.json").write_text(json.dumps(variables))
+
+
+@dataclass(frozen=True)
+class FakeClouds:
+    """aws, gcloud and az on PATH, keeping their secrets under `store` (fake_clouds.py)."""
+
+    bin: Path
+    store: Path
+
+    def env(self, **more: str) -> dict[str, str]:
+        return {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}",
+                "FAKE_CLOUD_STORE": str(self.store), **more}  # fmt: skip
+
+    def calls(self) -> str:
+        log = self.store / "calls.log"
+        return log.read_text() if log.exists() else ""
+
+
+def fake_clouds(workdir: Path) -> FakeClouds:
+    clouds = FakeClouds(workdir / "cloud-bin", workdir / "cloud-store")
+    clouds.bin.mkdir(parents=True)
+    clouds.store.mkdir(parents=True)
+    script = Path(__file__).with_name("fake_clouds.py")
+    for cli in ("aws", "gcloud", "az"):
+        path = clouds.bin / cli
+        path.write_text(f'#!/bin/sh\nexec {sys.executable} {script} {cli} "$@"\n')
+        path.chmod(0o755)
+    return clouds

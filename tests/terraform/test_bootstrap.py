@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from meridian.procs import free_port, stop_child
-from tests.controlplane.conftest import start_server
+from tests.controlplane.conftest import ADMIN_TOKEN, run_cli, start_server
 from tests.controlplane.push.kit import ADMIN, eventually
 from tests.fleet.kit import OPERATOR, fleet_document
-from tests.terraform.kit import TERRAFORM, render, terraform
+from tests.terraform.kit import TERRAFORM, fake_clouds, render, terraform
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN_FILE = "/run/secrets/meridian-bootstrap-token"  # as a secret store would hand it over
@@ -48,8 +48,8 @@ async def test_the_rendered_bootstrap_carries_no_secret_and_is_valid_bash(tmp_pa
     check = await asyncio.create_subprocess_exec("bash", "-n", stdin=asyncio.subprocess.PIPE)
     await check.communicate(script.encode())
     assert check.returncode == 0
-    assert f"cat {TOKEN_FILE}" in script  # the token is read at boot, never written here
-    assert "BOOTSTRAP_TOKEN='" not in script
+    assert f"cat {TOKEN_FILE}" in script  # the agent reads the token when it registers
+    assert "BOOTSTRAP_TOKEN=" not in script.replace("BOOTSTRAP_TOKEN_COMMAND=", "")
     assert "'MERIDIAN_AGENT_REGION' 'us-west'" in script
     assert "'MERIDIAN_AGENT_NODE' 'n-1'" in script
     assert "Restart=always" in script
@@ -73,73 +73,151 @@ async def test_the_bootstrap_refuses_bad_variables(
         await render(tmp_path, "agent-bootstrap", {**BASE, variable: value})
 
 
-async def test_the_bootstrap_for_real_joins_a_node_to_the_fleet(
+GCP_SECRET = "projects/meridian-test/secrets/bootstrap-us-west"
+ADMIN_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:meridian/admin-token"
+
+
+async def test_the_operator_path_from_terraform_to_a_serving_node(
     database_url: str, tmp_path: Path
 ) -> None:
-    """The script, rendered by terraform, run in a scratch root: it installs a wheel of this
-    project (from a local wheelhouse: no SGLang, no driver), writes the agent's settings and
-    starts it; the agent registers with a real control plane and runs its engines."""
+    """What an operator does after `terraform apply`, with only the clouds' secret stores
+    faked (their CLIs, fake_clouds.py):
+
+    - a pool machine boots with the bootstrap script, rendered by terraform; it installs a
+      wheel of this project (from a local wheelhouse: no SGLang, no driver) and starts the
+      agent, which waits, since no bootstrap token is in the secret store yet;
+    - `meridian join -f` takes fleet-document's `join` output: it reads the admin token from
+      the control plane's store, applies the regions, and puts a fresh token in the pool's
+      store, never on a command line;
+    - the agent picks the token up, registers with the real control plane and runs its
+      engines once the models and deployments are applied."""
     wheels = tmp_path / "wheels"
     await _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels),
                str(REPO))  # fmt: skip
     await _run(sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
                "-r", str(REPO / "requirements" / "main.lock"), "-d", str(wheels))  # fmt: skip
     (wheel,) = wheels.glob("meridian-*.whl")
+    clouds = fake_clouds(tmp_path)
     ports = {"us-east": free_port(), "us-west": free_port(), "eu-west": free_port()}
+    fleet = yaml.safe_load(fleet_document(ports, None))
     cp = await start_server(database_url)
     root = tmp_path / "root"
     try:
-        async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN, timeout=30) as http:
-            applied = await http.post("/v1/apply", content=fleet_document(ports, None),
-                                      headers={"Content-Type": "application/yaml"})  # fmt: skip
-            assert applied.status_code == 200, applied.text
-            made = await http.post("/v1/bootstrap-tokens", json={"region": "us-west"})
-            secret = tmp_path / "secret-store"
-            secret.write_text(made.json()["token"] + "\n")
+        # what controlplane-aws made: the admin token in Secrets Manager
+        admin = tmp_path / "admin-token"
+        admin.write_text(ADMIN["Authorization"].removeprefix("Bearer "))
+        await _run("aws", "secretsmanager", "put-secret-value", "--region", "us-east-1",
+                   "--secret-id", ADMIN_SECRET, "--secret-string", f"file://{admin}",
+                   env=clouds.env())  # fmt: skip
+        admin.unlink()
         out = await render(tmp_path / "tf", "agent-bootstrap", {
             "region": "us-west",
             "control_plane": cp.grpc_target,
-            "bootstrap_token_command": f"cat {secret}",
+            # what nodepool-gcp gives it
+            "bootstrap_token_command": f"gcloud secrets versions access latest "
+                                       f"--secret={GCP_SECRET}",
             "operator_token_command": f"echo {OPERATOR}",
             "meridian_package": str(wheel),
             "sglang_package": "",
             "pip_args": f"--no-index --find-links {wheels}",
             "install_nvidia_driver": False,
             "port": ports["us-west"],
-            "agent_settings": {"NODE": "us-west-1", "HOST": "127.0.0.1", "HEARTBEAT_S": "1"},
+            "agent_settings": {"NODE": "us-west-1", "HOST": "127.0.0.1", "HEARTBEAT_S": "1",
+                               "RECONNECT_MAX_S": "2"},
             "root": str(root),
         })  # fmt: skip
         script = tmp_path / "bootstrap.sh"
         script.write_text(out["script"])
-        await _run("bash", str(script), timeout_s=300)
+        await _run("bash", str(script), timeout_s=300, env=clouds.env())
         agent = f"http://127.0.0.1:{ports['us-west']}"
         as_operator = {"Authorization": f"Bearer {OPERATOR}"}
-        engines = sum(1 for d in yaml.safe_load(fleet_document(ports, None))["deployments"]
-                      if d["region"] == "us-west")  # fmt: skip
 
-        async def serving() -> dict[str, Any] | None:
+        async def status() -> dict[str, Any] | None:
             try:
                 async with httpx.AsyncClient(timeout=5, headers=as_operator) as http:
                     answer = await http.get(f"{agent}/agent/status")
             except httpx.HTTPError:
                 return None
-            status: dict[str, Any] = answer.json()
-            ready = [e for e in status["engines"] if e["state"] == "ready"]
-            return status if status["revision"] and len(ready) == engines else None
+            found: dict[str, Any] = answer.json()
+            return found
 
-        status = await eventually(serving, within_s=90)
-        assert status["node"] == "us-west-1"
-        assert status["source"] == "control-plane"
+        async def waiting() -> str | None:
+            now = await status()
+            return (now["control_plane"]["last_error"] or None) if now else None
+
+        # booted before the operator made its token: it waits, and says why
+        said = await eventually(waiting, within_s=60)
+        assert "bootstrap token command exited 1" in said
+        assert "NOT_FOUND" in said
+
+        rendered = await render(tmp_path / "doc", "fleet-document", {
+            "clouds": {c["name"]: {"provider": c["provider"], "description": c["description"]}
+                       for c in fleet["clouds"]},
+            "regions": [{**{k: r[k] for k in ("name", "cloud", "geography", "jurisdiction",
+                                             "gateway_url")},
+                         "bootstrap_token_store": {"kind": "gcp-secret-manager",
+                                                   "secret": GCP_SECRET}}
+                        if r["name"] == "us-west" else
+                        {k: r[k] for k in ("name", "cloud", "geography", "jurisdiction",
+                                           "gateway_url")}
+                        for r in fleet["regions"]],
+            "api_url": cp.url,
+            "admin_token_store": {"kind": "aws-secretsmanager", "region": "us-east-1",
+                                  "secret": ADMIN_SECRET},
+        })  # fmt: skip
+        join = tmp_path / "join.json"
+        join.write_text(rendered["join"])
+        without_token = clouds.env(MERIDIAN_TOKEN="", COLUMNS="200")
+        code, said = await run_cli("join", "-f", str(join), env=without_token)
+        assert code == 0, said
+        assert "+ region us-west" in said
+        assert "+ cloud gcp" in said
+        assert "gcp-secret-manager" in said
+        assert GCP_SECRET in said
+
+        # the operator's own document: models, nodes, deployments
+        async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN, timeout=30) as http:
+            applied = await http.post("/v1/apply", content=yaml.safe_dump(fleet),
+                                      headers={"Content-Type": "application/yaml"})  # fmt: skip
+            assert applied.status_code == 200, applied.text
+        engines = sum(1 for d in fleet["deployments"] if d["region"] == "us-west")
+
+        async def serving() -> dict[str, Any] | None:
+            now = await status()
+            if now is None:
+                return None
+            ready = [e for e in now["engines"] if e["state"] == "ready"]
+            return now if now["revision"] and len(ready) == engines else None
+
+        served = await eventually(serving, within_s=90)
+        assert served["node"] == "us-west-1"
+        assert served["source"] == "control-plane"
 
         async def acked() -> bool:  # acks reach the database in batches, every half second
             async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN, timeout=30) as http:
                 node = (await http.get("/v1/nodes/us-west-1")).json()
-            return bool(node["status"]["applied_revision"] == status["revision"])
+            return bool(node["status"]["applied_revision"] == served["revision"])
 
         await eventually(acked, within_s=10)
         unit = (root / "etc/systemd/system/meridian-agent.service").read_text()
         assert f"ExecStart={root}/opt/meridian/bin/meridian agent run" in unit
+        settings = (root / "etc/meridian/agent.env").read_text()
         assert (root / "etc/meridian/agent.env").stat().st_mode & 0o077 == 0  # owner only
+        (token_file,) = clouds.store.glob("gcp-*")
+        token = token_file.read_text()
+        assert token.startswith("mb")
+        assert token not in settings
+        assert token not in clouds.calls()
+        assert ADMIN_TOKEN not in clouds.calls()
+
+        # run again before the tokens lapse: nothing to apply, a fresh token for the pool
+        code, said = await run_cli("join", "-f", str(join), env=without_token)
+        assert code == 0, said
+        assert "no changes" in said
+        assert token_file.read_text() != token
+        async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN, timeout=30) as http:
+            tokens = (await http.get("/v1/bootstrap-tokens")).json()["items"]
+        assert [t["region"] for t in tokens] == ["us-west", "us-west"]
     finally:
         pid_file = root / "etc/meridian/agent.pid"
         if pid_file.exists():
@@ -147,9 +225,9 @@ async def test_the_bootstrap_for_real_joins_a_node_to_the_fleet(
         await stop_child(cp.process)
 
 
-async def _run(*argv: str, timeout_s: float = 180) -> str:
+async def _run(*argv: str, timeout_s: float = 180, env: dict[str, str] | None = None) -> str:
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
     )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     assert proc.returncode == 0, f"{' '.join(argv)}:\n{out.decode()[-5000:]}"

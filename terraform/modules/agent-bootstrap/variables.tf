@@ -29,7 +29,7 @@ variable "ca_bundle" {
 }
 
 variable "bootstrap_token_command" {
-  description = "A shell command that prints the region's bootstrap token, read at boot from the cloud's secret store (so that the token is never in user data). Run once, before the agent's first start."
+  description = "A shell command that prints the region's bootstrap token, read from the cloud's secret store (so that the token is never in user data nor on disk). The agent runs it each time it has to register, until it has an identity; a machine booted before the token is there waits for it."
   type        = string
   validation {
     condition     = length(trimspace(var.bootstrap_token_command)) > 0

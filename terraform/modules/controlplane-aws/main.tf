@@ -364,3 +364,16 @@ resource "aws_lb_listener" "grpc" {
     target_group_arn = aws_lb_target_group.grpc.arn
   }
 }
+
+resource "aws_route53_record" "control_plane" {
+  count   = var.route53_zone_id == null ? 0 : 1
+  zone_id = var.route53_zone_id
+  name    = var.domain_name
+  type    = "A"
+
+  alias {
+    name                   = aws_lb.control_plane.dns_name
+    zone_id                = aws_lb.control_plane.zone_id
+    evaluate_target_health = true
+  }
+}

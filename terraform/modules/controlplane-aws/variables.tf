@@ -97,6 +97,21 @@ variable "tls_certificate_arn" {
   }
 }
 
+variable "domain_name" {
+  description = "The control plane's name, the one tls_certificate_arn is for: operators and agents reach it by this name, since the load balancer's own name does not match the certificate."
+  type        = string
+  validation {
+    condition     = can(regex("^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\\.)+[a-z]{2,63}$", var.domain_name))
+    error_message = "domain_name must be a DNS name in lowercase (cp.example.com)."
+  }
+}
+
+variable "route53_zone_id" {
+  description = "A Route 53 hosted zone to put domain_name in, as an alias of the load balancer; null: point it there yourself (output load_balancer_dns_name)."
+  type        = string
+  default     = null
+}
+
 variable "operator_cidrs" {
   description = "Who may reach the admin REST API and the status page (port 443)."
   type        = list(string)

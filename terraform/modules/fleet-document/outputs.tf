@@ -7,3 +7,19 @@ output "regions" {
   description = "The regions' names."
   value       = [for r in var.regions : r.name]
 }
+
+output "join" {
+  description = "What `meridian join -f` takes (JSON): the fleet document, the control plane's URL, where its admin token is, and where each pool's bootstrap token goes."
+  value = jsonencode({
+    apiVersion        = "meridian/v1"
+    kind              = "Join"
+    api_url           = var.api_url
+    admin_token_store = var.admin_token_store
+    token_lifetime_s  = var.token_lifetime_s
+    fleet             = local.document
+    pools = [for r in var.regions : {
+      region                = r.name
+      bootstrap_token_store = r.bootstrap_token_store
+    } if r.bootstrap_token_store != null]
+  })
+}

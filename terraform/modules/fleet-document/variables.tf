@@ -18,6 +18,13 @@ variable "regions" {
     geography    = string
     jurisdiction = string
     gateway_url  = string
+    # the pool's output of the same name: where `meridian join` puts its bootstrap token
+    bootstrap_token_store = optional(object({
+      kind   = string
+      secret = string
+      region = optional(string)
+      vault  = optional(string)
+    }))
   }))
   validation {
     condition     = length(var.regions) > 0 && length(distinct([for r in var.regions : r.name])) == length(var.regions)
@@ -32,7 +39,45 @@ variable "regions" {
     error_message = "every region's cloud must be one of var.clouds."
   }
   validation {
+    condition = alltrue([for r in var.regions : r.bootstrap_token_store == null || try(
+      contains(["aws-secretsmanager", "gcp-secret-manager", "azure-key-vault"], r.bootstrap_token_store.kind)
+      && (r.bootstrap_token_store.kind != "aws-secretsmanager" || r.bootstrap_token_store.region != null)
+    && (r.bootstrap_token_store.kind != "azure-key-vault" || r.bootstrap_token_store.vault != null), false)])
+    error_message = "a region's bootstrap_token_store is a pool's output of that name: aws-secretsmanager (with region), gcp-secret-manager or azure-key-vault (with vault)."
+  }
+  validation {
     condition     = alltrue([for r in var.regions : can(regex("^https?://[^\\s/]+", r.gateway_url))])
     error_message = "a region's gateway_url is an http:// or https:// URL."
+  }
+}
+
+variable "api_url" {
+  description = "The control plane's REST API (controlplane-aws's api_url), for `meridian join`; null: MERIDIAN_URL."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.api_url == null || can(regex("^https?://[^\\s/]+$", var.api_url))
+    error_message = "api_url is an http:// or https:// URL with no path."
+  }
+}
+
+variable "admin_token_store" {
+  description = "Where `meridian join` reads the admin token (controlplane-aws's admin_token_store); null: MERIDIAN_TOKEN."
+  type = object({
+    kind   = string
+    secret = string
+    region = optional(string)
+    vault  = optional(string)
+  })
+  default = null
+}
+
+variable "token_lifetime_s" {
+  description = "How long the bootstrap tokens `meridian join` makes are good for. Machines the pools add later register with them: run `meridian join` again well before they expire (it makes new ones)."
+  type        = number
+  default     = 604800
+  validation {
+    condition     = var.token_lifetime_s >= 3600 && var.token_lifetime_s <= 2592000
+    error_message = "token_lifetime_s must be from 3600 (an hour) to 2592000 (30 days, the control plane's limit)."
   }
 }

@@ -22,3 +22,12 @@ output "security_group_id" {
   description = "The nodes' security group."
   value       = aws_security_group.nodes.id
 }
+
+output "bootstrap_token_store" {
+  description = "Where `meridian join` puts the region's bootstrap token: fleet-document's regions[*].bootstrap_token_store."
+  value = {
+    kind   = "aws-secretsmanager"
+    region = data.aws_region.current.name
+    secret = var.bootstrap_token_secret_arn
+  }
+}

@@ -17,3 +17,12 @@ output "scale_set" {
   description = "The pool's scale set."
   value       = azurerm_linux_virtual_machine_scale_set.nodes.name
 }
+
+output "bootstrap_token_store" {
+  description = "Where `meridian join` puts the region's bootstrap token: fleet-document's regions[*].bootstrap_token_store."
+  value = {
+    kind   = "azure-key-vault"
+    vault  = var.key_vault_name
+    secret = var.bootstrap_token_secret_name
+  }
+}

@@ -17,3 +17,11 @@ output "instance_group" {
   description = "The pool's managed instance group."
   value       = google_compute_instance_group_manager.nodes.instance_group
 }
+
+output "bootstrap_token_store" {
+  description = "Where `meridian join` puts the region's bootstrap token: fleet-document's regions[*].bootstrap_token_store."
+  value = {
+    kind   = "gcp-secret-manager"
+    secret = var.bootstrap_token_secret
+  }
+}

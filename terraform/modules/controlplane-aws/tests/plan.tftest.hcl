@@ -39,6 +39,7 @@ variables {
   public_subnet_ids   = ["subnet-0dddddddddddddddd"]
   ami_id              = "ami-0123456789abcdef0"
   tls_certificate_arn = "arn:aws:acm:us-east-1:123456789012:certificate/abc"
+  domain_name         = "cp.example.com"
   operator_cidrs      = ["203.0.113.0/24"]
   agent_cidrs         = ["198.51.100.0/24", "192.0.2.0/24"]
 }
@@ -70,6 +71,22 @@ run "tls_on_both_listeners" {
   assert {
     condition     = aws_lb_listener.grpc.port == 8401 && aws_lb_listener.grpc.protocol == "TLS" && aws_lb_listener.grpc.alpn_policy == "HTTP2Preferred"
     error_message = "the agents' gRPC is not served over TLS (with HTTP/2) on 8401"
+  }
+}
+
+run "reached_by_the_certificate_name" {
+  command = plan
+  variables {
+    route53_zone_id = "Z0123456789ABCDEFGHIJ"
+  }
+
+  assert {
+    condition     = output.api_url == "https://cp.example.com" && output.grpc_target == "cp.example.com:8401"
+    error_message = "operators and agents must reach the control plane by the name its certificate is for"
+  }
+  assert {
+    condition     = length(aws_route53_record.control_plane) == 1 && aws_route53_record.control_plane[0].name == "cp.example.com"
+    error_message = "with a hosted zone, the name is made an alias of the load balancer"
   }
 }
 
@@ -119,6 +136,14 @@ run "one_replica_is_not_highly_available" {
     replicas = 1
   }
   expect_failures = [var.replicas]
+}
+
+run "a_name_that_is_not_a_dns_name" {
+  command = plan
+  variables {
+    domain_name = "https://cp.example.com"
+  }
+  expect_failures = [var.domain_name]
 }
 
 run "etcd_needs_three_zones" {

@@ -1,0 +1,119 @@
+"""`meridian join` when something is wrong: a secret store that refuses the write, a document
+that is not what fleet-document renders, no admin token. The operator's whole path, when all
+is well, is in test_bootstrap.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.controlplane.conftest import ADMIN_TOKEN, Server, run_cli
+from tests.controlplane.push.kit import ADMIN
+from tests.terraform.kit import fake_clouds, render
+from tests.terraform.test_fleet_document import CLOUDS, REGIONS
+
+STORES: dict[str, dict[str, str]] = {
+    "us-east": {"kind": "aws-secretsmanager", "region": "us-east-1",
+                "secret": "arn:aws:secretsmanager:us-east-1:123456789012:secret:bt-us-east"},
+    "eu-west": {"kind": "gcp-secret-manager", "secret": "projects/p/secrets/bt-eu-west"},
+    "us-west": {"kind": "azure-key-vault", "vault": "meridian-kv", "secret": "bt-us-west"},
+}  # fmt: skip
+
+
+_RENDERED: list[str] = []  # rendered once: terraform takes seconds
+
+
+async def _document(workdir: Path, url: str) -> dict[str, Any]:
+    if not _RENDERED:
+        regions = [{**r, "bootstrap_token_store": STORES[r["name"]]} for r in REGIONS]
+        out = await render(workdir, "fleet-document", {"clouds": CLOUDS, "regions": regions})
+        _RENDERED.append(out["join"])
+    document: dict[str, Any] = json.loads(_RENDERED[0])
+    document["api_url"] = url  # each test's own control plane
+    return document
+
+
+async def _state(url: str) -> tuple[list[str], list[str]]:
+    async with httpx.AsyncClient(base_url=url, headers=ADMIN, timeout=30) as http:
+        regions = (await http.get("/v1/regions")).json()["items"]
+        tokens = (await http.get("/v1/bootstrap-tokens")).json()["items"]
+    return sorted(r["name"] for r in regions), sorted(t["region"] for t in tokens)
+
+
+async def test_a_store_that_refuses_keeps_no_token_and_the_others_get_theirs(
+    tmp_path: Path, server: Server
+) -> None:
+    clouds = fake_clouds(tmp_path)
+    path = tmp_path / "join.json"
+    path.write_text(json.dumps(await _document(tmp_path / "tf", server.url)))
+    env = clouds.env(MERIDIAN_TOKEN=ADMIN_TOKEN, FAKE_CLOUD_FAIL="azure", COLUMNS="200")
+
+    code, said = await run_cli("join", "-f", str(path), env=env)
+
+    assert code == 1, said
+    assert "1 of 3 pool(s) got no token" in said
+    assert "permission denied on meridian-kv/bt-us-west" in said
+    assert "Traceback" not in said
+    # us-west's token was taken back: a token no machine can read is only a risk
+    assert await _state(server.url) == (["eu-west", "us-east", "us-west"], ["eu-west", "us-east"])
+    assert len(list(clouds.store.glob("aws-*"))) == len(list(clouds.store.glob("gcp-*"))) == 1
+    assert not list(clouds.store.glob("azure-*"))
+
+
+async def test_a_dry_run_shows_the_changes_and_makes_no_token(
+    tmp_path: Path, server: Server
+) -> None:
+    clouds = fake_clouds(tmp_path)
+    path = tmp_path / "join.json"
+    path.write_text(json.dumps(await _document(tmp_path / "tf", server.url)))
+    env = clouds.env(MERIDIAN_TOKEN=ADMIN_TOKEN, COLUMNS="200")
+
+    code, said = await run_cli("join", "-f", str(path), "--dry-run", env=env)
+
+    assert code == 0, said
+    assert "+ region eu-west" in said
+    assert "would change" in said
+    assert await _state(server.url) == ([], [])
+    assert clouds.calls() == ""
+
+
+BAD: list[tuple[str, Any, str]] = [
+    ("not JSON", "regions:\n  - us-east\n", "is not JSON"),
+    ("a pool of no region", lambda d: d["pools"].append(
+        {"region": "ap-south", "bootstrap_token_store": STORES["us-east"]}),
+     "pools of regions the fleet does not declare: ap-south"),
+    ("an unknown store", lambda d: d["pools"][0]["bootstrap_token_store"].update(kind="vault"),
+     "pools.0.bootstrap_token_store: Input tag 'vault'"),
+    ("an AWS store without its region", lambda d: d["pools"][0]["bootstrap_token_store"].update(
+        region=None), "pools.0.bootstrap_token_store.aws-secretsmanager.region: Field required"),
+    ("tokens that outlive the control plane's limit", lambda d: d.update(
+        token_lifetime_s=90 * 86400), "token_lifetime_s: Input should be less than or equal"),
+    ("no admin token", lambda d: d.update(admin_token_store=None),
+     "give --token or set MERIDIAN_TOKEN"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "change", "message"), BAD, ids=[b[0] for b in BAD])
+async def test_a_bad_document_is_refused_before_anything_changes(
+    tmp_path: Path, server: Server, case: str, change: Any, message: str
+) -> None:
+    clouds = fake_clouds(tmp_path)
+    path = tmp_path / "join.json"
+    if isinstance(change, str):
+        path.write_text(change)
+    else:
+        document = await _document(tmp_path / "tf", server.url)
+        change(document)
+        path.write_text(json.dumps(document))
+
+    code, said = await run_cli("join", "-f", str(path), env=clouds.env(MERIDIAN_TOKEN="",
+                                                                       COLUMNS="200"))  # fmt: skip
+
+    assert code == 2, said
+    assert message in said
+    assert await _state(server.url) == ([], [])
+    assert clouds.calls() == ""
