@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from controlplane.client import ClientSettings, fail, print_changes
+from controlplane.client import ClientSettings, apply_file, fail, print_changes
 
 CLI_TIMEOUT_S = 120
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -234,10 +234,18 @@ def make_token(http: httpx.Client, console: Console, pool: Pool, lifetime_s: int
     help="seconds to wait for the control plane to be ready",
 )
 @click.option(
+    "--apply",
+    "also",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="a fleet document of your own (models, deployments, routing) to apply once the "
+    "regions are there; repeatable",
+)
+@click.option(
     "--dry-run", is_flag=True, help="show what applying the fleet would change; make no token"
 )
 def join_command(source: str, url: str | None, token: str | None, wait_s: float,
-                 dry_run: bool) -> None:  # fmt: skip
+                 also: tuple[Path, ...], dry_run: bool) -> None:  # fmt: skip
     """Apply Terraform's fleet and give each pool a fresh bootstrap token in its secret store."""
     console = Console(emoji=False, highlight=False)  # an ARN's ":secret:" is no emoji
     document = load(source)
@@ -254,13 +262,19 @@ def join_command(source: str, url: str | None, token: str | None, wait_s: float,
             raise click.ClickException(f"cannot read the admin token: {error}") from None
     wait_ready(console, url, wait_s)
     try:
-        _join(console, document, url, secret, dry_run=dry_run)
+        _join(console, document, url, secret, also, dry_run=dry_run)
     except httpx.HTTPError as error:
         raise click.ClickException(f"lost the control plane at {url}: {error}") from None
 
 
 def _join(
-    console: Console, document: JoinDocument, url: str, secret: str, *, dry_run: bool
+    console: Console,
+    document: JoinDocument,
+    url: str,
+    secret: str,
+    also: tuple[Path, ...],
+    *,
+    dry_run: bool,
 ) -> None:
     headers = {"Authorization": f"Bearer {secret}"}
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
@@ -270,7 +284,15 @@ def _join(
             fail(console, applied)
         print_changes(console, applied.json())
         if dry_run:
+            if also:  # they may name regions that the dry run did not make
+                console.print("--apply documents are not checked on a dry run")
             return
+        for path in also:
+            console.print(f"{path}:")
+            answer = apply_file(url, secret, path, dry_run=False)
+            if answer.status_code != 200:
+                fail(console, answer)  # no token is made: fix the document and run it again
+            print_changes(console, answer.json())
         table = Table("region", "bootstrap token", "expires", "put in")
         failed = 0
         for pool in document.pools:

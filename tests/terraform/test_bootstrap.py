@@ -167,19 +167,17 @@ async def test_the_operator_path_from_terraform_to_a_serving_node(
         })  # fmt: skip
         join = tmp_path / "join.json"
         join.write_text(rendered["join"])
+        own = tmp_path / "serving.yaml"  # the operator's own: models, nodes, deployments
+        own.write_text(yaml.safe_dump(fleet))
         without_token = clouds.env(MERIDIAN_TOKEN="", COLUMNS="200")
-        code, said = await run_cli("join", "-f", str(join), env=without_token)
+        code, said = await run_cli("join", "-f", str(join), "--apply", str(own),
+                                   env=without_token)  # fmt: skip
         assert code == 0, said
         assert "+ region us-west" in said
         assert "+ cloud gcp" in said
+        assert "+ deployment llama-us-west" in said
         assert "gcp-secret-manager" in said
         assert GCP_SECRET in said
-
-        # the operator's own document: models, nodes, deployments
-        async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN, timeout=30) as http:
-            applied = await http.post("/v1/apply", content=yaml.safe_dump(fleet),
-                                      headers={"Content-Type": "application/yaml"})  # fmt: skip
-            assert applied.status_code == 200, applied.text
         engines = sum(1 for d in fleet["deployments"] if d["region"] == "us-west")
 
         async def serving() -> dict[str, Any] | None:

@@ -10,10 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.controlplane.conftest import ADMIN_TOKEN, Server, run_cli
 from tests.controlplane.push.kit import ADMIN
-from tests.terraform.kit import fake_clouds, render
+from tests.terraform.kit import FakeClouds, fake_clouds, render
 from tests.terraform.test_fleet_document import CLOUDS, REGIONS
 
 STORES: dict[str, dict[str, str]] = {
@@ -37,6 +38,13 @@ async def _document(workdir: Path, url: str) -> dict[str, Any]:
     return document
 
 
+async def _prepared(tmp_path: Path, server: Server) -> tuple[FakeClouds, Path]:
+    """The clouds' CLIs, and a join document for `server` in a file."""
+    path = tmp_path / "join.json"
+    path.write_text(json.dumps(await _document(tmp_path / "tf", server.url)))
+    return fake_clouds(tmp_path), path
+
+
 async def _state(url: str) -> tuple[list[str], list[str]]:
     async with httpx.AsyncClient(base_url=url, headers=ADMIN, timeout=30) as http:
         regions = (await http.get("/v1/regions")).json()["items"]
@@ -47,9 +55,7 @@ async def _state(url: str) -> tuple[list[str], list[str]]:
 async def test_a_store_that_refuses_keeps_no_token_and_the_others_get_theirs(
     tmp_path: Path, server: Server
 ) -> None:
-    clouds = fake_clouds(tmp_path)
-    path = tmp_path / "join.json"
-    path.write_text(json.dumps(await _document(tmp_path / "tf", server.url)))
+    clouds, path = await _prepared(tmp_path, server)
     env = clouds.env(MERIDIAN_TOKEN=ADMIN_TOKEN, FAKE_CLOUD_FAIL="azure", COLUMNS="200")
 
     code, said = await run_cli("join", "-f", str(path), env=env)
@@ -67,9 +73,7 @@ async def test_a_store_that_refuses_keeps_no_token_and_the_others_get_theirs(
 async def test_a_dry_run_shows_the_changes_and_makes_no_token(
     tmp_path: Path, server: Server
 ) -> None:
-    clouds = fake_clouds(tmp_path)
-    path = tmp_path / "join.json"
-    path.write_text(json.dumps(await _document(tmp_path / "tf", server.url)))
+    clouds, path = await _prepared(tmp_path, server)
     env = clouds.env(MERIDIAN_TOKEN=ADMIN_TOKEN, COLUMNS="200")
 
     code, said = await run_cli("join", "-f", str(path), "--dry-run", env=env)
@@ -116,4 +120,25 @@ async def test_a_bad_document_is_refused_before_anything_changes(
     assert code == 2, said
     assert message in said
     assert await _state(server.url) == ([], [])
+    assert clouds.calls() == ""
+
+
+async def test_a_document_of_apply_that_is_refused_makes_no_token(
+    tmp_path: Path, server: Server
+) -> None:
+    clouds, path = await _prepared(tmp_path, server)
+    serving = tmp_path / "serving.yaml"
+    serving.write_text(yaml.safe_dump({
+        "apiVersion": "meridian/v1",
+        "models": [{"name": "m", "source": "org/m", "context_length": 8192}],
+        "deployments": [{"name": "d", "model": "m", "region": "ap-south"}],
+    }))  # fmt: skip
+    env = clouds.env(MERIDIAN_TOKEN=ADMIN_TOKEN, COLUMNS="200")
+
+    code, said = await run_cli("join", "-f", str(path), "--apply", str(serving), env=env)
+
+    assert code == 1, said
+    assert "unknown_reference" in said
+    assert "ap-south" in said
+    assert await _state(server.url) == (["eu-west", "us-east", "us-west"], [])
     assert clouds.calls() == ""
