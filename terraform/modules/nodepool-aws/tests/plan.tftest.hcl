@@ -65,7 +65,11 @@ run "no_secret_in_user_data" {
 
   assert {
     condition     = strcontains(module.common.script, "secretsmanager get-secret-value --region us-east-1 --secret-id arn:aws:secretsmanager:us-east-1:123456789012:secret:meridian/bootstrap/us-east-AbCdEf")
-    error_message = "the machines do not read the token from Secrets Manager at boot"
+    error_message = "the machines do not read the token from Secrets Manager"
+  }
+  assert {
+    condition     = output.bootstrap_token_store == { kind = "aws-secretsmanager", region = "us-east-1", secret = var.bootstrap_token_secret_arn }
+    error_message = "meridian join would not find the secret the machines read"
   }
   assert {
     condition     = !can(regex("BOOTSTRAP_TOKEN=[^%]", module.common.script)) && !strcontains(module.common.script, "mb-")
