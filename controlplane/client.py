@@ -48,17 +48,24 @@ def print_changes(console: Console, result: dict[str, Any]) -> None:
         console.print(f"no changes; revision {result['revision']}")
 
 
+def apply_document(
+    url: str, token: str, content: bytes, media: str, *, dry_run: bool, cascade: bool = False
+) -> httpx.Response:
+    """POST /v1/apply: a fleet document, YAML or JSON (`media`)."""
+    return httpx.post(
+        f"{url.rstrip('/')}/v1/apply",
+        params={"dry_run": str(dry_run).lower(), "cascade": str(cascade).lower()},
+        content=content,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": media},
+        timeout=60,
+    )
+
+
 def apply_file(
     url: str, token: str, path: Path, *, dry_run: bool, cascade: bool = False
 ) -> httpx.Response:
     media = "application/json" if path.suffix == ".json" else "application/yaml"
-    return httpx.post(
-        f"{url.rstrip('/')}/v1/apply",
-        params={"dry_run": str(dry_run).lower(), "cascade": str(cascade).lower()},
-        content=path.read_bytes(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": media},
-        timeout=60,
-    )
+    return apply_document(url, token, path.read_bytes(), media, dry_run=dry_run, cascade=cascade)
 
 
 @click.command("apply")

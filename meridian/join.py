@@ -33,7 +33,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from controlplane.client import ClientSettings, apply_file, fail, print_changes
+from controlplane.client import (
+    ClientSettings,
+    apply_document,
+    apply_file,
+    fail,
+    print_changes,
+)
 
 CLI_TIMEOUT_S = 120
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -278,8 +284,8 @@ def _join(
 ) -> None:
     headers = {"Authorization": f"Bearer {secret}"}
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
-        applied = http.post("/v1/apply", params={"dry_run": str(dry_run).lower()},
-                            json=document.fleet)  # fmt: skip
+        applied = apply_document(url, secret, json.dumps(document.fleet).encode(),
+                                 "application/json", dry_run=dry_run)  # fmt: skip
         if applied.status_code != 200:
             fail(console, applied)
         print_changes(console, applied.json())
