@@ -30,7 +30,7 @@ from agents.engines.backends import backends
 from agents.engines.runner import EngineState
 from agents.engines.supervisor import Supervisor
 from agents.errors import SnapshotInvalid
-from agents.gateway.service import Gateway
+from agents.gateway.service import Gateway, Limits
 from agents.http import build_app
 from agents.metrics import state_families
 from agents.router.router import Router
@@ -69,6 +69,7 @@ class Agent:
             operator_token=self.operator_token,
             connect_timeout_s=settings.upstream_connect_timeout_s,
             tracing=self.tracing,
+            limits=Limits(settings.max_body_bytes, settings.body_timeout_s),
         )
         self.poller = LoadPoller(self.table, settings.load_poll_s, settings.probe_timeout_s)
         self.kv_events = KvEventSubscriber(self.router, self.table)
@@ -130,7 +131,14 @@ class Agent:
         await asyncio.to_thread(self.store.prepare)
         await self._from_disk()
         app = build_app(self.gateway, self.status, self.operator_token, self.metric_state)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handler_cancellation=True,
+            # aiohttp closes a connection whose request head has not come this long after it
+            # opened or after its last answer: the header timeout and the keep-alive cap
+            keepalive_timeout=self.settings.header_timeout_s,
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.settings.host, self.settings.port, backlog=4096)
         await site.start()
@@ -151,6 +159,7 @@ class Agent:
                     group.create_task(_forever("control-link", self.link.run)),
                     group.create_task(_forever("load-poller", self.poller.run)),
                     group.create_task(_forever("kv-events", self.kv_events.run)),
+                    group.create_task(_forever("audit", self.gateway.audit_forever)),
                 ]
                 await stop.wait()
                 log.info("stopping: engines drain first")
@@ -205,6 +214,8 @@ class Agent:
             decisions=dict(gateway.decisions),
             escalations=gateway.escalations.report(),
             breakers=breakers,
+            faults=dict(gateway.faults),
+            repairs=dict(gateway.router.repairs),
         )
 
     async def telemetry(self) -> pb.Telemetry:

@@ -53,7 +53,7 @@ def build_app(
         body = await render(gateway.metrics, state())
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=gateway.limits.max_body_bytes)
     app.router.add_post("/v1/chat/completions", gateway.infer)
     app.router.add_post("/v1/completions", gateway.infer)
     app.router.add_post("/generate", gateway.infer)

@@ -9,8 +9,9 @@
   (or `peer:<region>`); routing decisions by policy and choice; prompt tokens as routed (the
   router's predicted cache hits) and as the engines report them; admission's queue depth and
   rejections; escalations by direction, peer and reason; circuit breakers; the snapshot's
-  revision and age. The state families are read from the agent when scraped, on the event
-  loop (cheap), and rendered off it.
+  revision and age; requests failed by a fault of the gateway's own, and reservations the
+  audit found leaked and repaired. The state families are read from the agent when scraped,
+  on the event loop (cheap), and rendered off it.
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ def state_families(
     decisions: dict[tuple[str, str, str], int],
     escalations: list[tuple[str, str, str, int]],
     breakers: list[tuple[str, str, str]],
+    faults: dict[str, int],
+    repairs: dict[str, int],
 ) -> list[Metric]:
     """Meridian's families that the agent's state holds, built on the event loop."""
     out: list[Metric] = []
@@ -181,4 +184,14 @@ def state_families(
     for kind, target, state in breakers:
         for s in ("closed", "half_open", "open"):
             states.add_metric([kind, target, s], 1 if s == state else 0)
-    return [*out, queue, refused, chosen, flows, states]
+    ours = CounterMetricFamily("meridian_gateway_faults", "Requests the gateway failed by a "
+                               "fault of its own (answered 500, logged)",
+                               labels=["model"])  # fmt: skip
+    for model, n in sorted(faults.items()):
+        ours.add_metric([model], n)
+    repaired = CounterMetricFamily("meridian_inflight_repairs", "Requests in flight to a worker "
+                                   "that its engine did not hold, ended by the audit",
+                                   labels=["worker"])  # fmt: skip
+    for worker, n in sorted(repairs.items()):
+        repaired.add_metric([worker], n)
+    return [*out, queue, refused, chosen, flows, states, ours, repaired]

@@ -52,6 +52,22 @@ class AgentSettings(BaseSettings):
     )
     load_poll_s: float = Field(default=0.2, gt=0, le=60, description="workers' /get_load")
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        le=1024**3,
+        description="a larger request body is answered 413 before it is read",
+    )
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, description="a body slower than this is answered 408"
+    )
+    header_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=3600,
+        description="a connection that has sent no whole request head this long after it "
+        "opened or after its last answer is closed (slow senders, idle keep-alive)",
+    )
     trace_endpoint: str | None = Field(
         default=None,
         pattern=r"^https?://",

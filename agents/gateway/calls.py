@@ -30,6 +30,7 @@ from agents.gateway.relay import (
 )
 from agents.gateway.requests import Inference
 from agents.gateway.upstream import Answer, Upstream
+from agents.held import Held
 from agents.router.decision import Decision, Ticket
 from agents.router.policies import Candidate, RouteRequest
 from agents.router.router import Router
@@ -60,54 +61,63 @@ class EngineCalls:
         gateway took, in Server-Timing)."""
         chosen, prefill = decision.ranked[0], decision.prefill
         worker = chosen.worker
-        ticket = self.router.dispatched(chosen, route_request, prefilled_elsewhere=bool(prefill))
-        sent_headers = upstream_headers(request_id) + trace
-        pd: _Prefill | None = None
-        if prefill is not None:
-            pd = self._prefill(prefill, route_request, inference, request_id, sent_headers)
-            body = inference.upstream_body(request_id, pd.fields)
-        else:
-            body = inference.upstream_body(request_id)
         if decision.pd is not None:
             self.router.pd_choices[decision.pd] += 1
-        upstream: Answer | None = None
-        try:
-            if pd is None:
-                upstream = await self.upstream.post(worker.url, inference.path, body, sent_headers)
+        with self.dispatch(chosen, route_request, request_id, bool(prefill)) as slot:
+            ticket = slot.ticket
+            sent_headers = upstream_headers(request_id) + trace
+            if prefill is not None:
+                slot.prefill = self._prefill(
+                    prefill, route_request, inference, request_id, sent_headers
+                )
+                body = inference.upstream_body(request_id, slot.prefill.fields)
             else:
-                upstream = await self._paired(pd, worker.url, inference, body, sent_headers, ticket)
-            if upstream.status >= 500:
+                body = inference.upstream_body(request_id)
+            slot.sent = True
+            try:
+                if slot.prefill is None:
+                    upstream = await self.upstream.post(
+                        worker.url, inference.path, body, sent_headers
+                    )
+                else:
+                    upstream = await self._paired(
+                        slot.prefill, worker.url, inference, body, sent_headers, ticket
+                    )
+            except OSError as error:  # UpstreamError among them
                 self._failed(ticket)
-                raise Retry(worker.id, f"answered {upstream.status}")
-            if inference.stream and upstream.status == 200:
-                track = _EngineTrack(self, ticket, inference, worker.url, request_id)
-                return await relay_stream(
-                    request, upstream, track, headers,
-                    native=inference.native, keep_usage=inference.wants_usage,
-                    since=timed_from,
-                )  # fmt: skip
-            data = await upstream.read()
-        except OSError as error:  # UpstreamError among them
-            self._failed(ticket)
-            raise Retry(worker.id, f"{type(error).__name__}: {error}") from None
-        except asyncio.CancelledError:
-            self._gone(ticket, worker.url, request_id)
-            if pd is not None:
-                pd.cancel()
-            raise
-        except Exception:  # a fault of ours: the worker's request ends here all the same
-            self.router.abandoned(ticket)
-            raise
-        finally:
-            if upstream is not None:
-                upstream.release()
-        usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
-        self._finished(ticket, inference, usage)
+                raise Retry(worker.id, f"{type(error).__name__}: {error}") from None
+            with upstream:
+                if upstream.status >= 500:
+                    self._failed(ticket)
+                    raise Retry(worker.id, f"answered {upstream.status}")
+                if inference.stream and upstream.status == 200:
+                    track = _EngineTrack(self, ticket, inference)
+                    return await relay_stream(
+                        request, upstream, track, headers,
+                        native=inference.native, keep_usage=inference.wants_usage,
+                        since=timed_from,
+                    )  # fmt: skip
+                try:
+                    data = await upstream.read()
+                except OSError as error:
+                    self._failed(ticket)
+                    raise Retry(worker.id, f"{type(error).__name__}: {error}") from None
+            usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
+            self._finished(ticket, inference, usage)
         out = relayed_headers(upstream.headers)
         out.update(headers)
         if timed_from is not None:
             out["Server-Timing"] = server_timing(timed_from)
         return web.Response(body=data, status=upstream.status, headers=out), usage
+
+    def dispatch(
+        self, chosen: Candidate, request: RouteRequest, rid: str, prefilled: bool = False
+    ) -> _Slot:
+        """The worker's in-flight slot for one request, held by `with`: what ends without the
+        worker's answer or failure (a client that left, an exception) frees it and, when the
+        request may have reached the engine, tells the engine to stop."""
+        ticket = self.router.dispatched(chosen, request, prefilled_elsewhere=prefilled)
+        return _Slot(self, ticket, chosen.worker.url, rid)
 
     def _prefill(
         self,
@@ -120,7 +130,6 @@ class EngineCalls:
         """PD: the same body to the prefill worker, with the bootstrap fields SGLang expects;
         its answer is read and dropped (the client gets the decode worker's)."""
         worker = prefill.worker
-        ticket = self.router.dispatched(prefill, route_request)
         room = secrets.randbits(63)
         fields = (
             b'"bootstrap_host":' + orjson.dumps(worker.host)
@@ -128,28 +137,32 @@ class EngineCalls:
             + b',"bootstrap_room":' + str(room).encode() + b","
         )  # fmt: skip
         body = inference.upstream_body(request_id, fields)
-        call = self._prefill_call(worker.url, inference.path, body, headers, ticket)
-        task = self.in_background(call)
-        return _Prefill(self, worker.url, request_id, ticket, fields, task)
+        call = self._prefill_call(prefill, route_request, request_id, inference.path, body, headers)
+        return _Prefill(worker.id, fields, self.in_background(call))
 
     async def _prefill_call(
-        self, url: str, path: str, body: bytes, headers: bytes, ticket: Ticket
+        self,
+        prefill: Candidate,
+        route_request: RouteRequest,
+        rid: str,
+        path: str,
+        body: bytes,
+        headers: bytes,
     ) -> bool:
-        try:
-            answer = await self.upstream.post(url, path, body, headers)
+        with self.dispatch(prefill, route_request, rid) as slot:
+            ticket, slot.sent = slot.ticket, True
             try:
-                await answer.read()
-            finally:
-                answer.release()
+                with await self.upstream.post(prefill.worker.url, path, body, headers) as answer:
+                    await answer.read()
+            except OSError:
+                self._failed(ticket)
+                return False
             if answer.status >= 500:
                 self._failed(ticket)
                 return False
-        except OSError:
-            self._failed(ticket)
-            return False
-        self.router.first_byte(ticket)
-        self.router.finished(ticket, 0, None, None)
-        return True
+            self.router.first_byte(ticket)
+            self.router.finished(ticket, 0, None, None)
+            return True
 
     async def _paired(
         self,
@@ -162,14 +175,17 @@ class EngineCalls:
     ) -> Answer:
         """The decode call, given up (and retried on another pair) if the prefill fails
         before the decode worker has answered."""
-        call = self.upstream.post(worker_url, inference.path, body, headers)
-        decode = asyncio.ensure_future(call)
-        await asyncio.wait({decode, pd.task}, return_when=asyncio.FIRST_COMPLETED)
+        decode = asyncio.ensure_future(
+            self.upstream.post(worker_url, inference.path, body, headers)
+        )
+        try:
+            await asyncio.wait({decode, pd.task}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            _drop(decode)
+            raise
         if not decode.done() and not pd.task.result():
-            decode.cancel()
-            self.router.abandoned(ticket)
-            self._abort_later(worker_url, pd.request_id)
-            raise Retry(pd.ticket.worker_id, "the prefill worker failed")
+            _drop(decode)  # the slot frees the decode worker and tells it to stop
+            raise Retry(pd.worker_id, "the prefill worker failed")
         return await decode
 
     def _finished(self, ticket: Ticket, inference: Inference, usage: Usage) -> None:
@@ -181,14 +197,6 @@ class EngineCalls:
     def _failed(self, ticket: Ticket) -> None:
         self.router.failed(ticket)
         self.admission.notify(ticket.model)
-
-    def _gone(self, ticket: Ticket, worker_url: str, rid: str) -> None:
-        """The client went away: free the worker and tell the engine to stop."""
-        if ticket.done:
-            return
-        self.router.abandoned(ticket)
-        self.admission.notify(ticket.model)
-        self._abort_later(worker_url, rid)
 
     def _abort_later(self, worker_url: str, rid: str) -> None:
         if rid:
@@ -204,26 +212,45 @@ class EngineCalls:
         body = orjson.dumps({"rid": rid})
         try:
             async with asyncio.timeout(5):
-                answer = await self.upstream.post(worker_url, "/abort_request", body, JSON)
-                try:
+                with await self.upstream.post(worker_url, "/abort_request", body, JSON) as answer:
                     await answer.read()
-                finally:
-                    answer.release()
         except (OSError, TimeoutError) as error:
             log.info("abort of %s at %s: %s", rid, worker_url, error)
             return False
         return True
 
 
+class _Slot(Held):
+    """A worker's in-flight slot (the router's ticket) for one request; see `dispatch`."""
+
+    __slots__ = ("calls", "prefill", "rid", "sent", "ticket", "url")
+
+    def __init__(self, calls: EngineCalls, ticket: Ticket, url: str, rid: str) -> None:
+        super().__init__()
+        self.calls, self.ticket, self.url, self.rid = calls, ticket, url, rid
+        self.sent = False  # the request may have reached the engine
+        self.prefill: _Prefill | None = None  # a PD request's prefill half
+
+    def release(self, error: BaseException | None) -> None:
+        if error is not None and self.prefill is not None:
+            self.prefill.task.cancel()  # its own slot frees its worker
+        ticket = self.ticket
+        if ticket.done:  # finished or failed: the router knows
+            return
+        self.calls.router.abandoned(ticket)
+        self.calls.admission.notify(ticket.model)
+        if self.sent:
+            self.calls._abort_later(self.url, self.rid)
+
+
 @dataclass
 class _EngineTrack:
-    """A streamed answer of an engine, told to the router as it goes."""
+    """A streamed answer of an engine, told to the router as it goes. A client that leaves
+    is the slot's to settle, on its way out."""
 
     calls: EngineCalls
     ticket: Ticket
     inference: Inference
-    url: str
-    rid: str
 
     @property
     def name(self) -> str:
@@ -242,22 +269,20 @@ class _EngineTrack:
     def finished(self, usage: Usage) -> None:
         self.calls._finished(self.ticket, self.inference, usage)
 
-    def gone(self) -> None:
-        self.calls._gone(self.ticket, self.url, self.rid)
-
 
 @dataclass
 class _Prefill:
-    """A PD request's prefill half, running beside its decode call."""
+    """A PD request's prefill half, running beside its decode call in its own task, which
+    holds the prefill worker's slot."""
 
-    calls: EngineCalls
-    worker_url: str
-    request_id: str
-    ticket: Ticket
+    worker_id: str
     fields: bytes  # the bootstrap fields both bodies carry
     task: asyncio.Task[bool]
 
-    def cancel(self) -> None:
-        if not self.task.done():
-            self.task.cancel()
-            self.calls._gone(self.ticket, self.worker_url, self.request_id)
+
+def _drop(call: asyncio.Future[Answer]) -> None:
+    """Give up a call: cancelled if still on its way, its connection closed if it got one."""
+    if not call.done():
+        call.cancel()
+    elif not call.cancelled() and call.exception() is None:
+        call.result().close()

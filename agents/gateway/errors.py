@@ -75,6 +75,14 @@ class NotFound(GatewayError):
     status, code, kind, title = 404, "not_found", "invalid_request_error", "Not found"
 
 
+class RequestTimeout(GatewayError):
+    status, code, kind, title = 408, "request_timeout", "invalid_request_error", "Request timeout"
+
+
+class BodyTooLarge(GatewayError):
+    status, code, kind, title = 413, "body_too_large", "invalid_request_error", "Body too large"
+
+
 class UnsupportedMediaType(GatewayError):
     status, code, kind = 415, "unsupported_media_type", "invalid_request_error"
     title = "Unsupported media type"
@@ -100,6 +108,15 @@ class NoHealthyWorker(GatewayError):
 
 class UpstreamFailed(GatewayError):
     status, code, kind, title = 502, "upstream_failed", "api_error", "The engine failed"
+
+
+class InternalError(GatewayError):
+    """A fault of the gateway's own; the request id in the answer's header finds its log."""
+
+    status, code, kind, title = 500, "internal_error", "api_error", "Internal error"
+
+    def __init__(self) -> None:
+        super().__init__("the gateway failed this request; it is logged under its request id")
 
 
 class NotReady(GatewayError):

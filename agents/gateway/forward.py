@@ -119,46 +119,66 @@ class Forwarder:
                 + f"{assertion.HEADER}: {signed}\r\n{assertion.HOP}: {config.region}\r\n"
                   f"{assertion.WAITED}: {waited_ms:.0f}\r\n".encode()
             )  # fmt: skip
-            self.escalations.sent(peer.region, reason)
-            started = self.clock()
-            try:
-                async with asyncio.timeout(HEAD_TIMEOUT_S):
-                    answer = await self.upstream.post(peer.gateway_url, request.path, body, sent)
-            except (OSError, TimeoutError) as error:
-                self.escalations.unreachable(peer.region)
-                outcome.refused[peer.region] = f"unreachable: {error}"
-                log.warning("request %s: peer %s unreachable: %s", request_id, peer.region, error)
-                continue
+            with self.escalations.sending(peer.region, reason):
+                refused = await self._try(
+                    request, outcome, peer.region, peer.gateway_url, model, body, sent,
+                    why=why, debug=debug, stream=stream, native=native, wants_usage=wants_usage,
+                    headers=headers,
+                )  # fmt: skip
+            if refused is None:
+                return outcome
+            outcome.refused[peer.region] = refused
+        return outcome
+
+    async def _try(
+        self,
+        request: web.Request,
+        outcome: Escalated,
+        region: str,
+        url: str,
+        model: str,
+        body: bytes,
+        sent: bytes,
+        *,
+        why: str,
+        debug: bool,
+        stream: bool,
+        native: bool,
+        wants_usage: bool,
+        headers: dict[str, str],
+    ) -> str | None:
+        """One peer's try: None when it answered (`outcome` holds the answer), else why not."""
+        started = self.clock()
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                answer = await self.upstream.post(url, request.path, body, sent)
+        except (OSError, TimeoutError) as error:
+            self.escalations.unreachable(region)
+            log.warning("peer %s unreachable: %s", region, error)
+            return f"unreachable: {error}"
+        with answer:
             retry_after = answer.header(b"retry-after")
-            server = answer.header(b"server-timing")
             self.escalations.answered(
-                peer.region, model, status=answer.status,
+                region, model, status=answer.status,
                 elapsed_s=self.clock() - started,
                 load=_text(answer.header(LOAD_HEADER.encode())),
-                server_s=server_seconds(server),
+                server_s=server_seconds(answer.header(b"server-timing")),
                 retry_after_s=float(retry_after) if retry_after and retry_after.isdigit() else None,
             )  # fmt: skip
             if answer.status in (429, 503) or answer.status >= 500:
-                try:
-                    await answer.read()
-                except OSError:
-                    pass
-                finally:
-                    answer.release()
-                outcome.refused[peer.region] = f"answered {answer.status}"
-                continue
+                return f"answered {answer.status}"
             out = {k: v for k, v in relayed_headers(answer.headers).items()
                    if k.lower() not in DROPPED}  # fmt: skip
             out.update({k: v for k, v in headers.items() if k.lower() != "x-meridian-region"})
-            outcome.peer = peer.region
+            outcome.peer = region
             if debug:  # why it escalated, with the peer's own route when it gave one
                 described = outcome.describe() | {"why": why}
                 if "x-meridian-route" in out:
-                    described["peer_route"] = orjson.loads(out["x-meridian-route"])
+                    described["peer_route"] = _loads(out["x-meridian-route"])
                 out["x-meridian-route"] = orjson.dumps({"escalated": described}).decode()
             try:
                 if stream and answer.status == 200:
-                    track = _PeerTrack(self.escalations, peer.region)
+                    track = _PeerTrack(self.escalations, region)
                     outcome.response, outcome.usage = await relay_stream(
                         request, answer, track, out, native=native, keep_usage=wants_usage
                     )
@@ -167,19 +187,14 @@ class Forwarder:
                     usage = body_usage(data, native) if answer.status == 200 else Usage()
                     outcome.response = web.Response(body=data, status=answer.status, headers=out)
                     outcome.usage = usage
-            except Retry as why:
+            except Retry as failed:
                 outcome.peer = None
-                outcome.refused[peer.region] = str(why)
-                continue
+                return str(failed)
             except OSError as error:
-                self.escalations.unreachable(peer.region)
+                self.escalations.unreachable(region)
                 outcome.peer = None
-                outcome.refused[peer.region] = f"broke: {error}"
-                continue
-            finally:
-                answer.release()
-            return outcome
-        return outcome
+                return f"broke: {error}"
+        return None
 
 
 @dataclass
@@ -199,9 +214,6 @@ class _PeerTrack:
     def finished(self, usage: Usage) -> None:
         pass
 
-    def gone(self) -> None:
-        pass  # closing the connection to the peer aborts the request there too
-
 
 def server_seconds(header: bytes | None) -> float | None:
     """The peer gateway's own time from `Server-Timing: gw;dur=<ms>`."""
@@ -215,6 +227,13 @@ def server_seconds(header: bytes | None) -> float | None:
             except ValueError:
                 return None
     return None
+
+
+def _loads(text: str) -> object:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
 
 
 def _text(value: bytes | None) -> str | None:

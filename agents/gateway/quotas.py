@@ -1,8 +1,10 @@
 """Each tenant's requests and tokens per minute, as token buckets on this node's share.
 
-A request takes one request and its estimated prompt tokens when admitted; when it ends the
-bucket is charged what it really used. A bucket may go below zero by what a request used
-beyond its estimate; the next request waits for the refill. Levels survive a new snapshot.
+A request takes one request and its estimated prompt tokens when admitted, held by `with`
+until it ends; the bucket is then charged what it really used (nothing, for a request that
+failed, and the estimate for one whose use is not known). A bucket may go below zero by what
+a request used beyond its estimate; the next request waits for the refill. Levels survive a
+new snapshot.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 from agents.control.compile import Tenant
 from agents.gateway.errors import QuotaExceeded
+from agents.held import Held
 
 
 @dataclass
@@ -47,8 +50,9 @@ class Quotas:
         bucket.refill(now)
         return bucket
 
-    def admit(self, tenant: Tenant, prompt_tokens: int) -> None:
-        """Take one request and the prompt's tokens, or raise QuotaExceeded with Retry-After."""
+    def admit(self, tenant: Tenant, prompt_tokens: int) -> Charge:
+        """Take one request and the prompt's tokens, or raise QuotaExceeded with Retry-After;
+        the tokens are settled when the `with` block of the charge ends."""
         requests = tokens = None
         if tenant.requests_per_minute is not None:
             requests = self._bucket(self._requests, tenant.name, tenant.requests_per_minute)
@@ -69,9 +73,34 @@ class Quotas:
             requests.level -= 1
         if tokens is not None:
             tokens.level -= prompt_tokens
+        return Charge(self, tenant, prompt_tokens)
 
     def settle(self, tenant: Tenant, estimated: int, used: int) -> None:
         """Charge what the request really used instead of its estimate."""
         bucket = self._tokens.get(tenant.name)
         if bucket is not None:
             bucket.level -= used - estimated
+
+
+class Charge(Held):
+    """A request's tokens, taken at admission: `used` is set when the answer tells it."""
+
+    __slots__ = ("estimated", "quotas", "tenant", "used")
+
+    def __init__(self, quotas: Quotas | None, tenant: Tenant, estimated: int) -> None:
+        super().__init__()
+        self.quotas, self.tenant, self.estimated = quotas, tenant, estimated
+        self.used: int | None = None  # None: not known, the estimate stands
+
+    def release(self, error: BaseException | None) -> None:
+        if self.quotas is None:
+            return
+        if error is not None:
+            self.quotas.settle(self.tenant, self.estimated, 0)  # failed: only the request counts
+        elif self.used is not None:
+            self.quotas.settle(self.tenant, self.estimated, self.used)
+
+
+def uncharged(tenant: Tenant) -> Charge:
+    """A request counted elsewhere (escalated here) or not at all (the operator's)."""
+    return Charge(None, tenant, 0)

@@ -4,7 +4,6 @@ found by a substring search, and drops it when the client did not ask for it."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Awaitable
@@ -20,7 +19,7 @@ USAGE = b'"usage"'
 HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date",
                b"server"}  # fmt: skip
 EVENT_END = b"\n\n"
-FIRST_AT = "meridian.first_at"  # on a streamed response: when its first event went out
+FIRST_AT = web.ResponseKey("meridian.first_at", float)  # a streamed response's first event
 JSON_REQUEST = b"Content-Type: application/json\r\nX-Request-ID: "
 
 
@@ -126,6 +125,15 @@ class Retry(Exception):
         self.worker_id = worker_id
 
 
+class Broken(Exception):
+    """A fault of ours after a stream's head went out: the stream ended with an error event
+    (`response`), and the fault is the cause."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("a stream ended by a fault of the gateway's")
+        self.response = response
+
+
 class ClientGone(Exception):
     """The client closed its connection."""
 
@@ -137,8 +145,8 @@ async def to_client(write: Awaitable[object]) -> None:
         raise ClientGone(str(error)) from None
 
 
-def stream_error(message: str) -> bytes:
-    error = {"error": {"message": message, "type": "api_error", "code": "upstream_failed"}}
+def stream_error(message: str, code: str = "upstream_failed") -> bytes:
+    error = {"error": {"message": message, "type": "api_error", "code": code}}
     return b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
 
 
@@ -181,7 +189,6 @@ class Track(Protocol):
     def progressed(self, events: int) -> None: ...
     def failed(self) -> None: ...
     def finished(self, usage: Usage) -> None: ...
-    def gone(self) -> None: ...
 
 
 async def relay_stream(
@@ -215,19 +222,22 @@ async def relay_stream(
             await to_client(response.write(data))
             track.progressed(data.count(EVENT_END))
         rest = meter.rest()
-    except ClientGone:
-        track.gone()
+    except ClientGone:  # what the answer held is given back by its holder
         assert response is not None  # only writes to the client raise it
         return response, meter.usage
-    except asyncio.CancelledError:
-        track.gone()
-        raise
     except UpstreamError as error:
         track.failed()
         if response is None:  # nothing reached the client: another may answer
             raise Retry(track.name, f"stream broke: {error}") from None
         await write_quietly(response, stream_error("the upstream stream broke"))
         return response, meter.usage
+    except Exception as error:  # a fault of ours
+        if response is None:
+            raise
+        await write_quietly(
+            response, stream_error("the gateway failed this stream", "internal_error")
+        )
+        raise Broken(response) from error
     if response is None:
         track.failed()
         raise Retry(track.name, "the stream ended before its first event")

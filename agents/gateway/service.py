@@ -13,10 +13,13 @@ escalated again and is not counted against the tenant's quota here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
@@ -27,29 +30,45 @@ from agents.gateway import assertion, auth
 from agents.gateway.admission import Admission, Escalate, EscalateOver
 from agents.gateway.calls import EngineCalls
 from agents.gateway.errors import (
+    BadRequest,
+    BodyTooLarge,
     GatewayError,
+    InternalError,
     NoHealthyWorker,
     NotReady,
     Overloaded,
     QueueFull,
+    RequestTimeout,
     UnsupportedMediaType,
     UpstreamFailed,
 )
 from agents.gateway.forward import Forwarder
-from agents.gateway.quotas import Quotas
+from agents.gateway.quotas import Quotas, uncharged
 from agents.gateway.receipts import Receipts
-from agents.gateway.relay import FIRST_AT, Retry, Usage, new_id
+from agents.gateway.relay import FIRST_AT, Broken, Retry, Usage, new_id
 from agents.gateway.requests import Inference, check_context, parse
 from agents.gateway.upstream import Upstream
 from agents.metrics import OPERATIONS, RequestMetrics, Served
 from agents.router.decision import Decision
 from agents.router.escalation import LOAD_HEADER, Escalations, load_header
 from agents.router.policies import Candidate, RouteRequest
-from agents.router.router import Router
+from agents.router.router import AUDIT_S, Router
 from agents.tracing import Tracing
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
+AUDIT_EVERY_S = 1.0
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-ID: visible ASCII
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the gateway before any of it is read."""
+
+    max_body_bytes: int = 16 * 1024 * 1024
+    body_timeout_s: float = 30.0  # from the head to the body's last byte
+
+
 OPERATOR = Tenant("operator", "operator", None, None, None)
 
 
@@ -62,8 +81,10 @@ class Gateway:
         connect_timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         tracing: Tracing | None = None,
+        limits: Limits = Limits(),
     ) -> None:
         self.router = router
+        self.limits = limits
         self.tracing = tracing
         self.admission = Admission(router, clock)
         self.quotas = Quotas(clock)
@@ -77,12 +98,30 @@ class Gateway:
         self._load: dict[str, tuple[float | None, int]] = {}  # model: (best TTFT, serving)
         self.metrics = RequestMetrics(lambda: self.config.region if self.config else "")
         self.rejections: Counter[tuple[str, str]] = Counter()  # (model, code)
+        self.faults: Counter[str] = Counter()  # requests failed by a fault of ours, by model
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (model, policy, choice)
         self.receipts = Receipts()
         router.table.on_change(self.admission.notify_all)
 
     async def close(self) -> None:
         await self._upstream.close()
+
+    async def audit_forever(self, every_s: float = AUDIT_EVERY_S) -> None:
+        """The router's books checked against the engines' (see Router.audit), always."""
+        while True:
+            await asyncio.sleep(every_s)
+            self.audit()
+
+    def audit(self) -> None:
+        repaired = self.router.audit()
+        for worker, ended in repaired:
+            log.warning(
+                "worker %s: %d request(s) in flight from here that its engine has not held "
+                "for %.0f s were ended: a reservation leaked, and is repaired",
+                worker, ended, AUDIT_S, extra={"worker": worker},
+            )  # fmt: skip
+        if repaired:
+            self.admission.notify_all()
 
     def configure(self, config: RegionConfig, peer_health: Mapping[str, str] | None = None) -> None:
         self.router.configure(config)
@@ -122,7 +161,8 @@ class Gateway:
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         started = self.clock()
-        request_id = (request.headers.get("X-Request-ID") or new_id())[:128]
+        given = request.headers.get("X-Request-ID")
+        request_id = given if given is not None and _REQUEST_ID.fullmatch(given) else new_id()
         headers = self.headers(request_id)
         served, error_type = Served(), None
         if self.tracing is not None:
@@ -133,6 +173,10 @@ class Gateway:
             if served.span is not None and served.span.is_recording():
                 served.trace = tracing.context_headers(served.span)
         try:
+            if given is not None and given != request_id:
+                raise BadRequest(
+                    "X-Request-ID must be 1 to 128 visible ASCII characters", param="x-request-id"
+                )
             response = await self._infer(request, request_id, headers, served)
         except GatewayError as error:
             if error.model is not None:
@@ -140,6 +184,12 @@ class Gateway:
             if error.status in (429, 503) and served.model:
                 self.rejections[served.model, error.code] += 1
             response, error_type = error.response(headers), error.code
+        except Broken as broken:  # a fault of ours after the stream began: it ended with an error
+            self._fault(request_id, served, broken.__cause__ or broken)
+            response, error_type = broken.response, InternalError.code
+        except Exception as error:  # a fault of ours: the client gets an OpenAI-shaped 500
+            self._fault(request_id, served, error)
+            response, error_type = InternalError().response(headers), InternalError.code
         served.first_at = response.get(FIRST_AT)
         now = self.clock()
         self.metrics.answered(request.path, response.status, started, now, served, error_type)
@@ -147,6 +197,15 @@ class Gateway:
         if served.span is not None and served.span.is_recording():
             self._traced(request, response, served, started, error_type)
         return response
+
+    def _fault(self, request_id: str, served: Served, error: BaseException) -> None:
+        """Logged once, with its traceback, and counted; what it held was given back on the
+        way out."""
+        self.faults[served.model or "unknown"] += 1
+        log.error(
+            "request %s failed on a fault of the gateway's", request_id,
+            exc_info=error, extra={"request_id": request_id},
+        )  # fmt: skip
 
     def _traced(self, request: web.Request, response: web.StreamResponse, served: Served,
                 started: float, error: str | None) -> None:  # fmt: skip
@@ -192,7 +251,7 @@ class Gateway:
         config = self._config()
         if request.content_type not in ("application/json", ""):
             raise UnsupportedMediaType(f"send application/json, not {request.content_type}")
-        body = await request.read()
+        body = await self._body(request)
         signed = request.headers.get(assertion.HEADER)
         came_from: str | None = None
         if signed is not None:  # escalated here by a peer region: its word for who asks
@@ -216,28 +275,44 @@ class Gateway:
         route = config.routes.get(model.name)
         if route is None:
             raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
-        counted = tenant is not OPERATOR and came_from is None  # a peer's was counted there
-        if counted:
-            self.quotas.admit(tenant, route_request.prompt_tokens)
         chain = None
         if came_from is None and assertion.HOP not in request.headers:
             chain = config.chain(model.name, tenant.tier)
-        try:
-            response, usage = await self._serve(
-                request, body, inference, route_request, route, config, chain, tenant,
-                request_id, headers, debug, (since, arrived), came_from, served,
-            )  # fmt: skip
-        except GatewayError as error:
-            error.model = model.name
-            if counted:
-                self.quotas.settle(tenant, route_request.prompt_tokens, 0)
-            raise
+        # everything above only reads; from here on what is taken is held by `with`
+        counted = tenant is not OPERATOR and came_from is None  # a peer's was counted there
+        charge = (
+            self.quotas.admit(tenant, route_request.prompt_tokens) if counted else uncharged(tenant)
+        )
+        with charge:
+            try:
+                response, usage = await self._serve(
+                    request, body, inference, route_request, route, config, chain, tenant,
+                    request_id, headers, debug, (since, arrived), came_from, served,
+                )  # fmt: skip
+            except GatewayError as error:
+                error.model = model.name
+                raise
+            if usage.prompt_tokens is not None:
+                charge.used = usage.prompt_tokens + (usage.completion_tokens or 0)
         served.prompt_tokens, served.cached_tokens = usage.prompt_tokens, usage.cached_tokens
         served.completion_tokens = usage.completion_tokens
-        if counted and usage.prompt_tokens is not None:
-            used = usage.prompt_tokens + (usage.completion_tokens or 0)
-            self.quotas.settle(tenant, route_request.prompt_tokens, used)
         return response
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The body, bounded in size (refused before it is read when its length says so) and
+        in the time its sender may take."""
+        limit = self.limits.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise BodyTooLarge(f"the body is over {limit} bytes")
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BodyTooLarge(f"the body is over {limit} bytes") from None
+        except TimeoutError:
+            raise RequestTimeout(
+                f"the body did not arrive within {self.limits.body_timeout_s:g} s"
+            ) from None
 
     async def _serve(
         self,

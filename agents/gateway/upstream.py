@@ -52,7 +52,8 @@ def origin(url: str) -> tuple[str, int, bytes, bool]:
 
 
 class Answer:
-    """An engine's answer: status and headers at once, the body as it comes."""
+    """An engine's answer: status and headers at once, the body as it comes. Its connection
+    is held until `release` (or the end of `with answer:`) gives it back to the pool."""
 
     def __init__(self, connection: _Connection, url: str) -> None:
         self.url = url  # the engine's base URL
@@ -82,15 +83,29 @@ class Answer:
     def chunks(self) -> _Chunks:
         return _Chunks(self)
 
+    def __enter__(self) -> Answer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
     def release(self) -> None:
         """Back to the pool if the answer was read to its end and the engine keeps the
-        connection; closed otherwise."""
-        connection, self._connection.answer = self._connection, None
+        connection; closed otherwise. Once: the connection is then another answer's."""
+        connection = self._connection
+        if connection.answer is not self:
+            return
+        connection.answer = None
         if self._done and self._keep_alive and not connection.closed:
             connection.resume()
             connection.pool.put(connection)
         else:
             connection.close()
+
+    def close(self) -> None:
+        """Its connection closed, whatever was read."""
+        self._done = False
+        self.release()
 
     async def _wait(self) -> None:
         if self._error is not None:

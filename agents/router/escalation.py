@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agents.control.compile import FallbackChain, Peer
+from agents.held import Held
 from agents.router.breaker import Breaker
 
 LOAD_HEADER = "endpoint-load-metrics"
@@ -42,6 +43,7 @@ class PeerView:
     last_ok: float = float("-inf")
     ttft: dict[str, tuple[float, float]] = field(default_factory=dict)  # model: (s, when)
     full_until: dict[str, float] = field(default_factory=dict)  # model: when it may be tried
+    inflight: int = 0  # requests sent there from this gateway, not yet ended
 
     def predicted_s(self, model: str, now: float, rtt_s: float) -> float:
         """Its reported TTFT while fresh (else none known), plus the round trip (`rtt_s` when
@@ -56,6 +58,22 @@ class PeerView:
         if self.health == "down" and now - self.last_ok > FRESH_S:
             return False  # down by the control plane's account, and nothing newer says not
         return self.breaker.allows(now)
+
+
+class PeerTry(Held):
+    """See `Escalations.sending`."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view: PeerView) -> None:
+        super().__init__()
+        self.view = view
+
+    def release(self, error: BaseException | None) -> None:
+        self.view.inflight -= 1
+        # the peer's answer (or its failure) ended a probe already; a try that ended
+        # otherwise (cancelled, an exception of ours) ends it without a verdict
+        self.view.breaker.probing = False
 
 
 @dataclass(frozen=True)
@@ -106,11 +124,16 @@ class Escalations:
         ranked.sort(key=lambda item: item[:2])
         return [choice for _, _, choice in ranked]
 
-    def sent(self, region: str, reason: str) -> None:
+    def sending(self, region: str, reason: str) -> PeerTry:
+        """One request's try of a peer, held by `with`: it counts in the peer's in-flight
+        requests, and probes a half-open peer, until the block ends, however it ends."""
         self.counts["out", region, reason] += 1
         view = self.peers.get(region)
-        if view is not None:
-            view.breaker.dispatched()
+        if view is None:  # a snapshot dropped the peer: its try is counted nowhere
+            view = PeerView(region)
+        view.breaker.dispatched()
+        view.inflight += 1
+        return PeerTry(view)
 
     def received(self, region: str, reason: str) -> None:
         self.counts["in", region, reason] += 1
@@ -153,7 +176,7 @@ class Escalations:
         now = self.clock()
         return {
             "peers": {
-                r: {"breaker": str(v.breaker.state), "health": v.health,
+                r: {"breaker": str(v.breaker.state), "health": v.health, "inflight": v.inflight,
                     "rtt_ms": round(v.rtt_s * 1000, 2) if v.rtt_s is not None else None,
                     "ttft_ms": {m: round(t * 1000, 1) for m, (t, at) in v.ttft.items()
                                 if now - at <= FRESH_S}}

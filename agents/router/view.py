@@ -47,6 +47,7 @@ class WorkerView:
     tokens_since_poll: int = 0  # their uncached prompt tokens
     poll_seen: int = 0  # the table's poll count when the two above were reset
     breaker: Breaker = field(default_factory=Breaker)
+    mismatch: tuple[float, int] | None = None  # the audit's: since when, and the least excess
     learned: int = 0  # observations behind the two rates
     uncached_share: float = 1.0  # of the prompt tokens sent here, the share not cached there
     mean_output: float = 128.0  # tokens an answer sent here is expected to take

@@ -20,7 +20,8 @@ def _served_names() -> set[str]:
     families: list[Metric] = [*RequestMetrics(lambda: "r").registry.collect()]
     families += ControlPlaneMetrics().registry.collect()
     families += state_families(revision=1, applied_at=0.0, waiting={}, rejections={},
-                               decisions={}, escalations=[], breakers=[])  # fmt: skip
+                               decisions={}, escalations=[], breakers=[], faults={},
+                               repairs={})  # fmt: skip
     names = set()
     for family in families:
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"]}

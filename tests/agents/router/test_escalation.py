@@ -4,6 +4,8 @@ first, near ties to the chain's order; a peer that fails is passed over until it
 
 from __future__ import annotations
 
+import pytest
+
 from agents.control.compile import FallbackChain, Peer
 from agents.router.escalation import Escalations, load_header
 
@@ -66,10 +68,25 @@ def test_a_full_peer_waits_and_a_failing_one_is_ejected_then_probed() -> None:
     assert "far" not in _order(escalations)
     now[0] = 4.5  # the breaker's cooldown has passed: one probe may go
     assert "far" in _order(escalations)
-    escalations.sent("far", "overload")
-    assert "far" not in _order(escalations)  # one probe at a time
-    _answer(escalations, "far", 200, rtt_s=0.01, ttft_ms=10)
+    with escalations.sending("far", "overload"):
+        assert "far" not in _order(escalations)  # one probe at a time
+        _answer(escalations, "far", 200, rtt_s=0.01, ttft_ms=10)
     assert "far" in _order(escalations)
+
+
+def test_a_probe_that_ends_without_a_verdict_frees_the_peer() -> None:
+    now = [0.0]
+    escalations = _escalations(now)
+    for _ in range(3):
+        escalations.unreachable("far")
+    now[0] = 2.5
+    assert "far" in _order(escalations)  # one probe may go
+    probe = escalations.sending("far", "overload")
+    assert "far" not in _order(escalations)
+    with pytest.raises(RuntimeError), probe:
+        raise RuntimeError("a fault of the gateway's, not the peer's")
+    assert "far" in _order(escalations)  # probed again, not shunned for ever
+    assert escalations.peers["far"].inflight == 0
 
 
 def test_a_peer_the_control_plane_calls_down_is_skipped_until_it_answers() -> None:
