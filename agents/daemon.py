@@ -31,7 +31,7 @@ from agents.engines.runner import EngineState
 from agents.engines.supervisor import Supervisor
 from agents.errors import SnapshotInvalid
 from agents.gateway.service import Gateway, Limits
-from agents.http import build_app
+from agents.http import Runner, build_app
 from agents.metrics import state_families
 from agents.router.router import Router
 from agents.settings import AgentSettings
@@ -131,14 +131,7 @@ class Agent:
         await asyncio.to_thread(self.store.prepare)
         await self._from_disk()
         app = build_app(self.gateway, self.status, self.operator_token, self.metric_state)
-        runner = web.AppRunner(
-            app,
-            access_log=None,
-            handler_cancellation=True,
-            # aiohttp closes a connection whose request head has not come this long after it
-            # opened or after its last answer: the header timeout and the keep-alive cap
-            keepalive_timeout=self.settings.header_timeout_s,
-        )
+        runner = Runner(app, self.settings.header_timeout_s)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.host, self.settings.port, backlog=4096)
         await site.start()
@@ -192,6 +185,8 @@ class Agent:
             "router": self.gateway.router.status()
             | {"kv_events": {w: s.events for w, s in self.kv_events.subscriptions.items()}},
             "escalation": self.gateway.escalations.status(),
+            "admission": {"waiting": dict(self.gateway.admission.waiting)},
+            "faults": dict(self.gateway.faults),
             "gpus": [
                 {"index": g.index, "model": g.model, "memory_gb": g.memory_gb, "source": g.source}
                 for g in gpu_list

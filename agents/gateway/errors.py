@@ -10,6 +10,7 @@ from aiohttp import web
 from agents.errors import AgentError
 
 PROBLEM_JSON = "application/problem+json"
+SERVER = "meridian"  # the Server header of every answer (never the software's own)
 
 
 class GatewayError(AgentError):
@@ -38,8 +39,9 @@ class GatewayError(AgentError):
                 "param": self.param,
             },
         }
+        headers = {"Server": SERVER, **headers}
         if self.retry_after_s is not None:
-            headers = {**headers, "Retry-After": str(self.retry_after_s)}
+            headers["Retry-After"] = str(self.retry_after_s)
         return web.Response(
             body=orjson.dumps(body), status=self.status, headers=headers, content_type=PROBLEM_JSON
         )
@@ -73,6 +75,11 @@ class ModelNotFound(GatewayError):
 
 class NotFound(GatewayError):
     status, code, kind, title = 404, "not_found", "invalid_request_error", "Not found"
+
+
+class MethodNotAllowed(GatewayError):
+    status, code, kind = 405, "method_not_allowed", "invalid_request_error"
+    title = "Method not allowed"
 
 
 class RequestTimeout(GatewayError):

@@ -25,15 +25,17 @@ import orjson
 from aiohttp import web
 
 from agents import tracing
-from agents.control.compile import FallbackChain, RegionConfig, RouteConfig, Tenant
+from agents.control.compile import FallbackChain, ModelConfig, RegionConfig, RouteConfig, Tenant
 from agents.gateway import assertion, auth
 from agents.gateway.admission import Admission, Escalate, EscalateOver
 from agents.gateway.calls import EngineCalls
 from agents.gateway.errors import (
+    SERVER,
     BadRequest,
     BodyTooLarge,
     GatewayError,
     InternalError,
+    ModelNotFound,
     NoHealthyWorker,
     NotReady,
     Overloaded,
@@ -101,6 +103,7 @@ class Gateway:
         self.faults: Counter[str] = Counter()  # requests failed by a fault of ours, by model
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (model, policy, choice)
         self.receipts = Receipts()
+        self.created = int(time.time())  # the models' `created`: when this gateway started
         router.table.on_change(self.admission.notify_all)
 
     async def close(self) -> None:
@@ -131,7 +134,7 @@ class Gateway:
 
     def headers(self, request_id: str) -> dict[str, str]:
         region = self.config.region if self.config is not None else ""
-        return {"X-Request-ID": request_id, "x-meridian-region": region}
+        return {"X-Request-ID": request_id, "x-meridian-region": region, "Server": SERVER}
 
     def load_of(self, model: str) -> str:
         """What this region says of its load for the model, on every answer of it."""
@@ -147,17 +150,21 @@ class Gateway:
     async def _models(self, request: web.Request) -> web.Response:
         config = self._config()
         self._caller(request, config)
-        created = int(time.time())
-        data = [
-            {"id": m.name, "object": "model", "created": created, "owned_by": "meridian",
-             "root": m.name, "max_model_len": m.context_length}
-            for m in sorted(config.models.values(), key=lambda m: m.name)
-        ]  # fmt: skip
-        return web.Response(
-            body=orjson.dumps({"object": "list", "data": data}),
-            content_type="application/json",
-            headers={"x-meridian-region": config.region},
-        )
+        models = sorted(config.models.values(), key=lambda m: m.name)
+        data = [_model_object(m, self.created) for m in models]
+        return _json({"object": "list", "data": data}, config.region)
+
+    async def model_or_error(self, request: web.Request) -> web.Response:
+        """GET /v1/models/{model}: one model, as `client.models.retrieve()` reads it."""
+        try:
+            config = self._config()
+            self._caller(request, config)
+            model = config.models.get(request.match_info["model"])
+            if model is None:
+                raise ModelNotFound(f"no such model in region {config.region}", param="model")
+            return _json(_model_object(model, self.created), config.region)
+        except GatewayError as error:
+            return error.response(self.headers(new_id()))
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         started = self.clock()
@@ -179,7 +186,7 @@ class Gateway:
                 )
             response = await self._infer(request, request_id, headers, served)
         except GatewayError as error:
-            if error.model is not None:
+            if error.model is not None and served.insider:
                 headers[LOAD_HEADER] = self.load_of(error.model)
             if error.status in (429, 503) and served.model:
                 self.rejections[served.model, error.code] += 1
@@ -258,12 +265,13 @@ class Gateway:
             claim = assertion.verify(signed, config, body=body, request_id=request_id)
             tenant, came_from = claim.tenant or OPERATOR, claim.origin
             served.came_from = came_from
-            debug = claim.debug
+            debug, served.insider = claim.debug, True
             self.escalations.received(claim.origin, claim.reason)
             # the SLO is the client's, end to end: what it waited there counts here
             since -= _waited_s(request.headers.get(assertion.WAITED))
         else:
             tenant, insider = self._caller(request, config)
+            served.insider = insider
             debug = insider and request.headers.get("x-meridian-debug") == "1"
         served.tenant = tenant.name
         inference, model = parse(request.path, body, config)
@@ -351,7 +359,7 @@ class Gateway:
                 request_id=request_id, debug=debug, stream=inference.stream,
                 trace=self._peer_trace(served),
                 native=inference.native, wants_usage=inference.wants_usage,
-                headers=self._answer_headers(headers, model),
+                headers=self._answer_headers(headers, model, served),
             )  # fmt: skip
             log.debug("request %s escalated (%s: %s) to %s", request_id, reason, why,
                      outcome.peer or f"no peer: {outcome.refused or 'none allowed'}")  # fmt: skip
@@ -400,7 +408,7 @@ class Gateway:
             )
             self.decisions[model, decision.policy, decision.pd or "unified"] += 1
             self._load[model] = (decision.best_ttft_s, decision.total - decision.unavailable)
-            out = self._answer_headers(headers, model)
+            out = self._answer_headers(headers, model, served)
             if debug:
                 queued_ms = round((self.clock() - since) * 1000, 1)  # in admission
                 extra = {"attempt": attempt + 1, "queued_ms": queued_ms}
@@ -426,10 +434,27 @@ class Gateway:
             raise failed
         return done
 
-    def _answer_headers(self, headers: dict[str, str], model: str) -> dict[str, str]:
+    def _answer_headers(
+        self, headers: dict[str, str], model: str, served: Served
+    ) -> dict[str, str]:
+        """The load header goes to peers (it is how they choose) and insiders, not tenants."""
         out = dict(headers)
-        out[LOAD_HEADER] = self.load_of(model)
+        if served.insider:
+            out[LOAD_HEADER] = self.load_of(model)
         return out
+
+
+def _model_object(model: ModelConfig, created: int) -> dict[str, object]:
+    return {"id": model.name, "object": "model", "created": created, "owned_by": "meridian",
+            "root": model.name, "max_model_len": model.context_length}  # fmt: skip
+
+
+def _json(doc: object, region: str) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(doc),
+        content_type="application/json",
+        headers={"x-meridian-region": region, "Server": SERVER},
+    )
 
 
 def _waited_s(header: str | None) -> float:

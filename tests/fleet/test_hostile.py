@@ -1,0 +1,131 @@
+"""The gateway under hostile input, on a fleet of real processes: no request can hurt anyone
+but its sender. Each test leaves nothing held in either region, and normal requests served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from tests.fleet.hostile import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    chat_body,
+    fleet,
+    nothing_held,
+    raw,
+    request_bytes,
+)
+from tests.fleet.kit import LLAMA, OPERATOR, Fleet
+
+__all__ = ["fleet"]  # the module's fixture
+CHAT = "/v1/chat/completions"
+
+
+def _auth(fleet: Fleet, tenant: str = "acme") -> bytes:
+    return f"Authorization: Bearer {fleet.keys[tenant]}".encode()
+
+
+async def test_a_request_id_that_is_not_utf8_is_refused_and_holds_nothing(fleet: Fleet) -> None:
+    """The critical finding: one such request per engine took the region away from every
+    tenant. Now each is a 400 before anything is taken, here and on the escalation path."""
+    url = fleet.agents["us-east"].url
+    answers = []
+    for _ in range(6):  # more than the region's engines
+        sent = request_bytes(CHAT, chat_body(), _auth(fleet), b"X-Request-ID: \xff\xfe\x80")
+        answers.append(await raw(url, sent))
+    await nothing_held(fleet)
+    await fleet.fail_engines("us-east", error_rate=1.0)  # now us-east escalates every request
+    try:
+        escalated = await raw(url, request_bytes(CHAT, chat_body(), _auth(fleet),
+                                                 b"X-Request-ID: \xc3\x28"))  # fmt: skip
+        client = fleet.client("us-east")
+        served = await client.chat.completions.with_raw_response.create(
+            model=LLAMA, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        await client.close()
+    finally:
+        await fleet.fail_engines("us-east", error_rate=0.0)
+    await nothing_held(fleet)
+    for answer in [*answers, escalated]:
+        assert answer.status == 400
+        assert answer.json()["error"]["param"] == "x-request-id"
+        assert answer.headers["x-request-id"].isascii()
+    assert served.headers["x-meridian-region"] == "us-west"
+
+
+async def test_every_answer_is_openai_shaped_and_names_no_software(fleet: Fleet) -> None:
+    url = fleet.agents["us-east"].url
+    answers = {
+        "unknown path": await raw(url, request_bytes("/v1/secret-<script>", b"{}", _auth(fleet))),
+        "wrong method": await raw(url, request_bytes(CHAT, b"", method=b"GET")),
+        "bad header line": await raw(
+            url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nno colon\r\n\r\n"
+        ),
+        "bad method": await raw(url, b"G\x01T /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"),
+        "bad json": await raw(url, request_bytes(CHAT, b'{"model": ', _auth(fleet))),
+        "no key": await raw(url, request_bytes(CHAT, chat_body())),
+    }
+    statuses = {name: answer.status for name, answer in answers.items()}
+    assert statuses == {"unknown path": 404, "wrong method": 405, "bad header line": 400,
+                        "bad method": 400, "bad json": 400, "no key": 401}  # fmt: skip
+    assert answers["wrong method"].headers["allow"] == "POST"
+    assert b"script" not in answers["unknown path"].body  # the input is not echoed
+    for answer in answers.values():
+        error = answer.json()["error"]
+        assert all(error[field] for field in ("code", "message", "type"))
+        assert "aiohttp" not in answer.headers.get("server", "")
+
+
+async def test_models_can_be_retrieved_one_by_one(fleet: Fleet) -> None:
+    client = fleet.client("us-east")
+    model = await client.models.retrieve(LLAMA)
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.models.retrieve("no-such-model")
+    await client.close()
+    assert model.id == LLAMA
+    assert missing.value.status_code == 404
+    assert missing.value.code == "model_not_found"
+
+
+async def test_the_load_header_goes_to_insiders_and_peers_not_to_tenants(fleet: Fleet) -> None:
+    url = fleet.agents["us-east"].url
+    tenant = await raw(url, request_bytes(CHAT, chat_body(), _auth(fleet)))
+    operator = await raw(url, request_bytes(CHAT, chat_body(), f"Authorization: Bearer "
+                                            f"{OPERATOR}".encode()))  # fmt: skip
+    assert tenant.status == operator.status == 200
+    assert "endpoint-load-metrics" not in tenant.headers
+    assert "endpoint-load-metrics" in operator.headers
+    assert "server" not in tenant.headers or "aiohttp" not in tenant.headers["server"]
+
+
+async def test_slow_senders_and_idle_connections_are_closed(fleet: Fleet) -> None:
+    url = fleet.agents["us-east"].url
+    head = request_bytes(CHAT, chat_body(), _auth(fleet))
+    trickled, idle, slow_body = await asyncio.gather(
+        # the head a byte at a time, 0.3 s apart: never whole within the header timeout
+        raw(url, *[head[i : i + 1] for i in range(60)], pause_s=0.3),
+        raw(url),  # a connection that says nothing
+        # the head whole, then a body that stops short of its Content-Length
+        raw(url, head[: head.index(b"\r\n\r\n") + 4 + 5]),
+    )
+    assert trickled.status is None  # closed without an answer
+    assert HEADER_TIMEOUT_S <= trickled.seconds < HEADER_TIMEOUT_S + 5
+    assert idle.status is None
+    assert HEADER_TIMEOUT_S <= idle.seconds < HEADER_TIMEOUT_S + 5
+    assert slow_body.status == 408
+    assert slow_body.json()["error"]["code"] == "request_timeout"
+    assert BODY_TIMEOUT_S <= slow_body.seconds < BODY_TIMEOUT_S + 5
+    await nothing_held(fleet)
+
+
+async def test_a_body_over_the_limit_is_refused_before_it_is_read(fleet: Fleet) -> None:
+    url = fleet.agents["us-east"].url
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: 17000000\r\n" + _auth(fleet) + b"\r\n\r\n")  # fmt: skip
+    answer = await raw(url, head, b"{")  # a 17 MB body announced, one byte sent
+    assert answer.status == 413
+    assert answer.json()["error"]["code"] == "body_too_large"
+    assert answer.seconds < BODY_TIMEOUT_S  # not waiting for what was announced
