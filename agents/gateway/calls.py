@@ -29,7 +29,7 @@ from agents.gateway.relay import (
     upstream_headers,
 )
 from agents.gateway.requests import Inference
-from agents.gateway.upstream import Answer, Upstream
+from agents.gateway.upstream import Answer, Unreachable, Upstream
 from agents.held import Held
 from agents.router.decision import Decision, Ticket
 from agents.router.policies import Candidate, RouteRequest
@@ -84,10 +84,10 @@ class EngineCalls:
                         slot.prefill, worker.url, inference, body, sent_headers, ticket
                     )
             except OSError as error:  # UpstreamError among them
-                self._failed(ticket)
-                raise Retry(worker.id, f"{type(error).__name__}: {error}") from None
+                broke = self._failed(ticket, not isinstance(error, Unreachable))
+                raise Retry(worker.id, f"{type(error).__name__}: {error}", broke) from None
             with upstream:
-                if upstream.status >= 500:
+                if upstream.status >= 500:  # the engine says it failed: a worker's failure
                     self._failed(ticket)
                     raise Retry(worker.id, f"answered {upstream.status}")
                 if inference.stream and upstream.status == 200:
@@ -100,8 +100,8 @@ class EngineCalls:
                 try:
                     data = await upstream.read()
                 except OSError as error:
-                    self._failed(ticket)
-                    raise Retry(worker.id, f"{type(error).__name__}: {error}") from None
+                    broke = self._failed(ticket, True)
+                    raise Retry(worker.id, f"{type(error).__name__}: {error}", broke) from None
             usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
             self._finished(ticket, inference, usage)
         out = relayed_headers(upstream.headers)
@@ -194,9 +194,14 @@ class EngineCalls:
         )
         self.admission.notify(ticket.model)
 
-    def _failed(self, ticket: Ticket) -> None:
+    def _failed(self, ticket: Ticket, broke: bool = False) -> bool:
+        """The worker failed the request; whether it broke off with the request in hand
+        while it had been serving others (the request may be what broke it)."""
+        view = self.router.views.get(ticket.worker_id)
+        serving = view is not None and view.breaker.failures == 0
         self.router.failed(ticket)
         self.admission.notify(ticket.model)
+        return broke and serving
 
     def _abort_later(self, worker_url: str, rid: str) -> None:
         if rid:
@@ -263,8 +268,8 @@ class _EngineTrack:
     def progressed(self, events: int) -> None:
         self.calls.router.progressed(self.ticket, events)
 
-    def failed(self) -> None:
-        self.calls._failed(self.ticket)
+    def failed(self, broke: bool) -> bool:
+        return self.calls._failed(self.ticket, broke)
 
     def finished(self, usage: Usage) -> None:
         self.calls._finished(self.ticket, self.inference, usage)

@@ -208,8 +208,9 @@ class _PeerTrack:
     def progressed(self, events: int) -> None:
         pass
 
-    def failed(self) -> None:
+    def failed(self, broke: bool) -> bool:
         self.escalations.unreachable(self.name)
+        return False
 
     def finished(self, usage: Usage) -> None:
         pass

@@ -118,11 +118,14 @@ def _loads(data: bytes) -> Any:
 
 
 class Retry(Exception):
-    """The worker failed before the client saw a byte: try the next one."""
+    """The worker failed before the client saw a byte: try the next one. `broke`: the engine
+    broke off (its connection closed or reset) with the request in hand, while it had been
+    serving others: the request itself may be what broke it."""
 
-    def __init__(self, worker_id: str, why: str) -> None:
+    def __init__(self, worker_id: str, why: str, broke: bool = False) -> None:
         super().__init__(f"{worker_id}: {why}")
         self.worker_id = worker_id
+        self.broke = broke
 
 
 class Broken(Exception):
@@ -187,7 +190,11 @@ class Track(Protocol):
 
     def first_byte(self) -> None: ...
     def progressed(self, events: int) -> None: ...
-    def failed(self) -> None: ...
+    def failed(self, broke: bool) -> bool:
+        """The answer failed (`broke`: its connection broke off); whether that may be the
+        request's own doing (see Retry)."""
+        ...
+
     def finished(self, usage: Usage) -> None: ...
 
 
@@ -226,9 +233,9 @@ async def relay_stream(
         assert response is not None  # only writes to the client raise it
         return response, meter.usage
     except UpstreamError as error:
-        track.failed()
+        broke = track.failed(True)
         if response is None:  # nothing reached the client: another may answer
-            raise Retry(track.name, f"stream broke: {error}") from None
+            raise Retry(track.name, f"stream broke: {error}", broke) from None
         await write_quietly(response, stream_error("the upstream stream broke"))
         return response, meter.usage
     except Exception as error:  # a fault of ours
@@ -239,7 +246,7 @@ async def relay_stream(
         )
         raise Broken(response) from error
     if response is None:
-        track.failed()
+        track.failed(False)
         raise Retry(track.name, "the stream ended before its first event")
     if rest:
         await write_quietly(response, rest, eof=False)

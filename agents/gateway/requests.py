@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from agents.control.compile import ModelConfig, RegionConfig
+from agents.gateway import schema
 from agents.gateway.errors import (
     BadRequest,
     CapabilityMissing,
@@ -62,57 +63,52 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
         raise BadRequest("the body must be a JSON object")
     native = path == "/generate"
     model = _model(body, config, native)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest("stream must be true or false", param="stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise BadRequest("stream_options must be an object", param="stream_options")
+    params = schema.checked(path, body)
     messages = None
-    if path == "/v1/chat/completions":
-        key = _chat_key(body, model)
+    if isinstance(params, schema.ChatParams):
+        key = _chat_key(body, model, params)
         messages = body["messages"]
-    elif path == "/v1/completions":
+        max_new = _first(params.max_completion_tokens, params.max_tokens)
+    elif isinstance(params, schema.CompletionParams):
         key = _prompt_key(body.get("prompt"), "prompt")
+        max_new = params.max_tokens
     else:
+        assert isinstance(params, schema.GenerateParams)
         key = _native_key(body)
-    wants_usage = bool(options and options.get("include_usage"))
+        max_new = params.sampling_params.max_new_tokens if params.sampling_params else None
+    options = getattr(params, "stream_options", None)
     source = body.get("prompt") if path == "/v1/completions" else body.get("text")
     text = source if isinstance(source, str) else None
     if isinstance(source, list) and source and isinstance(source[0], str):
         text = source[0]
     inference = Inference(
-        path, raw, model.name, stream, key, wants_usage, options is not None, native,
-        messages=messages, text=text, key_is_tokens=messages is None and text is None,
-        max_new=_max_new(body, native),
+        path, raw, model.name, params.stream, key, bool(options and options.include_usage),
+        "stream_options" in body, native, messages=messages, text=text,
+        key_is_tokens=messages is None and text is None, max_new=max_new,
     )  # fmt: skip
     return inference, model
 
 
-def _max_new(body: dict[str, Any], native: bool) -> int | None:
-    """max_completion_tokens or max_tokens (OpenAI), sampling_params.max_new_tokens (SGLang)."""
-    if native:
-        sampling = body.get("sampling_params")
-        if sampling is not None and not isinstance(sampling, dict):
-            raise BadRequest("sampling_params must be an object", param="sampling_params")
-        found = [("max_new_tokens", (sampling or {}).get("max_new_tokens"))]
-    else:
-        found = [(n, body.get(n)) for n in ("max_completion_tokens", "max_tokens")]
-    for name, value in found:
-        if value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise BadRequest(f"{name} must be a whole number, 0 or more", param=name)
-        return value
-    return None
+def _first(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)
 
 
-def check_context(model: ModelConfig, prompt_tokens: int) -> None:
-    if model.context_length and prompt_tokens > model.context_length:
+def check_context(model: ModelConfig, prompt_tokens: int, max_new: int | None) -> None:
+    """The prompt and the longest answer asked for fit the model's context (the prompt's
+    tokens are the router's estimate where the engine's tokenizer is not at hand)."""
+    if not model.context_length:
+        return
+    if prompt_tokens > model.context_length:
         raise ContextTooLong(
             f"the prompt is about {prompt_tokens} tokens; "
             f"{model.name} takes {model.context_length}",
             param="messages",
+        )
+    if max_new is not None and prompt_tokens + max_new > model.context_length:
+        raise ContextTooLong(
+            f"the prompt (about {prompt_tokens} tokens) and max_tokens ({max_new}) exceed "
+            f"{model.name}'s context of {model.context_length}",
+            param="max_tokens",
         )
 
 
@@ -128,16 +124,18 @@ def _model(body: dict[str, Any], config: RegionConfig, native: bool) -> ModelCon
     return model
 
 
-def _chat_key(body: dict[str, Any], model: ModelConfig) -> bytes:
+def _chat_key(body: dict[str, Any], model: ModelConfig, params: schema.ChatParams) -> bytes:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", param="messages")
-    if (body.get("tools") or body.get("functions")) and "tools" not in model.capabilities:
+    if (params.tools or body.get("functions")) and "tools" not in model.capabilities:
         raise CapabilityMissing(f"{model.name} does not take tools", param="tools")
     parts: list[str] = []
     for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise BadRequest("each message needs a role", param="messages")
+        if not isinstance(message, dict) or message.get("role") not in schema.ROLES:
+            raise BadRequest(
+                f"each message needs a role: one of {', '.join(schema.ROLES)}", param="messages"
+            )
         parts.append(message["role"])
         content = message.get("content")
         if isinstance(content, str):

@@ -2,8 +2,13 @@
 out; a peer region's, on overload or failure, where the fallback rules allow. The only I/O on a
 request's path is the call to the engine (or the peer).
 
-A worker that fails before the first byte reaches the client has the request retried on the
-next worker (agents/gateway/calls.py). A request escalates (agents/gateway/forward.py) only
+A request is checked whole before anything is taken for it (its parameters, its prompt and
+answer against the model's context, its quota); what it then takes is held by `with` and
+given back on every exit (agents/held.py). A worker that fails before the first byte reaches
+the client has the request retried on the next worker (agents/gateway/calls.py), unless two
+workers that were serving others broke off with it in hand: such a request is taken to be
+what broke them, and goes no further. A fault of the gateway's own is answered with an
+OpenAI-shaped 500 that carries the request id, logged once with its traceback and counted. A request escalates (agents/gateway/forward.py) only
 when its model has a fallback rule for the tenant's tier whose trigger fires: overload (its
 predicted TTFT here breaks the rule's threshold or the SLO, too many wait, the queue is full, or
 every worker is busy or vetoed) or failure (no worker serves, every attempt failed, or local
@@ -59,6 +64,7 @@ from agents.tracing import Tracing
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
+POISONED_AFTER = 2  # workers broken by one request: it is taken to be the cause, and stops
 AUDIT_EVERY_S = 1.0
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-ID: visible ASCII
 
@@ -279,7 +285,7 @@ class Gateway:
         route_request = self.router.request(
             model.name, inference.key, inference.tokens, inference.max_new
         )
-        check_context(model, route_request.prompt_tokens)
+        check_context(model, route_request.prompt_tokens, inference.max_new)
         route = config.routes.get(model.name)
         if route is None:
             raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
@@ -377,6 +383,7 @@ class Gateway:
             if done is not None:
                 return done
         tried: set[str] = set()
+        broken = 0  # workers that broke off with this request in hand
         for attempt in range(MAX_ATTEMPTS):
             try:
                 decision = await self.admission.place(route, route_request, tried, since, over)
@@ -424,6 +431,12 @@ class Gateway:
                 log.warning("request %s: %s", request_id, why, extra={"request_id": request_id})
                 self.escalations.attempted(model, ok=False)
                 tried.add(why.worker_id)
+                broken += why.broke
+                if broken >= POISONED_AFTER:  # the request, not the workers: it goes no further
+                    raise UpstreamFailed(
+                        f"the request broke {broken} workers that were serving others; "
+                        "it is not tried again"
+                    ) from None
                 since = self.clock()  # time lost to a failed worker is not the load's
                 continue
             self.escalations.attempted(model, ok=True)

@@ -40,6 +40,10 @@ class UpstreamError(ConnectionError):
     """The engine could not be reached, or its answer broke off."""
 
 
+class Unreachable(UpstreamError):
+    """No connection could be made: the request never reached the engine."""
+
+
 @functools.lru_cache(maxsize=1024)
 def origin(url: str) -> tuple[str, int, bytes, bool]:
     """host, port, the Host header and whether it is TLS, of a base URL (a peer region's
@@ -317,5 +321,5 @@ class Upstream:
                     ssl=_tls_context() if key[2] else None,
                 )
         except (OSError, TimeoutError) as error:
-            raise UpstreamError(f"cannot connect to {key[0]}:{key[1]}: {error}") from None
+            raise Unreachable(f"cannot connect to {key[0]}:{key[1]}: {error}") from None
         return connection

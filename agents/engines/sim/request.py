@@ -25,6 +25,7 @@ class Faults:
     slow_factor: float = 1.0
     error_rate: float = 0.0
     hang: bool = False
+    poison: str | None = None  # a request holding it kills the engine
 
 
 @dataclass(eq=False)

@@ -1,7 +1,9 @@
 """The simulator's HTTP server: SGLang's endpoints, its metrics, and an admin endpoint for faults.
 
-POST /sim/faults {"slow_factor": 3, "error_rate": 0.1, "hang": true, "crash": true} changes the
-faults of a running simulator; GET /sim/faults shows them.
+POST /sim/faults {"slow_factor": 3, "error_rate": 0.1, "hang": true, "crash": true,
+"poison": "text"} changes the faults of a running simulator; GET /sim/faults shows them. A
+poison is text that kills the engine at once when an inference request's body holds it, as a
+request that hits an engine's bug does.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class FaultChange(BaseModel):
     error_rate: float | None = Field(default=None, ge=0, le=1)
     hang: bool | None = None
     crash: bool = False
+    poison: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class Simulator:
@@ -101,11 +104,11 @@ class Simulator:
             Route("/v1/models", self.models),
             Route(
                 "/generate",
-                self._guard(lambda r: native.generate(r, self.engine, self.kv)),
+                self._inference(lambda r: native.generate(r, self.engine, self.kv)),
                 methods=["POST"],
             ),
-            Route("/v1/completions", self._guard(self._completions), methods=["POST"]),
-            Route("/v1/chat/completions", self._guard(self._chat), methods=["POST"]),
+            Route("/v1/completions", self._inference(self._completions), methods=["POST"]),
+            Route("/v1/chat/completions", self._inference(self._chat), methods=["POST"]),
             Route("/flush_cache", self._guard(self.flush_cache), methods=["GET", "POST"]),
             Route("/abort_request", self._guard(self.abort_request), methods=["POST"]),
             Route("/metrics", self.prometheus),
@@ -125,6 +128,19 @@ class Simulator:
                 return SimError(500, str(error), "InternalServerError").response()
 
         return guarded
+
+    def _inference(
+        self, handler: Callable[[HttpRequest], Awaitable[Response]]
+    ) -> Callable[[HttpRequest], Awaitable[Response]]:
+        guarded = self._guard(handler)
+
+        async def inference(request: HttpRequest) -> Response:
+            poison = self.engine.faults.poison
+            if poison is not None and poison.encode() in await request.body():
+                crash()
+            return await guarded(request)
+
+        return inference
 
     async def _chat(self, request: HttpRequest) -> Response:
         c = self.config
@@ -257,10 +273,11 @@ class Simulator:
                 faults.error_rate = change.error_rate
             if change.hang is not None:
                 self.engine.set_hang(change.hang)
+            if "poison" in change.model_fields_set:
+                faults.poison = change.poison
         f = self.engine.faults
-        return JSONResponse(
-            {"slow_factor": f.slow_factor, "error_rate": f.error_rate, "hang": f.hang}
-        )
+        return JSONResponse({"slow_factor": f.slow_factor, "error_rate": f.error_rate,
+                             "hang": f.hang, "poison": f.poison})  # fmt: skip
 
 
 class _Abort(BaseModel):
