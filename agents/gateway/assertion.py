@@ -1,10 +1,13 @@
 """The identity an escalated request carries to a peer region: a signed assertion.
 
 The sending region signs, with its own Ed25519 key from its snapshot, who the tenant is, which
-region the request is for, its request id, why it escalated and a digest of its body, valid for
-a short while. The peer checks the signature against the public keys of the regions its
-snapshot trusts (those whose fallback rules name it). No secret is shared and none is sent: a
-captured assertion serves only that body, to that region, for seconds.
+region the request is for, its request id, why it escalated, the hop (one: a peer never sends
+it on), how long the client has waited already, and a digest of its body, valid for a short
+while, with a nonce. The peer checks the signature against the public keys of the regions its
+snapshot trusts (those whose fallback rules name it), and remembers each nonce it accepted
+until the assertion expires: a replay to the same gateway is refused. No secret is shared and
+none is sent: a captured assertion serves only that body, to that region, once a gateway, for
+seconds. An assertion names a tenant always: the operator's own requests are not escalated.
 
     x-meridian-assertion: <base64url payload>.<base64url signature>
 """
@@ -13,7 +16,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,17 +30,37 @@ from agents.gateway.errors import Forbidden, Unauthenticated
 
 HEADER = "x-meridian-assertion"
 HOP = "x-meridian-hop"  # the region a forwarded request came from: it is never forwarded again
-WAITED = "x-meridian-waited-ms"  # how long it waited there: its SLO is end to end
 TTL_S = 30.0
 MAX_LEN = 4096
+MAX_WAITED_MS = 60_000
 
 
 @dataclass(frozen=True)
 class Assertion:
     origin: str  # the region that escalated
-    tenant: Tenant | None  # None: an operator of the fleet
+    tenant: Tenant
     reason: str
     debug: bool  # the caller may see how it was routed, and asked to
+    waited_s: float  # what the client waited in the region that escalated: its SLO is end to end
+
+
+class Seen:
+    """The nonces of the assertions this gateway accepted, until they expire."""
+
+    def __init__(self) -> None:
+        self._keys: set[tuple[str, str]] = set()
+        self._order: deque[tuple[float, tuple[str, str]]] = deque()
+
+    def first(self, key: tuple[str, str], expires: float, now: float) -> bool:
+        """Whether `key` is new (it is then remembered until `expires`)."""
+        order = self._order
+        while order and order[0][0] <= now:
+            self._keys.discard(order.popleft()[1])
+        if key in self._keys:
+            return False
+        self._keys.add(key)
+        order.append((expires, key))
+        return True
 
 
 def sign(
@@ -43,11 +68,12 @@ def sign(
     *,
     origin: str,
     audience: str,
-    tenant: Tenant | None,
+    tenant: Tenant,
     request_id: str,
     reason: str,
     body: bytes,
     debug: bool,
+    waited_ms: float = 0.0,
     clock: Callable[[], float] = time.time,
 ) -> str:
     payload = orjson.dumps(
@@ -55,11 +81,14 @@ def sign(
             "iss": origin,
             "aud": audience,
             "kid": signer.key_id,
-            "ten": tenant.name if tenant is not None else None,
+            "ten": tenant.name,
             "rid": request_id,
             "why": reason,
             "dbg": debug,
+            "hop": 1,
+            "wt": round(min(MAX_WAITED_MS, max(0.0, waited_ms))),
             "exp": round(clock() + TTL_S, 3),
+            "jti": os.urandom(12).hex(),
             "bh": _digest(body),
         }
     )
@@ -72,10 +101,11 @@ def verify(
     *,
     body: bytes,
     request_id: str | None,
+    seen: Seen,
     clock: Callable[[], float] = time.time,
 ) -> Assertion:
-    """The assertion's claims; Unauthenticated for anything not signed for this request here,
-    Forbidden for a tenant this region may not serve."""
+    """The assertion's claims; Unauthenticated for anything not signed for this request here
+    or seen here before, Forbidden for a tenant this region may not serve."""
     try:
         if len(header) > MAX_LEN:
             raise ValueError("too long")
@@ -87,22 +117,29 @@ def verify(
     except (ValueError, KeyError, TypeError, InvalidSignature, orjson.JSONDecodeError):
         raise Unauthenticated("the escalation assertion is not valid in this region") from None
     if claims.get("aud") != config.region:
-        raise Unauthenticated(f"the assertion is for region {claims.get('aud')}, not this one")
-    if not isinstance(claims.get("exp"), int | float) or claims["exp"] <= clock():
+        raise Unauthenticated("the escalation assertion is for another region")
+    now = clock()
+    expires = claims.get("exp")
+    if not isinstance(expires, int | float) or expires <= now:
         raise Unauthenticated("the escalation assertion has expired")
     if claims.get("bh") != _digest(body) or claims.get("rid") != request_id:
         raise Unauthenticated("the escalation assertion was signed for another request")
-    name = claims.get("ten")
-    tenant = None
-    if name is not None:
-        tenant = config.tenants.get(name)
-        if tenant is None:
-            raise Unauthenticated(f"tenant {name} is not known in this region")
-        if tenant.jurisdictions is not None and config.jurisdiction not in tenant.jurisdictions:
-            raise Forbidden(
-                f"tenant {tenant.name} may not be served in jurisdiction {config.jurisdiction}"
-            )
-    return Assertion(sender.region, tenant, str(claims.get("why") or ""), claims.get("dbg") is True)
+    waited, name, nonce = claims.get("wt"), claims.get("ten"), claims.get("jti")
+    if claims.get("hop") != 1 or not isinstance(waited, int) or not 0 <= waited <= MAX_WAITED_MS:
+        raise Unauthenticated("the escalation assertion's hop is not one this region takes")
+    if not isinstance(name, str) or not isinstance(nonce, str):
+        raise Unauthenticated("an escalation assertion must name its tenant and a nonce")
+    tenant = config.tenants.get(name)
+    if tenant is None:
+        raise Unauthenticated("the assertion's tenant is not known in this region")
+    if tenant.jurisdictions is not None and config.jurisdiction not in tenant.jurisdictions:
+        raise Forbidden(
+            f"tenant {tenant.name} may not be served in jurisdiction {config.jurisdiction}"
+        )
+    if not seen.first((sender.region, nonce), float(expires), now):
+        raise Unauthenticated("the escalation assertion was used already")
+    reason, debug = str(claims.get("why") or ""), claims.get("dbg") is True
+    return Assertion(sender.region, tenant, reason, debug, waited / 1000)
 
 
 def _digest(body: bytes) -> str:

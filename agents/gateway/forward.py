@@ -95,8 +95,9 @@ class Forwarder:
         trace: bytes = b"",
     ) -> Escalated:
         """`trace`: this gateway's span context; without it, the client's passes on."""
-        jurisdictions = tenant.jurisdictions if tenant is not None else None
-        candidates = self.escalations.candidates(chain, model, jurisdictions)
+        if tenant is None:  # the operator's: an assertion names a tenant, always
+            return Escalated(reason, chain.rule, [], refused={"": "the operator's own"})
+        candidates = self.escalations.candidates(chain, model, tenant.jurisdictions)
         outcome = Escalated(reason, chain.rule, candidates)
         started_all = self.clock()
         if config.signer is None:
@@ -109,15 +110,16 @@ class Forwarder:
         for choice in candidates:
             peer = choice.peer
             assert peer.gateway_url is not None  # candidates have one
+            waited_ms = (waited_s + self.clock() - started_all) * 1000
             signed = assertion.sign(
                 config.signer, origin=config.region, audience=peer.region, tenant=tenant,
                 request_id=request_id, reason=reason, body=body, debug=debug,
+                waited_ms=waited_ms,
             )  # fmt: skip
-            waited_ms = (waited_s + self.clock() - started_all) * 1000
             sent = (
                 upstream_headers(request_id) + trace
                 + f"{assertion.HEADER}: {signed}\r\n{assertion.HOP}: {config.region}\r\n"
-                  f"{assertion.WAITED}: {waited_ms:.0f}\r\n".encode()
+                  .encode()
             )  # fmt: skip
             with self.escalations.sending(peer.region, reason):
                 refused = await self._try(

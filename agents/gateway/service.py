@@ -8,12 +8,14 @@ given back on every exit (agents/held.py). A worker that fails before the first 
 the client has the request retried on the next worker (agents/gateway/calls.py), unless two
 workers that were serving others broke off with it in hand: such a request is taken to be
 what broke them, and goes no further. A fault of the gateway's own is answered with an
-OpenAI-shaped 500 that carries the request id, logged once with its traceback and counted. A request escalates (agents/gateway/forward.py) only
-when its model has a fallback rule for the tenant's tier whose trigger fires: overload (its
-predicted TTFT here breaks the rule's threshold or the SLO, too many wait, the queue is full, or
-every worker is busy or vetoed) or failure (no worker serves, every attempt failed, or local
-attempts fail more often than the rule allows). A request that came from a peer is never
-escalated again and is not counted against the tenant's quota here.
+OpenAI-shaped 500 that carries the request id, logged once with its traceback and counted.
+
+A tenant's request escalates (agents/gateway/forward.py) only when its model has a fallback
+rule for the tenant's tier whose trigger fires: overload (its predicted TTFT here breaks the
+rule's threshold or the SLO, too many wait, the queue is full, or every worker is busy or
+vetoed) or failure (no worker serves, every attempt failed, or local attempts fail more often
+than the rule allows). A request that came from a peer is never escalated again and is not
+counted against the tenant's quota here; the operator's own requests are not escalated.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class Gateway:
         self.admission = Admission(router, clock)
         self.quotas = Quotas(clock)
         self.escalations = Escalations(clock)
+        self.assertions = assertion.Seen()  # the nonces of the escalations accepted here
         self.config: RegionConfig | None = None
         self.operator_token = operator_token
         self.clock = clock
@@ -268,13 +271,15 @@ class Gateway:
         signed = request.headers.get(assertion.HEADER)
         came_from: str | None = None
         if signed is not None:  # escalated here by a peer region: its word for who asks
-            claim = assertion.verify(signed, config, body=body, request_id=request_id)
-            tenant, came_from = claim.tenant or OPERATOR, claim.origin
+            claim = assertion.verify(
+                signed, config, body=body, request_id=request_id, seen=self.assertions
+            )
+            tenant, came_from = claim.tenant, claim.origin
             served.came_from = came_from
             debug, served.insider = claim.debug, True
             self.escalations.received(claim.origin, claim.reason)
             # the SLO is the client's, end to end: what it waited there counts here
-            since -= _waited_s(request.headers.get(assertion.WAITED))
+            since -= claim.waited_s
         else:
             tenant, insider = self._caller(request, config)
             served.insider = insider
@@ -468,14 +473,6 @@ def _json(doc: object, region: str) -> web.Response:
         content_type="application/json",
         headers={"x-meridian-region": region, "Server": SERVER},
     )
-
-
-def _waited_s(header: str | None) -> float:
-    """What a request waited in the region that escalated it (`x-meridian-waited-ms`)."""
-    try:
-        return min(60.0, max(0.0, float(header) / 1000)) if header else 0.0
-    except ValueError:
-        return 0.0
 
 
 def _decision_attributes(decision: Decision, chosen: Candidate) -> dict[str, object]:

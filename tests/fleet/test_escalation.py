@@ -16,7 +16,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.controlplane.push.kit import eventually, get
-from tests.fleet.kit import LLAMA, OPERATOR, Fleet, fleet_of
+from tests.fleet.kit import LLAMA, Fleet, fleet_of
 from tests.fleet.netns import namespace
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
@@ -157,8 +157,10 @@ async def test_residency_holds_under_failure_and_a_request_never_bounces_back(
 
 
 def _small_quota(doc: dict[str, Any]) -> None:
-    """acme: 60 requests a minute, shared by GPUs: us-east 38, us-west 8 (of 8 GPUs)."""
-    next(t for t in doc["tenants"] if t["name"] == "acme")["requests_per_minute"] = 60
+    """acme: 60 requests a minute, shared by GPUs: us-east 38, us-west 8 (of 8 GPUs); it may
+    see how its requests are routed."""
+    acme = next(t for t in doc["tenants"] if t["name"] == "acme")
+    acme["requests_per_minute"], acme["debug_routes"] = 60, True
 
 
 async def test_an_escalated_stream_comes_whole_and_one_that_breaks_ends_with_an_error_event(
@@ -170,8 +172,8 @@ async def test_an_escalated_stream_comes_whole_and_one_that_breaks_ends_with_an_
         # counted against acme's quota at us-east only: more than us-west's share of it
         counted_once = [await _ask(client) for _ in range(16)]
         insider = openai.AsyncOpenAI(
-            base_url=f"{fleet.agents['us-east'].url}/v1", api_key=OPERATOR, max_retries=0,
-            default_headers={"x-meridian-debug": "1"},
+            base_url=f"{fleet.agents['us-east'].url}/v1", api_key=fleet.keys["acme"],
+            max_retries=0, default_headers={"x-meridian-debug": "1"},
         )  # fmt: skip
         receipt = await insider.chat.completions.with_raw_response.create(
             model=LLAMA, messages=HELLO, max_tokens=2

@@ -4,7 +4,9 @@ request id and a few seconds, from a region whose rules name this one."""
 from __future__ import annotations
 
 import base64
+from typing import Any
 
+import orjson
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
@@ -48,23 +50,63 @@ EAST, EU = _region("us-east", "us", []), _region("eu-west", "eu", ["us-east"])
 MALLORY = _region("mallory", "us", [])
 
 
-def _signed(region: RegionConfig, tenant: str | None, now: float = 1000.0, **kw: str) -> str:
+def _signed(region: RegionConfig, tenant: str, now: float = 1000.0, **kw: str) -> str:
     assert region.signer is not None
     return assertion.sign(
         region.signer, origin=kw.get("origin", region.region), audience=kw.get("to", "eu-west"),
-        tenant=region.tenants[tenant] if tenant else None, request_id="r1", reason="overload",
-        body=BODY, debug=False, clock=lambda: now,
+        tenant=region.tenants[tenant], request_id="r1", reason="overload",
+        body=BODY, debug=False, waited_ms=250, clock=lambda: now,
     )  # fmt: skip
 
 
-def _verify(header: str, body: bytes = BODY, rid: str = "r1", now: float = 1001.0) -> str:
-    claim = assertion.verify(header, EU, body=body, request_id=rid, clock=lambda: now)
-    return f"{claim.origin}:{claim.tenant.name if claim.tenant else 'operator'}:{claim.reason}"
+def _verify(
+    header: str, body: bytes = BODY, rid: str = "r1", now: float = 1001.0, seen: Any = None
+) -> str:
+    claim = assertion.verify(
+        header, EU, body=body, request_id=rid, seen=seen or assertion.Seen(), clock=lambda: now
+    )
+    return f"{claim.origin}:{claim.tenant.name}:{claim.reason}:{claim.waited_s}"
 
 
-def test_a_trusted_region_s_assertion_names_the_tenant_and_why() -> None:
-    assert _verify(_signed(EAST, "acme")) == "us-east:acme:overload"
-    assert _verify(_signed(EAST, None)) == "us-east:operator:overload"
+def _forged_by_east(**changes: Any) -> str:
+    """An assertion signed with us-east's own key whose claims were changed before signing
+    (as a region that misbehaves, or an older one, would send)."""
+    assert EAST.signer is not None
+    payload, _, _ = _signed(EAST, "acme").partition(".")
+    claims = orjson.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims = {k: v for k, v in (claims | changes).items() if v is not None}
+    raw = orjson.dumps(claims)
+
+    def encode(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    return f"{encode(raw)}.{encode(EAST.signer.key.sign(raw))}"
+
+
+def test_a_trusted_region_s_assertion_names_the_tenant_why_and_the_wait() -> None:
+    assert _verify(_signed(EAST, "acme")) == "us-east:acme:overload:0.25"
+
+
+def test_an_assertion_is_accepted_once() -> None:
+    seen = assertion.Seen()
+    header = _signed(EAST, "acme")
+    _verify(header, seen=seen)
+    with pytest.raises(Unauthenticated, match="used already"):
+        _verify(header, now=1002.0, seen=seen)
+    _verify(_signed(EAST, "acme"), now=1002.0, seen=seen)  # another nonce: a new one
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"ten": None}, {"hop": 2}, {"hop": None}, {"wt": -5}, {"wt": "soon"}, {"jti": None}],
+    ids=["no tenant", "a second hop", "no hop", "a negative wait", "a wait as text", "no nonce"],
+)
+def test_claims_this_region_does_not_take_are_refused_even_when_signed(
+    changes: dict[str, Any],
+) -> None:
+    _verify(_forged_by_east())  # as signed, it passes
+    with pytest.raises(Unauthenticated):
+        _verify(_forged_by_east(**changes))
 
 
 @pytest.mark.parametrize(

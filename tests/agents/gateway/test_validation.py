@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import orjson
 
-from tests.agents.gateway.inproc import KEY, MODEL, escalating_pair, local_gateway
+from agents.gateway import assertion
+from tests.agents.gateway.inproc import KEY, MODEL, TENANT, escalating_pair, local_gateway
 from tests.agents.gateway.inproc import region_config as config_of
 from tests.agents.sim_kit import Sim, running_sim
 
@@ -130,3 +132,21 @@ async def test_workers_that_answer_500_are_retried_around_and_escalated() -> Non
             first = await http.post("/v1/chat/completions", json=_chat())
     assert first.status_code == 200
     assert first.headers["x-meridian-region"] == "b"
+
+
+async def test_a_replayed_escalation_assertion_gets_401() -> None:
+    async with running_sim(model=MODEL) as sim, escalating_pair([], [sim.url]) as (a, b):
+        assert a.config.signer is not None
+        body = orjson.dumps(_chat(messages=[{"role": "user", "content": "hi"}]))
+        signed = assertion.sign(
+            a.config.signer, origin="a", audience="b", tenant=TENANT, request_id="rid-1",
+            reason="overload", body=body, debug=False,
+        )  # fmt: skip
+        headers = {assertion.HEADER: signed, "X-Request-ID": "rid-1",
+                   "Content-Type": "application/json"}  # fmt: skip
+        async with httpx.AsyncClient(base_url=b.url, timeout=10) as http:
+            first = await http.post("/v1/chat/completions", content=body, headers=headers)
+            replayed = await http.post("/v1/chat/completions", content=body, headers=headers)
+    assert first.status_code == 200
+    assert replayed.status_code == 401
+    assert replayed.json()["error"]["code"] == "invalid_api_key"
