@@ -9,6 +9,7 @@ software."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ import orjson
 from aiohttp import web, web_protocol, web_request, web_server
 from prometheus_client.core import Metric
 
+from agents.gateway import openapi
 from agents.gateway.auth import bearer, same_secret
 from agents.gateway.errors import (
     SERVER,
@@ -34,6 +36,7 @@ from agents.metrics import CONTENT_TYPE, render
 from agents.router.router import DECISIONS_KEPT
 
 log = logging.getLogger(__name__)
+VERSION = importlib.metadata.version("meridian")
 
 
 def build_app(
@@ -72,6 +75,12 @@ def build_app(
         body = await render(gateway.metrics, state())
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE, "Server": SERVER})
 
+    async def openapi_document(_request: web.Request) -> web.Response:
+        """The public surface's OpenAPI document, with the models served here now."""
+        config = gateway.config
+        models = sorted(config.models) if config is not None else []
+        return _json(openapi.document(models, VERSION))
+
     async def elsewhere(request: web.Request) -> web.Response:
         """Any other path or method: 404, or 405 with what the path takes."""
         path = request.path
@@ -93,6 +102,7 @@ def build_app(
     app.router.add_get("/v1/models", gateway.models_or_error)
     app.router.add_get(MODEL_PATH + "{model}", gateway.model_or_error)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/openapi.json", openapi_document)
     app.router.add_get("/agent/status", agent_status)
     app.router.add_get("/agent/decisions", decisions)
     app.router.add_get("/metrics", prometheus)
@@ -106,7 +116,8 @@ ROUTES = {  # what each path takes (a GET route takes HEAD too)
     "/v1/completions": ("POST",),
     "/generate": ("POST",),
     **{path: ("GET", "HEAD") for path in
-       ("/v1/models", "/healthz", "/agent/status", "/agent/decisions", "/metrics")},
+       ("/v1/models", "/healthz", "/openapi.json", "/agent/status", "/agent/decisions",
+        "/metrics")},
 }  # fmt: skip
 
 

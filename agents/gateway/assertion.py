@@ -29,7 +29,6 @@ from agents.control.compile import RegionConfig, Signer, Tenant
 from agents.gateway.errors import Forbidden, Unauthenticated
 
 HEADER = "x-meridian-assertion"
-HOP = "x-meridian-hop"  # the region a forwarded request came from: it is never forwarded again
 TTL_S = 30.0
 MAX_LEN = 4096
 MAX_WAITED_MS = 60_000

@@ -19,10 +19,12 @@ import orjson
 from aiohttp import web
 
 from agents.gateway.admission import Admission
+from agents.gateway.errors import EngineRefused
 from agents.gateway.relay import (
     Retry,
     Usage,
     body_usage,
+    engine_message,
     relay_stream,
     relayed_headers,
     server_timing,
@@ -104,6 +106,8 @@ class EngineCalls:
                     raise Retry(worker.id, f"{type(error).__name__}: {error}", broke) from None
             usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
             self._finished(ticket, inference, usage)
+        if 400 <= upstream.status < 500:
+            raise EngineRefused(upstream.status, engine_message(data))
         out = relayed_headers(upstream.headers)
         out.update(headers)
         if timed_from is not None:

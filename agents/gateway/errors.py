@@ -117,6 +117,17 @@ class UpstreamFailed(GatewayError):
     status, code, kind, title = 502, "upstream_failed", "api_error", "The engine failed"
 
 
+class EngineRefused(GatewayError):
+    """The engine answered 4xx: its reason, in the gateway's shape (SGLang's own is not
+    OpenAI's)."""
+
+    code, kind, title = "engine_refused", "invalid_request_error", "The engine refused it"
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"the engine refused the request: {message}"[:1024])
+        self.status = status
+
+
 class InternalError(GatewayError):
     """A fault of the gateway's own; the request id in the answer's header finds its log."""
 

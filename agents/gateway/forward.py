@@ -1,8 +1,9 @@
 """Forwarding an escalated request to a peer region's gateway, one hop.
 
 The client's body goes as it came, with a signed assertion of the tenant's identity (never a
-key), the request id, the W3C trace context and the hop header, so that the peer never
-forwards it again and does not count it against the tenant's quota a second time. A peer that
+key), of its one hop and of the client's wait so far, the request id and the W3C trace
+context, so that the peer never forwards it again and does not count it against the
+tenant's quota a second time. A peer that
 fails, refuses (429, 503) or cannot be reached before the client has seen a byte makes way
 for the next candidate; a stream that breaks after its first byte ends with an SSE error
 event. Each answer's head tells the peer's view its load and the round trip.
@@ -102,11 +103,7 @@ class Forwarder:
         started_all = self.clock()
         if config.signer is None:
             return outcome
-        trace = trace or b"".join(
-            f"{name}: {request.headers[name]}\r\n".encode("latin-1")
-            for name in TRACE_HEADERS
-            if name in request.headers
-        )
+        trace = trace or _client_trace(request)
         for choice in candidates:
             peer = choice.peer
             assert peer.gateway_url is not None  # candidates have one
@@ -117,10 +114,8 @@ class Forwarder:
                 waited_ms=waited_ms,
             )  # fmt: skip
             sent = (
-                upstream_headers(request_id) + trace
-                + f"{assertion.HEADER}: {signed}\r\n{assertion.HOP}: {config.region}\r\n"
-                  .encode()
-            )  # fmt: skip
+                upstream_headers(request_id) + trace + f"{assertion.HEADER}: {signed}\r\n".encode()
+            )
             with self.escalations.sending(peer.region, reason):
                 refused = await self._try(
                     request, outcome, peer.region, peer.gateway_url, model, body, sent,
@@ -230,6 +225,17 @@ def server_seconds(header: bytes | None) -> float | None:
             except ValueError:
                 return None
     return None
+
+
+def _client_trace(request: web.Request) -> bytes:
+    """The client's W3C trace context, passed on as it came when it is visible ASCII (a
+    header the server parsed holds no CR or LF); dropped otherwise."""
+    lines = []
+    for name in TRACE_HEADERS:
+        value = request.headers.get(name)
+        if value is not None and value.isascii() and value.isprintable():
+            lines.append(f"{name}: {value}\r\n".encode())
+    return b"".join(lines)
 
 
 def _loads(text: str) -> object:

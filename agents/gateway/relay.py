@@ -109,6 +109,17 @@ def body_usage(body: bytes, native: bool) -> Usage:
     return usage_of(usage) if isinstance(usage, dict) else Usage()
 
 
+def engine_message(body: bytes) -> str:
+    """What an engine's error answer says: SGLang's `message`, or OpenAI's `error.message`."""
+    doc = _loads(body)
+    if isinstance(doc, dict):
+        error = doc.get("error")
+        message = error.get("message") if isinstance(error, dict) else doc.get("message")
+        if isinstance(message, str):
+            return message
+    return "no reason given"
+
+
 def _loads(data: bytes) -> Any:
     try:
         doc = orjson.loads(data)

@@ -70,11 +70,11 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
         messages = body["messages"]
         max_new = _first(params.max_completion_tokens, params.max_tokens)
     elif isinstance(params, schema.CompletionParams):
-        key = _prompt_key(body.get("prompt"), "prompt")
+        key = _prompt_key(params.prompt)
         max_new = params.max_tokens
     else:
         assert isinstance(params, schema.GenerateParams)
-        key = _native_key(body)
+        key = _native_key(params)
         max_new = params.sampling_params.max_new_tokens if params.sampling_params else None
     options = getattr(params, "stream_options", None)
     source = body.get("prompt") if path == "/v1/completions" else body.get("text")
@@ -154,31 +154,27 @@ def _chat_key(body: dict[str, Any], model: ModelConfig, params: schema.ChatParam
     return "\n".join(parts).encode()
 
 
-def _prompt_key(prompt: Any, param: str) -> bytes:
+def _prompt_key(prompt: str | list[str] | list[int] | list[list[int]]) -> bytes:
+    """The prompt as the index keys it (its types checked already, schema.py): the first of a
+    batch."""
     if isinstance(prompt, str):
         return prompt.encode()
-    if isinstance(prompt, list) and prompt:
-        first = prompt[0]
-        if isinstance(first, str):
-            return first.encode()
-        if all(isinstance(i, int) for i in prompt):
-            return _ids(prompt)
-        if isinstance(first, list) and all(isinstance(i, int) for i in first):
-            return _ids(first)
-    raise BadRequest(f"{param} must be a string, a list of them, or token ids", param=param)
+    first = prompt[0]
+    if isinstance(first, str):
+        return first.encode()
+    if isinstance(first, list):
+        return _ids(first)
+    return _ids(prompt)  # type: ignore[arg-type]
 
 
-def _native_key(body: dict[str, Any]) -> bytes:
-    if "text" in body:
-        return _prompt_key(body["text"], "text")
-    if "input_ids" in body:
-        return _prompt_key(body["input_ids"], "input_ids")
+def _native_key(params: schema.GenerateParams) -> bytes:
+    if params.text is not None:
+        return _prompt_key(params.text)
+    if params.input_ids is not None:
+        return _prompt_key(params.input_ids)
     raise BadRequest("/generate needs text or input_ids", param="text")
 
 
 def _ids(ids: list[int]) -> bytes:
     """Token ids as bytes, four a token, so a block of the index covers whole tokens."""
-    try:
-        return array("i", ids).tobytes()
-    except OverflowError:
-        raise BadRequest("token ids must be 32-bit integers") from None
+    return array("i", ids).tobytes()

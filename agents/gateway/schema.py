@@ -4,9 +4,9 @@ OpenAPI document of the agent's port made from the same models.
 
 On the request path only the `*Params` models run, over the parsed body, in pydantic's strict
 mode (a string is not a number, 1 is not true); they read the fields they name and ignore
-the rest, which pass on to the engine (SGLang takes more than OpenAI). The prompt itself
-(messages, prompt, text, input_ids) is checked where it is read, once (requests.py); the
-`*Request` models describe it for the document.
+the rest, which pass on to the engine (SGLang takes more than OpenAI). A chat's messages are
+checked where they are read, once (requests.py); the `*Request` models describe them, and
+the model's name, for the document.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 MAX_N = 1  # one choice a request: the router prices one answer (send n requests for n)
 
 Penalty = Annotated[float, Field(ge=-2, le=2)]
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+Texts = Annotated[list[str], Field(min_length=1)]
 Tokens = Annotated[int, Field(ge=0)]
 Stop = str | Annotated[list[str], Field(max_length=4)]
 
@@ -73,6 +76,7 @@ class ChatParams(_Sampling):
 
 
 class CompletionParams(_Sampling):
+    prompt: str | Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool | None = None
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
@@ -90,6 +94,8 @@ class SamplingParams(BaseModel):
 
 
 class GenerateParams(_Params):
+    text: str | Texts | None = None
+    input_ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] | None = None
     sampling_params: SamplingParams | None = None
     stream: bool = False
     return_logprob: bool | None = None
@@ -113,13 +119,10 @@ class ChatRequest(ChatParams):
 
 class CompletionRequest(CompletionParams):
     model: str = Field(min_length=1)
-    prompt: str | list[str] | list[int] | list[list[int]]
 
 
 class GenerateRequest(GenerateParams):
     model: str | None = None
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
 
 
 _TYPES = frozenset({"str", "int", "float", "bool", "none"})

@@ -295,7 +295,7 @@ class Gateway:
         if route is None:
             raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
         chain = None
-        if came_from is None and assertion.HOP not in request.headers:
+        if came_from is None:
             chain = config.chain(model.name, tenant.tier)
         # everything above only reads; from here on what is taken is held by `with`
         counted = tenant is not OPERATOR and came_from is None  # a peer's was counted there

@@ -61,3 +61,4 @@ class Ticket:
     max_new: int | None = None  # the request's max_tokens
     predicted_s: float = 0.0  # its wait for a first byte there, as admission or the cost
     # policy predicted it
+    active_at: float = 0.0  # when it was sent, or its answer last moved (the audit's)

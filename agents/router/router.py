@@ -255,6 +255,7 @@ class Router:
             max_new=request.max_new,
             predicted_s=chosen.ttft_s if chosen.wait_s is None else chosen.wait_s,
         )  # fmt: skip
+        ticket.active_at = ticket.sent_at
         view.flew(id(ticket), ticket.sent_at, view.answer(request.max_new), uncached)
         self._live.setdefault(ticket.worker_id, {})[id(ticket)] = ticket
         return ticket
@@ -267,11 +268,13 @@ class Router:
 
     def audit(self) -> list[tuple[str, int]]:
         """Check the books: each worker's requests in flight from here against what its engine
-        says it holds. Tickets older than AUDIT_S that the engine cannot account for, at every
-        fresh poll for AUDIT_S, are ended (oldest first) as if their client had left: a
-        reservation that leaked is repaired. Other gateways' requests count in the engine's
-        number too, so a leak may show only once they are quiet; it is never repaired twice.
-        Returns (worker, tickets ended) for each repair."""
+        says it holds. Tickets idle since before a poll (sent, or their answer last moved,
+        AUDIT_GRACE_S before it: a stream still being relayed is alive whatever the engine
+        says) that the engine cannot account for, at every fresh poll for AUDIT_S, are ended
+        (oldest first) as if their client had left: a reservation that leaked is repaired.
+        Other gateways' requests count in the engine's number too, so a leak may show only
+        once they are quiet; it is never repaired twice. Returns (worker, tickets ended) for
+        each repair."""
         now = self.clock()
         repaired = []
         for worker_id, live in self._live.items():
@@ -281,8 +284,8 @@ class Router:
                 continue
             excess = 0
             if entry.reachable and now - entry.load.at < AUDIT_FRESH_S:
-                sent_before = entry.load.at - AUDIT_GRACE_S  # the engine had them by its poll
-                ours = sum(1 for t in live.values() if t.sent_at < sent_before)
+                idle_before = entry.load.at - AUDIT_GRACE_S  # the engine had them by its poll
+                ours = sum(1 for t in live.values() if t.active_at < idle_before)
                 excess = ours - (entry.load.running + entry.load.waiting)
             if excess <= 0:
                 view.mismatch = None
@@ -291,7 +294,7 @@ class Router:
             view.mismatch = (since, min(least, excess))
             if now - since < AUDIT_S:
                 continue
-            oldest = sorted(live.values(), key=lambda t: t.sent_at)[: view.mismatch[1]]
+            oldest = sorted(live.values(), key=lambda t: t.active_at)[: view.mismatch[1]]
             for ticket in oldest:
                 self.abandoned(ticket)
             view.mismatch = None
@@ -309,7 +312,7 @@ class Router:
     def first_byte(self, ticket: Ticket) -> None:
         if ticket.first_at is not None:
             return
-        ticket.first_at = self.clock()
+        ticket.first_at = ticket.active_at = self.clock()
         view = self.views.get(ticket.worker_id)
         if view is None:
             return
@@ -330,6 +333,7 @@ class Router:
     def progressed(self, ticket: Ticket, events: int) -> None:
         """Events of its stream relayed to the client."""
         if not ticket.done:
+            ticket.active_at = self.clock()
             view = self.views.get(ticket.worker_id)
             if view is not None:
                 view.progressed(id(ticket), events)

@@ -4,15 +4,12 @@ status or content type, no response off its schema, bad input refused, good inpu
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import sys
 from pathlib import Path
 
 import httpx
 
-from tests import report
+from tests import fuzz_kit
 from tests.controlplane.conftest import ADMIN_TOKEN, Server
 from tests.controlplane.fleet import EXAMPLE
 
@@ -30,30 +27,15 @@ async def test_the_admin_api_survives_fuzzing_from_its_openapi_document(
     async with httpx.AsyncClient(base_url=server.url, headers=headers) as http:
         applied = await http.post("/v1/apply", content=EXAMPLE.read_text())
         assert applied.status_code == 200, applied.text
-    results_file = tmp_path / "report.json"
-    schemathesis = Path(sys.executable).with_name("schemathesis")
-    proc = await asyncio.create_subprocess_exec(
-        str(schemathesis), "--config-file", str(CONFIG), "run", f"{server.url}/openapi.json",
-        "--checks", "all", "-H", f"Authorization: Bearer {ADMIN_TOKEN}",
-        "--max-examples", EXAMPLES, "--seed", SEED,
-        # one worker: CPython 3.11's AST constructor is not safe across threads (hypothesis
-        # parses strategies' sources), and two cores are all there is
-        "--workers", "1",
-        "--no-color", "--report", "json", "--report-json-path", str(results_file),
-        "--generation-database", "none", cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    status, output, result = await fuzz_kit.schemathesis(
+        f"{server.url}/openapi.json", CONFIG, tmp_path,
+        headers=[f"Authorization: Bearer {ADMIN_TOKEN}"], examples=EXAMPLES, seed=SEED,
     )  # fmt: skip
-    output, _ = await asyncio.wait_for(proc.communicate(), 600)
-    text = output.decode()
-    assert proc.returncode == 0, text[-20000:]
-    result = json.loads(results_file.read_text())
-    cases = result["test_cases"]
-    report.add(
-        "fuzzing the admin API from its OpenAPI document (schemathesis, every check)",
-        f"{cases['generated']} cases over {result['operations']['tested']} operations in "
-        f"{result['running_time']:.0f} s (seed {result['seed']}): {cases['with_failures']} "
-        f"with failures (a 5xx is one), {len(result['errors'])} errors",
+    assert status == 0, output[-20000:]
+    fuzz_kit.reported(
+        "fuzzing the admin API from its OpenAPI document (schemathesis, every check)", result
     )
+    cases = result["test_cases"]
     assert result["operations"]["tested"] == result["operations"]["total"] >= 70
     assert cases["generated"] >= 1000
     assert cases["with_failures"] == 0

@@ -5,10 +5,14 @@ but its sender. Each test leaves nothing held in either region, and normal reque
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import openai
 import pytest
 
+from tests import fuzz_kit, report
+from tests.fleet import hostile_cases
 from tests.fleet.hostile import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
@@ -22,6 +26,11 @@ from tests.fleet.kit import LLAMA, OPERATOR, Fleet
 
 __all__ = ["fleet"]  # the module's fixture
 CHAT = "/v1/chat/completions"
+FUZZ_CONFIG = Path(__file__).with_name("fuzz") / "schemathesis.toml"
+# a fixed seed, so that CI is repeatable; MERIDIAN_FUZZ_SEED explores further
+FUZZ_SEED = os.environ.get("MERIDIAN_FUZZ_SEED", "20261124")
+FUZZ_EXAMPLES = os.environ.get("MERIDIAN_FUZZ_EXAMPLES", "200")
+HOSTILE_SECONDS = float(os.environ.get("MERIDIAN_HOSTILE_SECONDS", "60"))
 
 
 def _auth(fleet: Fleet, tenant: str = "acme") -> bytes:
@@ -129,3 +138,62 @@ async def test_a_body_over_the_limit_is_refused_before_it_is_read(fleet: Fleet) 
     assert answer.status == 413
     assert answer.json()["error"]["code"] == "body_too_large"
     assert answer.seconds < BODY_TIMEOUT_S  # not waiting for what was announced
+
+
+async def test_the_gateway_survives_fuzzing_from_its_openapi_document(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """schemathesis, every check on, from the document the agent serves: no server error, no
+    undocumented status or content type, bad input refused; then nothing held."""
+    url = fleet.agents["us-east"].url
+    await fleet.speed_engines("us-east", 0.001)  # an answer of any length comes in seconds
+    try:
+        status, output, result = await fuzz_kit.schemathesis(
+            f"{url}/openapi.json", FUZZ_CONFIG, tmp_path,
+            headers=[f"Authorization: Bearer {fleet.keys['acme']}"], examples=FUZZ_EXAMPLES,
+            seed=FUZZ_SEED, extra=("--request-timeout", "20"), timeout_s=300,
+        )  # fmt: skip
+    finally:
+        await fleet.speed_engines("us-east", 1.0)
+    assert status == 0, output[-20000:]
+    fuzz_kit.reported(
+        "fuzzing the gateway from its OpenAPI document (schemathesis, every check)",
+        result,
+        "; nothing held afterwards",
+    )
+    cases = result["test_cases"]
+    await nothing_held(fleet)
+    assert result["operations"]["tested"] == result["operations"]["total"] >= 5
+    assert cases["with_failures"] == 0
+    assert result["errors"] == []
+
+
+async def test_hostile_requests_from_a_seed_hurt_no_one(fleet: Fleet) -> None:
+    """Hostile headers, bodies and transports (tests/fleet/hostile_cases.py) for a time
+    budget: half to a region that serves, half to one whose engines fail so that it
+    escalates all it takes. No answer is a 5xx or plain text; then nothing is held."""
+    url = fleet.agents["us-east"].url
+    cases = hostile_cases.Cases(int(FUZZ_SEED), _auth(fleet))
+    await fleet.speed_engines("us-east", 0.01)
+    try:
+        served = await hostile_cases.run(url, cases, HOSTILE_SECONDS / 2)
+        await nothing_held(fleet)
+        await fleet.fail_engines("us-east", error_rate=1.0)
+        escalated = await hostile_cases.run(url, cases, HOSTILE_SECONDS / 2)
+    finally:
+        await fleet.fail_engines("us-east", error_rate=0.0)
+        await fleet.speed_engines("us-east", 1.0)
+    await nothing_held(fleet, within_s=30)
+    counts = await fleet.escalations("us-east")
+    for name, outcome in (("served", served), ("escalating", escalated)):
+        report.add(
+            "hostile requests from a seed (tests/fleet/hostile_cases.py)",
+            f"{name}: {sum(outcome.cases.values())} cases of {len(outcome.cases)} kinds in "
+            f"{HOSTILE_SECONDS / 2:.0f} s (seed {FUZZ_SEED}), answers "
+            f"{dict(sorted(outcome.statuses.items(), key=str))}; {len(outcome.wrong)} wrong; "
+            "nothing held afterwards",
+        )
+    assert served.wrong == [], "\n".join(served.wrong)
+    assert escalated.wrong == [], "\n".join(escalated.wrong)
+    assert len(served.cases) + len(escalated.cases) >= 15
+    assert counts.get(("out", "us-west"), 0) > 0  # the second half went through escalation

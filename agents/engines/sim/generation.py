@@ -96,6 +96,8 @@ async def start(engine: Engine, kv: Kv, body: Body, request: Request) -> None:
     """Queue a request; in decode role, after its KV cache has come from the prefill server,
     or prefilled here when the request names no prefill server (the router's local prefill
     of a short or mostly cached prompt)."""
+    if not request.prompt:  # SGLang refuses a prompt of no tokens too
+        raise SimError(400, "the input is empty: it has no tokens")
     pd = (body.bootstrap_host, body.bootstrap_port, body.bootstrap_room)
     if engine.role == "decode" and any(v is not None for v in pd):
         await _receive_kv(engine, kv, body, request)

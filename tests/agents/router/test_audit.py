@@ -69,3 +69,18 @@ def test_a_mismatch_that_comes_and_goes_is_not_repaired() -> None:
         _poll(table, clock, held=0 if step % 10 < 5 else 1)
         assert router.audit() == []
     assert not ticket.done
+
+
+def test_a_stream_still_relayed_after_its_engine_finished_is_alive() -> None:
+    """The engine ended the answer, the client reads it slowly: the gateway still relays its
+    events, and the slot is the client's until the stream ends."""
+    clock = [0.0]
+    router, _, table = _router("cost", clock=clock)
+    ticket = _dispatch(router)
+    router.first_byte(ticket)
+    for _ in range(int(AUDIT_S * 4)):
+        clock[0] += 0.5
+        router.progressed(ticket, 3)
+        _poll(table, clock, held=0)
+        assert router.audit() == []
+    assert not ticket.done
