@@ -223,6 +223,7 @@ class Agent:
             self.gateway.escalations.report(),
             self.gateway.receipts.kept,
             {v.worker_id: str(v.breaker.state) for v in self.gateway.router.views.values()},
+            self.gateway.answered,
         )
 
 

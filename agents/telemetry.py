@@ -1,6 +1,7 @@
-"""What a heartbeat tells the control plane: engine states and loads, GPU memory, and what the
+"""What a heartbeat tells the control plane: engine states and loads, GPU memory, what the
 engines served since the last heartbeat (request rate, prefix-cache hit rate, TTFT and ITL
-percentiles), from their own metrics."""
+percentiles) from their own metrics, and what the gateway answered per model, refusals and
+errors by their code too."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class TelemetryWindow:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._last: dict[str, Counters] = {}
+        self._answered: dict[tuple[str, str], int] = {}
         self._at: float | None = None
 
     def report(
@@ -30,10 +32,13 @@ class TelemetryWindow:
         escalations: Sequence[tuple[str, str, str, int]] = (),
         receipts: Iterable[Receipt] = (),
         breakers: Mapping[str, str] | None = None,
+        answered: Mapping[tuple[str, str], int] | None = None,
     ) -> pb.Telemetry:
-        """`memory` is NVML's reading, taken off the event loop by the caller."""
+        """`memory` is NVML's reading, taken off the event loop by the caller; `answered`, the
+        gateway's answers since it started by (model, code)."""
         runners = list(runners)
         served, seconds = self._since_last(runners)
+        answers = self._answers(dict(answered or {}), seconds)
         now = Timestamp()
         now.GetCurrentTime()
         engines = [
@@ -73,7 +78,24 @@ class TelemetryWindow:
             escalations_in=sum(n for d, _, _, n in escalations if d == "in"),
             escalations_out=sum(n for d, _, _, n in escalations if d == "out"),
             receipts=[_receipt(r) for r in receipts],
+            answers=answers,
         )
+
+    def _answers(
+        self, answered: dict[tuple[str, str], int], seconds: float
+    ) -> list[pb.ModelAnswers]:
+        before, self._answered = self._answered, answered
+        if seconds <= 0:
+            return []
+        rates: dict[str, dict[str, float]] = {}
+        for (model, code), count in answered.items():
+            new = count - before.get((model, code), 0)
+            if new > 0:
+                rates.setdefault(model, {})[code] = new / seconds
+        return [
+            pb.ModelAnswers(model=model, per_second=sum(codes.values()), per_second_by_code=codes)
+            for model, codes in sorted(rates.items())
+        ]
 
     def _since_last(self, runners: list[EngineRunner]) -> tuple[Counters, float]:
         """Summed over the engines; an engine seen for the first time adds nothing yet."""

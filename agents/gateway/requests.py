@@ -15,6 +15,7 @@ from agents.gateway.errors import (
     BadRequest,
     CapabilityMissing,
     ContextTooLong,
+    GatewayError,
     ModelNotFound,
 )
 from agents.router.tokens import PromptTokenizer
@@ -63,6 +64,16 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
         raise BadRequest("the body must be a JSON object")
     native = path == "/generate"
     model = _model(body, config, native)
+    try:
+        return _parsed(path, raw, body, model, native), model
+    except GatewayError as error:
+        error.model = model.name  # a refusal of the model's: counted as its
+        raise
+
+
+def _parsed(
+    path: str, raw: bytes, body: dict[str, Any], model: ModelConfig, native: bool
+) -> Inference:
     params = schema.checked(path, body)
     messages = None
     if isinstance(params, schema.ChatParams):
@@ -86,7 +97,7 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
         "stream_options" in body, native, messages=messages, text=text,
         key_is_tokens=messages is None and text is None, max_new=max_new,
     )  # fmt: skip
-    return inference, model
+    return inference
 
 
 def _first(*values: int | None) -> int | None:

@@ -110,6 +110,7 @@ class Gateway:
         self.metrics = RequestMetrics(lambda: self.config.region if self.config else "")
         self.rejections: Counter[tuple[str, str]] = Counter()  # (model, code)
         self.faults: Counter[str] = Counter()  # requests failed by a fault of ours, by model
+        self.answered: Counter[tuple[str, str]] = Counter()  # (model, "ok" or the error's code)
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (model, policy, choice)
         self.receipts = Receipts()
         self.created = int(time.time())  # the models' `created`: when this gateway started
@@ -195,6 +196,7 @@ class Gateway:
                 )
             response = await self._infer(request, request_id, headers, served)
         except GatewayError as error:
+            served.model = served.model or error.model or ""
             if error.model is not None and served.insider:
                 headers[LOAD_HEADER] = self.load_of(error.model)
             if error.status in (429, 503) and served.model:
@@ -207,6 +209,8 @@ class Gateway:
             self._fault(request_id, served, error)
             response, error_type = InternalError().response(headers), InternalError.code
         served.first_at = response.get(FIRST_AT)
+        code = error_type or ("ok" if response.status < 400 else f"http_{response.status}")
+        self.answered[served.model, code] += 1
         now = self.clock()
         self.metrics.answered(request.path, response.status, started, now, served, error_type)
         self.receipts.note(request_id, response.status, started, now, served, error_type)

@@ -45,7 +45,7 @@ def create_app(
     app.middleware("http")(metrics.timed)
     problems.install(app)
     openapi.install(app)
-    app.state.status = StatusCache(lambda: fleet_status(db))
+    app.state.status = StatusCache(lambda: fleet_status(db, settings.heartbeat_timeout_s))
     app.include_router(operator.router)
     app.include_router(status.router)
     for kind in KINDS:

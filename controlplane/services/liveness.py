@@ -97,8 +97,49 @@ def summarize(
         "prefix_cache_hit_rate": sum(rates) / len(rates) if rates else 0.0,
         "ttft_ms": {q: worst("ttft_ms", q) for q in ("p50", "p90", "p99")},
         "requests_per_second": sum(float(t.get("requests_per_second", 0.0)) for t in live),
+        "answers_per_second": sum(
+            float(a.get("per_second", 0.0)) for t in live for a in t.get("answers", [])
+        ),
+        "models": _models(live),
         "escalations": _escalations(live),
     }
+
+
+REFUSING_SHARE = 0.5  # of a model's answers: past it, with engines ready, the model alerts
+REFUSING_MIN_RATE = 0.2  # answers a second: below it there is too little to judge
+
+
+def _models(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model, what the region's gateways answered a second lately (refusals and errors
+    by their code too) and its engines ready; `alert` when most answers are refusals or
+    errors while engines are ready to serve (the fleet looks well, and is not)."""
+    rates: dict[str, dict[str, float]] = {}
+    ready: dict[str, int] = {}
+    for telemetry in live:
+        for answers in telemetry.get("answers", []):
+            codes = rates.setdefault(str(answers.get("model", "")), {})
+            for code, rate in (answers.get("per_second_by_code") or {}).items():
+                codes[code] = codes.get(code, 0.0) + float(rate)
+        for engine in telemetry.get("engines", []):
+            if engine.get("state") == "ready":
+                model = str(engine.get("model", ""))
+                ready[model] = ready.get(model, 0) + 1
+    out = []
+    for model in sorted(set(rates) | set(ready)):
+        codes = rates.get(model, {})
+        total = sum(codes.values())
+        failed = total - codes.get("ok", 0.0)
+        share = failed / total if total else 0.0
+        refusing = total >= REFUSING_MIN_RATE and share > REFUSING_SHARE and ready.get(model, 0)
+        out.append({
+            "model": model or None,  # None: requests refused before their model was known
+            "answers_per_second": total,
+            "by_code": {c: r for c, r in sorted(codes.items(), key=lambda i: -i[1])},
+            "failed_share": share,
+            "engines_ready": ready.get(model, 0),
+            "alert": "refusing most requests while its engines are ready" if refusing else None,
+        })  # fmt: skip
+    return out
 
 
 def _escalations(live: list[dict[str, Any]]) -> list[dict[str, Any]]:

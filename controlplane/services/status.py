@@ -21,13 +21,16 @@ from sqlalchemy import select
 from controlplane.db.agent_rows import NodeTelemetryRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import NodeRow, RegionRow
-from controlplane.services.liveness import UP, summarize
+from controlplane.services.liveness import DEGRADED, UP, summarize
 from controlplane.services.unit import current_revision
 
 RECEIPTS = 25
+STALE = "stale"
 
 
-async def fleet_status(db: Database) -> dict[str, Any]:
+async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, Any]:
+    """`stale_after_s`: a node up whose last heartbeat is older shows as stale (the control
+    plane closes an agent's stream after that long a silence)."""
     async with db.sessions() as session, session.begin():
         revision = await current_revision(session)
         regions = (await session.execute(select(RegionRow))).unique().scalars().all()
@@ -48,9 +51,12 @@ async def fleet_status(db: Database) -> dict[str, Any]:
         node_docs = []
         for node in mine:
             beat = telemetry.get(node.id)
-            node_docs.append(_node(node, beat))
+            node_docs.append(_node(node, beat, stale_after_s))
             for r in beat.data.get("receipts", []) if beat else []:
                 receipts.append({**_receipt(r), "region": region.name, "node": node.name})
+        health = load.pop("health")
+        if health == UP and any(n["health"] == STALE for n in node_docs):
+            health = DEGRADED
         out_regions.append({
             "name": region.name,
             "cloud": region.cloud.name,
@@ -59,7 +65,7 @@ async def fleet_status(db: Database) -> dict[str, Any]:
             "jurisdiction": region.jurisdiction,
             "state": region.state,
             "gateway_url": region.gateway_url,
-            "health": load.pop("health"),
+            "health": health,
             "revision": pushed or None,
             "acked": sum(1 for n in mine if pushed and (n.applied_revision or 0) >= pushed),
             "agents": len(mine),
@@ -78,13 +84,16 @@ async def fleet_status(db: Database) -> dict[str, Any]:
     }
 
 
-def _node(node: NodeRow, beat: NodeTelemetryRow | None) -> dict[str, Any]:
+def _node(node: NodeRow, beat: NodeTelemetryRow | None, stale_after_s: float) -> dict[str, Any]:
     data = beat.data if beat is not None else {}
     up = node.health == UP
+    health = node.health
+    if up and (beat is None or _age_s(beat.observed_at) > stale_after_s):
+        health = STALE  # its stream is held, but it has not reported in time
     memory = {g.get("index"): g for g in data.get("gpus", [])}
     return {
         "name": node.name,
-        "health": node.health,
+        "health": health,
         "health_changed_at": node.health_changed_at.isoformat() if node.health_changed_at else None,
         "applied_revision": node.applied_revision,
         "nack": node.last_nack_reason,
@@ -113,6 +122,10 @@ def _node(node: NodeRow, beat: NodeTelemetryRow | None) -> dict[str, Any]:
             for e in data.get("engines", [])
         ],
     }
+
+
+def _age_s(at: datetime) -> float:
+    return (datetime.now(UTC) - at).total_seconds()
 
 
 def _when(receipt: dict[str, Any]) -> datetime:

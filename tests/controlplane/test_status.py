@@ -3,6 +3,10 @@ in a browser on a live fleet)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from controlplane.db.fleet_rows import NodeRow
+from controlplane.services.liveness import UP, summarize
 from tests.controlplane.conftest import Api
 from tests.controlplane.fleet import BASE
 from tests.controlplane.push.kit import eventually
@@ -57,3 +61,28 @@ async def test_the_status_document_shows_every_region_before_any_agent(api: Api)
         return "ap-south" in {r["name"] for r in doc["regions"]}
 
     await eventually(shown, within_s=3)
+
+
+def _beat(answers: dict[str, dict[str, float]], ready: dict[str, int]) -> dict[str, Any]:
+    """A node's heartbeat as the control plane keeps it: its answers and ready engines."""
+    return {
+        "answers": [{"model": m, "per_second": sum(c.values()), "per_second_by_code": c}
+                    for m, c in answers.items()],
+        "engines": [{"model": m, "state": "ready"} for m, n in ready.items() for _ in range(n)],
+    }  # fmt: skip
+
+
+def test_a_model_refusing_most_requests_with_engines_ready_is_alerted() -> None:
+    nodes = [NodeRow(id=i, name=f"n{i}", health=UP) for i in (1, 2)]
+    latest = {
+        1: _beat({"llama": {"ok": 1.0, "quota_exceeded": 3.0}, "qwen": {"ok": 5.0}}, {"llama": 1}),
+        2: _beat({"llama": {"overloaded": 2.0}, "idle": {"no_healthy_worker": 0.1}}, {"qwen": 1}),
+    }
+    models = {m["model"]: m for m in summarize("r", nodes, latest)["models"]}
+    assert models["llama"]["answers_per_second"] == 6.0
+    assert models["llama"]["by_code"] == {"quota_exceeded": 3.0, "overloaded": 2.0, "ok": 1.0}
+    assert models["llama"]["failed_share"] == 5 / 6
+    assert models["llama"]["alert"]  # most refused, an engine ready
+    assert models["qwen"]["alert"] is None  # served
+    assert models["idle"]["alert"] is None  # no engine ready: down, not refusing; and too
+    # little traffic to judge besides

@@ -1,9 +1,11 @@
 """The web status page in a real browser (Debian's Chromium, headless, driven by Playwright) on
-a fleet of real processes: log in with a viewer token, see the three regions, and see an
-engine go down and come back without reloading the page."""
+a fleet of real processes: log in with a viewer token, see the three regions, see an engine
+go down and come back without reloading the page, and see a model alerted while it refuses
+most of its requests."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, Locator, Page, async_playwright
 
 from tests.controlplane.push.kit import ADMIN
 from tests.fleet.kit import LLAMA, fleet_of
@@ -96,11 +98,38 @@ async def test_the_status_page_shows_the_fleet_live(
             timeout=20000
         )  # and back, still without a reload
 
+        # a model that refuses most of what it is sent while its engine is ready is alerted
+        refusing = page.locator(f'[data-region="us-west"] [data-model="{LLAMA}"][data-alert="1"]')
+        refused = asyncio.create_task(_refused_until(fleet.agents["us-west"].url,
+                                                     fleet.keys["acme"], refusing))  # fmt: skip
+        await refusing.wait_for(timeout=20000)
+        sent = await refused
+        await page.screenshot(path=str(Path(SHOTS or tmp_path) / "status-refusing.png"),
+                              full_page=True)  # fmt: skip
+        assert "invalid_request" in await refusing.inner_text()
+        assert sent > 0
+
         assert len(loads) == 1, f"the page was loaded again: {loads}"
         assert not errors, errors
         origin = fleet.cp.url
         assert all(a.startswith(origin) for a in addresses), "the page fetched from elsewhere"
         assert not [a for a in addresses if viewer in a or "token" in a], "a token in a URL"
+
+
+async def _refused_until(url: str, key: str, shown: Locator) -> int:
+    """Requests the gateway refuses (400: a temperature that is not a number), ten a second,
+    until the page shows them; how many were sent."""
+    body = {"model": LLAMA, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}
+    sent = 0
+    async with httpx.AsyncClient(timeout=5, headers={"Authorization": f"Bearer {key}"}) as http:
+        for _ in range(200):
+            answer = await http.post(f"{url}/v1/chat/completions", json=body)
+            assert answer.status_code == 400
+            sent += 1
+            if await shown.count():
+                break
+            await asyncio.sleep(0.1)
+    return sent
 
 
 async def _log_in(page: Page, token: str) -> None:

@@ -127,17 +127,21 @@ function render(doc) {
   $("live").classList.remove("stale");
   $("revision").textContent = doc.revision;
   $("updated").textContent = `updated ${new Date(doc.generated_at).toLocaleTimeString()}`;
-  $("regions").replaceChildren(...doc.regions.map(region));
+  $("regions").replaceChildren(...doc.regions.map((r) => region(r, doc.revision)));
   flows(doc.regions, doc.flows);
   receipts(doc.receipts);
 }
 
-function region(r) {
+function region(r, declared) {
   const load = r.load || {};
   const ttft = load.ttft_ms || {};
   const stat = (value, label) => el("div", { class: "stat" }, el("b", {}, value), el("span", {}, label));
-  const acked = r.revision === null ? "no agent has been sent a revision yet"
+  let acked = r.revision === null ? "no agent has been sent a revision yet"
     : `in force: revision ${r.revision}, acked by ${r.acked} of ${r.agents} agent(s)`;
+  if (r.revision !== null && r.revision < declared) {
+    // a region's snapshot is replaced only when what it runs changes
+    acked += ` · revisions after ${r.revision} (to ${declared}) changed nothing it runs`;
+  }
   return el("article", { class: "card region", "data-region": r.name, "data-health": r.health },
     el("div", { class: "region-head" }, el("h3", {}, r.name), badge(r.health)),
     el("div", { class: "meta" },
@@ -147,14 +151,30 @@ function region(r) {
     r.nacks.length ? el("ul", { class: "nacks" },
       r.nacks.map((n) => el("li", {}, `${n.node} refused ${n.reason}`))) : null,
     el("div", { class: "stats" },
-      stat(fixed(load.requests_per_second, 1), "requests/s"),
+      stat(fixed(load.answers_per_second, 1), "answers/s, refusals too"),
+      stat(fixed(load.requests_per_second, 1), "served by engines/s"),
       stat(load.inflight_requests ?? "–", "in flight"),
       stat(load.queued_requests ?? "–", "queued"),
       stat(ms(ttft.p50), "TTFT p50"),
       stat(ms(ttft.p99), "TTFT p99"),
       stat(load.prefix_cache_hit_rate === undefined ? "–"
         : `${Math.round(load.prefix_cache_hit_rate * 100)}%`, "prefix-cache hits")),
+    (load.models || []).length ? el("ul", { class: "models" }, load.models.map(model)) : null,
     r.nodes.length ? r.nodes.map(node) : el("p", { class: "hint" }, "no nodes registered"));
+}
+
+function model(m) {
+  // what the gateways answered for the model lately: refusals and errors by their code
+  const codes = Object.entries(m.by_code || {}).filter(([code]) => code !== "ok")
+    .map(([code, rate]) => `${code} ${fixed(rate, 1)}/s`);
+  const share = `${Math.round((m.failed_share || 0) * 100)}% refused or failed`;
+  return el("li", { class: m.alert ? "model alert" : "model", "data-model": m.model || "",
+    "data-alert": m.alert ? "1" : "0" },
+    el("b", {}, m.model || "(no model named)"),
+    ` · ${fixed(m.answers_per_second, 1)} answers/s · ${share}`,
+    codes.length ? ` (${codes.join(", ")})` : "",
+    ` · ${m.engines_ready} engine(s) ready`,
+    m.alert ? el("span", { class: "badge down", title: m.alert }, "refusing") : null);
 }
 
 function node(n) {
@@ -232,7 +252,7 @@ function flows(regions, list) {
     // the label sits beside the curve's midpoint, on its outer side
     const mx = (sx + 2 * cx + ex) / 4 + nx * 14, my = (sy + 2 * cy + ey) / 4 + ny * 14 + 4;
     box.append(svg("text", { class: "label", x: mx, y: my, "text-anchor": "middle" },
-      `${count} · ${rate.toFixed(0)}/min`));
+      `${count} sent · ${rate.toFixed(0)}/min`));
   }
   for (const r of regions) {
     const [x, y] = at[r.name];

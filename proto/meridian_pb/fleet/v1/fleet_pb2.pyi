@@ -356,6 +356,7 @@ class Telemetry(_message.Message):
     REQUESTS_PER_SECOND_FIELD_NUMBER: _builtins.int
     ESCALATIONS_FIELD_NUMBER: _builtins.int
     RECEIPTS_FIELD_NUMBER: _builtins.int
+    ANSWERS_FIELD_NUMBER: _builtins.int
     inflight_requests: _builtins.int
     queued_requests: _builtins.int
     prefix_cache_hit_rate: _builtins.float
@@ -380,6 +381,10 @@ class Telemetry(_message.Message):
     def receipts(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteReceipt]:
         """A few recent requests, sampled, newest last: where each went and why."""
 
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelAnswers]:
+        """What the gateway answered since the last heartbeat, per model: refusals and errors too."""
+
     def __init__(
         self,
         *,
@@ -396,14 +401,66 @@ class Telemetry(_message.Message):
         requests_per_second: _builtins.float = ...,
         escalations: _abc.Iterable[Global___EscalationCount] | None = ...,
         receipts: _abc.Iterable[Global___RouteReceipt] | None = ...,
+        answers: _abc.Iterable[Global___ModelAnswers] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl_ms", b"itl_ms", "observed_at", b"observed_at", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Telemetry: _TypeAlias = Telemetry  # noqa: Y015
+
+@_typing.final
+class ModelAnswers(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PerSecondByCodeEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    PER_SECOND_FIELD_NUMBER: _builtins.int
+    PER_SECOND_BY_CODE_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    per_second: _builtins.float
+    """Answers a second, whatever their status."""
+    @_builtins.property
+    def per_second_by_code(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """The same by what they were: "ok" for an answer served, else the error's code
+        (quota_exceeded, queue_full, overloaded, no_healthy_worker, invalid_request, ...).
+        """
+
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        per_second: _builtins.float = ...,
+        per_second_by_code: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelAnswers: _TypeAlias = ModelAnswers  # noqa: Y015
 
 @_typing.final
 class RouteReceipt(_message.Message):
