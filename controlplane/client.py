@@ -49,12 +49,20 @@ def print_changes(console: Console, result: dict[str, Any]) -> None:
 
 
 def apply_document(
-    url: str, token: str, content: bytes, media: str, *, dry_run: bool, cascade: bool = False
+    url: str,
+    token: str,
+    content: bytes,
+    media: str,
+    *,
+    dry_run: bool,
+    cascade: bool = False,
+    prune: bool = True,
 ) -> httpx.Response:
     """POST /v1/apply: a fleet document, YAML or JSON (`media`)."""
+    flags = {"dry_run": dry_run, "cascade": cascade, "prune": prune}
     return httpx.post(
         f"{url.rstrip('/')}/v1/apply",
-        params={"dry_run": str(dry_run).lower(), "cascade": str(cascade).lower()},
+        params={name: str(value).lower() for name, value in flags.items()},
         content=content,
         headers={"Authorization": f"Bearer {token}", "Content-Type": media},
         timeout=60,
@@ -62,10 +70,12 @@ def apply_document(
 
 
 def apply_file(
-    url: str, token: str, path: Path, *, dry_run: bool, cascade: bool = False
+    url: str, token: str, path: Path, *, dry_run: bool, cascade: bool = False, prune: bool = True
 ) -> httpx.Response:
     media = "application/json" if path.suffix == ".json" else "application/yaml"
-    return apply_document(url, token, path.read_bytes(), media, dry_run=dry_run, cascade=cascade)
+    return apply_document(
+        url, token, path.read_bytes(), media, dry_run=dry_run, cascade=cascade, prune=prune
+    )
 
 
 @click.command("apply")
@@ -79,10 +89,13 @@ def apply_file(
 )
 @click.option("--dry-run", is_flag=True, help="show what would change, change nothing")
 @click.option("--cascade", is_flag=True, help="let deletes take their dependents along")
+@click.option(
+    "--no-prune", is_flag=True, help="create and update only: delete nothing the file leaves out"
+)
 @click.option("--url", default=None, help="control plane URL [$MERIDIAN_URL]")
 @click.option("--token", default=None, help="bearer token [$MERIDIAN_TOKEN]")
 def apply_command(
-    path: Path, dry_run: bool, cascade: bool, url: str | None, token: str | None
+    path: Path, dry_run: bool, cascade: bool, no_prune: bool, url: str | None, token: str | None
 ) -> None:
     """Make the fleet match a document, and show the diff."""
     settings = ClientSettings()
@@ -91,7 +104,9 @@ def apply_command(
     if not secret:
         raise click.UsageError("give --token or set MERIDIAN_TOKEN")
     try:
-        response = apply_file(url or settings.url, secret, path, dry_run=dry_run, cascade=cascade)
+        response = apply_file(
+            url or settings.url, secret, path, dry_run=dry_run, cascade=cascade, prune=not no_prune
+        )
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach {url or settings.url}: {exc}") from exc
     if response.status_code != 200:

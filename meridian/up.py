@@ -104,7 +104,11 @@ async def run_local_fleet(
             stack.push_async_callback(stop_child, proc)
             console.print(f"[green]✓[/] control plane ready on {api}")
             status.update(f"applying {fleet}")
-            response = await asyncio.to_thread(apply_file, api, token, fleet, dry_run=False)
+            # beside what an operator added since the last run (tenants, keys, ...): its own
+            # objects are brought to the document, nothing else is deleted
+            response = await asyncio.to_thread(
+                apply_file, api, token, fleet, dry_run=False, prune=False
+            )
             if response.status_code != 200:
                 raise click.ClickException(f"applying {fleet} failed: {response.text}")
             print_changes(console, response.json())

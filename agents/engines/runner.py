@@ -22,9 +22,10 @@ from typing import IO
 
 import httpx
 
-from agents.engines import metrics
+from agents.engines import metrics, ports
 from agents.engines.base import Backend, EngineSpec
 from agents.engines.children import Adopted, PidFile, kill_group
+from agents.errors import AgentError
 from agents.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,9 @@ class EngineRunner:
                 ready_since = await self._until_ready()
                 if ready_since is not None:
                     await self._watch()
+            except PortHeld as error:  # not ours to fix: said once, clearly, and tried again
+                log.error("engine %s: %s", self.spec.id, error, extra={"engine_id": self.spec.id})
+                self.reason = error.message
             except Exception as error:  # a loop boundary: report, back off, go on
                 log.exception("engine %s failed", self.spec.id, extra={"engine_id": self.spec.id})
                 self.reason = f"{type(error).__name__}: {error}"
@@ -156,6 +160,12 @@ class EngineRunner:
         return True
 
     async def _spawn(self) -> None:
+        held = await asyncio.to_thread(ports.held_by_others, self.spec.port)
+        if held is not None:
+            raise PortHeld(
+                f"port {self.spec.port} is held by another process, {held.describe()}: "
+                "the engine is not started there (stop that process, or move the engine)"
+            )
         launch = self.backend.launch(self.spec)
         output = await asyncio.to_thread(open_log, self.log_path)
         try:
@@ -179,13 +189,28 @@ class EngineRunner:
         while loop.time() < deadline:
             if self._exited():
                 return None
-            if await self._probe():
+            if await self._probe() and await self._answered_by_ours():
                 self.state = EngineState.READY
                 self.reason = ""
                 return loop.time()
             await asyncio.sleep(min(0.2, self.settings.probe_interval_s))
         self.reason = f"not healthy within {self.settings.engine_start_timeout_s:.0f} s"
         return None
+
+    async def _answered_by_ours(self) -> bool:
+        """What answered the probe is this engine (its process group listens on its port),
+        not another process on the same port."""
+        assert self.process is not None
+        group = self.process.pid  # the engine leads its own session and group
+        if await asyncio.to_thread(ports.owned, self.spec.port, group):
+            return True
+        held = await asyncio.to_thread(ports.held_by_others, self.spec.port, group)
+        if held is not None:
+            raise PortHeld(
+                f"port {self.spec.port} is answered by another process, {held.describe()}, "
+                "not by this engine"
+            )
+        return False
 
     async def _watch(self) -> None:
         failed = 0
@@ -262,6 +287,10 @@ class EngineRunner:
                 await process.wait()
             self.last_exit = process.returncode
         await asyncio.to_thread(self.pidfile.remove)
+
+
+class PortHeld(AgentError):
+    code = "port_held"
 
 
 def backoff_s(failures: int, base_s: float, cap_s: float) -> float:

@@ -66,11 +66,15 @@ async def apply(
     who: CurrentPrincipal,
     dry_run: Annotated[bool, Query(description="show the diff, change nothing")] = False,
     cascade: Annotated[bool, Query(description="let deletes take dependents along")] = False,
+    prune: Annotated[
+        bool,
+        Query(description="delete the objects of the kinds it names that it leaves out"),
+    ] = True,
 ) -> dict[str, Any]:
     plan = parse_document(await _read_document(request))
     who.require(required_role(plan))
     return await apply_plan(
-        services.db, services.feed, plan, who.name, dry_run=dry_run, cascade=cascade
+        services.db, services.feed, plan, who.name, dry_run=dry_run, cascade=cascade, prune=prune
     )
 
 

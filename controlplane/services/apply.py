@@ -1,7 +1,9 @@
 """Declarative apply: make the fleet match a document, in one transaction, and say what changed.
 
 A document lists objects per kind. A kind the document names is managed: objects of that kind
-that the document leaves out are deleted. A kind it does not name is left as it is.
+that the document leaves out are deleted, unless the apply is asked not to prune (then it only
+creates and updates, as `meridian up` applies its example beside what an operator added). A
+kind it does not name is left as it is.
 """
 
 from __future__ import annotations
@@ -73,10 +75,17 @@ class _DryRun(Exception):
 
 
 async def apply_plan(
-    db: Database, feed: RevisionFeed, plan: Plan, actor: str, *, dry_run: bool, cascade: bool
+    db: Database,
+    feed: RevisionFeed,
+    plan: Plan,
+    actor: str,
+    *,
+    dry_run: bool,
+    cascade: bool,
+    prune: bool = True,
 ) -> Doc:
     try:
-        result = await _apply(db, plan, actor, dry_run=dry_run, cascade=cascade)
+        result = await _apply(db, plan, actor, dry_run=dry_run, cascade=cascade, prune=prune)
     except _DryRun as preview:
         return preview.result
     if result["changed"]:
@@ -84,7 +93,9 @@ async def apply_plan(
     return result
 
 
-async def _apply(db: Database, plan: Plan, actor: str, *, dry_run: bool, cascade: bool) -> Doc:
+async def _apply(
+    db: Database, plan: Plan, actor: str, *, dry_run: bool, cascade: bool, prune: bool
+) -> Doc:
     async with db.sessions() as session, session.begin():
         uow = UnitOfWork(session, actor)
         for kind, items in plan:
@@ -94,7 +105,7 @@ async def _apply(db: Database, plan: Plan, actor: str, *, dry_run: bool, cascade
                     await kind.create(uow, name, spec)
                 else:
                     await kind.update(uow, row, spec)
-        for kind, items in reversed(plan):
+        for kind, items in reversed(plan if prune else []):
             wanted = {name for name, _ in items}
             query = select(kind.row).where(kind.row.name.not_in(wanted)).order_by(kind.row.name)
             for row in list((await session.execute(query)).unique().scalars()):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import yaml
 
 from tests.controlplane.conftest import Api
@@ -173,3 +175,18 @@ async def test_every_change_bumps_once_and_a_no_op_not_at_all(api: Api) -> None:
     events = (await api.client.get("/v1/audit-events", params={"limit": 500})).json()["items"]
     assert {e["revision"] for e in events} == {1, 2, 3}
     assert sum(1 for e in events if e["revision"] == 3) == len(result["changes"])  # type: ignore[arg-type]
+
+
+async def test_without_pruning_what_an_operator_added_stays(api: Api) -> None:
+    """As `meridian up` applies its example again beside tenants and keys made since."""
+    await _apply(api, example())
+    await api.create("tenants", {"name": "extra", "tier": "standard"})
+    await api.create("api-keys", {"tenant": "extra"})
+    pruning = await api.client.post("/v1/apply", json=example())
+    assert pruning.status_code == 409  # the tenant has a key: deleting it needs cascade
+    document = example()
+    document["tenants"][0]["requests_per_minute"] = 7
+    kept = await _apply(api, document, prune="false")
+    changes: Any = kept["changes"]
+    assert [c["name"] for c in changes] == [document["tenants"][0]["name"]]
+    assert (await api.client.get("/v1/tenants/extra")).status_code == 200

@@ -97,7 +97,6 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         ) as client:
             regions = (await client.get("/v1/regions")).json()["items"]
             assert sorted(r["name"] for r in regions) == ["eu-west", "us-east", "us-west"]
-            revision = (await client.get("/v1/revision")).json()["revision"]
             engine_pids = []
             for agent_port in (8501, 8502, 8503):
                 status = (await client.get(f"http://127.0.0.1:{agent_port}/agent/status")).json()
@@ -124,6 +123,13 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         assert "us-" not in eurobank  # residency: served in its jurisdiction only
         assert "us-west  → out to" in final  # the surge and the fault escalated
         assert "failure" in final
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}
+        ) as client:  # an operator adds a tenant and a key beside the example's
+            made = await client.post("/v1/tenants", json={"name": "extra", "tier": "standard"})
+            assert made.status_code == 201, made.text
+            assert (await client.post("/v1/api-keys", json={"tenant": "extra"})).status_code == 201
+            revision = (await client.get("/v1/revision")).json()["revision"]
     finally:
         await _interrupt(proc)
     assert proc.returncode == 0
@@ -132,11 +138,15 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
-    # Again on the same data directory: the same database, nothing to change, the agents keep
-    # their identities.
+    # Again on the same data directory: the same database, nothing to change (what the
+    # operator added stays), the agents keep their identities.
     proc, output = await _run_up(data_dir, port)
     try:
         assert f"no changes; revision {revision}" in output  # no new bootstrap tokens either
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}
+        ) as client:
+            assert (await client.get("/v1/tenants/extra")).status_code == 200
         assert f"✓ {ENGINES[0]}  ready" in output
         again = json.loads((data_dir / "local-fleet.json").read_text())
         assert again["tenants"] == local["tenants"]  # the keys still work: kept

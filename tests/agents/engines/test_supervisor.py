@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agents.engines import ports
 from agents.engines.backends import backends
 from agents.engines.base import EngineSpec, Scalar
 from agents.engines.children import start_ticks
@@ -205,3 +206,28 @@ async def test_a_new_supervisor_adopts_a_wanted_engine_and_stops_strays(tmp_path
         new_task.cancel()
         await asyncio.gather(new_task, return_exceptions=True)
     assert start_ticks(pids[wanted.id] or 0) is None  # stopped with its new supervisor
+
+
+async def test_an_engine_whose_port_another_process_holds_is_never_ready(
+    supervisor: Supervisor,
+) -> None:
+    spec = sim_spec()
+    async with running_sim(model="impostor", port=spec.port) as impostor:  # answers /health
+        supervisor.want([spec])
+        await until(lambda: spec.id in supervisor.runners)
+        engine = runner(supervisor, spec)
+        states = set()
+
+        def seen() -> bool:
+            states.add(engine.state)
+            return engine.state is EngineState.CRASH_LOOP
+
+        await until(seen)
+        assert EngineState.READY not in states  # never taken for the impostor
+        assert f"port {spec.port} is held by another process, pid" in engine.reason
+        assert "impostor" in engine.reason  # its command line names it
+        assert impostor.process.returncode is None  # and it was left alone
+        group = os.getpgid(impostor.process.pid)
+        assert ports.owned(spec.port, group)
+        assert ports.held_by_others(spec.port, group) is None
+        assert ports.owned(spec.port, group + 1_000_000) is False
