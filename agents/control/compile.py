@@ -9,7 +9,6 @@ arrival and never found wanting at request time.
 from __future__ import annotations
 
 import base64
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -287,8 +286,14 @@ def _route(route: pb.Route) -> RouteConfig:
 
 
 def _node_share(grant: pb.TenantGrant, name: str, agents_up: int) -> float | None:
-    """The region's share of a tenant's quota, split over the region's agents that are up."""
+    """The region's share of a tenant's quota (exact where the control plane says it, else
+    whole), split over the region's agents that are up: their shares sum to the region's,
+    never above."""
+    exact = f"{name}_share"
+    if grant.HasField(exact):  # type: ignore[arg-type]
+        share: float = getattr(grant, exact)
+        return share / agents_up
     if not grant.HasField(name):  # type: ignore[arg-type]
         return None
     value: int = getattr(grant, name)
-    return max(1.0, math.ceil(value / agents_up))
+    return value / agents_up

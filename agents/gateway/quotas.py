@@ -21,16 +21,25 @@ from agents.held import Held
 
 @dataclass
 class Bucket:
+    """Fills at `per_minute` (a node's share, which may be a fraction), up to a minute's worth
+    or one, whichever is more, so that a share under one a minute still admits at its rate."""
+
     per_minute: float
     level: float
     at: float
 
+    @property
+    def capacity(self) -> float:
+        return max(1.0, self.per_minute) if self.per_minute > 0 else 0.0
+
     def refill(self, now: float) -> None:
-        self.level = min(self.per_minute, self.level + (now - self.at) * self.per_minute / 60)
+        self.level = min(self.capacity, self.level + (now - self.at) * self.per_minute / 60)
         self.at = now
 
     def wait_s(self, need: float) -> int:
-        """Seconds until `need` is there."""
+        """Seconds until `need` is there (a minute, for a bucket with no share here)."""
+        if self.per_minute <= 0:
+            return 60
         return max(1, math.ceil((need - self.level) * 60 / self.per_minute))
 
 
@@ -44,9 +53,11 @@ class Quotas:
         now = self.clock()
         bucket = buckets.get(tenant)
         if bucket is None:
-            bucket = buckets[tenant] = Bucket(per_minute, per_minute, now)
+            bucket = buckets[tenant] = Bucket(per_minute, 0.0, now)
+            bucket.level = bucket.capacity
         elif bucket.per_minute != per_minute:  # a new share: keep the level, within it
-            bucket.per_minute, bucket.level = per_minute, min(bucket.level, per_minute)
+            bucket.per_minute = per_minute
+            bucket.level = min(bucket.level, bucket.capacity)
         bucket.refill(now)
         return bucket
 
@@ -63,7 +74,7 @@ class Quotas:
                 )
         if tenant.tokens_per_minute is not None:
             tokens = self._bucket(self._tokens, tenant.name, tenant.tokens_per_minute)
-            need = min(prompt_tokens, tokens.per_minute)
+            need = min(prompt_tokens, tokens.capacity) if tokens.capacity else 1
             if tokens.level < need:
                 raise QuotaExceeded(
                     f"tenant {tenant.name} is over its tokens per minute",

@@ -224,12 +224,36 @@ def region_weight(state: FleetState, region: str) -> int:
     return gpus + external
 
 
-def _share(quota: int | None, weight: int, total: int, regions: int) -> int | None:
+def split(quota: int, weights: dict[str, int]) -> dict[str, int]:
+    """A quota in whole shares by weight (equal shares when no region has any), the largest
+    remainders rounded up (ties to the name's order): the shares sum to the quota exactly,
+    never above it."""
+    if not weights:
+        return {}
+    total = sum(weights.values())
+    if total == 0:
+        weights, total = dict.fromkeys(weights, 1), len(weights)
+    exact = {r: quota * w / total for r, w in weights.items()}
+    shares = {r: math.floor(e) for r, e in exact.items()}
+    left = quota - sum(shares.values())
+    for region in sorted(exact, key=lambda r: (shares[r] - exact[r], r))[:left]:
+        shares[region] += 1
+    return shares
+
+
+def _share(quota: int | None, weights: dict[str, int], region: str) -> int | None:
+    """The region's whole share of a quota (none for a tenant barred from it: no weights)."""
+    return None if quota is None else split(quota, weights).get(region, 0)
+
+
+def _exact(quota: int | None, weights: dict[str, int], region: str) -> float | None:
+    """The region's exact share: the regions' shares sum to the quota, to rounding."""
     if quota is None:
         return None
-    if total == 0:
-        return math.ceil(quota / regions)
-    return math.ceil(quota * weight / total)
+    if region not in weights:
+        return 0.0
+    total = sum(weights.values())
+    return quota * weights[region] / total if total else quota / len(weights)
 
 
 def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
@@ -247,8 +271,7 @@ def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
             if spec.state is RegionState.ACTIVE
             and (allowed is None or spec.jurisdiction in allowed)
         ]
-        weights = {r: region_weight(state, r) for r in serving}
-        total, weight, count = sum(weights.values()), weights.get(region, 0), max(len(serving), 1)
+        weights = {} if barred else {r: region_weight(state, r) for r in serving}
         keys = [
             KeyGrant(prefix=k.prefix, key_hash=k.key_hash, expires_at=k.expires_at)
             for _, k in sorted(state.api_keys.items())
@@ -259,12 +282,10 @@ def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
                 name=name,
                 tier=tenant.tier,
                 allowed_jurisdictions=allowed,
-                requests_per_minute=0
-                if barred
-                else _share(tenant.requests_per_minute, weight, total, count),
-                tokens_per_minute=0
-                if barred
-                else _share(tenant.tokens_per_minute, weight, total, count),
+                requests_per_minute=_share(tenant.requests_per_minute, weights, region),
+                tokens_per_minute=_share(tenant.tokens_per_minute, weights, region),
+                requests_per_minute_share=_exact(tenant.requests_per_minute, weights, region),
+                tokens_per_minute_share=_exact(tenant.tokens_per_minute, weights, region),
                 api_keys=keys,
                 debug_routes=tenant.debug_routes,
             )

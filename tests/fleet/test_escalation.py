@@ -157,7 +157,7 @@ async def test_residency_holds_under_failure_and_a_request_never_bounces_back(
 
 
 def _small_quota(doc: dict[str, Any]) -> None:
-    """acme: 60 requests a minute, shared by GPUs: us-east 38, us-west 8 (of 8 GPUs); it may
+    """acme: 60 requests a minute, shared by GPUs: us-east 38, us-west 7 (of 8 GPUs); it may
     see how its requests are routed."""
     acme = next(t for t in doc["tenants"] if t["name"] == "acme")
     acme["requests_per_minute"], acme["debug_routes"] = 60, True

@@ -6,6 +6,7 @@ import base64
 from typing import Any
 
 from controlplane.snapshot import FleetState, compile_region
+from controlplane.snapshot.compiler import split
 from controlplane.snapshot.types import ApiKeyState
 from tests.controlplane.fleet import example
 
@@ -208,3 +209,21 @@ def test_a_slot_that_no_longer_fits_is_placed_anew() -> None:
     placed = _placed(compile_region(state_from(document, slots=slots), "eu-west"))
     assert placed["llama-eu-west/unified-0"] == ([0], 31000)
     assert placed["llama-eu-west/unified-1"] == ([1], 30000)  # the lowest free port
+
+
+def test_a_quota_split_over_regions_never_sums_above_it() -> None:
+    """10 a minute over 5, 1 and 2 GPUs: rounding each share up gave 7 + 2 + 3 = 12."""
+    document = example()
+    next(t for t in document["tenants"] if t["name"] == "acme")["requests_per_minute"] = 10
+    state = state_from(document)
+    grants = [
+        next(t for t in compile_region(state, r).tenants if t.name == "acme")
+        for r in ("us-east", "us-west", "eu-west")
+    ]
+    # whole, for agents that read only those: the largest remainder gets the last one
+    assert [g.requests_per_minute for g in grants] == [6, 1, 3]
+    # exact, which agents split over their region's agents that are up
+    assert [g.requests_per_minute_share for g in grants] == [6.25, 1.25, 2.5]
+    for quota in (1, 2, 7, 10, 11, 999, 6001):
+        for weights in ({"a": 5, "b": 1, "c": 2}, {"a": 0, "b": 0}, {"a": 3, "b": 3, "c": 3}):
+            assert sum(split(quota, weights).values()) == quota

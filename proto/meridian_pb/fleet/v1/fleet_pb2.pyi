@@ -1232,12 +1232,20 @@ class TenantGrant(_message.Message):
     TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
     API_KEYS_FIELD_NUMBER: _builtins.int
     DEBUG_ROUTES_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_MINUTE_SHARE_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_MINUTE_SHARE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tier: _builtins.str
     requests_per_minute: _builtins.int
     tokens_per_minute: _builtins.int
     debug_routes: _builtins.bool
     """Its requests may ask (x-meridian-debug: 1) for x-meridian-route."""
+    requests_per_minute_share: _builtins.float
+    """The region's exact shares of the tenant's quotas (its capacity's part of the global
+    quota, a fraction); the whole shares above are the same rounded so that the regions'
+    sum to the quota, for agents that read only those.
+    """
+    tokens_per_minute_share: _builtins.float
     @_builtins.property
     def allowed_jurisdictions(self) -> Global___Jurisdictions:
         """Unset: any jurisdiction."""
@@ -1254,19 +1262,29 @@ class TenantGrant(_message.Message):
         tokens_per_minute: _builtins.int | None = ...,
         api_keys: _abc.Iterable[Global___KeyGrant] | None = ...,
         debug_routes: _builtins.bool = ...,
+        requests_per_minute_share: _builtins.float | None = ...,
+        tokens_per_minute_share: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "allowed_jurisdictions", b"allowed_jurisdictions", "requests_per_minute", b"requests_per_minute", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "name", b"name", "requests_per_minute", b"requests_per_minute", "tier", b"tier", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "name", b"name", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__requests_per_minute: _TypeAlias = _typing.Literal["requests_per_minute"]  # noqa: Y015
     _WhichOneofArgType__requests_per_minute: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute"]  # noqa: Y015
+    _WhichOneofReturnType__requests_per_minute_share: _TypeAlias = _typing.Literal["requests_per_minute_share"]  # noqa: Y015
+    _WhichOneofArgType__requests_per_minute_share: _TypeAlias = _typing.Literal["_requests_per_minute_share", b"_requests_per_minute_share"]  # noqa: Y015
     _WhichOneofReturnType__tokens_per_minute: _TypeAlias = _typing.Literal["tokens_per_minute"]  # noqa: Y015
     _WhichOneofArgType__tokens_per_minute: _TypeAlias = _typing.Literal["_tokens_per_minute", b"_tokens_per_minute"]  # noqa: Y015
+    _WhichOneofReturnType__tokens_per_minute_share: _TypeAlias = _typing.Literal["tokens_per_minute_share"]  # noqa: Y015
+    _WhichOneofArgType__tokens_per_minute_share: _TypeAlias = _typing.Literal["_tokens_per_minute_share", b"_tokens_per_minute_share"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__requests_per_minute) -> _WhichOneofReturnType__requests_per_minute | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__requests_per_minute_share) -> _WhichOneofReturnType__requests_per_minute_share | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens_per_minute) -> _WhichOneofReturnType__tokens_per_minute | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens_per_minute_share) -> _WhichOneofReturnType__tokens_per_minute_share | None: ...
 
 Global___TenantGrant: _TypeAlias = TenantGrant  # noqa: Y015
 
