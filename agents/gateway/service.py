@@ -328,6 +328,8 @@ class Gateway:
         if request.content_length is not None and request.content_length > limit:
             raise BodyTooLarge(f"the body is over {limit} bytes")
         try:
+            if request.content.is_eof():  # it came whole with the head: no timer to arm
+                return await request.read()
             async with asyncio.timeout(self.limits.body_timeout_s):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:
