@@ -10,6 +10,7 @@ is refused.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,10 @@ def known() -> bool:
     return (PROC / "net" / "tcp").exists()
 
 
-def holders(port: int) -> list[Holder]:
-    """The processes with a socket listening on `port` (any address)."""
-    inodes = _listening(port)
+def holders(host: str, port: int) -> list[Holder]:
+    """The processes with a socket listening on `port` where it takes `host`'s: the same
+    address, or one of them any address (0.0.0.0, ::)."""
+    inodes = _listening(host, port)
     if not inodes:
         return []
     found = []
@@ -50,28 +52,61 @@ def holders(port: int) -> list[Holder]:
     return found
 
 
-def held_by_others(port: int, group: int | None = None) -> Holder | None:
-    """A process outside `group` (none: any process) listening on `port`."""
-    return next((h for h in holders(port) if h.group != group), None)
+def held_by_others(host: str, port: int, group: int | None = None) -> Holder | None:
+    """A process outside `group` (none: any process) listening on `host`:`port`."""
+    return next((h for h in holders(host, port) if h.group != group), None)
 
 
-def owned(port: int, group: int) -> bool:
-    """Whether a process of `group` listens on `port`; True where it cannot be known."""
+def owned(host: str, port: int, group: int) -> bool:
+    """Whether a process of `group` listens on `host`:`port`; True where it cannot be known."""
     if not known():
         return True
-    return any(h.group == group for h in holders(port))
+    return any(h.group == group for h in holders(host, port))
 
 
-def _listening(port: int) -> set[str]:
+def _listening(host: str, port: int) -> set[str]:
+    wanted = _address(host)
     inodes = set()
     for table in ("tcp", "tcp6"):
         with contextlib.suppress(OSError):
             for line in (PROC / "net" / table).read_text().splitlines()[1:]:
                 fields = line.split()
                 local, state, inode = fields[1], fields[3], fields[9]
-                if state == LISTEN and int(local.rsplit(":", 1)[1], 16) == port:
+                address, _, hex_port = local.rpartition(":")
+                if state != LISTEN or int(hex_port, 16) != port:
+                    continue
+                if _overlap(wanted, _kernel_address(address)):
                     inodes.add(inode)
     return inodes
+
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address | None  # None: not an address
+
+
+def _address(host: str) -> Address:
+    try:
+        return _plain(ipaddress.ip_address(host))
+    except ValueError:
+        return None  # a name: taken to overlap any address
+
+
+def _kernel_address(hex_address: str) -> Address:
+    """/proc/net/tcp{,6}'s address: 32-bit words in the host's (little-endian) order."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return _plain(ipaddress.ip_address(words))
+
+
+def _plain(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> Address:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _overlap(a: Address, b: Address) -> bool:
+    if a is None or b is None or a.is_unspecified or b.is_unspecified:
+        return True
+    return a == b
 
 
 def _holder(pid: int) -> Holder:

@@ -160,7 +160,7 @@ class EngineRunner:
         return True
 
     async def _spawn(self) -> None:
-        held = await asyncio.to_thread(ports.held_by_others, self.spec.port)
+        held = await asyncio.to_thread(ports.held_by_others, self.spec.host, self.spec.port)
         if held is not None:
             raise PortHeld(
                 f"port {self.spec.port} is held by another process, {held.describe()}: "
@@ -202,9 +202,10 @@ class EngineRunner:
         not another process on the same port."""
         assert self.process is not None
         group = self.process.pid  # the engine leads its own session and group
-        if await asyncio.to_thread(ports.owned, self.spec.port, group):
+        host, port = self.spec.host, self.spec.port
+        if await asyncio.to_thread(ports.owned, host, port, group):
             return True
-        held = await asyncio.to_thread(ports.held_by_others, self.spec.port, group)
+        held = await asyncio.to_thread(ports.held_by_others, host, port, group)
         if held is not None:
             raise PortHeld(
                 f"port {self.spec.port} is answered by another process, {held.describe()}, "

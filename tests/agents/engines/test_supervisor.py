@@ -228,6 +228,9 @@ async def test_an_engine_whose_port_another_process_holds_is_never_ready(
         assert "impostor" in engine.reason  # its command line names it
         assert impostor.process.returncode is None  # and it was left alone
         group = os.getpgid(impostor.process.pid)
-        assert ports.owned(spec.port, group)
-        assert ports.held_by_others(spec.port, group) is None
-        assert ports.owned(spec.port, group + 1_000_000) is False
+        assert ports.owned("127.0.0.1", spec.port, group)
+        assert ports.held_by_others("127.0.0.1", spec.port, group) is None
+        assert ports.owned("127.0.0.1", spec.port, group + 1_000_000) is False
+        assert ports.owned("::", spec.port, group)  # any address takes 127.0.0.1's
+        # another loopback address is another place: regions of a local fleet share ports
+        assert ports.held_by_others("127.0.0.2", spec.port) is None
