@@ -30,7 +30,8 @@ from agents.engines.backends import backends
 from agents.engines.runner import EngineState
 from agents.engines.supervisor import Supervisor
 from agents.errors import SnapshotInvalid
-from agents.gateway.service import Gateway, Limits
+from agents.gateway.requests import Limits
+from agents.gateway.service import Gateway
 from agents.http import Runner, build_app
 from agents.metrics import state_families
 from agents.router.router import Router

@@ -9,6 +9,7 @@ software."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import logging
 from collections.abc import Callable
@@ -18,7 +19,7 @@ import orjson
 from aiohttp import web, web_protocol, web_request, web_server
 from prometheus_client.core import Metric
 
-from agents.gateway import openapi
+from agents.gateway import models, openapi
 from agents.gateway.auth import bearer, same_secret
 from agents.gateway.errors import (
     SERVER,
@@ -99,8 +100,8 @@ def build_app(
     app.router.add_post("/v1/chat/completions", gateway.infer)
     app.router.add_post("/v1/completions", gateway.infer)
     app.router.add_post("/generate", gateway.infer)
-    app.router.add_get("/v1/models", gateway.models_or_error)
-    app.router.add_get(MODEL_PATH + "{model}", gateway.model_or_error)
+    app.router.add_get("/v1/models", functools.partial(models.list_models, gateway))
+    app.router.add_get(MODEL_PATH + "{model}", functools.partial(models.retrieve_model, gateway))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi_document)
     app.router.add_get("/agent/status", agent_status)

@@ -202,10 +202,12 @@ class EngineRunner:
         not another process on the same port."""
         assert self.process is not None
         group = self.process.pid  # the engine leads its own session and group
-        host, port = self.spec.host, self.spec.port
-        if await asyncio.to_thread(ports.owned, host, port, group):
+        if not ports.known():
             return True
-        held = await asyncio.to_thread(ports.held_by_others, host, port, group)
+        found = await asyncio.to_thread(ports.holders, self.spec.host, self.spec.port)
+        if any(h.group == group for h in found):
+            return True
+        held = next(iter(found), None)
         if held is not None:
             raise PortHeld(
                 f"port {self.spec.port} is answered by another process, {held.describe()}, "

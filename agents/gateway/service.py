@@ -26,28 +26,24 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
 
 from agents import tracing
-from agents.control.compile import FallbackChain, ModelConfig, RegionConfig, RouteConfig, Tenant
-from agents.gateway import assertion, auth
+from agents.control.compile import FallbackChain, RegionConfig, RouteConfig, Tenant
+from agents.gateway import assertion, auth, spans
 from agents.gateway.admission import Admission, Escalate, EscalateOver
 from agents.gateway.calls import EngineCalls
 from agents.gateway.errors import (
     SERVER,
     BadRequest,
-    BodyTooLarge,
     GatewayError,
     InternalError,
-    ModelNotFound,
     NoHealthyWorker,
     NotReady,
     Overloaded,
     QueueFull,
-    RequestTimeout,
     UnsupportedMediaType,
     UpstreamFailed,
 )
@@ -55,13 +51,20 @@ from agents.gateway.forward import Forwarder
 from agents.gateway.quotas import Quotas, uncharged
 from agents.gateway.receipts import Receipts
 from agents.gateway.relay import FIRST_AT, Broken, Retry, Usage, new_id
-from agents.gateway.requests import Inference, check_context, parse
+from agents.gateway.requests import (
+    DEFAULT_LIMITS,
+    Inference,
+    Limits,
+    check_context,
+    parse,
+    read_body,
+)
 from agents.gateway.upstream import Upstream
 from agents.metrics import OPERATIONS, RequestMetrics, Served
-from agents.router.decision import Decision
+from agents.router.audit import AUDIT_S, audit
 from agents.router.escalation import LOAD_HEADER, Escalations, load_header
-from agents.router.policies import Candidate, RouteRequest
-from agents.router.router import AUDIT_S, Router
+from agents.router.policies import RouteRequest
+from agents.router.router import Router
 from agents.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -69,14 +72,6 @@ MAX_ATTEMPTS = 3
 POISONED_AFTER = 2  # workers broken by one request: it is taken to be the cause, and stops
 AUDIT_EVERY_S = 1.0
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-ID: visible ASCII
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask of the gateway before any of it is read."""
-
-    max_body_bytes: int = 16 * 1024 * 1024
-    body_timeout_s: float = 30.0  # from the head to the body's last byte
 
 
 OPERATOR = Tenant("operator", "operator", None, None, None)
@@ -91,7 +86,7 @@ class Gateway:
         connect_timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         tracing: Tracing | None = None,
-        limits: Limits = Limits(),
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.router = router
         self.limits = limits
@@ -120,13 +115,13 @@ class Gateway:
         await self._upstream.close()
 
     async def audit_forever(self, every_s: float = AUDIT_EVERY_S) -> None:
-        """The router's books checked against the engines' (see Router.audit), always."""
+        """The router's books checked against the engines' (agents/router/audit.py)."""
         while True:
             await asyncio.sleep(every_s)
             self.audit()
 
     def audit(self) -> None:
-        repaired = self.router.audit()
+        repaired = audit(self.router)
         for worker, ended in repaired:
             log.warning(
                 "worker %s: %d request(s) in flight from here that its engine has not held "
@@ -150,31 +145,6 @@ class Gateway:
         """What this region says of its load for the model, on every answer of it."""
         ttft, serving = self._load.get(model, (None, 0))
         return load_header(ttft, self.admission.waiting.get(model, 0), serving)
-
-    async def models_or_error(self, request: web.Request) -> web.Response:
-        try:
-            return await self._models(request)
-        except GatewayError as error:
-            return error.response(self.headers(new_id()))
-
-    async def _models(self, request: web.Request) -> web.Response:
-        config = self._config()
-        self._caller(request, config)
-        models = sorted(config.models.values(), key=lambda m: m.name)
-        data = [_model_object(m, self.created) for m in models]
-        return _json({"object": "list", "data": data}, config.region)
-
-    async def model_or_error(self, request: web.Request) -> web.Response:
-        """GET /v1/models/{model}: one model, as `client.models.retrieve()` reads it."""
-        try:
-            config = self._config()
-            self._caller(request, config)
-            model = config.models.get(request.match_info["model"])
-            if model is None:
-                raise ModelNotFound(f"no such model in region {config.region}", param="model")
-            return _json(_model_object(model, self.created), config.region)
-        except GatewayError as error:
-            return error.response(self.headers(new_id()))
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         started = self.clock()
@@ -215,7 +185,8 @@ class Gateway:
         self.metrics.answered(request.path, response.status, started, now, served, error_type)
         self.receipts.note(request_id, response.status, started, now, served, error_type)
         if served.span is not None and served.span.is_recording():
-            self._traced(request, response, served, started, error_type)
+            region = self.config.region if self.config else None
+            spans.finished(request.path, response.status, served, started, error_type, region)
         return response
 
     def _fault(self, request_id: str, served: Served, error: BaseException) -> None:
@@ -227,36 +198,12 @@ class Gateway:
             exc_info=error, extra={"request_id": request_id},
         )  # fmt: skip
 
-    def _traced(self, request: web.Request, response: web.StreamResponse, served: Served,
-                started: float, error: str | None) -> None:  # fmt: skip
-        operation = OPERATIONS.get(request.path, "chat")
-        if served.model:
-            served.span.update_name(f"{operation} {served.model}")
-        first = served.first_at - started if served.first_at is not None else None
-        tracing.finish(served.span, {
-            "gen_ai.operation.name": operation, "gen_ai.request.model": served.model or None,
-            "gen_ai.usage.input_tokens": served.prompt_tokens,
-            "gen_ai.usage.output_tokens": served.completion_tokens,
-            "gen_ai.usage.cache_read.input_tokens": served.cached_tokens,
-            "gen_ai.response.time_to_first_chunk": first,
-            "http.response.status_code": response.status,
-            "meridian.region": self.config.region if self.config else None,
-            "meridian.tenant": served.tenant or None, "meridian.worker": served.worker or None,
-            **(served.decision or {}),
-        }, error, time.time_ns())  # fmt: skip
-
-    def _peer_trace(self, served: Served) -> bytes:
-        """The trace context a peer region gets: the span's, or one saying it is not kept."""
-        if served.span is not None:
-            return tracing.context_headers(served.span)
-        return self.tracing.unkept_headers() if self.tracing is not None else b""
-
-    def _config(self) -> RegionConfig:
+    def config_or_refuse(self) -> RegionConfig:
         if self.config is None:
             raise NotReady("this agent has no snapshot yet", retry_after_s=2)
         return self.config
 
-    def _caller(self, request: web.Request, config: RegionConfig) -> tuple[Tenant, bool]:
+    def caller(self, request: web.Request, config: RegionConfig) -> tuple[Tenant, bool]:
         """The tenant, and whether it may see the fleet's inside."""
         header = request.headers.get("Authorization")
         if self.operator_token and auth.same_secret(auth.bearer(header), self.operator_token):
@@ -268,10 +215,10 @@ class Gateway:
         self, request: web.Request, request_id: str, headers: dict[str, str], served: Served
     ) -> web.StreamResponse:
         since = arrived = self.clock()
-        config = self._config()
+        config = self.config_or_refuse()
         if request.content_type not in ("application/json", ""):
             raise UnsupportedMediaType(f"send application/json, not {request.content_type}")
-        body = await self._body(request)
+        body = await read_body(request, self.limits)
         signed = request.headers.get(assertion.HEADER)
         came_from: str | None = None
         if signed is not None:  # escalated here by a peer region: its word for who asks
@@ -285,7 +232,7 @@ class Gateway:
             # the SLO is the client's, end to end: what it waited there counts here
             since -= claim.waited_s
         else:
-            tenant, insider = self._caller(request, config)
+            tenant, insider = self.caller(request, config)
             served.insider = insider
             debug = insider and request.headers.get("x-meridian-debug") == "1"
         served.tenant = tenant.name
@@ -320,24 +267,6 @@ class Gateway:
         served.prompt_tokens, served.cached_tokens = usage.prompt_tokens, usage.cached_tokens
         served.completion_tokens = usage.completion_tokens
         return response
-
-    async def _body(self, request: web.Request) -> bytes:
-        """The body, bounded in size (refused before it is read when its length says so) and
-        in the time its sender may take."""
-        limit = self.limits.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise BodyTooLarge(f"the body is over {limit} bytes")
-        try:
-            if request.content.is_eof():  # it came whole with the head: no timer to arm
-                return await request.read()
-            async with asyncio.timeout(self.limits.body_timeout_s):
-                return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise BodyTooLarge(f"the body is over {limit} bytes") from None
-        except TimeoutError:
-            raise RequestTimeout(
-                f"the body did not arrive within {self.limits.body_timeout_s:g} s"
-            ) from None
 
     async def _serve(
         self,
@@ -374,7 +303,7 @@ class Gateway:
                 tenant=None if tenant is OPERATOR else tenant, reason=reason, why=why,
                 waited_s=self.clock() - arrived,
                 request_id=request_id, debug=debug, stream=inference.stream,
-                trace=self._peer_trace(served),
+                trace=spans.peer_context(served, self.tracing),
                 native=inference.native, wants_usage=inference.wants_usage,
                 headers=self._answer_headers(headers, model, served),
             )  # fmt: skip
@@ -419,7 +348,7 @@ class Gateway:
             served.worker = chosen.worker.id
             served.policy, served.reason = decision.policy, decision.reason
             if served.trace:  # a trace that is kept
-                served.decision = _decision_attributes(decision, chosen)
+                served.decision = spans.decision_attributes(decision, chosen)
             served.routed_prompt, served.routed_cached = (
                 route_request.prompt_tokens,
                 min(chosen.matched_tokens, route_request.prompt_tokens),
@@ -466,29 +395,3 @@ class Gateway:
         if served.insider:
             out[LOAD_HEADER] = self.load_of(model)
         return out
-
-
-def _model_object(model: ModelConfig, created: int) -> dict[str, object]:
-    return {"id": model.name, "object": "model", "created": created, "owned_by": "meridian",
-            "root": model.name, "max_model_len": model.context_length}  # fmt: skip
-
-
-def _json(doc: object, region: str) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(doc),
-        content_type="application/json",
-        headers={"x-meridian-region": region, "Server": SERVER},
-    )
-
-
-def _decision_attributes(decision: Decision, chosen: Candidate) -> dict[str, object]:
-    top = decision.ranked[:3]
-    return {
-        "meridian.escalated": False,
-        "meridian.policy": decision.policy,
-        "meridian.reason": decision.reason,
-        "meridian.prefix.matched_tokens": chosen.matched_tokens,
-        "meridian.pd": decision.pd or "unified",
-        "meridian.candidates": [c.worker.id for c in top],
-        "meridian.candidates.predicted_ttft_ms": [round(c.ttft_s * 1000, 1) for c in top],
-    }

@@ -39,9 +39,6 @@ class Exact:
 DEFAULT_TOKENS_PER_BYTE = 0.25
 DECISIONS_KEPT = 256  # the latest decisions, for /agent/decisions
 SERVING_ROLES = ("unified", "decode")
-AUDIT_S = 10.0  # how long a worker's books must disagree with its engine's to be repaired
-AUDIT_GRACE_S = 1.0  # a request sent this shortly before a poll may not have reached it yet
-AUDIT_FRESH_S = 2.0  # an older poll says nothing of now
 
 
 class Router:
@@ -56,7 +53,8 @@ class Router:
         self.pd_choices: Counter[str] = Counter()  # "local" / "disaggregated", as sent
         self.exact: dict[str, Exact] = {}  # model -> its event-kept index
         self._recent: deque[tuple[float, str, Decision]] = deque(maxlen=DECISIONS_KEPT)
-        self._live: dict[str, dict[int, Ticket]] = {}  # worker: its tickets not yet ended
+        self.live: dict[str, dict[int, Ticket]] = {}  # worker: its tickets not yet ended
+        # (agents/router/audit.py checks them against the engines)
         self.repairs: Counter[str] = Counter()  # worker: tickets the audit ended
         self.config: RegionConfig | None = None
 
@@ -257,51 +255,14 @@ class Router:
         )  # fmt: skip
         ticket.active_at = ticket.sent_at
         view.flew(id(ticket), ticket.sent_at, view.answer(request.max_new), uncached)
-        self._live.setdefault(ticket.worker_id, {})[id(ticket)] = ticket
+        self.live.setdefault(ticket.worker_id, {})[id(ticket)] = ticket
         return ticket
 
     def _end(self, ticket: Ticket) -> None:
         ticket.done = True
-        live = self._live.get(ticket.worker_id)
+        live = self.live.get(ticket.worker_id)
         if live is not None:
             live.pop(id(ticket), None)
-
-    def audit(self) -> list[tuple[str, int]]:
-        """Check the books: each worker's requests in flight from here against what its engine
-        says it holds. Tickets idle since before a poll (sent, or their answer last moved,
-        AUDIT_GRACE_S before it: a stream still being relayed is alive whatever the engine
-        says) that the engine cannot account for, at every fresh poll for AUDIT_S, are ended
-        (oldest first) as if their client had left: a reservation that leaked is repaired.
-        Other gateways' requests count in the engine's number too, so a leak may show only
-        once they are quiet; it is never repaired twice. Returns (worker, tickets ended) for
-        each repair."""
-        now = self.clock()
-        repaired = []
-        for worker_id, live in self._live.items():
-            view, entry = self.views.get(worker_id), self.table.get(worker_id)
-            if view is None or entry is None:  # it left the snapshot, and its books with it
-                live.clear()
-                continue
-            excess = 0
-            if entry.reachable and now - entry.load.at < AUDIT_FRESH_S:
-                idle_before = entry.load.at - AUDIT_GRACE_S  # the engine had them by its poll
-                ours = sum(1 for t in live.values() if t.active_at < idle_before)
-                excess = ours - (entry.load.running + entry.load.waiting)
-            if excess <= 0:
-                view.mismatch = None
-                continue
-            since, least = view.mismatch or (now, excess)
-            view.mismatch = (since, min(least, excess))
-            if now - since < AUDIT_S:
-                continue
-            oldest = sorted(live.values(), key=lambda t: t.active_at)[: view.mismatch[1]]
-            for ticket in oldest:
-                self.abandoned(ticket)
-            view.mismatch = None
-            self.repairs[worker_id] += len(oldest)
-            repaired.append((worker_id, len(oldest)))
-        self._live = {w: live for w, live in self._live.items() if live}
-        return repaired
 
     def _unpolled(self, ticket: Ticket) -> bool:
         """No load poll has landed since the ticket was sent: its work still counts as sent

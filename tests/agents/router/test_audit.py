@@ -4,8 +4,9 @@ sent too lately for the engine to have it, is left alone."""
 
 from __future__ import annotations
 
+from agents.router.audit import AUDIT_S, audit
 from agents.router.decision import Ticket
-from agents.router.router import AUDIT_S, Router
+from agents.router.router import Router
 from agents.workers.table import EngineLoad, WorkerTable
 from tests.agents.router.test_policies import MODEL, _router
 
@@ -33,7 +34,7 @@ def test_a_slot_the_engine_never_held_is_repaired_after_a_while() -> None:
     while clock[0] < AUDIT_S + 3:
         clock[0] += 0.5
         _poll(table, clock, held=1)  # the engine runs one of the two: one leaked
-        repaired += router.audit()
+        repaired += audit(router)
     assert repaired == [("w0", 1)]
     assert leaked.done  # the oldest is taken to be the leak
     assert not served.done
@@ -51,10 +52,10 @@ def test_requests_the_engine_holds_or_may_not_have_yet_are_left_alone() -> None:
     for _ in range(int(AUDIT_S * 4)):
         clock[0] += 0.5
         _poll(table, clock, held=3)
-        assert router.audit() == []
+        assert audit(router) == []
     _dispatch(router)  # sent just now: no poll can have seen it yet
     _poll(table, clock, held=3)
-    assert router.audit() == []
+    assert audit(router) == []
     assert router.views["w0"].inflight == 4
 
 
@@ -67,7 +68,7 @@ def test_a_mismatch_that_comes_and_goes_is_not_repaired() -> None:
     for step in range(int(AUDIT_S * 2) + 6):
         clock[0] += 0.5
         _poll(table, clock, held=0 if step % 10 < 5 else 1)
-        assert router.audit() == []
+        assert audit(router) == []
     assert not ticket.done
 
 
@@ -82,5 +83,5 @@ def test_a_stream_still_relayed_after_its_engine_finished_is_alive() -> None:
         clock[0] += 0.5
         router.progressed(ticket, 3)
         _poll(table, clock, held=0)
-        assert router.audit() == []
+        assert audit(router) == []
     assert not ticket.done

@@ -1,0 +1,48 @@
+"""`GET /v1/models` and `GET /v1/models/{model}`: the models this region serves, as the
+`openai` client's `models.list()` and `models.retrieve()` read them."""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from agents.control.compile import ModelConfig
+from agents.gateway.errors import SERVER, GatewayError, ModelNotFound
+from agents.gateway.relay import new_id
+from agents.gateway.service import Gateway
+
+
+async def list_models(gateway: Gateway, request: web.Request) -> web.Response:
+    try:
+        config = gateway.config_or_refuse()
+        gateway.caller(request, config)
+        models = sorted(config.models.values(), key=lambda m: m.name)
+        data = [_model_object(m, gateway.created) for m in models]
+        return _json({"object": "list", "data": data}, config.region)
+    except GatewayError as error:
+        return error.response(gateway.headers(new_id()))
+
+
+async def retrieve_model(gateway: Gateway, request: web.Request) -> web.Response:
+    try:
+        config = gateway.config_or_refuse()
+        gateway.caller(request, config)
+        model = config.models.get(request.match_info["model"])
+        if model is None:
+            raise ModelNotFound(f"no such model in region {config.region}", param="model")
+        return _json(_model_object(model, gateway.created), config.region)
+    except GatewayError as error:
+        return error.response(gateway.headers(new_id()))
+
+
+def _model_object(model: ModelConfig, created: int) -> dict[str, object]:
+    return {"id": model.name, "object": "model", "created": created, "owned_by": "meridian",
+            "root": model.name, "max_model_len": model.context_length}  # fmt: skip
+
+
+def _json(doc: object, region: str) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(doc),
+        content_type="application/json",
+        headers={"x-meridian-region": region, "Server": SERVER},
+    )
