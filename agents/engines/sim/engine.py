@@ -133,7 +133,7 @@ class Engine:
         if self._random.random() < self.faults.error_rate:
             raise InjectedError("injected fault: error rate")
         request = Request(rid or f"sim-{next(self._ids)}", prompt, max_new_tokens, self.now())
-        request.output = tokens.output_ids(tokens.prompt_seed(prompt), max_new_tokens)
+        request.output = tokens.output_ids(prompt, max_new_tokens)
         return request
 
     def submit(self, request: Request) -> None:

@@ -52,6 +52,12 @@ class GenerateBody(Body):
             return [list(map(int, one)) for one in ids]
         return [list(map(int, ids))]
 
+    def texts(self) -> list[str]:
+        """Each prompt's text, which its answer's text follows ("" for token ids)."""
+        if self.text is None:
+            return [""] * len(self.prompts())
+        return [self.text] if isinstance(self.text, str) else list(self.text)
+
     @property
     def batched(self) -> bool:
         return isinstance(self.text, list) or bool(
@@ -59,10 +65,11 @@ class GenerateBody(Body):
         )
 
 
-def generate_result(request: Request, *, elapsed_s: float) -> dict[str, Any]:
+def generate_result(request: Request, *, elapsed_s: float, after: str) -> dict[str, Any]:
+    """`after`: the prompt's text, which the answer's follows."""
     ids = request.output[: request.generated]
     return {
-        "text": tokens.decode(ids),
+        "text": tokens.decode(ids, after),
         "output_ids": ids,
         "meta_info": {
             "id": request.rid,
@@ -88,15 +95,20 @@ async def generate(http: HttpRequest, engine: Engine, kv: Kv) -> Response:
     for request in requests:
         await start(engine, kv, body, request)
     if body.stream:
-        return StreamingResponse(_stream(engine, requests[0]), media_type="text/event-stream")
+        stream = _stream(engine, requests[0], body.texts()[0])
+        return StreamingResponse(stream, media_type="text/event-stream")
     for request in requests:
         await finished(engine, request)
-    results = [generate_result(r, elapsed_s=engine.now() - r.arrived) for r in requests]
+    texts = body.texts()
+    results = [
+        generate_result(r, elapsed_s=engine.now() - r.arrived, after=texts[i])
+        for i, r in enumerate(requests)
+    ]
     return JSONResponse(results if body.batched else results[0])
 
 
-async def _stream(engine: Engine, request: Request) -> AsyncIterator[bytes]:
+async def _stream(engine: Engine, request: Request, after: str) -> AsyncIterator[bytes]:
     async for _ in progress(engine, request):
-        chunk = generate_result(request, elapsed_s=engine.now() - request.arrived)
+        chunk = generate_result(request, elapsed_s=engine.now() - request.arrived, after=after)
         yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"

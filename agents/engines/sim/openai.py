@@ -54,6 +54,7 @@ class ChatMessage(BaseModel):
 
 class ChatBody(OpenAiBody):
     messages: list[ChatMessage] = Field(min_length=1)
+    continue_final_message: bool = False  # a last assistant message is the answer so far
 
 
 class CompletionBody(OpenAiBody):
@@ -63,10 +64,18 @@ class CompletionBody(OpenAiBody):
 class Shape:
     """What differs between chat and completions: object names and where the text goes."""
 
-    def __init__(self, chat: bool, served: str, report_cache: bool) -> None:
+    def __init__(
+        self, chat: bool, served: str, report_cache: bool, rid: str | None, after: str
+    ) -> None:
         self.chat, self.served, self.report_cache = chat, served, report_cache
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{time.time_ns():x}"
+        # SGLang's answers carry the request's id (`meta_info.id`): the rid, when it is given
+        self.id = rid or f"{'chatcmpl' if chat else 'cmpl'}-{time.time_ns():x}"
         self.created = int(time.time())
+        self.after = after  # the prompt's text, which the answer's text follows
+
+    def text(self, request: Request, start: int, end: int) -> str:
+        after = self.after if start == 0 else "w"  # later chunks follow a word of the answer
+        return tokens.decode(request.output[start:end], after)
 
     def head(self, streaming: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -102,23 +111,29 @@ async def chat(
     http: HttpRequest, engine: Engine, kv: Kv, served: str, report_cache: bool
 ) -> Response:
     body = await parse(http, ChatBody)
-    prompt = tokens.encode(tokens.chat_prompt([m.model_dump() for m in body.messages]))
-    return await _answer(engine, kv, body, prompt, Shape(True, served, report_cache))
+    messages = [m.model_dump() for m in body.messages]
+    text = tokens.chat_prompt(messages, continue_final=body.continue_final_message)
+    shape = Shape(True, served, report_cache, body.rid, text)
+    return await _answer(engine, kv, body, tokens.encode(text), shape)
 
 
 async def completions(
     http: HttpRequest, engine: Engine, kv: Kv, served: str, report_cache: bool
 ) -> Response:
     body = await parse(http, CompletionBody)
+    text = ""
     if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
         if len(body.prompt) != 1:
             raise SimError(400, "the simulator completes one prompt at a time")
-        prompt = tokens.encode(str(body.prompt[0]))
+        text = str(body.prompt[0])
+        prompt = tokens.encode(text)
     elif isinstance(body.prompt, str):
-        prompt = tokens.encode(body.prompt)
+        text = body.prompt
+        prompt = tokens.encode(text)
     else:
         prompt = [int(i) for i in body.prompt]
-    return await _answer(engine, kv, body, prompt, Shape(False, served, report_cache))
+    shape = Shape(False, served, report_cache, body.rid, text)
+    return await _answer(engine, kv, body, prompt, shape)
 
 
 async def _answer(
@@ -132,7 +147,7 @@ async def _answer(
             _stream(engine, request, shape, usage), media_type="text/event-stream"
         )
     await finished(engine, request)
-    text = tokens.decode(request.output[: request.generated])
+    text = shape.text(request, 0, request.generated)
     answer = shape.head(streaming=False)
     answer["choices"] = [shape.choice(text, _reason(request), streaming=False, first=True)]
     answer["usage"] = shape.usage(request)
@@ -142,15 +157,15 @@ async def _answer(
 async def _stream(
     engine: Engine, request: Request, shape: Shape, usage: bool
 ) -> AsyncIterator[bytes]:
-    sent, first = 0, True
+    sent = 0
     async for count in progress(engine, request):
-        text = tokens.decode(request.output[sent:count])
-        if sent:
-            text = " " + text
-        sent = count
+        if not sent and shape.chat:  # SGLang's first chunk: the role, no content yet
+            chunk = shape.head(streaming=True)
+            chunk["choices"] = [shape.choice("", None, streaming=True, first=True)]
+            yield _event(chunk)
+        text, sent = shape.text(request, sent, count), count
         chunk = shape.head(streaming=True)
-        chunk["choices"] = [shape.choice(text, _reason(request), streaming=True, first=first)]
-        first = False
+        chunk["choices"] = [shape.choice(text, _reason(request), streaming=True, first=False)]
         yield _event(chunk)
     if usage:
         chunk = shape.head(streaming=True)

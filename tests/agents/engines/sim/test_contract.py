@@ -119,8 +119,8 @@ async def test_chat_streams_chunks_with_usage_and_reads_max_completion_tokens(si
     assert events[-1] == "[DONE]"
     content, usage = events[:-2], events[-2]
     assert all(c["object"] == "chat.completion.chunk" for c in content)
-    assert content[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert [c["choices"][0]["finish_reason"] for c in content] == [None, None, "length"]
+    assert content[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # SGLang's
+    assert [c["choices"][0]["finish_reason"] for c in content] == [None, None, None, "length"]
     assert usage["choices"] == []
     assert usage["usage"]["completion_tokens"] == 3
     assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 3
@@ -343,3 +343,42 @@ async def test_kv_events_are_published_over_zmq_in_sglang_format() -> None:
     assert second[2] == first[1][0]
     assert third[2] == second[1][0]
     assert all(e[4] == 4 for e in stored)
+
+
+async def test_an_answer_continued_from_its_first_tokens_goes_on_as_the_whole_did(
+    sim: Sim,
+) -> None:
+    """The contract a migrated stream relies on: the output is a function of the context, so
+    the prompt with the answer so far (chat: an open final assistant message, SGLang's
+    `continue_final_message`; completions and /generate: the prompt's text and the answer's)
+    goes on with the tokens the uninterrupted answer had, with no seam in the text."""
+    messages = [{"role": "user", "content": "tell a long story"}]
+    async with sim.client() as client:
+        chat = {"model": "llama-8b", "messages": messages, "max_tokens": 12, "rid": "r-1"}
+        whole = (await client.post("/v1/chat/completions", json=chat)).json()
+        assert whole["id"] == "r-1"  # SGLang's answers carry the rid as their id
+        text = whole["choices"][0]["message"]["content"]
+        words = text.split(" ")
+        assert not text.startswith(" ")
+        assert len(words) == 12
+        head = " ".join(words[:5])
+        rest = {**chat, "max_tokens": 7, "continue_final_message": True,
+                "messages": [*messages, {"role": "assistant", "content": head}]}  # fmt: skip
+        more = (await client.post("/v1/chat/completions", json=rest)).json()
+        assert head + more["choices"][0]["message"]["content"] == text
+        assert more["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"] + 5
+
+        done = {"model": "llama-8b", "prompt": "once upon a time", "max_tokens": 9}
+        full = (await client.post("/v1/completions", json=done)).json()["choices"][0]["text"]
+        assert full.startswith(" ")  # it follows the prompt's last word
+        cut = " ".join(full.split(" ")[:4])  # the leading space and three words
+        rest = {**done, "prompt": done["prompt"] + cut, "max_tokens": 6}
+        more = (await client.post("/v1/completions", json=rest)).json()
+        assert cut + more["choices"][0]["text"] == full
+
+        ids = [11, 12, 13]
+        first = (await client.post("/generate", json={"input_ids": ids,
+                 "sampling_params": {"max_new_tokens": 8}})).json()  # fmt: skip
+        rest = (await client.post("/generate", json={"input_ids": ids + first["output_ids"][:3],
+                "sampling_params": {"max_new_tokens": 5}})).json()  # fmt: skip
+        assert first["output_ids"][:3] + rest["output_ids"] == first["output_ids"]
