@@ -54,6 +54,7 @@ class Served:
     policy: str = ""  # the routing policy, or "escalation"
     reason: str = ""  # the router's reason, or the escalation's
     came_from: str = ""  # the region that escalated it here
+    migrated: str = ""  # where its stream was carried on, and why: "a → b (broke); ..."
     insider: bool = False  # a peer region, the operator or a tenant marked to see routes
 
 

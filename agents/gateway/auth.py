@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from agents.control.compile import RegionConfig, Tenant
 from agents.gateway.errors import Forbidden, Unauthenticated
+from agents.gateway.flight import OPERATOR
 
 
 def bearer(header: str | None) -> str | None:
@@ -38,6 +39,17 @@ def authenticate(
             f"tenant {tenant.name} may not be served in jurisdiction {config.jurisdiction}"
         )
     return tenant
+
+
+def caller(
+    header: str | None, config: RegionConfig, operator_token: str | None
+) -> tuple[Tenant, bool]:
+    """The tenant a key names (or the operator, by its token), and whether it may see the
+    fleet's inside."""
+    if operator_token and same_secret(bearer(header), operator_token):
+        return OPERATOR, True
+    tenant = authenticate(header, config)
+    return tenant, tenant.debug_routes
 
 
 def same_secret(given: str | None, expected: str) -> bool:

@@ -20,17 +20,18 @@ from aiohttp import web
 
 from agents.gateway.admission import Admission
 from agents.gateway.errors import EngineRefused
+from agents.gateway.flight import Flight
 from agents.gateway.relay import (
     Retry,
     Usage,
     body_usage,
     engine_message,
-    relay_stream,
     relayed_headers,
     server_timing,
     upstream_headers,
 )
 from agents.gateway.requests import Inference
+from agents.gateway.streams import relay_stream
 from agents.gateway.upstream import Answer, Unreachable, Upstream
 from agents.held import Held
 from agents.router.decision import Decision, Ticket
@@ -39,6 +40,7 @@ from agents.router.router import Router
 
 log = logging.getLogger(__name__)
 JSON = b"Content-Type: application/json\r\n"
+PREFILL_SLACK_S = 2.0  # past its predicted first token, a request is no longer in prefill
 
 
 class EngineCalls:
@@ -49,32 +51,24 @@ class EngineCalls:
         self._background: set[asyncio.Task[bool]] = set()
 
     async def attempt(
-        self,
-        request: web.Request,
-        inference: Inference,
-        request_id: str,
-        decision: Decision,
-        route_request: RouteRequest,
-        headers: dict[str, str],
-        timed_from: float | None = None,
-        trace: bytes = b"",
+        self, flight: Flight, decision: Decision, headers: dict[str, str]
     ) -> tuple[web.StreamResponse, Usage]:
-        """`timed_from`: when a peer region's request came (its answer says how long this
-        gateway took, in Server-Timing)."""
+        """One worker's (or PD pair's) go at the request: its answer relayed, or Retry (it
+        failed before the client saw a byte of it) or Cut (after) raised."""
         chosen, prefill = decision.ranked[0], decision.prefill
-        worker = chosen.worker
+        worker, inference, rid = chosen.worker, flight.inference, flight.id
         if decision.pd is not None:
             self.router.pd_choices[decision.pd] += 1
-        with self.dispatch(chosen, route_request, request_id, bool(prefill)) as slot:
+        stream = flight.stream
+        given = stream.continuation.body if stream and stream.continuation else None
+        with self.dispatch(chosen, flight.route_request, rid, bool(prefill)) as slot:
             ticket = slot.ticket
-            sent_headers = upstream_headers(request_id) + trace
+            sent_headers = upstream_headers(rid) + flight.served.trace
             if prefill is not None:
-                slot.prefill = self._prefill(
-                    prefill, route_request, inference, request_id, sent_headers
-                )
-                body = inference.upstream_body(request_id, slot.prefill.fields)
+                slot.prefill = self._prefill(prefill, flight, sent_headers, given)
+                body = inference.upstream_body(rid, slot.prefill.fields, given)
             else:
-                body = inference.upstream_body(request_id)
+                body = inference.upstream_body(rid, body=given)
             slot.sent = True
             try:
                 if slot.prefill is None:
@@ -86,23 +80,20 @@ class EngineCalls:
                         slot.prefill, worker.url, inference, body, sent_headers, ticket
                     )
             except OSError as error:  # UpstreamError among them
-                broke = self._failed(ticket, not isinstance(error, Unreachable))
+                broke = self._failed(ticket, self._early(ticket, error))
                 raise Retry(worker.id, f"{type(error).__name__}: {error}", broke) from None
             with upstream:
                 if upstream.status >= 500:  # the engine says it failed: a worker's failure
                     self._failed(ticket)
                     raise Retry(worker.id, f"answered {upstream.status}")
+                since = flight.arrived if flight.caller.came_from is not None else None
                 if inference.stream and upstream.status == 200:
                     track = _EngineTrack(self, ticket, inference)
-                    return await relay_stream(
-                        request, upstream, track, headers,
-                        native=inference.native, keep_usage=inference.wants_usage,
-                        since=timed_from,
-                    )  # fmt: skip
+                    return await relay_stream(flight, upstream, track, headers, since)
                 try:
                     data = await upstream.read()
                 except OSError as error:
-                    broke = self._failed(ticket, True)
+                    broke = self._failed(ticket, self._early(ticket, error))
                     raise Retry(worker.id, f"{type(error).__name__}: {error}", broke) from None
             usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
             self._finished(ticket, inference, usage)
@@ -110,8 +101,8 @@ class EngineCalls:
             raise EngineRefused(upstream.status, engine_message(data))
         out = relayed_headers(upstream.headers)
         out.update(headers)
-        if timed_from is not None:
-            out["Server-Timing"] = server_timing(timed_from)
+        if since is not None:
+            out["Server-Timing"] = server_timing(since)
         return web.Response(body=data, status=upstream.status, headers=out), usage
 
     def dispatch(
@@ -124,23 +115,19 @@ class EngineCalls:
         return _Slot(self, ticket, chosen.worker.url, rid)
 
     def _prefill(
-        self,
-        prefill: Candidate,
-        route_request: RouteRequest,
-        inference: Inference,
-        request_id: str,
-        headers: bytes,
+        self, prefill: Candidate, flight: Flight, headers: bytes, given: bytes | None
     ) -> _Prefill:
         """PD: the same body to the prefill worker, with the bootstrap fields SGLang expects;
         its answer is read and dropped (the client gets the decode worker's)."""
-        worker = prefill.worker
+        worker, inference, request_id = prefill.worker, flight.inference, flight.id
         room = secrets.randbits(63)
         fields = (
             b'"bootstrap_host":' + orjson.dumps(worker.host)
             + b',"bootstrap_port":' + str(worker.bootstrap_port).encode()
             + b',"bootstrap_room":' + str(room).encode() + b","
         )  # fmt: skip
-        body = inference.upstream_body(request_id, fields)
+        body = inference.upstream_body(request_id, fields, given)
+        route_request = flight.route_request
         call = self._prefill_call(prefill, route_request, request_id, inference.path, body, headers)
         return _Prefill(worker.id, fields, self.in_background(call))
 
@@ -197,6 +184,14 @@ class EngineCalls:
             ticket, len(inference.key), usage.prompt_tokens, usage.completion_tokens
         )
         self.admission.notify(ticket.model)
+
+    def _early(self, ticket: Ticket, error: OSError) -> bool:
+        """The engine broke off with the request in hand before its first token could have
+        come (within its predicted wait and PREFILL_SLACK_S): the request may be what broke
+        it. One that breaks later, mid-answer, was most likely killed or failed on its own."""
+        if isinstance(error, Unreachable):  # it never reached the engine
+            return False
+        return self.router.clock() - ticket.sent_at <= ticket.predicted_s + PREFILL_SLACK_S
 
     def _failed(self, ticket: Ticket, broke: bool = False) -> bool:
         """The worker failed the request; whether it broke off with the request in hand

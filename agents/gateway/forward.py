@@ -20,16 +20,18 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from agents.control.compile import FallbackChain, RegionConfig, Tenant
+from agents.control.compile import Peer, RegionConfig
 from agents.gateway import assertion
+from agents.gateway.carry import Carrier
+from agents.gateway.flight import OPERATOR, Flight
 from agents.gateway.relay import (
     Retry,
     Usage,
     body_usage,
-    relay_stream,
     relayed_headers,
     upstream_headers,
 )
+from agents.gateway.streams import relay_stream
 from agents.gateway.upstream import Upstream
 from agents.router.escalation import LOAD_HEADER, Escalations, PeerChoice
 
@@ -69,59 +71,79 @@ class Forwarder:
         self,
         escalations: Escalations,
         upstream: Upstream,
+        carrier: Carrier,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.escalations = escalations
         self.upstream = upstream
+        self.carrier = carrier
         self.clock = clock
+
+    async def escalate(
+        self,
+        flight: Flight,
+        config: RegionConfig,
+        reason: str,
+        why: str,
+        headers: dict[str, str],
+        trace: bytes,
+    ) -> bool:
+        """Whether a peer answered: the answer is then the flight's, and its receipt says
+        where it went and why."""
+        chain, served = flight.chain, flight.served
+        if chain is None:
+            return False
+        outcome = await self.forward(flight, config, reason, why, headers, trace)
+        log.debug("request %s escalated (%s: %s) to %s", flight.id, reason, why,
+                  outcome.peer or f"no peer: {outcome.refused or 'none allowed'}")  # fmt: skip
+        if outcome.response is None:
+            return False
+        served.worker = f"peer:{outcome.peer}"
+        served.policy, served.reason = "escalation", f"{reason}: {why}"
+        served.decision = {"meridian.escalated": True, "meridian.escalation.reason": reason,
+                           "meridian.escalation.why": why, "meridian.peer": outcome.peer,
+                           "meridian.escalation.rule": chain.rule}  # fmt: skip
+        flight.answer = outcome.response, outcome.usage or Usage()
+        return True
 
     async def forward(
         self,
-        request: web.Request,
-        body: bytes,
-        *,
+        flight: Flight,
         config: RegionConfig,
-        chain: FallbackChain,
-        model: str,
-        tenant: Tenant | None,
         reason: str,
         why: str,
-        waited_s: float,
-        request_id: str,
-        debug: bool,
-        stream: bool,
-        native: bool,
-        wants_usage: bool,
         headers: dict[str, str],
         trace: bytes = b"",
     ) -> Escalated:
-        """`trace`: this gateway's span context; without it, the client's passes on."""
-        if tenant is None:  # the operator's: an assertion names a tenant, always
-            return Escalated(reason, chain.rule, [], refused={"": "the operator's own"})
+        """The request (or, for a stream cut mid-answer, its continuation) to the peers its
+        fallback rule names, best first. `trace`: this gateway's span context; without it,
+        the client's passes on."""
+        chain, model, tenant = flight.chain, flight.model.name, flight.tenant
+        assert chain is not None
+        if flight.caller.came_from is not None or tenant is OPERATOR:
+            # a peer's request goes no further; the operator's is not a tenant's to assert
+            return Escalated(reason, chain.rule, [], refused={"": "not escalated from here"})
         candidates = self.escalations.candidates(chain, model, tenant.jurisdictions)
         outcome = Escalated(reason, chain.rule, candidates)
-        started_all = self.clock()
         if config.signer is None:
             return outcome
-        trace = trace or _client_trace(request)
+        stream = flight.stream
+        body = stream.continuation.body if stream and stream.continuation else flight.body
+        trace = trace or _client_trace(flight.http)
         for choice in candidates:
             peer = choice.peer
             assert peer.gateway_url is not None  # candidates have one
-            waited_ms = (waited_s + self.clock() - started_all) * 1000
+            waited_ms = (self.clock() - flight.arrived) * 1000
             signed = assertion.sign(
                 config.signer, origin=config.region, audience=peer.region, tenant=tenant,
-                request_id=request_id, reason=reason, body=body, debug=debug,
+                request_id=flight.id, reason=reason, body=body, debug=flight.caller.debug,
                 waited_ms=waited_ms,
             )  # fmt: skip
             sent = (
-                upstream_headers(request_id) + trace + f"{assertion.HEADER}: {signed}\r\n".encode()
+                upstream_headers(flight.id) + trace + f"{assertion.HEADER}: {signed}\r\n".encode()
             )
             with self.escalations.sending(peer.region, reason):
-                refused = await self._try(
-                    request, outcome, peer.region, peer.gateway_url, model, body, sent,
-                    why=why, debug=debug, stream=stream, native=native, wants_usage=wants_usage,
-                    headers=headers,
-                )  # fmt: skip
+                refused = await self._try(flight, outcome, peer, body, sent, why, headers)
             if refused is None:
                 return outcome
             outcome.refused[peer.region] = refused
@@ -129,26 +151,20 @@ class Forwarder:
 
     async def _try(
         self,
-        request: web.Request,
+        flight: Flight,
         outcome: Escalated,
-        region: str,
-        url: str,
-        model: str,
+        peer: Peer,
         body: bytes,
         sent: bytes,
-        *,
         why: str,
-        debug: bool,
-        stream: bool,
-        native: bool,
-        wants_usage: bool,
         headers: dict[str, str],
     ) -> str | None:
         """One peer's try: None when it answered (`outcome` holds the answer), else why not."""
-        started = self.clock()
+        started, region, model = self.clock(), peer.region, flight.model.name
+        assert peer.gateway_url is not None
         try:
             async with asyncio.timeout(HEAD_TIMEOUT_S):
-                answer = await self.upstream.post(url, request.path, body, sent)
+                answer = await self.upstream.post(peer.gateway_url, flight.http.path, body, sent)
         except (OSError, TimeoutError) as error:
             self.escalations.unreachable(region)
             log.warning("peer %s unreachable: %s", region, error)
@@ -168,19 +184,19 @@ class Forwarder:
                    if k.lower() not in DROPPED}  # fmt: skip
             out.update({k: v for k, v in headers.items() if k.lower() != "x-meridian-region"})
             outcome.peer = region
-            if debug:  # why it escalated, with the peer's own route when it gave one
+            self.carrier.carried(flight, flight.attempt(f"peer:{region}").by)
+            if flight.caller.debug:  # why it escalated, with the peer's own route if it gave one
                 described = outcome.describe() | {"why": why}
                 if "x-meridian-route" in out:
                     described["peer_route"] = _loads(out["x-meridian-route"])
                 out["x-meridian-route"] = orjson.dumps({"escalated": described}).decode()
             try:
-                if stream and answer.status == 200:
+                if flight.inference.stream and answer.status == 200:
                     track = _PeerTrack(self.escalations, region)
-                    outcome.response, outcome.usage = await relay_stream(
-                        request, answer, track, out, native=native, keep_usage=wants_usage
-                    )
+                    outcome.response, outcome.usage = await relay_stream(flight, answer, track, out)
                 else:
                     data = await answer.read()
+                    native = flight.inference.native
                     usage = body_usage(data, native) if answer.status == 200 else Usage()
                     outcome.response = web.Response(body=data, status=answer.status, headers=out)
                     outcome.usage = usage

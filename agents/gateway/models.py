@@ -7,6 +7,7 @@ import orjson
 from aiohttp import web
 
 from agents.control.compile import ModelConfig
+from agents.gateway import auth
 from agents.gateway.errors import SERVER, GatewayError, ModelNotFound
 from agents.gateway.relay import new_id
 from agents.gateway.service import Gateway
@@ -15,7 +16,7 @@ from agents.gateway.service import Gateway
 async def list_models(gateway: Gateway, request: web.Request) -> web.Response:
     try:
         config = gateway.config_or_refuse()
-        gateway.caller(request, config)
+        auth.caller(request.headers.get("Authorization"), config, gateway.operator_token)
         models = sorted(config.models.values(), key=lambda m: m.name)
         data = [_model_object(m, gateway.created) for m in models]
         return _json({"object": "list", "data": data}, config.region)
@@ -26,7 +27,7 @@ async def list_models(gateway: Gateway, request: web.Request) -> web.Response:
 async def retrieve_model(gateway: Gateway, request: web.Request) -> web.Response:
     try:
         config = gateway.config_or_refuse()
-        gateway.caller(request, config)
+        auth.caller(request.headers.get("Authorization"), config, gateway.operator_token)
         model = config.models.get(request.match_info["model"])
         if model is None:
             raise ModelNotFound(f"no such model in region {config.region}", param="model")

@@ -8,12 +8,10 @@ import os
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from aiohttp import web
-
-from agents.gateway.upstream import Answer, UpstreamError
 
 USAGE = b'"usage"'
 HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date",
@@ -128,6 +126,15 @@ def _loads(data: bytes) -> Any:
     return doc if isinstance(doc, dict | list) else {}
 
 
+class Cut(Exception):
+    """An answer's stream broke after part of it reached the client: it is carried on
+    elsewhere (agents/gateway/migration.py), or ends with an error event."""
+
+    def __init__(self, by: str, why: str) -> None:
+        super().__init__(f"{by}: {why}")
+        self.by, self.why = by, why
+
+
 class Retry(Exception):
     """The worker failed before the client saw a byte: try the next one. `broke`: the engine
     broke off (its connection closed or reset) with the request in hand, while it had been
@@ -190,81 +197,6 @@ def relayed_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
 def new_id() -> str:
     """A request id for a request that came without one."""
     return os.urandom(16).hex()
-
-
-class Track(Protocol):
-    """What a relayed answer reports as it goes: to the router for an engine's, to the peer's
-    view for a peer region's."""
-
-    @property
-    def name(self) -> str: ...  # the worker or peer, for a retry
-
-    def first_byte(self) -> None: ...
-    def progressed(self, events: int) -> None: ...
-    def failed(self, broke: bool) -> bool:
-        """The answer failed (`broke`: its connection broke off); whether that may be the
-        request's own doing (see Retry)."""
-        ...
-
-    def finished(self, usage: Usage) -> None: ...
-
-
-async def relay_stream(
-    request: web.Request,
-    upstream: Answer,
-    track: Track,
-    headers: dict[str, str],
-    *,
-    native: bool,
-    keep_usage: bool,
-    since: float | None = None,
-) -> tuple[web.StreamResponse, Usage]:
-    """An answer's stream to the client as its events come. Raises Retry when it failed before
-    the client saw a byte; after that, a break ends the stream with an error event."""
-    meter = StreamMeter(native, keep_usage=keep_usage)
-    response: web.StreamResponse | None = None
-    try:
-        async for chunk in upstream.chunks():
-            data = meter.feed(chunk)
-            if not data:
-                continue
-            if response is None:
-                track.first_byte()
-                response = web.StreamResponse(headers=headers)
-                response.content_type = "text/event-stream"
-                response.headers["Cache-Control"] = "no-cache"
-                response[FIRST_AT] = time.monotonic()
-                if since is not None:  # a peer region measures its round trip by it
-                    response.headers["Server-Timing"] = server_timing(since)
-                await to_client(response.prepare(request))
-            await to_client(response.write(data))
-            track.progressed(data.count(EVENT_END))
-        rest = meter.rest()
-    except ClientGone:  # what the answer held is given back by its holder
-        assert response is not None  # only writes to the client raise it
-        return response, meter.usage
-    except UpstreamError as error:
-        broke = track.failed(True)
-        if response is None:  # nothing reached the client: another may answer
-            raise Retry(track.name, f"stream broke: {error}", broke) from None
-        await write_quietly(response, stream_error("the upstream stream broke"))
-        return response, meter.usage
-    except Exception as error:  # a fault of ours
-        if response is None:
-            raise
-        await write_quietly(
-            response, stream_error("the gateway failed this stream", "internal_error")
-        )
-        raise Broken(response) from error
-    if response is None:
-        track.failed(False)
-        raise Retry(track.name, "the stream ended before its first event")
-    if rest:
-        await write_quietly(response, rest, eof=False)
-    usage = meter.finish()
-    track.finished(usage)
-    await write_quietly(response, b"")
-    return response, usage
 
 
 def server_timing(since: float) -> str:

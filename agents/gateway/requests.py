@@ -80,13 +80,14 @@ class Inference:
             return _ids(tokenizer.chat(self.messages))
         return _ids(tokenizer.text(self.text or ""))
 
-    def upstream_body(self, rid: str, extra: bytes = b"") -> bytes:
-        """The client's body with `rid` (and `extra` fields) put in front; the client's own
-        fields come later and so win where they repeat a name (as JSON parsers read it)."""
+    def upstream_body(self, rid: str, extra: bytes = b"", body: bytes | None = None) -> bytes:
+        """The client's body (or `body`, made from it) with `rid` (and `extra` fields) put in
+        front; the client's own fields come later and so win where they repeat a name (as JSON
+        parsers read it)."""
         head = b'{"rid":' + orjson.dumps(rid) + b","
         if self.stream and not self.native and not self.has_stream_options:
             head += b'"stream_options":{"include_usage":true},'
-        return head + extra + self.body.lstrip()[1:]
+        return head + extra + (self.body if body is None else body).lstrip()[1:]
 
 
 def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, ModelConfig]:

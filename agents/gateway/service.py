@@ -2,13 +2,18 @@
 out; a peer region's, on overload or failure, where the fallback rules allow. The only I/O on a
 request's path is the call to the engine (or the peer).
 
+The path, one request (agents/gateway/flight.py) taken through its steps: authenticate,
+parse, admit, then serve: choose, call (or forward), relay, until an answer settles it.
+
 A request is checked whole before anything is taken for it (its parameters, its prompt and
 answer against the model's context, its quota); what it then takes is held by `with` and
 given back on every exit (agents/held.py). A worker that fails before the first byte reaches
 the client has the request retried on the next worker (agents/gateway/calls.py), unless two
-workers that were serving others broke off with it in hand: such a request is taken to be
-what broke them, and goes no further. A fault of the gateway's own is answered with an
-OpenAI-shaped 500 that carries the request id, logged once with its traceback and counted.
+workers that were serving others broke off with it in hand before its first token: such a
+request is taken to be what broke them, and goes no further. A worker that fails after has
+its answer carried on by another (agents/gateway/carry.py). A fault of the gateway's own is
+answered with an OpenAI-shaped 500 that carries the request id, logged once with its
+traceback and counted.
 
 A tenant's request escalates (agents/gateway/forward.py) only when its model has a fallback
 rule for the tenant's tier whose trigger fires: overload (its predicted TTFT here breaks the
@@ -31,10 +36,11 @@ import orjson
 from aiohttp import web
 
 from agents import tracing
-from agents.control.compile import FallbackChain, RegionConfig, RouteConfig, Tenant
+from agents.control.compile import RegionConfig
 from agents.gateway import assertion, auth, spans
 from agents.gateway.admission import Admission, Escalate, EscalateOver
 from agents.gateway.calls import EngineCalls
+from agents.gateway.carry import Carrier
 from agents.gateway.errors import (
     SERVER,
     BadRequest,
@@ -47,34 +53,24 @@ from agents.gateway.errors import (
     UnsupportedMediaType,
     UpstreamFailed,
 )
+from agents.gateway.flight import MAX_ATTEMPTS, OPERATOR, Caller, Flight
 from agents.gateway.forward import Forwarder
-from agents.gateway.quotas import Quotas, uncharged
+from agents.gateway.quotas import Charge, Quotas, uncharged
 from agents.gateway.receipts import Receipts
-from agents.gateway.relay import FIRST_AT, Broken, Retry, Usage, new_id
-from agents.gateway.requests import (
-    DEFAULT_LIMITS,
-    Inference,
-    Limits,
-    check_context,
-    parse,
-    read_body,
-)
+from agents.gateway.relay import FIRST_AT, Broken, Cut, Retry, Usage, new_id
+from agents.gateway.requests import DEFAULT_LIMITS, Limits, check_context, parse, read_body
 from agents.gateway.upstream import Upstream
 from agents.metrics import OPERATIONS, RequestMetrics, Served
-from agents.router.audit import AUDIT_S, audit
+from agents.router.audit import audit
+from agents.router.decision import Decision
 from agents.router.escalation import LOAD_HEADER, Escalations, load_header
-from agents.router.policies import RouteRequest
 from agents.router.router import Router
 from agents.tracing import Tracing
 
 log = logging.getLogger(__name__)
-MAX_ATTEMPTS = 3
 POISONED_AFTER = 2  # workers broken by one request: it is taken to be the cause, and stops
 AUDIT_EVERY_S = 1.0
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-ID: visible ASCII
-
-
-OPERATOR = Tenant("operator", "operator", None, None, None)
 
 
 class Gateway:
@@ -100,7 +96,8 @@ class Gateway:
         self.clock = clock
         self._upstream = Upstream(connect_timeout_s)
         self.calls = EngineCalls(router, self.admission, self._upstream)
-        self.forwarder = Forwarder(self.escalations, self._upstream, clock)
+        self.carrier = Carrier(clock=clock)
+        self.forwarder = Forwarder(self.escalations, self._upstream, self.carrier, clock)
         self._load: dict[str, tuple[float | None, int]] = {}  # model: (best TTFT, serving)
         self.metrics = RequestMetrics(lambda: self.config.region if self.config else "")
         self.rejections: Counter[tuple[str, str]] = Counter()  # (model, code)
@@ -115,20 +112,15 @@ class Gateway:
         await self._upstream.close()
 
     async def audit_forever(self, every_s: float = AUDIT_EVERY_S) -> None:
-        """The router's books checked against the engines' (agents/router/audit.py)."""
+        """The router's books checked against the engines' (agents/router/audit.py), and the
+        streams under way against the stall deadline (agents/gateway/carry.py)."""
         while True:
             await asyncio.sleep(every_s)
             self.audit()
+            self.carrier.watch()
 
     def audit(self) -> None:
-        repaired = audit(self.router)
-        for worker, ended in repaired:
-            log.warning(
-                "worker %s: %d request(s) in flight from here that its engine has not held "
-                "for %.0f s were ended: a reservation leaked, and is repaired",
-                worker, ended, AUDIT_S, extra={"worker": worker},
-            )  # fmt: skip
-        if repaired:
+        if audit(self.router):
             self.admission.notify_all()
 
     def configure(self, config: RegionConfig, peer_health: Mapping[str, str] | None = None) -> None:
@@ -203,39 +195,56 @@ class Gateway:
             raise NotReady("this agent has no snapshot yet", retry_after_s=2)
         return self.config
 
-    def caller(self, request: web.Request, config: RegionConfig) -> tuple[Tenant, bool]:
-        """The tenant, and whether it may see the fleet's inside."""
-        header = request.headers.get("Authorization")
-        if self.operator_token and auth.same_secret(auth.bearer(header), self.operator_token):
-            return OPERATOR, True
-        tenant = auth.authenticate(header, config)
-        return tenant, tenant.debug_routes
-
     async def _infer(
         self, request: web.Request, request_id: str, headers: dict[str, str], served: Served
     ) -> web.StreamResponse:
-        since = arrived = self.clock()
+        """The whole path, step by step."""
+        arrived = self.clock()
         config = self.config_or_refuse()
         if request.content_type not in ("application/json", ""):
             raise UnsupportedMediaType(f"send application/json, not {request.content_type}")
         body = await read_body(request, self.limits)
+        caller = self.authenticate(request, config, body, request_id, served)
+        flight = self.parse(request, config, body, caller, request_id, headers, served, arrived)
+        # everything above only reads; from here on what is taken is held by `with`
+        with self.admit(flight) as charge:
+            response, usage = await self.serve(flight)
+            if usage.prompt_tokens is not None:
+                charge.used = usage.prompt_tokens + (usage.completion_tokens or 0)
+        served.prompt_tokens, served.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+        served.completion_tokens = usage.completion_tokens
+        return response
+
+    def authenticate(
+        self, request: web.Request, config: RegionConfig, body: bytes, rid: str, served: Served
+    ) -> Caller:
+        """Who asks: a peer region's signed word for its tenant, the operator, or a tenant's
+        key."""
         signed = request.headers.get(assertion.HEADER)
-        came_from: str | None = None
         if signed is not None:  # escalated here by a peer region: its word for who asks
-            claim = assertion.verify(
-                signed, config, body=body, request_id=request_id, seen=self.assertions
-            )
-            tenant, came_from = claim.tenant, claim.origin
-            served.came_from = came_from
-            debug, served.insider = claim.debug, True
+            seen = self.assertions
+            claim = assertion.verify(signed, config, body=body, request_id=rid, seen=seen)
             self.escalations.received(claim.origin, claim.reason)
-            # the SLO is the client's, end to end: what it waited there counts here
-            since -= claim.waited_s
-        else:
-            tenant, insider = self.caller(request, config)
-            served.insider = insider
-            debug = insider and request.headers.get("x-meridian-debug") == "1"
-        served.tenant = tenant.name
+            served.came_from, served.insider, served.tenant = claim.origin, True, claim.tenant.name
+            return Caller(claim.tenant, claim.origin, claim.debug, claim.waited_s)
+        tenant, insider = auth.caller(request.headers.get("Authorization"), config,
+                                      self.operator_token)  # fmt: skip
+        served.insider, served.tenant = insider, tenant.name
+        return Caller(tenant, debug=insider and request.headers.get("x-meridian-debug") == "1")
+
+    def parse(
+        self,
+        request: web.Request,
+        config: RegionConfig,
+        body: bytes,
+        caller: Caller,
+        request_id: str,
+        headers: dict[str, str],
+        served: Served,
+        arrived: float,
+    ) -> Flight:
+        """What is asked, checked whole (its parameters, and its prompt and answer against the
+        model's context), and where it may go."""
         inference, model = parse(request.path, body, config)
         served.model = model.name
         route_request = self.router.request(
@@ -245,147 +254,136 @@ class Gateway:
         route = config.routes.get(model.name)
         if route is None:
             raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
-        chain = None
-        if came_from is None:
-            chain = config.chain(model.name, tenant.tier)
-        # everything above only reads; from here on what is taken is held by `with`
-        counted = tenant is not OPERATOR and came_from is None  # a peer's was counted there
-        charge = (
-            self.quotas.admit(tenant, route_request.prompt_tokens) if counted else uncharged(tenant)
-        )
-        with charge:
-            try:
-                response, usage = await self._serve(
-                    request, body, inference, route_request, route, config, chain, tenant,
-                    request_id, headers, debug, (since, arrived), came_from, served,
-                )  # fmt: skip
-            except GatewayError as error:
-                error.model = model.name
+        # a peer's request goes no further
+        chain = config.chain(model.name, caller.tenant.tier) if caller.came_from is None else None
+        since = arrived - caller.waited_s  # the SLO is the client's, end to end
+        return Flight(
+            request, request_id, headers, served, arrived, since, body, caller, inference,
+            model, route_request, route, chain,
+        )  # fmt: skip
+
+    def admit(self, flight: Flight) -> Charge:
+        """The tenant's quota: held until the answer settles it. A peer's request was counted
+        there; the operator's is not counted."""
+        if flight.tenant is OPERATOR or flight.caller.came_from is not None:
+            return uncharged(flight.tenant)
+        return self.quotas.admit(flight.tenant, flight.route_request.prompt_tokens)
+
+    async def serve(self, flight: Flight) -> tuple[web.StreamResponse, Usage]:
+        """Choose a worker and call it, until one answers: a worker that fails before the
+        client saw a byte makes way for the next; one that fails after has the answer carried
+        on by another (agents/gateway/migration.py). A peer answers where the fallback rule
+        says."""
+        chain, model = flight.chain, flight.model.name
+        if flight.inference.stream:
+            self.carrier.streams.add(flight)
+        try:
+            if chain and "failure" in chain.triggers and self.escalations.failing(chain, model):
+                await self.escalate(flight, "failure", "local attempts fail past the rule's rate")
+            while flight.answer is None:
+                try:
+                    decision = await self.choose(flight)
+                    if decision is not None:
+                        await self.call(flight, decision)
+                except Cut as cut:
+                    ending = self.carrier.cut(flight, cut)
+                    if ending is not None:
+                        await self.carrier.end(flight, f"the answer broke off: {ending}")
+        except GatewayError as error:
+            error.model = model
+            if flight.stream is None:
                 raise
-            if usage.prompt_tokens is not None:
-                charge.used = usage.prompt_tokens + (usage.completion_tokens or 0)
-        served.prompt_tokens, served.cached_tokens = usage.prompt_tokens, usage.cached_tokens
-        served.completion_tokens = usage.completion_tokens
-        return response
+            await self.carrier.end(flight, f"the answer broke off: {error.message}")
+        finally:
+            self.carrier.streams.discard(flight)
+        assert flight.answer is not None
+        return flight.answer
 
-    async def _serve(
-        self,
-        request: web.Request,
-        body: bytes,
-        inference: Inference,
-        route_request: RouteRequest,
-        route: RouteConfig,
-        config: RegionConfig,
-        chain: FallbackChain | None,
-        tenant: Tenant,
-        request_id: str,
-        headers: dict[str, str],
-        debug: bool,
-        times: tuple[float, float],
-        came_from: str | None,
-        served: Served,
-    ) -> tuple[web.StreamResponse, Usage]:
-        """`times`: since when the SLO counts (earlier for a request a peer escalated here),
-        and when the request came here."""
-        since, arrived = times
-        model = route.model
-        overload = chain is not None and "overload" in chain.triggers
-        failure = chain is not None and "failure" in chain.triggers
+    async def choose(self, flight: Flight) -> Decision | None:
+        """The router's choice, through admission; None when a peer took the request instead
+        (overload or failure, where the fallback rule allows)."""
+        chain, route = flight.chain, flight.route
+        triggers = chain.triggers if chain is not None else ()
         over = None
-        if overload:
-            assert chain is not None
+        if chain is not None and "overload" in triggers and not flight.attempts:
             over = EscalateOver(chain.ttft_s or route.slo_ttft_s, chain.queue_depth)
-
-        async def escalate(reason: str, why: str) -> tuple[web.StreamResponse, Usage] | None:
-            assert chain is not None
-            outcome = await self.forwarder.forward(
-                request, body, config=config, chain=chain, model=model,
-                tenant=None if tenant is OPERATOR else tenant, reason=reason, why=why,
-                waited_s=self.clock() - arrived,
-                request_id=request_id, debug=debug, stream=inference.stream,
-                trace=spans.peer_context(served, self.tracing),
-                native=inference.native, wants_usage=inference.wants_usage,
-                headers=self._answer_headers(headers, model, served),
-            )  # fmt: skip
-            log.debug("request %s escalated (%s: %s) to %s", request_id, reason, why,
-                     outcome.peer or f"no peer: {outcome.refused or 'none allowed'}")  # fmt: skip
-            if outcome.response is None:
+        may_fail_over = "failure" in triggers or flight.continuing  # a started answer goes on
+        if flight.failures >= MAX_ATTEMPTS:
+            failed = UpstreamFailed(f"{MAX_ATTEMPTS} workers failed the request", retry_after_s=1)
+            if may_fail_over and await self.escalate(flight, "failure", failed.message):
                 return None
-            served.worker = f"peer:{outcome.peer}"
-            served.policy, served.reason = "escalation", f"{reason}: {why}"
-            served.decision = {"meridian.escalated": True, "meridian.escalation.reason": reason,
-                               "meridian.escalation.why": why, "meridian.peer": outcome.peer,
-                               "meridian.escalation.rule": chain.rule}  # fmt: skip
-            return outcome.response, outcome.usage or Usage()
-
-        if failure and chain is not None and self.escalations.failing(chain, model):
-            done = await escalate("failure", "local attempts fail past the rule's error rate")
-            if done is not None:
-                return done
-        tried: set[str] = set()
-        broken = 0  # workers that broke off with this request in hand
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                decision = await self.admission.place(route, route_request, tried, since, over)
-            except Escalate as why:
-                done = await escalate("overload", why.why)
-                if done is not None:
-                    return done
-                over = None  # no peer took it: it waits here, as it would without a rule
-                decision = await self.admission.place(route, route_request, tried, since)
-            except (QueueFull, Overloaded) as error:
-                done = await escalate("overload", error.message) if overload else None
-                if done is None:
-                    raise
-                return done
-            except NoHealthyWorker as error:
-                done = await escalate("failure", error.message) if failure else None
-                if done is None:
-                    raise
-                return done
-            self.router.record(request_id, decision)
-            chosen = decision.ranked[0]
-            served.worker = chosen.worker.id
-            served.policy, served.reason = decision.policy, decision.reason
-            if served.trace:  # a trace that is kept
-                served.decision = spans.decision_attributes(decision, chosen)
-            served.routed_prompt, served.routed_cached = (
-                route_request.prompt_tokens,
-                min(chosen.matched_tokens, route_request.prompt_tokens),
-            )
-            self.decisions[model, decision.policy, decision.pd or "unified"] += 1
-            self._load[model] = (decision.best_ttft_s, decision.total - decision.unavailable)
-            out = self._answer_headers(headers, model, served)
-            if debug:
-                queued_ms = round((self.clock() - since) * 1000, 1)  # in admission
-                extra = {"attempt": attempt + 1, "queued_ms": queued_ms}
-                out["x-meridian-route"] = orjson.dumps(
-                    decision.describe(chosen.worker.id) | extra
-                ).decode()
-            try:
-                result = await self.calls.attempt(
-                    request, inference, request_id, decision, route_request, out,
-                    timed_from=arrived if came_from is not None else None, trace=served.trace,
-                )  # fmt: skip
-            except Retry as why:
-                log.warning("request %s: %s", request_id, why, extra={"request_id": request_id})
-                self.escalations.attempted(model, ok=False)
-                tried.add(why.worker_id)
-                broken += why.broke
-                if broken >= POISONED_AFTER:  # the request, not the workers: it goes no further
-                    raise UpstreamFailed(
-                        f"the request broke {broken} workers that were serving others; "
-                        "it is not tried again"
-                    ) from None
-                since = self.clock()  # time lost to a failed worker is not the load's
-                continue
-            self.escalations.attempted(model, ok=True)
-            return result
-        failed = UpstreamFailed(f"{MAX_ATTEMPTS} workers failed the request", retry_after_s=1)
-        done = await escalate("failure", failed.message) if failure else None
-        if done is None:
             raise failed
-        return done
+        place = self.admission.place
+        try:
+            return await place(route, flight.route_request, flight.tried, flight.since, over)
+        except Escalate as why:
+            if await self.escalate(flight, "overload", why.why):
+                return None
+            # no peer took it: it waits here, as it would without a rule
+            return await place(route, flight.route_request, flight.tried, flight.since)
+        except (QueueFull, Overloaded) as error:
+            if "overload" in triggers and await self.escalate(flight, "overload", error.message):
+                return None
+            raise
+        except NoHealthyWorker as error:
+            if may_fail_over and await self.escalate(flight, "failure", error.message):
+                return None
+            raise
+
+    async def call(self, flight: Flight, decision: Decision) -> None:
+        """One worker's go; its answer, or what its failure leaves for the next round."""
+        served, model = flight.served, flight.model.name
+        self.router.record(flight.id, decision)
+        chosen = decision.ranked[0]
+        attempt = flight.attempt(chosen.worker.id)
+        self.carrier.carried(flight, attempt.by)
+        served.worker, served.policy, served.reason = attempt.by, decision.policy, decision.reason
+        if served.trace:  # a trace that is kept
+            served.decision = spans.decision_attributes(decision, chosen)
+        served.routed_prompt = flight.route_request.prompt_tokens
+        served.routed_cached = min(chosen.matched_tokens, served.routed_prompt)
+        self.decisions[model, decision.policy, decision.pd or "unified"] += 1
+        self._load[model] = (decision.best_ttft_s, decision.total - decision.unavailable)
+        out = self._answer_headers(flight.headers, model, served)
+        if flight.caller.debug:
+            queued_ms = round((self.clock() - flight.since) * 1000, 1)  # in admission
+            extra = {"attempt": len(flight.attempts), "queued_ms": queued_ms}
+            out["x-meridian-route"] = orjson.dumps(
+                decision.describe(chosen.worker.id) | extra
+            ).decode()
+        try:
+            flight.answer = await self.calls.attempt(flight, decision, out)
+        except Retry as why:
+            self.retried(flight, why)
+        except Cut:
+            self.escalations.attempted(model, ok=False)
+            raise
+        else:
+            self.escalations.attempted(model, ok=True)
+
+    def retried(self, flight: Flight, why: Retry) -> None:
+        """A worker failed before the client saw a byte of its answer: the next is tried,
+        unless the request broke two workers that were serving others (it is then taken to be
+        what broke them) or MAX_ATTEMPTS failed."""
+        log.warning("request %s: %s", flight.id, why, extra={"request_id": flight.id})
+        self.escalations.attempted(flight.model.name, ok=False)
+        flight.attempts[-1].ended = str(why)
+        flight.tried.add(why.worker_id)
+        flight.failures += 1
+        flight.broken += why.broke
+        if flight.broken >= POISONED_AFTER:  # the request, not the workers: it goes no further
+            raise UpstreamFailed(
+                f"the request broke {flight.broken} workers that were serving others; "
+                "it is not tried again"
+            )
+        flight.since = self.clock()  # time lost to a failed worker is not the load's
+
+    async def escalate(self, flight: Flight, reason: str, why: str) -> bool:
+        """To a peer region, where the tenant's fallback rule allows: whether one answered."""
+        headers = self._answer_headers(flight.headers, flight.model.name, flight.served)
+        trace = spans.peer_context(flight.served, self.tracing)
+        config = self.config_or_refuse()
+        return await self.forwarder.escalate(flight, config, reason, why, headers, trace)
 
     def _answer_headers(
         self, headers: dict[str, str], model: str, served: Served

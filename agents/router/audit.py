@@ -3,7 +3,11 @@ engine has not held for AUDIT_S is a reservation that leaked, and is repaired.""
 
 from __future__ import annotations
 
+import logging
+
 from agents.router.router import Router
+
+log = logging.getLogger(__name__)
 
 AUDIT_S = 10.0  # how long a worker's books must disagree with its engine's to be repaired
 AUDIT_GRACE_S = 1.0  # a request sent this shortly before a poll may not have reached it yet
@@ -43,5 +47,10 @@ def audit(router: Router) -> list[tuple[str, int]]:
         view.mismatch = None
         router.repairs[worker_id] += len(oldest)
         repaired.append((worker_id, len(oldest)))
+        log.warning(
+            "worker %s: %d request(s) in flight from here that its engine has not held "
+            "for %.0f s were ended: a reservation leaked, and is repaired",
+            worker_id, len(oldest), AUDIT_S, extra={"worker": worker_id},
+        )  # fmt: skip
     router.live = {w: live for w, live in router.live.items() if live}
     return repaired

@@ -1,0 +1,124 @@
+"""An answer's stream relayed to the client as its events come, an engine's or a peer region's.
+
+The first attempt to send an event opens the client's stream; an attempt that carries a cut
+answer on (agents/gateway/migration.py) writes into the same stream, rewritten to read as its
+rest. A failure before the attempt's first event raises Retry (the next worker may answer as if
+nothing happened); after it, Cut (the answer is carried on, or ends with an error event).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from aiohttp import web
+
+from agents.gateway.flight import Flight, Stream
+from agents.gateway.migration import Transcript
+from agents.gateway.relay import (
+    EVENT_END,
+    FIRST_AT,
+    Broken,
+    ClientGone,
+    Cut,
+    Retry,
+    StreamMeter,
+    Usage,
+    server_timing,
+    stream_error,
+    to_client,
+    write_quietly,
+)
+from agents.gateway.upstream import Answer, UpstreamError
+
+
+class Track(Protocol):
+    """What a relayed answer reports as it goes: to the router for an engine's, to the peer's
+    view for a peer region's."""
+
+    @property
+    def name(self) -> str: ...  # the worker or peer, for a retry
+
+    def first_byte(self) -> None: ...
+    def progressed(self, events: int) -> None: ...
+    def failed(self, broke: bool) -> bool:
+        """The answer failed (`broke`: its connection broke off before its first event);
+        whether that may be the request's own doing (see Retry)."""
+        ...
+
+    def finished(self, usage: Usage) -> None: ...
+
+
+async def relay_stream(
+    flight: Flight,
+    upstream: Answer,
+    track: Track,
+    headers: dict[str, str],
+    since: float | None = None,
+) -> tuple[web.StreamResponse, Usage]:
+    """`since`: when a peer region's request came here (the head says how long this gateway
+    took, in Server-Timing)."""
+    inference = flight.inference
+    meter = StreamMeter(inference.native, keep_usage=inference.wants_usage)
+    stream = flight.stream
+    carried = stream.continuation if stream is not None else None
+    first = True
+    flight.upstream = upstream  # the stall watch fails it if it stops (agents/gateway/carry.py)
+    try:
+        async for chunk in upstream.chunks():
+            data = meter.feed(chunk)
+            if not data:
+                continue
+            if first:
+                first = False
+                track.first_byte()
+                if stream is None:
+                    response = await _begin(flight.http, headers, since)
+                    stream = flight.stream = Stream(response, Transcript(inference))
+            assert stream is not None
+            if carried is not None:
+                data = carried.rewrite(data, inference.native)
+            stream.transcript.add(data)
+            await to_client(stream.response.write(data))
+            track.progressed(data.count(EVENT_END))
+        rest = meter.rest()
+    except ClientGone:  # what the answer held is given back by its holder
+        assert stream is not None  # only writes to the client raise it
+        return stream.response, meter.usage
+    except UpstreamError as error:
+        broke = track.failed(first)
+        if first:  # nothing of this answer reached the client: another may give it whole
+            raise Retry(track.name, f"stream broke: {error}", broke) from None
+        raise Cut(track.name, f"stream broke: {error}") from None
+    except Exception as error:  # a fault of ours
+        if stream is None:
+            raise
+        message = stream_error("the gateway failed this stream", "internal_error")
+        await write_quietly(stream.response, message)
+        raise Broken(stream.response) from error
+    finally:
+        flight.upstream = None
+    if stream is None or first:
+        track.failed(False)
+        raise Retry(track.name, "the stream ended before its first event")
+    if rest:
+        await write_quietly(stream.response, rest, eof=False)
+    usage = meter.finish()
+    if carried is not None:
+        usage = carried.usage(usage)
+    track.finished(usage)
+    await write_quietly(stream.response, b"")
+    return stream.response, usage
+
+
+async def _begin(
+    request: web.Request, headers: dict[str, str], since: float | None
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers=headers)
+    response.content_type = "text/event-stream"
+    response.headers["Cache-Control"] = "no-cache"
+    response[FIRST_AT] = time.monotonic()
+    if since is not None:  # a peer region measures its round trip by it
+        response.headers["Server-Timing"] = server_timing(since)
+    await to_client(response.prepare(request))
+    return response
