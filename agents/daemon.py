@@ -53,9 +53,6 @@ class Agent:
         self.backends = backends()
         self.nvml = gpus.discover()
         self.table = WorkerTable()
-        self.supervisor = Supervisor(
-            settings, self.backends, settings.data_dir / "engines", self._engine_state
-        )
         self.router = Router(self.table)
         token = settings.operator_token
         self.operator_token = token.get_secret_value() if token is not None else None
@@ -72,6 +69,10 @@ class Agent:
             tracing=self.tracing,
             limits=Limits(settings.max_body_bytes, settings.body_timeout_s),
         )
+        self.supervisor = Supervisor(
+            settings, self.backends, settings.data_dir / "engines", self._engine_state,
+            evacuate=self.gateway.evacuate,
+        )  # fmt: skip
         self.poller = LoadPoller(self.table, settings.load_poll_s, settings.probe_timeout_s)
         self.kv_events = KvEventSubscriber(self.router, self.table)
         self.snapshot: pb.Snapshot | None = None
@@ -110,8 +111,8 @@ class Agent:
         await asyncio.to_thread(self.store.save_snapshot, snapshot)
         self.snapshot, self.applied_at = snapshot, time.time()
         self.table.replace(config.workers)
-        for engine_id, runner in self.supervisor.runners.items():
-            self.table.set_engine_state(engine_id, str(runner.state))
+        for runner in self.supervisor.all():
+            self.table.set_engine_state(runner.spec.id, str(runner.state))
         self.gateway.configure(config, {p.region: p.health for p in snapshot.peer_load})
         self.supervisor.want(specs)
         log.info("applied revision %s: %d engine(s) here", snapshot.revision, len(specs))
@@ -218,7 +219,7 @@ class Agent:
         gpu_list = inventory(self.snapshot, self.link.state.node, self.nvml)
         used = await asyncio.to_thread(gpus.memory) if self.nvml is not None else []
         return self.window.report(
-            self.supervisor.runners.values(),
+            self.supervisor.all(),
             gpu_list,
             used,
             self.gateway.escalations.report(),

@@ -82,6 +82,9 @@ def engine_specs(
                 engine_args=tuple(sorted((str(k), _scalar(v)) for k, v in args.items())),
                 bootstrap_port=engine.bootstrap_port if engine.HasField("bootstrap_port") else None,
                 kv_events_port=engine.kv_events_port if engine.HasField("kv_events_port") else None,
+                drain_timeout_s=(
+                    deployment.drain_timeout_s if deployment.HasField("drain_timeout_s") else None
+                ),
             )
         )
     for worker in snapshot.workers:

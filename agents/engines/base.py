@@ -36,6 +36,9 @@ class EngineSpec:
     engine_args: tuple[tuple[str, Scalar], ...] = ()
     bootstrap_port: int | None = None  # a prefill engine's PD bootstrap port, from the snapshot
     kv_events_port: int | None = None  # where it publishes KV-cache events, from the snapshot
+    # how long it may finish its requests when it is stopped; None: the agent's setting. A
+    # change of it alone changes nothing that runs
+    drain_timeout_s: float | None = field(default=None, compare=False)
 
     @property
     def args(self) -> dict[str, Scalar]:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -94,15 +94,19 @@ class EngineRunner:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._life(), name=self.spec.id)
 
-    async def stop(self) -> None:
-        """Drain, SIGTERM, SIGKILL; then it stays stopped."""
+    async def stop(self, evacuate: Callable[[str], Awaitable[None]] | None = None) -> None:
+        """Drain, SIGTERM, SIGKILL; then it stays stopped. Requests still running at the
+        drain deadline are handed to `evacuate` (the gateway carries them on elsewhere)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.process is not None and not self._exited():
             self.state = EngineState.DRAINING
-            await self._drain()
+            if not await self._drain() and evacuate is not None:
+                log.info("engine %s: its drain deadline passed with requests running; they are "
+                         "carried on elsewhere", self.spec.id)  # fmt: skip
+                await evacuate(self.spec.id)
             await self._terminate()
         self.state = EngineState.STOPPED
         await self._http.aclose()
@@ -268,13 +272,18 @@ class EngineRunner:
         except (httpx.HTTPError, ValueError, TypeError, AttributeError):
             return False
 
-    async def _drain(self) -> None:
+    async def _drain(self) -> bool:
+        """Until the engine runs nothing (True) or its drain deadline passes (False)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.drain_timeout_s
-        while loop.time() < deadline and not self._exited():
+        timeout = self.spec.drain_timeout_s
+        deadline = loop.time() + (self.settings.drain_timeout_s if timeout is None else timeout)
+        while not self._exited():
             if not await self._probe() or self.load.running + self.load.waiting == 0:
-                return
+                return True
+            if loop.time() >= deadline:
+                return False
             await asyncio.sleep(0.2)
+        return True
 
     async def _terminate(self) -> None:
         process = self.process

@@ -11,6 +11,7 @@ on: with `data: [DONE]` when its last content had already gone out, else with an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from agents.gateway.relay import Cut, Usage, stream_error, write_quietly
 from agents.gateway.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
+EVACUATE_S = 10.0  # the longest an engine's stop waits for its streams to be carried on
 STALL_S = 30.0  # a started stream with no event this long is taken to have failed
 DONE = b"data: [DONE]\n\n"
 
@@ -51,12 +53,12 @@ class Carrier:
             "request %s: the answer broke off at %s (%s)", flight.id, attempt.by, cut.why,
             extra={"request_id": flight.id},
         )  # fmt: skip
-        stream.cut = (attempt.by, _why(cut.why))
+        stream.cut = (attempt.by, cut.why)
         if stream.cuts > self.max_migrations:
-            return f"{cut.why}; carried on {self.max_migrations} times already"
+            return f"it was carried on {self.max_migrations} times already"
         carried = continuation(flight.inference, flight.body, stream.transcript)
         if carried is None:
-            return cut.why
+            return "it cannot be continued (tool calls or reasoning came, or nothing was left)"
         stream.continuation = carried
         flight.failures = 0  # the continuation has its own tries
         flight.since = self.clock()  # time lost to a failed worker is not the load's
@@ -67,19 +69,22 @@ class Carrier:
         stream = flight.stream
         if stream is None or stream.cut is None:
             return
-        why = stream.cut[1]
+        why = _why(stream.cut[1])
         note = stream.carried_to(by)
         self.migrations[flight.model.name, "peer" if by.startswith("peer:") else "region", why] += 1
         flight.served.migrated = "; ".join(stream.migrations)
         log.info("request %s: carried on, %s", flight.id, note, extra={"request_id": flight.id})
 
     async def end(self, flight: Flight, why: str) -> None:
-        """A stream that cannot go on ends: whole, if its last content went out already."""
+        """A stream that cannot go on ends: whole, if its last content went out already, else
+        with an error event that says where it broke off and why it could not go on."""
         stream = flight.stream
         assert stream is not None
         if stream.cut is not None:
-            self.migrations[flight.model.name, "ended", stream.cut[1]] += 1
+            by, cause = stream.cut
+            self.migrations[flight.model.name, "ended", _why(cause)] += 1
             stream.cut = None
+            why = f"the answer broke off at {by} ({cause}) and could not go on: {why}"
         finished = stream.transcript.finished
         await write_quietly(stream.response, DONE if finished else stream_error(why))
         flight.answer = stream.response, Usage()
@@ -103,6 +108,21 @@ class Carrier:
             seen[flight] = (sent, since)
         self._seen = seen
 
+    async def evacuate(
+        self, worker: str, inflight: Callable[[], int], within_s: float = EVACUATE_S
+    ) -> None:
+        """The streams a worker relays, cut, so that they are carried on elsewhere: its engine
+        is about to stop (its drain deadline passed). Waits, within_s at most, until the worker
+        holds no request of this gateway's."""
+        for flight in self.streams:
+            answer = flight.upstream
+            if answer is not None and flight.attempts and flight.attempts[-1].by == worker:
+                answer.fail(UpstreamError("the engine is stopping: its drain deadline passed"))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within_s):
+                while inflight():  # noqa: ASYNC110 - tickets end in other tasks, no event
+                    await asyncio.sleep(0.05)
+
     async def watch_forever(self, every_s: float = 1.0) -> None:
         while True:
             await asyncio.sleep(every_s)
@@ -111,4 +131,6 @@ class Carrier:
 
 def _why(text: str) -> str:
     """A cut's cause, as the metric names it."""
-    return "stalled" if text.startswith("no event") else "broke"
+    if "no event" in text:
+        return "stalled"
+    return "drained" if "drain deadline" in text else "broke"

@@ -123,6 +123,11 @@ class Gateway:
         if audit(self.router):
             self.admission.notify_all()
 
+    async def evacuate(self, worker: str) -> None:
+        """A worker's engine is about to stop with requests running (agents/gateway/carry.py)."""
+        view = self.router.views.get(worker)
+        await self.carrier.evacuate(worker, lambda: view.inflight if view is not None else 0)
+
     def configure(self, config: RegionConfig, peer_health: Mapping[str, str] | None = None) -> None:
         self.router.configure(config)
         peers = {p.region for chain in config.fallback for p in chain.peers}
@@ -288,12 +293,12 @@ class Gateway:
                 except Cut as cut:
                     ending = self.carrier.cut(flight, cut)
                     if ending is not None:
-                        await self.carrier.end(flight, f"the answer broke off: {ending}")
+                        await self.carrier.end(flight, ending)
         except GatewayError as error:
             error.model = model
             if flight.stream is None:
                 raise
-            await self.carrier.end(flight, f"the answer broke off: {error.message}")
+            await self.carrier.end(flight, error.message)
         finally:
             self.carrier.streams.discard(flight)
         assert flight.answer is not None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import (
     BigInteger,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -103,6 +104,7 @@ class DeploymentRow(NamedRow):
     decode_replicas: Mapped[int] = mapped_column(Integer, default=0)
     engine_args: Mapped[Json] = mapped_column(JSONB, default=dict)
     external_urls: Mapped[list[str]] = mapped_column(JSONB, default=list)
+    drain_timeout_s: Mapped[float] = mapped_column(Float, default=120.0, server_default="120")
 
     model: Mapped[ModelRow] = relationship(lazy="joined")
     region: Mapped[RegionRow] = relationship(lazy="joined")

@@ -104,6 +104,13 @@ class DeploymentSpec(Spec):
         description="extra launch_server flags, without the leading --",
     )
     external_urls: Annotated[list[HttpUrl], Unique] = Field(default_factory=list, max_length=64)
+    drain_timeout_s: float = Field(
+        default=120.0,
+        ge=0,
+        le=3600,
+        description="how long an engine that is stopped or replaced may finish its running "
+        "requests (it takes no new ones); those still running then go on on another engine",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

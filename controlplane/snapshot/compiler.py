@@ -53,7 +53,15 @@ def compile_region(state: FleetState, region: str) -> RegionSnapshot:
             DeploymentInfo(
                 name=n,
                 **d.model_dump(
-                    include={"model", "backend", "tp_size", "dp_size", "pd_mode", "engine_args"}
+                    include={
+                        "model",
+                        "backend",
+                        "tp_size",
+                        "dp_size",
+                        "pd_mode",
+                        "engine_args",
+                        "drain_timeout_s",
+                    }
                 ),
             )
             for n, d in deployments.items()

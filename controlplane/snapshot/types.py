@@ -84,6 +84,7 @@ class DeploymentInfo(Frozen):
     dp_size: int
     pd_mode: PdMode
     engine_args: dict[str, Any]
+    drain_timeout_s: float
 
 
 class Engine(Frozen):

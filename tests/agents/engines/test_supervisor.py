@@ -234,3 +234,52 @@ async def test_an_engine_whose_port_another_process_holds_is_never_ready(
         assert ports.owned("::", spec.port, group)  # any address takes 127.0.0.1's
         # another loopback address is another place: regions of a local fleet share ports
         assert ports.held_by_others("127.0.0.2", spec.port) is None
+
+
+async def test_a_spec_change_rolls_through_a_deployment_one_engine_at_a_time(
+    supervisor: Supervisor,
+) -> None:
+    specs = [sim_spec(f"d/unified-{i}") for i in range(3)]
+    for i, spec in enumerate(specs):
+        specs[i] = EngineSpec(**{**spec.__dict__, "gpu_indexes": (i,)})
+    supervisor.want(specs)
+    await until(lambda: len(supervisor.ready()) == 3)
+    old = {s.id: supervisor.runners[s.id].pid for s in specs}
+    args = (("stream-interval", 2),)
+    changed = [EngineSpec(**{**s.__dict__, "engine_args": args}) for s in specs]
+    supervisor.want(changed)
+    serving: list[int] = []
+    while not all(
+        s.id in supervisor.runners and supervisor.runners[s.id].spec == s
+        and supervisor.runners[s.id].state is EngineState.READY for s in changed
+    ):  # fmt: skip
+        serving.append(len(supervisor.ready()))
+        assert len(supervisor.retiring) <= 1  # never two of the deployment at once
+        await asyncio.sleep(0.02)
+    assert min(serving) == 2  # one at a time: the other two serve throughout
+    assert all(supervisor.runners[i].pid != pid for i, pid in old.items())
+
+
+async def test_a_new_engine_starts_beside_a_draining_one_unless_they_share_a_gpu(
+    supervisor: Supervisor,
+) -> None:
+    slow = sim_spec("d/unified-0", args={"slow-factor": 15})
+    supervisor.want([slow])
+    await until(lambda: len(supervisor.ready()) == 1)
+    engine = supervisor.runners[slow.id]
+    async with httpx.AsyncClient(timeout=30) as client:
+        body = {"text": "finish me", "sampling_params": {"max_new_tokens": 12}}
+        call = asyncio.create_task(client.post(f"{slow.url}/generate", json=body))
+        await until(lambda: engine.load.running == 1)
+        elsewhere = EngineSpec(**{**sim_spec("d/unified-1").__dict__, "gpu_indexes": (1,)})
+        same_gpu = sim_spec("e/unified-0")  # GPU 0, the draining engine's
+        supervisor.want([elsewhere, same_gpu])
+        await until(lambda: elsewhere.id in supervisor.runners)
+        await until(lambda: supervisor.runners[elsewhere.id].state is EngineState.READY)
+        assert engine.state is EngineState.DRAINING  # surge: the new one serves already
+        assert same_gpu.id not in supervisor.runners  # it waits for GPU 0
+        answer = await call
+    assert answer.json()["meta_info"]["completion_tokens"] == 12  # the drain finished it
+    await supervisor.settled()
+    assert engine.state is EngineState.STOPPED
+    assert supervisor.runners[same_gpu.id].spec == same_gpu

@@ -805,12 +805,17 @@ class DeploymentInfo(_message.Message):
     DP_SIZE_FIELD_NUMBER: _builtins.int
     PD_MODE_FIELD_NUMBER: _builtins.int
     ENGINE_ARGS_FIELD_NUMBER: _builtins.int
+    DRAIN_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     model: _builtins.str
     backend: _builtins.str
     tp_size: _builtins.int
     dp_size: _builtins.int
     pd_mode: _builtins.str
+    drain_timeout_s: _builtins.float
+    """How long an engine of it that is stopped or replaced may finish its running requests,
+    taking no new ones; unset: the agent's own setting.
+    """
     @_builtins.property
     def engine_args(self) -> _struct_pb2.Struct: ...
     def __init__(
@@ -823,12 +828,15 @@ class DeploymentInfo(_message.Message):
         dp_size: _builtins.int = ...,
         pd_mode: _builtins.str = ...,
         engine_args: _struct_pb2.Struct | None = ...,
+        drain_timeout_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["engine_args", b"engine_args"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_drain_timeout_s", b"_drain_timeout_s", "drain_timeout_s", b"drain_timeout_s", "engine_args", b"engine_args"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "dp_size", b"dp_size", "engine_args", b"engine_args", "model", b"model", "name", b"name", "pd_mode", b"pd_mode", "tp_size", b"tp_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_drain_timeout_s", b"_drain_timeout_s", "backend", b"backend", "dp_size", b"dp_size", "drain_timeout_s", b"drain_timeout_s", "engine_args", b"engine_args", "model", b"model", "name", b"name", "pd_mode", b"pd_mode", "tp_size", b"tp_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__drain_timeout_s: _TypeAlias = _typing.Literal["drain_timeout_s"]  # noqa: Y015
+    _WhichOneofArgType__drain_timeout_s: _TypeAlias = _typing.Literal["_drain_timeout_s", b"_drain_timeout_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__drain_timeout_s) -> _WhichOneofReturnType__drain_timeout_s | None: ...
 
 Global___DeploymentInfo: _TypeAlias = DeploymentInfo  # noqa: Y015
 
