@@ -189,6 +189,10 @@ class Agent:
             "escalation": self.gateway.escalations.status(),
             "admission": {"waiting": dict(self.gateway.admission.waiting)},
             "faults": dict(self.gateway.faults),
+            "migrations": [  # streams carried on after their worker failed, or not
+                {"model": m, "to": to, "why": why, "count": n}
+                for (m, to, why), n in sorted(self.gateway.carrier.migrations.items())
+            ],
             "gpus": [
                 {"index": g.index, "model": g.model, "memory_gb": g.memory_gb, "source": g.source}
                 for g in gpu_list

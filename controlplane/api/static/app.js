@@ -188,7 +188,9 @@ function node(n) {
   const rows = n.engines.map((e) =>
     el("tr", { "data-engine": e.id, "data-state": e.state },
       el("td", {}, e.id),
-      el("td", {}, badge(e.state),
+      el("td", {}, e.state === "draining"  // taking no new request: what it runs is left
+        ? el("span", { class: "badge draining" }, `draining · ${e.inflight + e.queued} left`)
+        : badge(e.state),
         // the gateway no longer sends it requests: it failed them (the engine may look well)
         e.breaker && e.breaker !== "closed"
           ? el("span", { class: `badge breaker ${e.breaker}`, title: "the gateway's circuit breaker" },
