@@ -7,7 +7,10 @@ It reads `.meridian/local-fleet.json` (written by `meridian up`) and runs four p
   that the excess escalates (overload) to a peer with room;
 - **fault**: that region's engines answer every request with an error (the simulator's fault
   knob), so that its requests escalate (failure);
-- **recovered**: the fault is lifted and the region serves its own again.
+- **recovered**: the fault is lifted and the region serves its own again;
+- **control plane down**: the control plane is killed (kill -9) while traffic flows; the
+  gateways serve from their snapshots, `meridian up` starts it again, and the screen shows
+  what the requests of the outage came to.
 
 The residency-restricted tenant's requests go only to regions of its jurisdictions, and are
 never served outside them, whatever happens.
@@ -18,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
+import signal
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -46,7 +51,8 @@ WORDS = [
     "region",
     "cloud",
 ]
-PHASES = ("calm", "surge", "fault", "recovered")
+PHASES = ("calm", "surge", "fault", "recovered", "control plane down")
+BACK_WITHIN_S = 90.0  # the longest the demo waits for the control plane to come back
 SURGE_RPS = 8.0
 
 
@@ -59,6 +65,29 @@ class Tally:
 
 
 @dataclass
+class Outage:
+    """The control plane's kill -9, and what the requests sent meanwhile came to."""
+
+    killed_at: float | None = None
+    back_after_s: float | None = None
+    sent: int = 0
+    served: int = 0
+    failed: int = 0  # a 5xx, or no answer
+    refused: int = 0  # a 4xx (a quota, admission)
+    note: str = ""
+
+    def line(self) -> str:
+        if self.killed_at is None:
+            return f"control plane: up{f' ({self.note})' if self.note else ''}"
+        back = (f"back after {self.back_after_s:.1f} s" if self.back_after_s is not None
+                else "not back yet")  # fmt: skip
+        return (
+            f"control plane: killed (kill -9), {back}; requests meanwhile: {self.sent} sent, "
+            f"{self.served} served, {self.failed} failed, {self.refused} refused"
+        )
+
+
+@dataclass
 class Demo:
     fleet: dict[str, Any]
     target: str  # the region the surge and the fault hit
@@ -67,6 +96,8 @@ class Demo:
     tallies: dict[tuple[str, str], Tally] = field(default_factory=lambda: defaultdict(Tally))
     escalations: dict[tuple[str, ...], int] = field(default_factory=dict)
     phase: str = "calm"
+    fleet_file: Path | None = None  # read again for the control plane's pid, which changes
+    outage: Outage = field(default_factory=Outage)
 
     def url(self, region: str) -> str:
         return str(next(r["gateway_url"] for r in self.fleet["regions"] if r["name"] == region))
@@ -90,6 +121,9 @@ class Demo:
         tally = self.tallies[region, tenant["name"]]
         tally.sent += 1
         started = time.monotonic()
+        outage = self.outage if self.outage.killed_at and self.outage.back_after_s is None else None
+        if outage is not None:
+            outage.sent += 1
         try:
             answer = await http.post(
                 f"{self.url(region)}/v1/chat/completions", json=body,
@@ -97,19 +131,26 @@ class Demo:
             )  # fmt: skip
         except httpx.HTTPError as error:
             tally.refused[type(error).__name__] += 1
+            if outage is not None:
+                outage.failed += 1
             return
         if answer.status_code == 200:
             tally.served_by[answer.headers.get("x-meridian-region", "?")] += 1
             tally.latencies.append(time.monotonic() - started)
         else:
             tally.refused[str(answer.status_code)] += 1
+        if outage is not None:
+            status = answer.status_code
+            outage.served += status == 200
+            outage.failed += status >= 500
+            outage.refused += 400 <= status < 500
 
     async def traffic(self, http: httpx.AsyncClient) -> None:
         tasks: set[asyncio.Task[None]] = set()
         end = time.monotonic() + self.seconds
-        quarter = self.seconds / 4
+        part = self.seconds / len(PHASES)
         while (now := time.monotonic()) < end:
-            self.phase = PHASES[min(3, int((self.seconds - (end - now)) / quarter))]
+            self.phase = PHASES[min(len(PHASES) - 1, int((self.seconds - (end - now)) / part))]
             for region, tenant in self.entries():
                 if random.random() < self.rps / 10:
                     tasks.add(asyncio.create_task(self.send(http, region, tenant, 20)))
@@ -123,13 +164,35 @@ class Demo:
 
     async def faults(self, http: httpx.AsyncClient) -> None:
         """The fault phase: the target's engines fail every request, then recover."""
-        quarter = self.seconds / 4
-        await asyncio.sleep(2 * quarter)
+        part = self.seconds / len(PHASES)
+        await asyncio.sleep(2 * part)
         await self._set_faults(http, 1.0)
         try:
-            await asyncio.sleep(quarter)
+            await asyncio.sleep(part)
         finally:
             await self._set_faults(http, 0.0)
+
+    async def control_plane(self, http: httpx.AsyncClient) -> None:
+        """The last phase: the control plane killed, and awaited until it is back."""
+        await asyncio.sleep(4 * self.seconds / len(PHASES))
+        fleet = json.loads(self.fleet_file.read_text()) if self.fleet_file else self.fleet
+        pid = fleet.get("processes", {}).get("controlplane")
+        if not isinstance(pid, int):
+            self.outage.note = "its pid is not known: not killed"
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError as error:
+            self.outage.note = f"not killed: {error}"
+            return
+        killed = self.outage.killed_at = time.monotonic()
+        async with asyncio.timeout(BACK_WITHIN_S):
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(f"{fleet['admin_url']}/readyz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.2)
+        self.outage.back_after_s = time.monotonic() - killed
 
     async def _set_faults(self, http: httpx.AsyncClient, error_rate: float) -> None:
         status = (await http.get(f"{self.url(self.target)}/agent/status")).json()
@@ -172,7 +235,7 @@ class Demo:
             if count:
                 arrow = "→ out to" if direction == "out" else "← in from"
                 flows.add_row(region, arrow, peer, reason, str(count))
-        return Group(requests, flows)
+        return Group(requests, flows, self.outage.line())
 
 
 @click.group("demo")
@@ -184,7 +247,7 @@ def demo() -> None:
 @click.option("--fleet-file", type=click.Path(dir_okay=False, path_type=Path),
               default=Path(".meridian/local-fleet.json"), show_default=True,
               help="what `meridian up` wrote")  # fmt: skip
-@click.option("--seconds", type=click.FloatRange(8, 3600), default=40.0, show_default=True)
+@click.option("--seconds", type=click.FloatRange(10, 3600), default=50.0, show_default=True)
 @click.option("--rps", type=click.FloatRange(0.1, 50), default=2.0, show_default=True,
               help="calm requests a second into each region, per tenant")  # fmt: skip
 @click.option("--target", default="us-west", show_default=True,
@@ -203,7 +266,7 @@ def traffic_command(fleet_file: Path, seconds: float, rps: float, target: str) -
             f"not a region of the fleet: {sorted(regions)}", param_hint="--target"
         )
     console = Console()
-    run = Demo(fleet, target, seconds, rps)
+    run = Demo(fleet, target, seconds, rps, fleet_file=fleet_file)
 
     async def main() -> None:
         limits = httpx.Limits(max_connections=256)
@@ -212,7 +275,9 @@ def traffic_command(fleet_file: Path, seconds: float, rps: float, target: str) -
             with Live(run.view(), console=console, refresh_per_second=4) as live:
                 refresh = asyncio.create_task(_refresh(live, run))
                 try:
-                    await asyncio.gather(run.traffic(http), run.faults(http))
+                    await asyncio.gather(
+                        run.traffic(http), run.faults(http), run.control_plane(http)
+                    )
                 finally:
                     refresh.cancel()
                     watcher.cancel()

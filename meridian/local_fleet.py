@@ -80,6 +80,14 @@ async def _still_valid(http: httpx.AsyncClient, key: str) -> bool:
     return any(k["prefix"] == prefix and not k["revoked"] for k in response.json()["items"])
 
 
+def note_controlplane_pid(path: Path, pid: int) -> None:
+    """The control plane was started again: its new pid, for `meridian demo traffic`."""
+    doc = _read(path)
+    if doc:
+        doc.setdefault("processes", {})["controlplane"] = pid
+        _write(path, doc)
+
+
 def _write(path: Path, doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)  # it holds keys

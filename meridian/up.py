@@ -5,6 +5,11 @@ Every part is a real process: PostgreSQL (through pg_ctl), the control plane (`m
 controlplane serve`), the agents (`meridian agent run`) and their engines (`meridian sim`).
 Ctrl-C stops them all: the agents drain and stop their engines, then the control plane and
 PostgreSQL stop.
+
+The control plane is supervised, as a production deployment would run it: when it dies, the
+agents and engines keep serving from their snapshots (static stability), it is started again
+on the same ports, and the agents reconnect. No process of the fleet outlives `meridian up`,
+even one killed with SIGKILL: a reaper (meridian/reaper.py) stops them when it goes.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import signal
 import sys
 import webbrowser
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -24,13 +30,16 @@ from rich.table import Table
 
 from controlplane.client import apply_file, print_changes
 from controlplane.db import migrate
+from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
 from controlplane.db.provision import database_url
 from controlplane.settings import Settings
+from meridian import reaper as reaper_env
 from meridian.local_agents import await_engines, local_nodes, print_engines, start_agents
-from meridian.local_fleet import describe, print_fleet
+from meridian.local_fleet import describe, note_controlplane_pid, print_fleet
 from meridian.procs import port_in_use, start_control_plane, stop_child
 
+RESTART_MIN_S, RESTART_MAX_S = 0.5, 30.0  # the control plane's restart backoff
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
 
 
@@ -82,11 +91,53 @@ async def run_local_fleet(
 ) -> None:
     check_ports(settings, fleet)
     token = admin_token(settings)
+    reaper = await start_reaper()
+    try:
+        await _run(settings, fleet, console, token, reaper, browser=browser)
+    finally:
+        if reaper.stdin is not None:  # all stopped: the reaper finds nothing left, and ends
+            reaper.stdin.close()
+        await reaper.wait()
+
+
+async def start_reaper() -> asyncio.subprocess.Process:
+    """The reaper, and the fleet's id in this process's environment for every child to
+    inherit (meridian/reaper.py)."""
+    fleet_id = secrets.token_hex(8)
+    os.environ[reaper_env.ENV] = fleet_id
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "meridian.reaper", fleet_id,
+        stdin=asyncio.subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+
+
+@dataclass
+class Supervised:
+    """The control plane's process now (it changes when it is started again)."""
+
+    process: asyncio.subprocess.Process
+
+    async def stop(self) -> None:
+        await stop_child(self.process)
+
+
+async def _run(
+    settings: Settings,
+    fleet: Path,
+    console: Console,
+    token: str,
+    reaper: asyncio.subprocess.Process,
+    *,
+    browser: bool,
+) -> None:
     api = f"http://{settings.host}:{settings.port}"
     async with AsyncExitStack() as stack:
         with console.status("starting PostgreSQL") as status:
             db_url = await stack.enter_async_context(database_url(settings))
             where = "external" if settings.database_url else f"embedded, {settings.data_dir}"
+            if not settings.database_url and reaper.stdin is not None:
+                pid_file = EmbeddedPostgres(settings.data_dir / "postgres").pgdata
+                reaper.stdin.write(f"{pid_file / 'postmaster.pid'}\n".encode())
             console.print(f"[green]✓[/] PostgreSQL ready ({where})")
             status.update("migrating the schema")
             db = Database.connect(db_url, pool_size=1)
@@ -100,8 +151,8 @@ async def run_local_fleet(
             cp = await start_control_plane(
                 env, host=settings.host, port=settings.port, grpc_port=settings.grpc_port
             )
-            proc = cp.process
-            stack.push_async_callback(stop_child, proc)
+            supervised = Supervised(cp.process)
+            stack.push_async_callback(supervised.stop)
             console.print(f"[green]✓[/] control plane ready on {api}")
             status.update(f"applying {fleet}")
             # beside what an operator added since the last run (tenants, keys, ...): its own
@@ -131,7 +182,7 @@ async def run_local_fleet(
             out,
             api=api,
             admin_token=token,
-            controlplane_pid=proc.pid,
+            controlplane_pid=cp.process.pid,
             agents=agents,
             statuses=statuses,
         )
@@ -160,9 +211,39 @@ async def run_local_fleet(
         if browser and await asyncio.to_thread(open_in_browser, page):
             console.print(f"opened {page} in your browser")
         console.print("Ctrl-C stops everything.")
-        code = await proc.wait()
-        if code != 0:
-            raise click.ClickException(f"the control plane exited with {code}")
+        await supervise(supervised, settings, env, console, out)
+
+
+async def supervise(
+    supervised: Supervised, settings: Settings, env: dict[str, str], console: Console, out: Path
+) -> None:
+    """The control plane started again whenever it exits, on the same ports, with backoff;
+    the agents keep serving meanwhile, and reconnect."""
+    while True:
+        code = await supervised.process.wait()
+        console.print(
+            f"[yellow]![/] the control plane exited ({_exit(code)}); the agents and engines "
+            "keep serving from their snapshots. Starting it again"
+        )
+        backoff = RESTART_MIN_S
+        while True:
+            await asyncio.sleep(backoff)
+            try:
+                cp = await start_control_plane(
+                    env, host=settings.host, port=settings.port, grpc_port=settings.grpc_port
+                )
+            except click.ClickException as error:
+                backoff = min(RESTART_MAX_S, backoff * 2)
+                console.print(f"[red]✗[/] {error.message}; trying again in {backoff:g} s")
+                continue
+            break
+        supervised.process = cp.process
+        await asyncio.to_thread(note_controlplane_pid, out, cp.process.pid)
+        console.print(f"[green]✓[/] control plane back on {cp.url}; the agents reconnect to it")
+
+
+def _exit(code: int) -> str:
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
 @click.command("up")

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 DATABASE = "meridian"
 SUPERUSER = "meridian"
 
+MOVED_ROOT = Path("/var/lib/meridian")  # under root, for data directories postgres cannot reach
+
 # Settings for throwaway clusters (tests): durability traded for speed.
 UNSAFE_FAST = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 
@@ -81,7 +83,8 @@ class EmbeddedPostgres:
         server_settings: dict[str, str] | None = None,
     ) -> None:
         self._os_user = self._server_user()
-        self.root = self._reachable_root(root.resolve())
+        self.requested = root.resolve()
+        self.root = self._reachable_root(self.requested)
         self.pgdata = self.root / "data"
         self.logfile = self.root / "server.log"
         self._credentials_file = self.root / "credentials.json"
@@ -112,6 +115,9 @@ class EmbeddedPostgres:
         """Initialise the cluster if new, start it unless it runs, and create the database."""
         bin_dir = find_bin_dir(self._bin_dir)
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.root != self.requested:  # moved under MOVED_ROOT: say whose it is
+            (self.root / "owner").write_text(f"{self.requested}\n")
+            await asyncio.to_thread(sweep_orphans, MOVED_ROOT, keep=self.root)
         if not (self.pgdata / "PG_VERSION").exists():
             await self._initdb(bin_dir)
         creds = self.credentials
@@ -204,7 +210,7 @@ class EmbeddedPostgres:
             info = parent.stat()
             if info.st_uid != uid and not info.st_mode & stat.S_IXOTH:
                 digest = hashlib.sha256(str(root).encode()).hexdigest()[:12]
-                moved = Path("/var/lib/meridian") / f"postgres-{digest}"
+                moved = MOVED_ROOT / f"postgres-{digest}"
                 log.warning("%s is private to root; PostgreSQL keeps its files in %s", root, moved)
                 return moved
         return root
@@ -237,3 +243,34 @@ class EmbeddedPostgres:
                 f"{output.decode(errors='replace').strip()}\n{tail}".strip()
             )
         return code
+
+
+def sweep_orphans(moved_root: Path, keep: Path) -> list[Path]:
+    """Data directories moved under `moved_root` whose owner (the directory they were asked
+    for) is gone and whose server does not run: removed, so that runs from places that come
+    and go (temporary directories) do not pile them up. Returns those removed."""
+    removed = []
+    for directory in sorted(moved_root.glob("postgres-*")):
+        owner_file = directory / "owner"
+        if directory == keep or not owner_file.is_file():
+            continue  # one of ours without an owner is left alone: whose it is is not known
+        if Path(owner_file.read_text().strip()).exists() or _server_runs(directory / "data"):
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
+        log.info("removed %s: the data directory it served is gone", directory)
+        removed.append(directory)
+    return removed
+
+
+def _server_runs(pgdata: Path) -> bool:
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

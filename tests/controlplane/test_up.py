@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from controlplane.db.embedded import UNSAFE_FAST, EmbeddedPostgres
 from meridian.procs import free_port
 from tests.conftest import sql
+from tests.controlplane.push.kit import eventually
 
 
 async def test_embedded_postgres_keeps_data_across_restarts(workdir: Path) -> None:
@@ -123,6 +125,16 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         assert "us-" not in eurobank  # residency: served in its jurisdiction only
         assert "us-west  → out to" in final  # the surge and the fault escalated
         assert "failure" in final
+        # the control plane was killed with kill -9 while traffic flowed: nothing failed,
+        # and `meridian up` started it again
+        outage = next(line for line in final.splitlines() if line.startswith("control plane"))
+        assert "killed (kill -9), back after" in outage, outage
+        assert " 0 failed" in outage, outage
+        assert (
+            json.loads((data_dir / "local-fleet.json").read_text())["processes"]["controlplane"]
+            != local["processes"]["controlplane"]
+        )
+        since = datetime.now(UTC)
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}
         ) as client:  # an operator adds a tenant and a key beside the example's
@@ -130,6 +142,13 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
             assert made.status_code == 201, made.text
             assert (await client.post("/v1/api-keys", json={"tenant": "extra"})).status_code == 201
             revision = (await client.get("/v1/revision")).json()["revision"]
+
+            async def heard_again() -> bool:  # every agent reports to the new control plane
+                nodes = (await client.get("/v1/nodes")).json()["items"]
+                beats = [n["status"]["last_heartbeat_at"] for n in nodes]
+                return all(b and datetime.fromisoformat(b) > since for b in beats)
+
+            await eventually(heard_again, within_s=30)
     finally:
         await _interrupt(proc)
     assert proc.returncode == 0
@@ -150,20 +169,40 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         assert f"✓ {ENGINES[0]}  ready" in output
         again = json.loads((data_dir / "local-fleet.json").read_text())
         assert again["tenants"] == local["tenants"]  # the keys still work: kept
+        processes = again["processes"]
+        pids = [processes["controlplane"], *processes["agents"].values()]
+        pids += [pid for engines in processes["engines"].values() for pid in engines]
+        pid_file = next((data_dir / "postgres").rglob("postmaster.pid"))
+        pids.append(int(pid_file.read_text().splitlines()[0]))
     finally:
-        await _interrupt(proc)
-    pid_file = next((data_dir / "postgres").rglob("postmaster.pid"), None)
-    assert pid_file is None, "PostgreSQL was left running"
+        proc.kill()  # kill -9 of `meridian up` itself: it cannot stop what it started
+        await proc.wait()
+        _DRAINS.pop(proc.pid).cancel()
+
+    async def all_gone() -> bool:
+        return not any(_alive(pid) for pid in pids)
+
+    await eventually(all_gone, within_s=10)  # no process of the fleet is left
+    assert not pid_file.exists(), "PostgreSQL was not shut down"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or b") Z " not in stat.read_bytes()[:64]  # a zombie is gone
 
 
 async def _demo(fleet_file: Path) -> str:
     """`meridian demo traffic`, short, as a user would run it beside `meridian up`."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "meridian", "demo", "traffic", "--fleet-file", str(fleet_file),
-        "--seconds", "12", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        "--seconds", "15", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, out.decode()
     return out.decode()
 
