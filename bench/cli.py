@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from bench import escalation, overhead, overload, revocation, routing
+from bench import escalation, migration, overhead, overload, revocation, routing
 from bench.propagation import Options, run
 from bench.sim import run as run_sim
 
@@ -194,6 +194,21 @@ def escalation_command(
     )  # fmt: skip
     try:
         asyncio.run(escalation.run(options))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@bench.command("migration")
+@click.option("--streams", type=click.IntRange(1, 500), default=40, show_default=True)
+@click.option("--tokens", type=click.IntRange(8, 4096), default=96, show_default=True,
+              help="max_tokens of each stream")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def migration_command(streams: int, tokens: int, out: Path | None) -> None:
+    """Streams whose engine, then whose region's every engine, is killed mid-answer: how many
+    complete, token for token, and the added time to the next token at the cut."""
+    root = _scratch("migration")
+    try:
+        asyncio.run(migration.run(migration.Options(streams, tokens, out=out, root=root)))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
