@@ -217,6 +217,7 @@ class Agent:
             breakers=breakers,
             faults=dict(gateway.faults),
             repairs=dict(gateway.router.repairs),
+            migrations=dict(gateway.carrier.migrations),
         )
 
     async def telemetry(self) -> pb.Telemetry:

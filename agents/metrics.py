@@ -152,6 +152,7 @@ def state_families(
     breakers: list[tuple[str, str, str]],
     faults: dict[str, int],
     repairs: dict[str, int],
+    migrations: dict[tuple[str, str, str], int] | None = None,
 ) -> list[Metric]:
     """Meridian's families that the agent's state holds, built on the event loop."""
     out: list[Metric] = []
@@ -196,4 +197,9 @@ def state_families(
                                    labels=["worker"])  # fmt: skip
     for worker, n in sorted(repairs.items()):
         repaired.add_metric([worker], n)
-    return [*out, queue, refused, chosen, flows, states, ours, repaired]
+    carried = CounterMetricFamily("meridian_gateway_migrations", "Streams whose worker failed "
+                                  "mid-answer: carried on in the region or a peer, or ended",
+                                  labels=["model", "to", "why"])  # fmt: skip
+    for (model, to, why), n in sorted((migrations or {}).items()):
+        carried.add_metric([model, to, why], n)
+    return [*out, queue, refused, chosen, flows, states, ours, repaired, carried]

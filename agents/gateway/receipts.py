@@ -55,6 +55,7 @@ class Receipts:
             and status == 200
             and not served.came_from
             and not (served.worker.startswith("peer:"))
+            and not served.migrated
         ):
             return
         self._last = now
@@ -68,7 +69,8 @@ class Receipts:
                 status=status,
                 served_by=served.worker,
                 policy=served.policy,
-                reason=error or served.reason,
+                reason=(error or served.reason)
+                + (f"; carried on: {served.migrated}" if served.migrated else ""),
                 came_from=served.came_from,
                 ttft_ms=round((first - started) * 1000, 1) if first is not None else None,
                 duration_ms=round((now - started) * 1000, 1),
