@@ -368,11 +368,12 @@ async def test_an_answer_continued_from_its_first_tokens_goes_on_as_the_whole_di
         assert head + more["choices"][0]["message"]["content"] == text
         assert more["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"] + 5
 
-        done = {"model": "llama-8b", "prompt": "once upon a time", "max_tokens": 9}
+        prompt = "once upon a time"
+        done = {"model": "llama-8b", "prompt": prompt, "max_tokens": 9}
         full = (await client.post("/v1/completions", json=done)).json()["choices"][0]["text"]
         assert full.startswith(" ")  # it follows the prompt's last word
         cut = " ".join(full.split(" ")[:4])  # the leading space and three words
-        rest = {**done, "prompt": done["prompt"] + cut, "max_tokens": 6}
+        rest = {**done, "prompt": prompt + cut, "max_tokens": 6}
         more = (await client.post("/v1/completions", json=rest)).json()
         assert cut + more["choices"][0]["text"] == full
 
