@@ -12,8 +12,7 @@ the client has the request retried on the next worker (agents/gateway/calls.py),
 workers that were serving others broke off with it in hand before its first token: such a
 request is taken to be what broke them, and goes no further. A worker that fails after has
 its answer carried on by another (agents/gateway/carry.py). A fault of the gateway's own is
-answered with an OpenAI-shaped 500 that carries the request id, logged once with its
-traceback and counted.
+answered with an OpenAI-shaped 500 with the request id, logged with its traceback, counted.
 
 A tenant's request escalates (agents/gateway/forward.py) only when its model has a fallback
 rule for the tenant's tier whose trigger fires: overload (its predicted TTFT here breaks the
