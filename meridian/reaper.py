@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from controlplane.db.embedded import pid_alive, server_pid
+
 ENV = "MERIDIAN_FLEET_ID"
 GRACE_S = 4.0
 
@@ -40,24 +42,8 @@ def marked(fleet_id: str, spare: frozenset[int] = frozenset()) -> set[int]:
 
 
 def postmasters(pid_files: list[Path]) -> set[int]:
-    """The servers the pid files name (their first line), where the files are still there."""
-    found = set()
-    for path in pid_files:
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            found.add(int(path.read_text().splitlines()[0]))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):  # a zombie is dead: its parent has not reaped it
-        return b") Z " not in Path(f"/proc/{pid}/stat").read_bytes()[:64]
-    return True
+    """The servers the pid files name, where the files are still there."""
+    return {pid for pid in map(server_pid, pid_files) if pid is not None}
 
 
 def reap(
@@ -70,7 +56,7 @@ def reap(
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGINT if pid in servers else signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(alive(p) for p in targets):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in targets):
         time.sleep(0.1)
     for pid in targets | marked(fleet_id, spare):  # and what started meanwhile
         with contextlib.suppress(OSError):

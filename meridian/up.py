@@ -136,8 +136,8 @@ async def _run(
             db_url = await stack.enter_async_context(database_url(settings))
             where = "external" if settings.database_url else f"embedded, {settings.data_dir}"
             if not settings.database_url and reaper.stdin is not None:
-                pid_file = EmbeddedPostgres(settings.data_dir / "postgres").pgdata
-                reaper.stdin.write(f"{pid_file / 'postmaster.pid'}\n".encode())
+                pid_file = EmbeddedPostgres(settings.data_dir / "postgres").pid_file
+                reaper.stdin.write(f"{pid_file}\n".encode())
             console.print(f"[green]✓[/] PostgreSQL ready ({where})")
             status.update("migrating the schema")
             db = Database.connect(db_url, pool_size=1)

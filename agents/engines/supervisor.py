@@ -161,13 +161,11 @@ class Supervisor:
             self._changed.set()
 
     async def stop_all(self) -> None:
+        """The wanted engines stopped (drained first), and the retiring ones awaited."""
         runners, self.runners = list(self.runners.values()), {}
-        retiring = list(self.retiring.values())
         await asyncio.gather(
             *(r.stop(self.evacuate) for r in runners), *self._stops, return_exceptions=True
         )
-        for runner in retiring:
-            self.retiring.pop(runner.spec.id, None)
 
     def status(self) -> list[dict[str, object]]:
         return [

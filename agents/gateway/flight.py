@@ -41,7 +41,6 @@ class Attempt:
 
     by: str  # the worker id, or peer:<region>
     ended: str = ""  # why it failed ("" while it runs, or when it answered)
-    events: int = 0  # the events of its stream that reached the client
 
 
 @dataclass(eq=False, slots=True)

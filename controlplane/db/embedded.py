@@ -8,6 +8,7 @@ PostgreSQL refuses to run as root, so under root the server runs as the `postgre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 DATABASE = "meridian"
 SUPERUSER = "meridian"
 
+PID_FILE = "postmaster.pid"  # in the data directory, while the server runs
 MOVED_ROOT = Path("/var/lib/meridian")  # under root, for data directories postgres cannot reach
 
 # Settings for throwaway clusters (tests): durability traded for speed.
@@ -88,6 +90,7 @@ class EmbeddedPostgres:
         self.pgdata = self.root / "data"
         self.logfile = self.root / "server.log"
         self._credentials_file = self.root / "credentials.json"
+        self.pid_file = self.pgdata / PID_FILE
         self._bin_dir = bin_dir
         self._server_settings = server_settings or {}
         self._started_here = False
@@ -263,14 +266,26 @@ def sweep_orphans(moved_root: Path, keep: Path) -> list[Path]:
 
 
 def _server_runs(pgdata: Path) -> bool:
+    pid = server_pid(pgdata / PID_FILE)
+    return pid is not None and pid_alive(pid)
+
+
+def server_pid(pid_file: Path) -> int | None:
+    """The server a PostgreSQL pid file names (its first line), if the file is there."""
     try:
-        pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
+        return int(pid_file.read_text().splitlines()[0])
     except (OSError, ValueError, IndexError):
-        return False
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, dead but not yet reaped by its parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    with contextlib.suppress(OSError):
+        return b") Z " not in Path(f"/proc/{pid}/stat").read_bytes()[:64]
     return True

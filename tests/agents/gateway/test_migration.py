@@ -10,6 +10,7 @@ the answer so far), as a model's greedy decoding is; the gateways run in the tes
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -57,8 +58,7 @@ class Streams:
             async for line in response.aiter_lines():
                 if line.startswith("data: "):
                     payload = line[len("data: ") :]
-                    events.append(payload if payload == "[DONE]" else httpx.Response(
-                        200, content=payload).json())  # fmt: skip
+                    events.append(payload if payload == "[DONE]" else json.loads(payload))
                     if _text(events):
                         self.started.add(n)
                         if len(self.started) == self.count:
