@@ -231,6 +231,8 @@ class Agent:
             self.gateway.receipts.kept,
             {v.worker_id: str(v.breaker.state) for v in self.gateway.router.views.values()},
             self.gateway.answered,
+            self.gateway.forwarder.escalated,
+            self.gateway.metrics.latency_totals(),
         )
 
 

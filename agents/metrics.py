@@ -58,6 +58,10 @@ class Served:
     insider: bool = False  # a peer region, the operator or a tenant marked to see routes
 
 
+Counts = dict[float, int]
+Bucketed = list[tuple[float, int]]
+
+
 class RequestMetrics:
     def __init__(self, region: Callable[[], str]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -111,6 +115,23 @@ class RequestMetrics:
         if served.prompt_tokens:
             series.engine_prompt.inc(served.prompt_tokens)
             series.engine_cached.inc(served.cached_tokens or 0)
+
+    def latency_totals(self) -> dict[str, dict[str, Bucketed]]:
+        """Per model, the TTFT and time-per-output-token histograms since start, summed over
+        operations, as cumulative (upper bound, count) lists: a heartbeat's, not a request's."""
+        raw: dict[str, dict[str, Counts]] = {}
+        for key, histogram in (("ttft", self.ttft), ("itl", self.tpot)):
+            for family in histogram.collect():
+                for sample in family.samples:
+                    if not sample.name.endswith("_bucket"):
+                        continue
+                    model, le = sample.labels["gen_ai_request_model"], float(sample.labels["le"])
+                    counts = raw.setdefault(model, {}).setdefault(key, {})
+                    counts[le] = counts.get(le, 0) + int(sample.value)
+        return {
+            model: {key: sorted(counts.items()) for key, counts in kinds.items()}
+            for model, kinds in raw.items()
+        }
 
 
 class _Series:

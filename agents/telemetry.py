@@ -15,6 +15,7 @@ from agents.engines import gpus
 from agents.engines.metrics import Counters, quantile
 from agents.engines.runner import EngineRunner
 from agents.gateway.receipts import Receipt
+from agents.metrics import Bucketed
 
 
 class TelemetryWindow:
@@ -33,12 +34,15 @@ class TelemetryWindow:
         receipts: Iterable[Receipt] = (),
         breakers: Mapping[str, str] | None = None,
         answered: Mapping[tuple[str, str], int] | None = None,
+        escalated: Mapping[str, int] | None = None,
+        latency: Mapping[str, Mapping[str, Bucketed]] | None = None,
     ) -> pb.Telemetry:
         """`memory` is NVML's reading, taken off the event loop by the caller; `answered`, the
-        gateway's answers since it started by (model, code)."""
+        gateway's answers since it started by (model, code); `escalated`, those a peer
+        answered, by model; `latency`, its TTFT and ITL histograms by model, since start."""
         runners = list(runners)
         served, seconds = self._since_last(runners)
-        answers = self._answers(dict(answered or {}), seconds)
+        answers = self._answers(dict(answered or {}), seconds, escalated or {}, latency or {})
         now = Timestamp()
         now.GetCurrentTime()
         engines = [
@@ -82,20 +86,35 @@ class TelemetryWindow:
         )
 
     def _answers(
-        self, answered: dict[tuple[str, str], int], seconds: float
+        self,
+        answered: dict[tuple[str, str], int],
+        seconds: float,
+        escalated: Mapping[str, int],
+        latency: Mapping[str, Mapping[str, Bucketed]],
     ) -> list[pb.ModelAnswers]:
         before, self._answered = self._answered, answered
-        if seconds <= 0:
-            return []
         rates: dict[str, dict[str, float]] = {}
+        totals: dict[str, dict[str, int]] = {}
         for (model, code), count in answered.items():
+            totals.setdefault(model, {})[code] = count
             new = count - before.get((model, code), 0)
-            if new > 0:
+            if new > 0 and seconds > 0:
                 rates.setdefault(model, {})[code] = new / seconds
-        return [
-            pb.ModelAnswers(model=model, per_second=sum(codes.values()), per_second_by_code=codes)
-            for model, codes in sorted(rates.items())
-        ]
+        out = []
+        for model in sorted({*totals, *escalated, *latency}):
+            codes, histograms = rates.get(model, {}), latency.get(model, {})
+            out.append(
+                pb.ModelAnswers(
+                    model=model,
+                    per_second=sum(codes.values()),
+                    per_second_by_code=codes,
+                    total_by_code=totals.get(model, {}),
+                    escalated_total=escalated.get(model, 0),
+                    ttft=_histogram(histograms.get("ttft", [])),
+                    itl=_histogram(histograms.get("itl", [])),
+                )
+            )
+        return out
 
     def _since_last(self, runners: list[EngineRunner]) -> tuple[Counters, float]:
         """Summed over the engines; an engine seen for the first time adds nothing yet."""
@@ -111,6 +130,10 @@ class TelemetryWindow:
         seconds = now - self._at if self._at is not None else 0.0
         self._last, self._at = current, now
         return total, seconds
+
+
+def _histogram(buckets: Bucketed) -> pb.Histogram:
+    return pb.Histogram(le=[le for le, _ in buckets], count=[n for _, n in buckets])
 
 
 def _percentiles(buckets: dict[float, float]) -> pb.Percentiles:

@@ -28,6 +28,10 @@ from meridian.procs import free_port
 from tests import report
 
 TEMPLATE = "meridian_template"
+IMMEDIATE = (
+    "INSERT INTO rollout_policies (name, version, strategy, canary, waves, bake_s, checks) "
+    "VALUES ('default', 1, 'immediate', 'node', '[]', 0, '{}')"
+)
 _counter = itertools.count()
 
 
@@ -57,6 +61,10 @@ async def postgres(workdir: Path) -> AsyncIterator[Credentials]:
     db = Database.connect(credentials.url(TEMPLATE), pool_size=1)
     await migrate.upgrade(db.engine)
     await db.close()
+    # Tests of everything but rollouts see a change in force everywhere with its commit, as
+    # an operator who declares `strategy: immediate` does; tests of rollouts drop this row
+    # (`waved_database_url`) and get the default every fleet gets: waves.
+    await sql(credentials.url(TEMPLATE), IMMEDIATE)
     yield credentials
     await server.stop()
 
@@ -80,6 +88,13 @@ async def database_url(postgres: Credentials) -> AsyncIterator[str]:
     """A database of its own for one test, migrated to head."""
     async with _scratch_database(postgres, "test", TEMPLATE) as url:
         yield url
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def waved_database_url(database_url: str) -> str:
+    """A database of its own, migrated, where changes roll out by the default policy."""
+    await sql(database_url, "DELETE FROM rollout_policies")
+    return database_url
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -78,6 +79,7 @@ class Forwarder:
         self.upstream = upstream
         self.carrier = carrier
         self.clock = clock
+        self.escalated: Counter[str] = Counter()  # answers a peer gave, by model
 
     async def escalate(
         self,
@@ -99,6 +101,7 @@ class Forwarder:
         if outcome.response is None:
             return False
         served.worker = f"peer:{outcome.peer}"
+        self.escalated[flight.model.name] += 1
         served.policy, served.reason = "escalation", f"{reason}: {why}"
         served.decision = {"meridian.escalated": True, "meridian.escalation.reason": reason,
                            "meridian.escalation.why": why, "meridian.peer": outcome.peer,

@@ -19,6 +19,7 @@ from controlplane.db.fleet_rows import (
     RegionRow,
     RoutingPolicyRow,
 )
+from controlplane.db.rollout_rows import HoldingRow, IntentRow, RolloutPolicyRow, RolloutRow
 
 __all__ = [
     "AgentRow",
@@ -31,6 +32,8 @@ __all__ = [
     "DeploymentRow",
     "FallbackPeerRow",
     "FallbackRuleRow",
+    "HoldingRow",
+    "IntentRow",
     "ModelRow",
     "NamedRow",
     "NodeRow",
@@ -38,6 +41,8 @@ __all__ = [
     "PrincipalRow",
     "RegionLoadRow",
     "RegionRow",
+    "RolloutPolicyRow",
+    "RolloutRow",
     "RoutingPolicyRow",
     "TelemetrySampleRow",
     "TenantRow",

@@ -3,6 +3,10 @@
 A region's snapshot is replaced only when its content digest changes, so a commit that
 does not touch a region sends that region's agents nothing. Each region has an event that
 is set (and replaced) when its snapshot changes; the streams of that region wait on it.
+
+While a rollout runs, a region's targets may hold different intents (see
+services/rollouts/compose.py): the region then has one snapshot per intent held, and each
+stream sends its node the one that node holds.
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ from sqlalchemy import select
 from controlplane.db.agent_rows import RegionLoadRow
 from controlplane.db.engine import Database
 from controlplane.push.wire import peer_load_message, to_wire
-from controlplane.services.fleet_state import load_fleet_state
+from controlplane.services.fleet_state import read_fleet_state
+from controlplane.services.rollouts import store
+from controlplane.services.rollouts.compose import Holdings, Intent, compose
 from controlplane.services.unit import current_revision
-from controlplane.snapshot import compile_region
+from controlplane.snapshot import FleetState, compile_region
 
 log = logging.getLogger(__name__)
+
+
+Held = tuple[str, int | None]  # a region, and the intent revision held there (None: newest)
 
 
 @dataclass(frozen=True)
@@ -41,8 +50,10 @@ class SnapshotHub:
         self._db = db
         self.tracer = tracer
         self._poll_s = poll_s
-        self._snapshots: dict[str, pb.Snapshot] = {}
-        self._feeds: dict[str, RegionFeed] = {}
+        self._snapshots: dict[Held, pb.Snapshot] = {}
+        self._feeds: dict[Held, RegionFeed] = {}
+        self._holdings = Holdings()
+        self._intents: dict[int, Intent] = {}  # immutable once written: kept
         self._changed: dict[str, asyncio.Event] = {}
         self._peer_load: dict[str, pb.PeerLoad] = {}
         self._lock = asyncio.Lock()
@@ -51,8 +62,10 @@ class SnapshotHub:
         self.revision = -1
         self.last_compile_s = 0.0
 
-    def feed(self, region: str) -> RegionFeed | None:
-        return self._feeds.get(region)
+    def feed(self, region: str, node: str | None = None) -> RegionFeed | None:
+        """What a node of the region is sent: the snapshot of the intent it holds."""
+        held = self._holdings.of_node(node, region) if node is not None else None
+        return self._feeds.get((region, held)) or self._feeds.get((region, None))
 
     def changed(self, region: str) -> asyncio.Event:
         """The event that is set the next time this region's snapshot changes (or goes)."""
@@ -79,7 +92,7 @@ class SnapshotHub:
     async def refresh(self) -> None:
         async with self._lock:
             started, started_ns = time.perf_counter(), time.time_ns()
-            state = await load_fleet_state(self._db)
+            state = await self._load()
             if state.revision <= self.revision:
                 return
             span = None
@@ -88,20 +101,28 @@ class SnapshotHub:
                     f"compile revision {state.revision}", start_time=started_ns
                 )
             self._peer_load = await self._read_peer_loads()
-            changed = []
+            changed: list[str] = []
+            wanted: set[Held] = set()
+            gone = sorted({k[0] for k in self._snapshots} - set(state.regions))
             for region in state.regions:
-                message = to_wire(compile_region(state, region))
-                old = self._snapshots.get(region)
-                if old is None or old.digest != message.digest:
-                    self._snapshots[region] = message
-                    changed.append(region)
-            gone = [r for r in self._snapshots if r not in state.regions]
-            for region in gone:
-                del self._snapshots[region]
-                self._feeds.pop(region, None)
+                for held in sorted(self._holdings.in_region(state, region), key=str):
+                    intent = self._intents.get(held) if held is not None else None
+                    fleet = state if intent is None else compose(state, intent)
+                    message = to_wire(compile_region(fleet, region))
+                    wanted.add((region, held))
+                    old = self._snapshots.get((region, held))
+                    if old is None or old.digest != message.digest:
+                        self._snapshots[region, held] = message
+                        changed.append(region)
+            for key in [k for k in self._snapshots if k not in wanted]:
+                del self._snapshots[key]
+                self._feeds.pop(key, None)
+                changed.append(key[0])
+            changed = sorted(set(changed) - set(gone))
             trace = span.get_span_context() if span is not None else None
-            for region in changed:
-                self._encode(region, trace)
+            for key in self._snapshots:
+                if key[0] in changed:
+                    self._encode(key, trace)
             self.revision = state.revision
             self.last_compile_s = time.perf_counter() - started
             if span is not None:
@@ -119,17 +140,29 @@ class SnapshotHub:
                     extra={"revision": state.revision, "compile_s": self.last_compile_s},
                 )
 
-    def _encode(self, region: str, trace: SpanContext | None = None) -> None:
+    async def _load(self) -> FleetState:
+        """The fleet, what each target holds, and the intents held, in one transaction."""
+        async with self._db.sessions() as session, session.begin():
+            await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            state = await read_fleet_state(session)
+            holdings = await store.read_holdings(session)
+            held = {*holdings.regions.values(), *holdings.nodes.values()}
+            self._intents.update(await store.read_intents(session, held - set(self._intents)))
+        self._holdings = holdings
+        return state
+
+    def _encode(self, key: Held, trace: SpanContext | None = None) -> None:
+        region = key[0]
         snapshot = pb.Snapshot()
-        snapshot.CopyFrom(self._snapshots[region])
+        snapshot.CopyFrom(self._snapshots[key])
         snapshot.peer_load.extend(v for k, v in sorted(self._peer_load.items()) if k != region)
         own = self._peer_load.get(region)
         snapshot.agents_up = own.nodes_up if own is not None else 0
         message = pb.ControlMessage(snapshot=snapshot).SerializeToString()
-        old = self._feeds.get(region)
+        old = self._feeds.get(key)
         if trace is None and old is not None and old.revision == snapshot.revision:
             trace = old.trace  # peer load refreshed: the same revision's trace
-        self._feeds[region] = RegionFeed(snapshot.revision, snapshot.digest, message, trace)
+        self._feeds[key] = RegionFeed(snapshot.revision, snapshot.digest, message, trace)
 
     def _wake(self, region: str) -> None:
         event = self._changed.pop(region, None)
@@ -147,8 +180,8 @@ class SnapshotHub:
         if loads != self._peer_load:
             async with self._lock:
                 self._peer_load = loads
-                for region in self._snapshots:
-                    self._encode(region)
+                for key in self._snapshots:
+                    self._encode(key)
 
     async def _poll(self) -> None:
         """Level-triggered safety net: notice revisions whose announcement was lost."""

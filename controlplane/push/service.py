@@ -168,7 +168,7 @@ class FleetService:
     async def _push(self, context: Context, who: agents.AgentIdentity, state: StreamState) -> None:
         while True:
             changed = self._hub.changed(who.region)
-            feed = self._hub.feed(who.region)
+            feed = self._hub.feed(who.region, who.node)
             if feed is None:
                 raise WrongRegion(f"region {who.region!r} no longer exists")
             if feed.digest == state.digest and state.sent == 0:

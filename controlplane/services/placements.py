@@ -18,6 +18,7 @@ from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import DeploymentRow, EngineSlotRow, NodeRow
 from controlplane.services.fleet_kinds import DEPLOYMENT, MODEL, NODE, REGION
 from controlplane.services.fleet_state import PLACEMENT_KEYS, read_fleet_state
+from controlplane.services.rollouts.begin import on_commit, seed_intent
 from controlplane.services.unit import UnitOfWork
 from controlplane.snapshot.placement import place
 from controlplane.snapshot.types import Slot
@@ -30,6 +31,8 @@ async def commit(uow: UnitOfWork) -> int | None:
     revision = await uow.commit_revision()
     if any(change.kind in PLACEMENT_KINDS for change in uow.changes):
         await keep_slots(uow.session)
+    if revision is not None:
+        await on_commit(uow, revision)
     return revision
 
 
@@ -40,6 +43,7 @@ async def seed_slots(db: Database) -> None:
         lock = select(ConfigRevisionRow.id).where(ConfigRevisionRow.id == 1).with_for_update()
         await session.execute(lock)
         await keep_slots(session)
+        await seed_intent(session)
 
 
 async def keep_slots(session: AsyncSession) -> None:

@@ -15,6 +15,7 @@ from controlplane.services.fleet_kinds import (
     ROUTING_POLICY,
 )
 from controlplane.services.kind import Kind
+from controlplane.services.rollouts.kind import ROLLOUT_POLICY_KIND
 
 CLOUD.dependents_of = [(REGION, "cloud_id")]
 REGION.dependents_of = [
@@ -44,6 +45,7 @@ KINDS: list[Kind[Any]] = [
     API_KEY,
     PRINCIPAL,
     BOOTSTRAP_TOKEN,
+    ROLLOUT_POLICY_KIND,
 ]
 BY_PLURAL: dict[str, Kind[Any]] = {kind.plural: kind for kind in KINDS}
 
@@ -57,4 +59,5 @@ APPLY_KINDS: dict[str, Kind[Any]] = {
     "routing_policies": ROUTING_POLICY,
     "fallback_rules": FALLBACK,
     "tenants": TENANT,
+    "rollout_policies": ROLLOUT_POLICY_KIND,
 }

@@ -20,6 +20,7 @@ from controlplane.schemas.fleet import (
     RegionSpec,
     RoutingPolicySpec,
 )
+from controlplane.schemas.rollout import RolloutPolicySpec
 
 
 class Frozen(BaseModel):
@@ -58,6 +59,7 @@ class FleetState(Frozen):
     # Each region's Ed25519 seed, base64: it signs the requests the region escalates.
     signing_keys: dict[str, str] = Field(default_factory=dict, repr=False)
     slots: dict[str, Slot] = Field(default_factory=dict)  # by engine id
+    rollout_policies: dict[str, RolloutPolicySpec] = Field(default_factory=dict)
 
 
 class RegionInfo(Frozen):

@@ -39,6 +39,10 @@ BASE: dict[str, Any] = {
 }
 
 
-def example() -> dict[str, Any]:
+def example(*, rollouts: bool = False) -> dict[str, Any]:
+    """examples/fleet.yaml; without its rollout policy unless asked for, so that the test
+    database's `strategy: immediate` stands (see tests/conftest.py)."""
     loaded: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    if not rollouts:
+        del loaded["rollout_policies"]
     return loaded

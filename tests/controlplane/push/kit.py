@@ -13,7 +13,7 @@ from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.control.fleet import ChannelTls, FleetClient, SyncStream
 from tests.controlplane.conftest import ADMIN_TOKEN
-from tests.controlplane.fleet import EXAMPLE
+from tests.controlplane.fleet import example
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -21,11 +21,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 async def seed(url: str) -> int:
     """Apply examples/fleet.yaml; the revision it made."""
     async with httpx.AsyncClient(base_url=url, headers=ADMIN, timeout=30) as http:
-        response = await http.post(
-            "/v1/apply",
-            content=EXAMPLE.read_bytes(),
-            headers={"Content-Type": "application/yaml"},
-        )
+        response = await http.post("/v1/apply", json=example())
         assert response.status_code == 200, response.text
         return int(response.json()["revision"])
 

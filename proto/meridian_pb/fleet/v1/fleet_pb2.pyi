@@ -383,7 +383,9 @@ class Telemetry(_message.Message):
 
     @_builtins.property
     def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelAnswers]:
-        """What the gateway answered since the last heartbeat, per model: refusals and errors too."""
+        """What the gateway answered, per model: refusals and errors too; rates since the last
+        heartbeat, totals since it started.
+        """
 
     def __init__(
         self,
@@ -435,32 +437,99 @@ class ModelAnswers(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class TotalByCodeEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     MODEL_FIELD_NUMBER: _builtins.int
     PER_SECOND_FIELD_NUMBER: _builtins.int
     PER_SECOND_BY_CODE_FIELD_NUMBER: _builtins.int
+    TOTAL_BY_CODE_FIELD_NUMBER: _builtins.int
+    ESCALATED_TOTAL_FIELD_NUMBER: _builtins.int
+    TTFT_FIELD_NUMBER: _builtins.int
+    ITL_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     per_second: _builtins.float
     """Answers a second, whatever their status."""
+    escalated_total: _builtins.int
     @_builtins.property
     def per_second_by_code(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """The same by what they were: "ok" for an answer served, else the error's code
         (quota_exceeded, queue_full, overloaded, no_healthy_worker, invalid_request, ...).
         """
 
+    @_builtins.property
+    def total_by_code(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Since the gateway started, so that a reader can take the difference over any window
+        (the control plane judges rollouts this way): answers by code, answers a peer region
+        gave, and the gateway's time to first token and time per output token as cumulative
+        histograms, in seconds.
+        """
+
+    @_builtins.property
+    def ttft(self) -> Global___Histogram: ...
+    @_builtins.property
+    def itl(self) -> Global___Histogram: ...
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         per_second: _builtins.float = ...,
         per_second_by_code: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        total_by_code: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        escalated_total: _builtins.int = ...,
+        ttft: Global___Histogram | None = ...,
+        itl: Global___Histogram | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["itl", b"itl", "ttft", b"ttft"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "total_by_code", b"total_by_code", "ttft", b"ttft"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelAnswers: _TypeAlias = ModelAnswers  # noqa: Y015
+
+@_typing.final
+class Histogram(_message.Message):
+    """Cumulative: count[i] observations took at most le[i]; the last le is +Inf."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LE_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def le(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def count(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        le: _abc.Iterable[_builtins.float] | None = ...,
+        count: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "le", b"le"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Histogram: _TypeAlias = Histogram  # noqa: Y015
 
 @_typing.final
 class RouteReceipt(_message.Message):
