@@ -66,6 +66,12 @@ class AlreadyExists(MeridianError):
     title = "An object with that identity already exists"
 
 
+class RolloutNotActive(MeridianError):
+    code = "rollout_not_active"
+    status = 409
+    title = "No rollout is running"
+
+
 class HasDependents(MeridianError):
     code = "has_dependents"
     status = 409

@@ -1,13 +1,15 @@
 """The control plane's Prometheus metrics (`GET /metrics`, viewer and above): its API's latency
 (OpenTelemetry's `http.server.request.duration`, as a Prometheus name, by method, route
 template and status), the agents connected to this replica per region, the snapshot acks
-and nacks they sent, and the push lag: from a snapshot's send to its agent's ack."""
+and nacks they sent, the push lag: from a snapshot's send to its agent's ack; and, on the
+leader, rollouts by outcome, rollbacks by check and the time each wave took."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from opentelemetry.trace import SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -17,6 +19,7 @@ from starlette.responses import Response
 
 HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 PUSH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+WAVE_BUCKETS = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -39,6 +42,22 @@ class ControlPlaneMetrics:
         self.push_lag = Histogram("meridian_push_ack", "From a snapshot's send to its agent's "
                                   "ack", ["region"], unit="seconds", buckets=PUSH_BUCKETS,
                                   registry=r)  # fmt: skip
+        self.rollouts = Counter("meridian_rollouts", "Rollouts ended, by outcome", ["outcome"],
+                                registry=r)  # fmt: skip
+        self.rollbacks = Counter("meridian_rollbacks", "Rollbacks, by the check that failed",
+                                 ["check"], registry=r)  # fmt: skip
+        self.waves = Histogram("meridian_rollout_wave", "How long a rollout's wave took, from "
+                               "its push to the next wave's", unit="seconds",
+                               buckets=WAVE_BUCKETS, registry=r)  # fmt: skip
+
+    def rollout(self, event: str, detail: dict[str, Any]) -> None:
+        """What the rollout driver saw: an outcome, a rollback's check, a wave's time."""
+        if event == "outcome":
+            self.rollouts.labels(detail["outcome"]).inc()
+        elif event == "rollback":
+            self.rollbacks.labels(detail["check"]).inc()
+        elif event == "wave":
+            self.waves.observe(detail["seconds"])
 
     async def render(self) -> bytes:
         return await asyncio.to_thread(generate_latest, self.registry)

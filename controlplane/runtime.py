@@ -26,6 +26,7 @@ from controlplane.push.service import FleetService
 from controlplane.services.placements import seed_slots
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
+from controlplane.services.rollouts.driver import RolloutDriver
 from controlplane.settings import Settings
 from controlplane.tracing import make_tracer
 
@@ -78,7 +79,10 @@ class Replica:
             metrics=self.metrics,
         )
         self.singletons = Singletons(
-            self.coordinator, db, down_after=timedelta(seconds=settings.node_down_after_s)
+            self.coordinator,
+            db,
+            down_after=timedelta(seconds=settings.node_down_after_s),
+            rollouts=RolloutDriver(db, self.feed, observe=self.metrics.rollout),
         )
         self.feed.subscribe(self.coordinator.publish_revision)
         self.coordinator.on_revision(self.hub.announce)

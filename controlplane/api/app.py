@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from controlplane.api import openapi, operator, problems, status
+from controlplane.api import openapi, operator, problems, rollouts, status
 from controlplane.api.deps import Services
 from controlplane.api.kinds import kind_router
 from controlplane.coord.base import Coordinator, LocalCoordinator, replica_info
@@ -48,6 +48,7 @@ def create_app(
     app.state.status = StatusCache(lambda: fleet_status(db, settings.heartbeat_timeout_s))
     app.include_router(operator.router)
     app.include_router(status.router)
+    app.include_router(rollouts.router)
     for kind in KINDS:
         app.include_router(kind_router(kind))
     return app

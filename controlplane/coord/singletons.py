@@ -1,4 +1,5 @@
-"""The loops exactly one replica runs, the leader: the liveness sweeper and the rollup."""
+"""The loops exactly one replica runs, the leader: the liveness sweeper, the rollup, and the
+rollout driver."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from controlplane.coord.base import Coordinator
 from controlplane.db.engine import Database
 from controlplane.services.liveness import Sweeper, rollup
+from controlplane.services.rollouts.driver import RolloutDriver
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,7 @@ class Singletons:
         rollup_every_s: float = 5.0,
         keep_samples: timedelta = timedelta(minutes=15),
         clock: Callable[[], datetime] = utc_now,
+        rollouts: RolloutDriver | None = None,
     ) -> None:
         self._coord = coordinator
         self._db = db
@@ -39,6 +42,7 @@ class Singletons:
         self._rollup_every_s = rollup_every_s
         self._keep = keep_samples
         self._clock = clock
+        self._rollouts = rollouts
         self._task: asyncio.Task[None] | None = None
         self.leading_since: datetime | None = None
 
@@ -56,6 +60,11 @@ class Singletons:
             self._sweeper = Sweeper(self._db, self._down_after)  # absences count from now
         present = set(await self._coord.connected_agents())
         await self._sweeper.sweep(present, now)
+        if self._rollouts is not None:
+            try:
+                await self._rollouts.tick()
+            except Exception:
+                log.exception("the rollout driver failed; it will try again")
         if last_rollup is None or (now - last_rollup).total_seconds() >= self._rollup_every_s:
             await rollup(self._db, now, self._keep)
             return now

@@ -101,42 +101,47 @@ class SnapshotHub:
                     f"compile revision {state.revision}", start_time=started_ns
                 )
             self._peer_load = await self._read_peer_loads()
-            changed: list[str] = []
-            wanted: set[Held] = set()
+            changed: set[str] = set()
             gone = sorted({k[0] for k in self._snapshots} - set(state.regions))
+            by_digest = {(k[0], m.digest): k for k, m in self._snapshots.items()}
+            snapshots: dict[Held, pb.Snapshot] = {}
+            feeds: dict[Held, RegionFeed] = {}
             for region in state.regions:
                 for held in sorted(self._holdings.in_region(state, region), key=str):
                     intent = self._intents.get(held) if held is not None else None
                     fleet = state if intent is None else compose(state, intent)
                     message = to_wire(compile_region(fleet, region))
-                    wanted.add((region, held))
-                    old = self._snapshots.get((region, held))
-                    if old is None or old.digest != message.digest:
-                        self._snapshots[region, held] = message
-                        changed.append(region)
-            for key in [k for k in self._snapshots if k not in wanted]:
-                del self._snapshots[key]
-                self._feeds.pop(key, None)
-                changed.append(key[0])
-            changed = sorted(set(changed) - set(gone))
+                    key = (region, held)
+                    # the same content under another holding (a region pinned as a rollout
+                    # begins) keeps what was sent: its agents get nothing new
+                    same = by_digest.get((region, message.digest))
+                    if same is not None and same in self._feeds:
+                        snapshots[key], feeds[key] = self._snapshots[same], self._feeds[same]
+                    else:
+                        snapshots[key] = message
+                        changed.add(region)
+            changed |= {k[0] for k in self._snapshots if k not in snapshots} - set(gone)
+            self._snapshots, self._feeds = snapshots, feeds
             trace = span.get_span_context() if span is not None else None
             for key in self._snapshots:
-                if key[0] in changed:
+                if key not in self._feeds:
                     self._encode(key, trace)
             self.revision = state.revision
             self.last_compile_s = time.perf_counter() - started
             if span is not None:
-                span.set_attributes({"meridian.revision": state.revision,
-                                     "meridian.regions_changed": changed + gone})  # fmt: skip
+                regions = [*sorted(changed), *gone]
+                span.set_attributes(
+                    {"meridian.revision": state.revision, "meridian.regions_changed": regions}
+                )
                 span.end()
-            for region in [*changed, *gone]:
+            for region in [*sorted(changed), *gone]:
                 self._wake(region)
             if changed or gone:
                 log.info(
                     "revision %s compiled in %.3f s; changes %s",
                     state.revision,
                     self.last_compile_s,
-                    ", ".join(changed + gone),
+                    ", ".join([*sorted(changed), *gone]),
                     extra={"revision": state.revision, "compile_s": self.last_compile_s},
                 )
 

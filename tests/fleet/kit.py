@@ -85,8 +85,11 @@ def fleet_document(
     change: Callable[[dict[str, Any]], None] | None,
     addresses: dict[str, str] | None = None,
 ) -> str:
-    """The example fleet with llama only, gateway URLs at the agents' ports."""
+    """The example fleet with llama only, gateway URLs at the agents' ports; without its
+    rollout policy (the test database's `strategy: immediate` stands) unless `change` adds
+    one."""
     doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    del doc["rollout_policies"]
     doc["models"] = [m for m in doc["models"] if m["name"] == LLAMA]
     doc["deployments"] = [d for d in doc["deployments"] if d["model"] == LLAMA]
     doc["routing_policies"] = [p for p in doc["routing_policies"] if p["model"] == LLAMA]

@@ -1,0 +1,105 @@
+"""`meridian rollout status | pause | resume | promote | abort`: the newest rollout, by HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from controlplane.client import ClientSettings, fail
+
+MARKS = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "wait": "[yellow]wait[/]"}
+
+
+@click.group("rollout")
+@click.option("--url", default=None, help="control plane URL [$MERIDIAN_URL]")
+@click.option("--token", default=None, help="bearer token [$MERIDIAN_TOKEN]")
+@click.pass_context
+def rollout(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """Watch and steer how a change reaches the fleet."""
+    settings = ClientSettings()
+    secret = token or (settings.token.get_secret_value() if settings.token else None)
+    if not secret:
+        raise click.UsageError("give --token or set MERIDIAN_TOKEN")
+    ctx.obj = (url or settings.url).rstrip("/"), secret
+
+
+def _call(ctx: click.Context, method: str, path: str, **params: Any) -> dict[str, Any]:
+    url, token = ctx.obj
+    try:
+        response = httpx.request(method, f"{url}{path}", params=params, timeout=30,
+                                 headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach {url}: {exc}") from exc
+    if response.status_code != 200:
+        fail(Console(), response)
+    body: dict[str, Any] = response.json()
+    return body
+
+
+@rollout.command("status")
+@click.pass_context
+def status_command(ctx: click.Context) -> None:
+    """Declared and in force, the newest rollout's waves and checks, what each target holds."""
+    show(Console(), _call(ctx, "GET", "/v1/rollouts"))
+
+
+def _action(name: str, help_text: str) -> click.Command:
+    @click.pass_context
+    def run(ctx: click.Context, /, **flags: bool) -> None:
+        params = {"everywhere": "true"} if flags.get("everywhere") else {}
+        show(Console(), _call(ctx, "POST", f"/v1/rollouts/current/{name}", **params))
+
+    command = click.Command(name, callback=run, help=help_text)
+    if name == "promote":
+        command.params.append(
+            click.Option(["--everywhere"], is_flag=True, help="every target at once")
+        )
+    return command
+
+
+for _name, _help in (
+    ("pause", "Hold the rollout at its wave (checks still run; a failed one still rolls back)."),
+    ("resume", "Go on from the wave it holds; the wave's watch begins again."),
+    ("promote", "The next wave now, without its bake and checks (--everywhere: every target)."),
+    ("abort", "Roll back every target to the last good revision."),
+):
+    rollout.add_command(_action(_name, _help))
+
+
+def show(console: Console, doc: dict[str, Any]) -> None:
+    in_force = doc["in_force"]
+    console.print(
+        f"declared: revision {doc['declared_revision']} (intent {doc['declared_intent']}); "
+        f"in force: intent {in_force['intent']}: {in_force['why']}",
+        highlight=False,
+    )
+    row = doc.get("rollout")
+    if row is None:
+        console.print("no rollout yet")
+        return
+    console.print(
+        f"rollout {row['id']} of revision {row['revision']} from {row['base']}: "
+        f"[bold]{row['state']}[/] {row['reason']}",
+        highlight=False,
+    )
+    waves = Table("wave", "targets", "bake", "status")
+    for wave in row["waves"]:
+        waves.add_row(wave["name"], ", ".join(wave["targets"]), f"{wave['bake_s']:g} s",
+                      wave["status"])  # fmt: skip
+    console.print(waves)
+    if row["checks"]:
+        checks = Table("check", "model", "verdict", "figure")
+        for check in row["checks"]:
+            verdict = MARKS.get(check["verdict"], check["verdict"])
+            checks.add_row(check["check"], check.get("model") or "", verdict, check["figure"])
+        console.print(checks)
+    targets = Table("region", "holds", "nodes (holds / applied revision)")
+    for target in doc["targets"]:
+        nodes = ", ".join(f"{n['name']} ({n['holds']} / {n['applied_revision']})"
+                          for n in target["nodes"])  # fmt: skip
+        targets.add_row(target["region"], str(target["holds"]), nodes)
+    console.print(targets)

@@ -1,0 +1,248 @@
+"""A change rolls out in waves under steady traffic: a harmful one is caught at the canary and
+rolled back without the other regions ever holding it, a good one reaches every region, and
+an operator pauses, resumes, promotes and aborts from the CLI while a revoked key still goes
+everywhere at once. Real processes: PostgreSQL, a control plane, three agents, simulators."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from tests.controlplane.conftest import ADMIN_TOKEN, run_cli
+from tests.controlplane.push.kit import ADMIN, eventually
+from tests.fleet.kit import LLAMA, Fleet, fleet_of
+
+REGIONS = ("us-east", "us-west", "eu-west")
+POLICY = {
+    "name": "default",
+    "canary": "node",
+    "waves": [{"count": 1}, {"percent": 100}],
+    "bake_s": 3,
+    "checks": {"min_requests": 10, "wait_for_traffic_s": 60},
+}
+
+
+def _waves(doc: dict[str, Any]) -> None:
+    doc["rollout_policies"] = [POLICY]
+    for tenant in doc["tenants"]:  # no tenant's own quota in the way of the traffic
+        tenant["requests_per_minute"] = 1_000_000
+
+
+class Traffic:
+    """Short streams to every region, a few at a time, until stopped: what each region
+    answered, by status."""
+
+    def __init__(self, fleet: Fleet, per_region: int = 3) -> None:
+        self.answers: dict[str, Counter[str]] = {r: Counter() for r in REGIONS}
+        self._stop = asyncio.Event()
+        self._tasks = [
+            asyncio.ensure_future(self._loop(region, fleet.client(region)))
+            for region in REGIONS
+            for _ in range(per_region)
+        ]
+
+    async def _loop(self, region: str, client: openai.AsyncOpenAI) -> None:
+        while not self._stop.is_set():
+            try:
+                stream = await client.chat.completions.create(
+                    model=LLAMA, messages=[{"role": "user", "content": "hello there"}],
+                    max_tokens=6, stream=True,
+                )  # fmt: skip
+                async for _ in stream:
+                    pass
+                self.answers[region]["ok"] += 1
+            except openai.APIStatusError as error:
+                self.answers[region][f"{error.status_code} {error.code}"] += 1
+                await asyncio.sleep(0.05)
+            except openai.APIError:
+                self.answers[region]["broken"] += 1
+                await asyncio.sleep(0.05)
+
+    def since(self, mark: dict[str, Counter[str]]) -> dict[str, Counter[str]]:
+        return {r: self.answers[r] - mark[r] for r in REGIONS}
+
+    def mark(self) -> dict[str, Counter[str]]:
+        return {r: Counter(self.answers[r]) for r in REGIONS}
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+@contextlib.asynccontextmanager
+async def traffic(fleet: Fleet) -> AsyncIterator[Traffic]:
+    running = Traffic(fleet)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+async def apply(fleet: Fleet, **kinds: list[dict[str, Any]]) -> int:
+    """Create or update the objects given (nothing else is touched); the revision."""
+    async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN, timeout=30) as http:
+        answer = await http.post("/v1/apply", params={"prune": "false"}, json=kinds)
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["revision"])
+
+
+async def rollouts(fleet: Fleet) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN, timeout=30) as http:
+        answer = await http.get("/v1/rollouts")
+        assert answer.status_code == 200, answer.text
+        doc: dict[str, Any] = answer.json()
+        return doc
+
+
+async def ended(fleet: Fleet, revision: int, within_s: float = 90) -> dict[str, Any]:
+    """The rollout of `revision` once it has ended (the view then)."""
+
+    async def over() -> dict[str, Any] | None:
+        doc = await rollouts(fleet)
+        row = doc["rollout"]
+        if row and row["revision"] == revision and row["state"] not in ("rolling", "paused"):
+            return doc
+        return None
+
+    done: dict[str, Any] = await eventually(over, within_s=within_s)
+    return done
+
+
+LLAMA_DEFAULT = {"name": "llama-default", "model": LLAMA, "policy": "cost", "slo_ttft_ms": 800,
+                 "slo_itl_ms": 60, "max_queue": 256}  # fmt: skip
+
+
+async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every_region(
+    waved_database_url: str, tmp_path: Path
+) -> None:
+    async with (
+        fleet_of(waved_database_url, tmp_path, REGIONS, _waves) as fleet,
+        traffic(fleet) as load,
+    ):
+        await asyncio.sleep(3)  # a baseline of steady traffic
+        east_pids = {e["pid"] for e in (await fleet.status("us-east"))["engines"]}
+
+        # 1. Admission limits so low that most requests get 429: llama's model-wide policy
+        # (us-east and us-west; eu-west has its own). us-west, the smaller, is the canary.
+        mark = load.mark()
+        bad = await apply(fleet, routing_policies=[{**LLAMA_DEFAULT, "max_inflight": 1,
+                                                    "max_queue": 0}])  # fmt: skip
+        doc = await ended(fleet, bad)
+        row = doc["rollout"]
+        assert row["state"] == "rolled_back", row
+        assert row["reason"].startswith(("refusals of llama", "escalated of llama")), row["reason"]
+        assert [w["targets"] for w in row["waves"]] == [["region:us-west"], ["region:us-east"]]
+        assert [w["status"] for w in row["waves"]] == ["rolled back", "pending"]
+        seen = load.since(mark)
+        assert not seen["us-east"] - Counter(ok=seen["us-east"]["ok"]), seen  # never held it
+        assert doc["in_force"]["intent"] == row["base"], doc["in_force"]
+
+        # 2. Engine arguments the agents refuse (a nack), then engines that crash as they
+        # start, in every region at once (one revision each).
+        def deployments(args: dict[str, Any]) -> list[dict[str, Any]]:
+            return [
+                {"name": f"llama-{r}", "model": LLAMA, "region": r, "backend": "sim",
+                 "replicas": 2 if r == "eu-west" else 1, "engine_args": args}
+                for r in REGIONS
+            ]  # fmt: skip
+
+        refused = await apply(fleet, deployments=deployments({"no-such-flag": 1}))
+        row = (await ended(fleet, refused))["rollout"]
+        assert row["state"] == "rolled_back", row
+        assert row["reason"].startswith("nack: us-west-1 refused it"), row["reason"]
+        crash = await apply(fleet, deployments=deployments({"crash-after-s": 0.3}))
+        row = (await ended(fleet, crash))["rollout"]
+        assert row["state"] == "rolled_back", row
+        assert row["reason"].startswith(("engines", "escalated", "errors")), row["reason"]
+        assert [w["status"] for w in row["waves"]][1:] == ["pending"] * (len(row["waves"]) - 1)
+        assert {e["pid"] for e in (await fleet.status("us-east"))["engines"]} == east_pids
+
+        async def canary_serves_again() -> bool:
+            engines = (await fleet.status("us-west"))["engines"]
+            return bool(engines) and all(e["state"] == "ready" for e in engines)
+
+        await eventually(canary_serves_again, within_s=30)
+
+        # 3. A good change (and the fix of the refused ones): every region, wave after wave.
+        good = await apply(fleet, deployments=deployments({}),
+                           routing_policies=[{**LLAMA_DEFAULT, "slo_ttft_ms": 900}])  # fmt: skip
+        mark = load.mark()
+        doc = await ended(fleet, good, within_s=120)
+        row = doc["rollout"]
+        assert row["state"] == "complete", row
+        assert all(w["status"] == "done" for w in row["waves"]), row["waves"]
+        assert {t["region"]: t["holds"] for t in doc["targets"]} == dict.fromkeys(
+            sorted(REGIONS), good
+        )
+        assert all(c["verdict"] == "pass" for c in row["checks"]), row["checks"]
+        seen = load.since(mark)
+        assert all(seen[r]["ok"] > 0 and list(seen[r]) == ["ok"] for r in REGIONS), seen
+
+
+async def test_operators_pause_resume_promote_and_abort_while_revocation_goes_everywhere(
+    waved_database_url: str, tmp_path: Path
+) -> None:
+    async with (
+        fleet_of(waved_database_url, tmp_path, REGIONS, _waves) as fleet,
+        traffic(fleet) as load,
+    ):
+        env = {"MERIDIAN_URL": fleet.cp.url, "MERIDIAN_TOKEN": ADMIN_TOKEN}
+        async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN, timeout=30) as http:
+            made = (await http.post("/v1/api-keys", json={"tenant": "acme"})).json()
+        spare = openai.AsyncOpenAI(base_url="", api_key=made["key"], max_retries=0)
+
+        first = await apply(fleet, routing_policies=[{**LLAMA_DEFAULT, "slo_ttft_ms": 901}])
+        code, out = await run_cli("rollout", "pause", env=env)
+        assert code == 0, out
+        assert "paused" in out, out
+
+        # Revoked while the rollout is paused: every region refuses the key at once.
+        async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN, timeout=30) as http:
+            answer = await http.patch(f"/v1/api-keys/{made['name']}", json={"revoked": True},
+                                      headers={"If-Match": "*"})  # fmt: skip
+            assert answer.status_code == 200, answer.text
+        for region in REGIONS:
+            client = spare.with_options(base_url=f"{fleet.agents[region].url}/v1")
+
+            async def refused(client: openai.AsyncOpenAI = client) -> bool:
+                try:
+                    await client.models.list()
+                except openai.AuthenticationError:
+                    return True
+                return False
+
+            await eventually(refused, within_s=5)
+        assert (await rollouts(fleet))["rollout"]["state"] == "paused"
+
+        code, out = await run_cli("rollout", "resume", env=env)
+        assert code == 0, out
+        assert (await ended(fleet, first))["rollout"]["state"] == "complete"
+
+        second = await apply(fleet, routing_policies=[{**LLAMA_DEFAULT, "slo_ttft_ms": 902}])
+        code, out = await run_cli("rollout", "promote", "--everywhere", env=env)
+        assert code == 0, out
+        doc = await ended(fleet, second)
+        assert doc["rollout"]["state"] == "complete"
+        assert doc["rollout"]["reason"].startswith("promoted by"), doc["rollout"]
+
+        third = await apply(fleet, routing_policies=[{**LLAMA_DEFAULT, "slo_ttft_ms": 903}])
+        code, out = await run_cli("rollout", "abort", env=env)
+        assert code == 0, out
+        doc = await ended(fleet, third)
+        assert doc["rollout"]["state"] == "aborted"
+        assert doc["in_force"]["intent"] == second
+        code, out = await run_cli("rollout", "abort", env=env)
+        assert code == 1, out
+        assert "rollout_not_active" in out, out
+
+        code, out = await run_cli("rollout", "status", env=env)
+        assert code == 0, out
+        assert f"rollout {doc['rollout']['id']} of revision {third}" in out, out
+        assert sum(load.answers[r]["ok"] for r in REGIONS) > 0
