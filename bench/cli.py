@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from bench import escalation, migration, overhead, overload, revocation, routing
+from bench import escalation, migration, overhead, overload, revocation, rollout, routing
 from bench.propagation import Options, run
 from bench.sim import run as run_sim
 
@@ -226,5 +226,28 @@ def revocation_command(regions: int, rounds: int, out: Path | None) -> None:
     root = _scratch("revocation")
     try:
         asyncio.run(revocation.run(revocation.Options(regions, rounds, out, root)))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@bench.command("rollout")
+@click.option("--bake", type=click.FloatRange(1, 600), default=5.0, show_default=True,
+              help="seconds each wave is watched")  # fmt: skip
+@click.option("--baseline", type=click.FloatRange(5, 600), default=20.0, show_default=True,
+              help="seconds of steady traffic with no change, first")  # fmt: skip
+@click.option("--good", type=click.IntRange(1, 200), default=20, show_default=True,
+              help="good changes, each waited to its end")  # fmt: skip
+@click.option("--revocations", type=click.IntRange(1, 200), default=20, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def rollout_command(
+    bake: float, baseline: float, good: int, revocations: int, out: Path | None
+) -> None:
+    """Harmful changes caught at the canary and rolled back, good ones rolled everywhere, and
+    key revocation while a rollout is paused, on three regions under steady traffic."""
+    root = _scratch("rollout")
+    options = rollout.Options(bake_s=bake, baseline_s=baseline, good=good,
+                              revocations=revocations, out=out, root=root)  # fmt: skip
+    try:
+        asyncio.run(rollout.run(options))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -11,6 +11,14 @@ from typing import Any
 from rich.console import Console
 
 
+def write_json(console: Console, result: dict[str, Any], out: Path | None) -> None:
+    """The figures as JSON at `out` (its folder made), if asked for."""
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {out}")
+
+
 def save(
     console: Console,
     result: dict[str, Any],
@@ -18,9 +26,7 @@ def save(
     plot: Path | None,
     draw: Callable[[Path], None],
 ) -> None:
-    if out is not None:
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {out}")
+    write_json(console, result, out)
     if plot is not None:
         draw(plot)
         console.print(f"wrote {plot}")

@@ -9,7 +9,6 @@ agent, how long after the write began the agent had the new snapshot and had ack
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import time
@@ -25,6 +24,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from agents.control.fleet import FleetClient, SyncStream
+from bench.plots import write_json
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
@@ -286,9 +286,7 @@ async def run(options: Options) -> dict[str, Any]:
         "connect_s": round(connected_s, 2),
     }
     _report(console, result)
-    if options.out is not None:
-        options.out.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {options.out}")
+    write_json(console, result, options.out)
     return result
 
 

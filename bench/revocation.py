@@ -9,7 +9,6 @@ the start of the DELETE to that answer is the round's figure for the region.
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 from contextlib import AsyncExitStack
@@ -22,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.harness import apply, start_agent, start_control
+from bench.plots import write_json
 from meridian.procs import free_port
 
 GOAL_P99_S = 1.0
@@ -90,10 +90,7 @@ async def run(options: Options) -> dict[str, Any]:
         "delete_answered": _summary(sorted(deletes)),
     }
     _report(console, result)
-    if options.out is not None:
-        options.out.parent.mkdir(parents=True, exist_ok=True)
-        options.out.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {options.out}")
+    write_json(console, result, options.out)
     return result
 
 

@@ -1,5 +1,6 @@
 """`meridian demo traffic`: sample traffic across the local fleet's regions, shown live: where
 each region's requests were served, and the escalations between regions with their reasons.
+(`meridian demo bad-change`, in demo_rollout.py, shows a rollout catching a harmful change.)
 
 It reads `.meridian/local-fleet.json` (written by `meridian up`) and runs four phases:
 - **calm**: a few requests a second into every region; each serves its own;
@@ -238,6 +239,17 @@ class Demo:
         return Group(requests, flows, self.outage.line())
 
 
+def read_fleet_file(path: Path) -> dict[str, Any]:
+    """What `meridian up` wrote, or a one-line error that says to run it."""
+    try:
+        fleet: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise click.ClickException(
+            f"cannot read {path} ({error}): start the local fleet with `meridian up` first"
+        ) from None
+    return fleet
+
+
 @click.group("demo")
 def demo() -> None:
     """Show the local fleet at work."""
@@ -254,12 +266,7 @@ def demo() -> None:
               help="the region the surge and the fault hit")  # fmt: skip
 def traffic_command(fleet_file: Path, seconds: float, rps: float, target: str) -> None:
     """Send sample traffic across the regions and show, live, where it went and why."""
-    try:
-        fleet = json.loads(fleet_file.read_text())
-    except (OSError, ValueError) as error:
-        raise click.ClickException(
-            f"cannot read {fleet_file} ({error}): start the local fleet with `meridian up` first"
-        ) from None
+    fleet = read_fleet_file(fleet_file)
     regions = {r["name"] for r in fleet.get("regions", [])}
     if target not in regions:
         raise click.BadParameter(
@@ -296,3 +303,9 @@ async def _refresh(live: Live, run: Demo) -> None:
     while True:
         live.update(run.view())
         await asyncio.sleep(0.25)
+
+
+# The rollout scenario builds on Demo above; it is a command of this group.
+from meridian.demo_rollout import bad_change_command  # noqa: E402
+
+demo.add_command(bad_change_command)

@@ -76,6 +76,7 @@ class Tenant:
     requests_per_minute: float | None  # this node's share
     tokens_per_minute: float | None
     debug_routes: bool = False  # may see how its requests were routed
+    disabled: bool = False  # its keys are refused
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,7 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
             requests_per_minute=_node_share(grant, "requests_per_minute", agents_up),
             tokens_per_minute=_node_share(grant, "tokens_per_minute", agents_up),
             debug_routes=grant.debug_routes,
+            disabled=grant.disabled,
         )
         tenants[tenant.name] = tenant
         for key in grant.api_keys:

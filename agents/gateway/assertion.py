@@ -26,7 +26,8 @@ import orjson
 from cryptography.exceptions import InvalidSignature
 
 from agents.control.compile import RegionConfig, Signer, Tenant
-from agents.gateway.errors import Forbidden, Unauthenticated
+from agents.gateway.auth import admissible
+from agents.gateway.errors import Unauthenticated
 
 HEADER = "x-meridian-assertion"
 TTL_S = 30.0
@@ -131,10 +132,7 @@ def verify(
     tenant = config.tenants.get(name)
     if tenant is None:
         raise Unauthenticated("the assertion's tenant is not known in this region")
-    if tenant.jurisdictions is not None and config.jurisdiction not in tenant.jurisdictions:
-        raise Forbidden(
-            f"tenant {tenant.name} may not be served in jurisdiction {config.jurisdiction}"
-        )
+    admissible(tenant, config)
     if not seen.first((sender.region, nonce), float(expires), now):
         raise Unauthenticated("the escalation assertion was used already")
     reason, debug = str(claims.get("why") or ""), claims.get("dbg") is True

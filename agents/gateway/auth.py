@@ -33,7 +33,13 @@ def authenticate(
         raise Unauthenticated("the API key is not valid in this region")
     if key.expires_at is not None and key.expires_at <= clock():
         raise Unauthenticated(f"the API key {key.prefix} has expired")
-    tenant = key.tenant
+    return admissible(key.tenant, config)
+
+
+def admissible(tenant: Tenant, config: RegionConfig) -> Tenant:
+    """The tenant, if it may be served here: not disabled, and within its jurisdictions."""
+    if tenant.disabled:
+        raise Forbidden(f"tenant {tenant.name} is disabled")
     if tenant.jurisdictions is not None and config.jurisdiction not in tenant.jurisdictions:
         raise Forbidden(
             f"tenant {tenant.name} may not be served in jurisdiction {config.jurisdiction}"

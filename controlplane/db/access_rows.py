@@ -20,6 +20,7 @@ class TenantRow(NamedRow):
     requests_per_minute: Mapped[int | None] = mapped_column(Integer)
     tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
     debug_routes: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
 
 
 class ApiKeyRow(NamedRow):

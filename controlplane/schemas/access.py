@@ -22,6 +22,10 @@ class TenantSpec(Spec):
         default=False,
         description="its requests may ask, with x-meridian-debug: 1, how they were routed",
     )
+    disabled: bool = Field(
+        default=False,
+        description="its keys are refused (403) in every region, at once (it skips rollouts)",
+    )
 
 
 class ApiKeySpec(Spec):

@@ -1,8 +1,8 @@
-"""The fleet as the status page shows it: regions on their clouds, the revision each runs and
-who acked it, nodes with their GPUs and engines, load, escalation flows and recent route
-receipts. Read in one transaction from what the agents reported (each node's latest
-heartbeat, flushed within half a second), so it is as fresh as the heartbeats, not as the
-leader's periodic rollup.
+"""The fleet as the status page shows it: the newest rollout (declared and in force, waves,
+checks), regions on their clouds, the revision each runs and who acked it, nodes with their
+GPUs and engines, load, escalation flows and recent route receipts. Read in one transaction
+from what the agents reported (each node's latest heartbeat, flushed within half a second),
+so it is as fresh as the heartbeats, not as the leader's periodic rollup.
 
 Many viewers poll it; `StatusCache` reads the database at most once a second per replica
 whatever their number.
@@ -22,6 +22,7 @@ from controlplane.db.agent_rows import NodeTelemetryRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import NodeRow, RegionRow
 from controlplane.services.liveness import DEGRADED, UP, summarize
+from controlplane.services.rollouts import control as rollouts
 from controlplane.services.unit import current_revision
 
 RECEIPTS = 25
@@ -77,6 +78,7 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
     receipts.sort(key=_when, reverse=True)
     return {
         "revision": revision,
+        "rollouts": await rollouts.view(db, recent=5),
         "generated_at": datetime.now(UTC).isoformat(),
         "regions": out_regions,
         "flows": flows,

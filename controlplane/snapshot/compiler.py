@@ -296,6 +296,7 @@ def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
                 tokens_per_minute_share=_exact(tenant.tokens_per_minute, weights, region),
                 api_keys=keys,
                 debug_routes=tenant.debug_routes,
+                disabled=tenant.disabled,
             )
         )
     return grants

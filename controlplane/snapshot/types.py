@@ -186,6 +186,7 @@ class TenantGrant(Frozen):
     tokens_per_minute: int | None
     api_keys: list[KeyGrant]
     debug_routes: bool = False
+    disabled: bool = False
     requests_per_minute_share: float | None = None
     tokens_per_minute_share: float | None = None
 

@@ -1,4 +1,5 @@
-"""rollouts: the rollout policy, the intent at each revision, holdings and rollouts
+"""rollouts: the rollout policy, the intent at each revision, holdings and rollouts; a
+tenant may be disabled
 
 Revision ID: 0008
 Revises: 0007
@@ -67,9 +68,14 @@ def upgrade() -> None:
     )
     op.create_index(op.f('ix_rollouts_revision'), 'rollouts', ['revision'], unique=False)
     op.create_index(op.f('ix_rollouts_state'), 'rollouts', ['state'], unique=False)
+    op.add_column(
+        'tenants',
+        sa.Column('disabled', sa.Boolean(), server_default=sa.text('false'), nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_column('tenants', 'disabled')
     op.drop_index(op.f('ix_rollouts_state'), table_name='rollouts')
     op.drop_index(op.f('ix_rollouts_revision'), table_name='rollouts')
     op.drop_table('rollouts')

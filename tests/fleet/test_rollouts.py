@@ -139,7 +139,7 @@ async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every
         assert row["state"] == "rolled_back", row
         assert row["reason"].startswith(("refusals of llama", "escalated of llama")), row["reason"]
         assert [w["targets"] for w in row["waves"]] == [["region:us-west"], ["region:us-east"]]
-        assert [w["status"] for w in row["waves"]] == ["rolled back", "pending"]
+        assert [w["status"] for w in row["waves"]] == ["rolled_back", "pending"]
         seen = load.since(mark)
         assert not seen["us-east"] - Counter(ok=seen["us-east"]["ok"]), seen  # never held it
         assert doc["in_force"]["intent"] == row["base"], doc["in_force"]
@@ -196,29 +196,38 @@ async def test_operators_pause_resume_promote_and_abort_while_revocation_goes_ev
         env = {"MERIDIAN_URL": fleet.cp.url, "MERIDIAN_TOKEN": ADMIN_TOKEN}
         async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN, timeout=30) as http:
             made = (await http.post("/v1/api-keys", json={"tenant": "acme"})).json()
-        spare = openai.AsyncOpenAI(base_url="", api_key=made["key"], max_retries=0)
+            tenant = await http.post("/v1/tenants", json={"name": "contractor"})
+            assert tenant.status_code == 201, tenant.text
+            theirs = (await http.post("/v1/api-keys", json={"tenant": "contractor"})).json()
 
         first = await apply(fleet, routing_policies=[{**LLAMA_DEFAULT, "slo_ttft_ms": 901}])
         code, out = await run_cli("rollout", "pause", env=env)
         assert code == 0, out
         assert "paused" in out, out
 
-        # Revoked while the rollout is paused: every region refuses the key at once.
+        # While the rollout is paused, a key revoked and a tenant disabled: every region
+        # refuses them at once.
         async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN, timeout=30) as http:
-            answer = await http.patch(f"/v1/api-keys/{made['name']}", json={"revoked": True},
-                                      headers={"If-Match": "*"})  # fmt: skip
-            assert answer.status_code == 200, answer.text
+            for path, body in ((f"/v1/api-keys/{made['name']}", {"revoked": True}),
+                               ("/v1/tenants/contractor", {"disabled": True})):  # fmt: skip
+                answer = await http.patch(path, json=body, headers={"If-Match": "*"})
+                assert answer.status_code == 200, answer.text
         for region in REGIONS:
-            client = spare.with_options(base_url=f"{fleet.agents[region].url}/v1")
+            for key, refusal in ((made["key"], openai.AuthenticationError),
+                                 (theirs["key"], openai.PermissionDeniedError)):  # fmt: skip
+                client = openai.AsyncOpenAI(base_url=f"{fleet.agents[region].url}/v1",
+                                            api_key=key, max_retries=0)  # fmt: skip
 
-            async def refused(client: openai.AsyncOpenAI = client) -> bool:
-                try:
-                    await client.models.list()
-                except openai.AuthenticationError:
-                    return True
-                return False
+                async def refused(
+                    client: openai.AsyncOpenAI = client, refusal: type[Exception] = refusal
+                ) -> bool:
+                    try:
+                        await client.models.list()
+                    except refusal:
+                        return True
+                    return False
 
-            await eventually(refused, within_s=5)
+                await eventually(refused, within_s=5)
         assert (await rollouts(fleet))["rollout"]["state"] == "paused"
 
         code, out = await run_cli("rollout", "resume", env=env)

@@ -127,9 +127,41 @@ function render(doc) {
   $("live").classList.remove("stale");
   $("revision").textContent = doc.revision;
   $("updated").textContent = `updated ${new Date(doc.generated_at).toLocaleTimeString()}`;
+  rollout(doc.rollouts);
   $("regions").replaceChildren(...doc.regions.map((r) => region(r, doc.revision)));
   flows(doc.regions, doc.flows);
   receipts(doc.receipts);
+}
+
+function rollout(doc) {
+  // declared and in force, side by side; the newest rollout's waves and its checks' figures
+  const force = doc.in_force;
+  $("in-force").textContent = `declared intent ${doc.declared_intent ?? "–"} · in force ` +
+    `${force.intent ?? "–"}: ${force.why}`;
+  const r = doc.rollout;
+  if (!r) { $("rollout-body").replaceChildren(el("p", { class: "hint" }, "no change has rolled out yet")); return; }
+  const holds = {};
+  for (const t of doc.targets) {
+    holds[`region:${t.region}`] = t.holds;
+    for (const n of t.nodes) holds[`node:${n.name}`] = n.holds;
+  }
+  const waves = r.waves.map((w, i) => el("li", { class: `wave ${w.status.replace(" ", "_")}`,
+    "data-wave": i, "data-status": w.status },
+    el("b", {}, w.name), ` · bake ${w.bake_s} s · `, badge(w.status),
+    el("span", { class: "hint" }, " holds " +
+      w.targets.map((t) => `${t.split(":")[1]} ${holds[t] ?? "–"}`).join(", "))));
+  const checks = (r.checks || []).map((c) => el("tr", { "data-check": c.check, "data-verdict": c.verdict },
+    el("td", {}, c.check), el("td", {}, c.model || ""),
+    el("td", {}, el("span", { class: `badge verdict ${c.verdict}` }, c.verdict)),
+    el("td", { class: "why" }, c.figure)));
+  $("rollout-body").replaceChildren(
+    el("div", { class: "rollout-head", "data-state": r.state },
+      el("b", {}, `revision ${r.revision}`), ` from ${r.base} by ${r.actor} · `, badge(r.state),
+      r.reason ? el("span", { class: "why" }, ` ${r.reason}`) : null),
+    waves.length ? el("ol", { class: "waves" }, waves) : null,
+    checks.length ? el("table", { class: "checks" }, el("tbody", {}, checks)) : null,
+    doc.recent.length ? el("p", { class: "hint" }, "before: " + doc.recent.map((x) =>
+      `${x.revision} ${x.state}`).join(" · ")) : null);
 }
 
 function region(r, declared) {

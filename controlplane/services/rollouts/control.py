@@ -30,6 +30,7 @@ class Operator:
         paused)."""
         driver, revision = self._driver, None
         async with driver.db.sessions() as session, session.begin():
+            await store.serialize(session)
             row = await store.latest(session, lock=True)
             if row is None or State(row.state) not in ACTIVE:
                 raise RolloutNotActive(
@@ -122,7 +123,7 @@ def _rollout(row: RolloutRow, *, brief: bool = False) -> dict[str, Any]:
         if index == row.wave:
             status = "done" if row.state == State.COMPLETE else str(row.state)
         if State(row.state) in HELD_BACK and index <= row.wave:
-            status = "rolled back"
+            status = "rolled_back"
         waves.append({**wave, "status": status})
     return {**out, "wave": row.wave, "wave_started_at": row.wave_started_at, "waves": waves,
             "checks": row.checks, "policy": row.policy}  # fmt: skip

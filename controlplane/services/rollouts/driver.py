@@ -70,6 +70,10 @@ class RolloutDriver:
     async def tick(self) -> None:
         revision = None
         async with self.db.sessions() as session, session.begin():
+            peek = await store.latest(session)
+            if peek is None or State(peek.state) not in ACTIVE:
+                return  # nothing to drive: no lock taken
+            await store.serialize(session)
             row = await store.latest(session, lock=True)
             if row is None or State(row.state) not in ACTIVE:
                 return
@@ -134,7 +138,9 @@ class RolloutDriver:
                 if n not in updated]  # fmt: skip
         readings = await read_nodes(session, updated + rest)
         at_wave = {n: Reading.from_json(doc) for n, doc in row.at_wave.items()}
-        intent = (await store.read_intents(session, {row.revision}))[row.revision]
+        regions = regions_of(state, done)
+        intents = await store.read_intents(session, {row.revision, row.base})
+        intent, base = intents[row.revision], intents.get(row.base)
         sides = Sides(
             updated=total([readings[n].minus(at_wave.get(n)) for n in updated if n in readings]),
             baseline=total([readings[n].minus(at_wave.get(n)) for n in rest if n in readings]),
@@ -145,10 +151,16 @@ class RolloutDriver:
                     if n in row.before
                 ]
             ),
-            slo_ms=_slos(intent, regions_of(state, done)),
+            slo_ms=_slos(intent, regions),
         )
         views = await node_views(session, updated, readings)
-        checks = judge_nodes(policy.checks, views, at_wave) + judge_traffic(policy.checks, sides)
+        # the models these targets served before and serve now must show enough traffic; a
+        # model new here is judged when it has some (none can have come to it before)
+        served = {d.model for d in intent.deployments.values() if d.region in regions} & {
+            d.model for d in (base.deployments.values() if base else []) if d.region in regions
+        }
+        checks = judge_nodes(policy.checks, views, at_wave)
+        checks += judge_traffic(policy.checks, sides, served)
         row.checks, row.updated_at = [c.as_json() for c in checks], now
         failed = [c for c in checks if c.verdict == "fail"]
         if failed:
@@ -207,6 +219,10 @@ class RolloutDriver:
     async def _finish(self, session: AsyncSession, row: RolloutRow, why: str) -> None:
         row.state, row.reason = State.COMPLETE, why
         row.finished_at = row.updated_at = self.clock()
+        if row.wave_started_at is not None:
+            self.observe(
+                "wave", {"seconds": (row.finished_at - row.wave_started_at).total_seconds()}
+            )
         await store.release(session)
         self.observe("outcome", {"outcome": str(row.state)})
         await audit(session, "complete", row, {"reason": why})

@@ -176,10 +176,11 @@ class Sides:
     slo_ms: dict[str, tuple[int | None, int | None]]  # per model: TTFT, ITL
 
 
-def judge_traffic(limits: RolloutChecks, sides: Sides) -> list[Check]:
+def judge_traffic(limits: RolloutChecks, sides: Sides, served: set[str]) -> list[Check]:
+    """Per model the updated targets serve (or answered for): too few answers is "wait"."""
     checks = []
-    for model in sorted(sides.updated):
-        new = sides.updated[model]
+    for model in sorted(served | set(sides.updated)):
+        new = sides.updated.get(model, Counts())
         base, label = _baseline(limits, sides, model)
         checks.append(_rate("errors", model, new, base, label, limits, Counts.errors,
                             limits.error_rate))  # fmt: skip
@@ -188,10 +189,14 @@ def judge_traffic(limits: RolloutChecks, sides: Sides) -> list[Check]:
         checks.append(_rate("escalated", model, new, base, label, limits,
                             lambda c: c.escalated, limits.escalated_share))  # fmt: skip
         ttft_slo, itl_slo = sides.slo_ms.get(model, (None, None))
-        checks.append(_latency("ttft_p99", model, new.ttft, base.ttft if base else None,
-                               ttft_slo, label, limits))  # fmt: skip
-        checks.append(_latency("itl_p99", model, new.itl, base.itl if base else None,
-                               itl_slo, label, limits))  # fmt: skip
+        for name, timed, baseline, slo in (
+            ("ttft_p99", new.ttft, base.ttft if base else None, ttft_slo),
+            ("itl_p99", new.itl, base.itl if base else None, itl_slo),
+        ):
+            # Only streamed answers are timed: a model answered in whole only is judged on
+            # its rates once they have enough answers, not held up waiting for streams.
+            if max(timed.values(), default=0) or new.answers < limits.min_requests:
+                checks.append(_latency(name, model, timed, baseline, slo, label, limits))
     return checks
 
 

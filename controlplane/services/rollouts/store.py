@@ -13,6 +13,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from controlplane.db.audit_rows import ConfigRevisionRow
 from controlplane.db.fleet_rows import NodeRow, RegionRow
 from controlplane.db.rollout_rows import HoldingRow, IntentRow, RolloutPolicyRow, RolloutRow
 from controlplane.schemas.rollout import ROLLOUT_POLICY, RolloutPolicySpec
@@ -43,10 +44,20 @@ async def policy(session: AsyncSession) -> RolloutPolicySpec:
     return RolloutPolicySpec.model_validate(ROLLOUT_POLICY_KIND.doc(row))
 
 
+async def serialize(session: AsyncSession) -> None:
+    """Take the revision row's lock, as every writer does before it touches rollouts: one
+    order of locks (the revision, then the rollout) for writers, the driver and operators,
+    so that none waits on another in a cycle, and the newest rollout read after it is the
+    newest there is."""
+    await session.execute(
+        select(ConfigRevisionRow.id).where(ConfigRevisionRow.id == 1).with_for_update()
+    )
+
+
 async def latest(session: AsyncSession, *, lock: bool = False) -> RolloutRow | None:
     query = select(RolloutRow).order_by(RolloutRow.id.desc()).limit(1)
-    if lock:
-        query = query.with_for_update()
+    if lock:  # and what was read of it before in this session, read again
+        query = query.with_for_update().execution_options(populate_existing=True)
     row: RolloutRow | None = await session.scalar(query)
     return row
 

@@ -1311,6 +1311,7 @@ class TenantGrant(_message.Message):
     DEBUG_ROUTES_FIELD_NUMBER: _builtins.int
     REQUESTS_PER_MINUTE_SHARE_FIELD_NUMBER: _builtins.int
     TOKENS_PER_MINUTE_SHARE_FIELD_NUMBER: _builtins.int
+    DISABLED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tier: _builtins.str
     requests_per_minute: _builtins.int
@@ -1323,6 +1324,8 @@ class TenantGrant(_message.Message):
     sum to the quota, for agents that read only those.
     """
     tokens_per_minute_share: _builtins.float
+    disabled: _builtins.bool
+    """Its keys are refused (403) here."""
     @_builtins.property
     def allowed_jurisdictions(self) -> Global___Jurisdictions:
         """Unset: any jurisdiction."""
@@ -1341,10 +1344,11 @@ class TenantGrant(_message.Message):
         debug_routes: _builtins.bool = ...,
         requests_per_minute_share: _builtins.float | None = ...,
         tokens_per_minute_share: _builtins.float | None = ...,
+        disabled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "name", b"name", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "disabled", b"disabled", "name", b"name", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__requests_per_minute: _TypeAlias = _typing.Literal["requests_per_minute"]  # noqa: Y015
     _WhichOneofArgType__requests_per_minute: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute"]  # noqa: Y015

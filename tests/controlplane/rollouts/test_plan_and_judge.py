@@ -1,0 +1,143 @@
+"""The pure parts of a rollout: which regions a change touches, the waves over them, what a
+target is compiled from, and the checks' verdicts on counts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.schemas.rollout import RolloutChecks, RolloutPolicySpec, WaveSpec
+from controlplane.services.rollouts.compose import Intent, compose, intent_doc
+from controlplane.services.rollouts.judge import Counts, Reading, Sides, judge_traffic, quantile
+from controlplane.services.rollouts.waves import affected, plan
+from controlplane.snapshot import compile_region
+from tests.controlplane.fleet import example
+from tests.controlplane.snapshot.test_compiler import state_from
+
+LLAMA = "llama-3.1-8b-instruct"
+
+
+def _edited(edit: Any) -> tuple[Intent, Intent, Any]:
+    doc = example()
+    base = state_from(doc)
+    edit(doc)
+    new = state_from(doc)
+    return Intent.parse(1, intent_doc(base)), Intent.parse(2, intent_doc(new)), new
+
+
+def _policy(doc: dict[str, Any], name: str, **changes: Any) -> None:
+    for policy in doc["routing_policies"]:
+        if policy["name"] == name:
+            policy.update(changes)
+
+
+def test_a_change_touches_only_the_regions_whose_snapshot_it_alters() -> None:
+    base, new, state = _edited(lambda d: _policy(d, "llama-eu-west", slo_ttft_ms=700))
+    assert affected(state, base, new) == ["eu-west"]
+    base, new, state = _edited(lambda d: _policy(d, "llama-default", max_inflight=4))
+    assert affected(state, base, new) == ["us-east", "us-west"]  # eu-west has its own
+
+
+def test_the_waves_start_small_and_end_with_every_region() -> None:
+    _, _, state = _edited(lambda d: None)
+    waves = plan(RolloutPolicySpec(), state, ["eu-west", "us-east", "us-west"])
+    # us-west has the fewest GPUs (1), then eu-west (2), then us-east (5)
+    assert [w.targets for w in waves] == [
+        ["region:us-west"],
+        ["region:eu-west"],
+        ["region:us-east"],
+    ]
+    assert all(w.bake_s == 60 for w in waves)
+    named = RolloutPolicySpec(canary_region="us-east", bake_s=5,
+                              waves=[WaveSpec(regions=["eu-west"], bake_s=1)])  # fmt: skip
+    waves = plan(named, state, ["eu-west", "us-east", "us-west"])
+    assert [(w.targets, w.bake_s) for w in waves] == [
+        (["region:us-east"], 5),
+        (["region:eu-west"], 1),
+        (["region:us-west"], 5),
+    ]
+
+
+def test_a_region_of_several_nodes_starts_with_one_node() -> None:
+    doc = example()
+    doc["nodes"].append({**doc["nodes"][1], "name": "us-west-2", "hostname": "127.0.0.9"})
+    state = state_from(doc)
+    waves = plan(RolloutPolicySpec(), state, ["us-west"])
+    assert [w.targets for w in waves] == [["node:us-west-1"], ["region:us-west"]]
+
+
+def test_an_old_intent_compiles_against_new_facts() -> None:
+    base, _, _ = _edited(lambda d: None)
+    doc = example()
+    doc["regions"] = [r for r in doc["regions"] if r["name"] != "eu-west"]
+    doc["nodes"] = [n for n in doc["nodes"] if n["region"] != "eu-west"]
+    doc["deployments"] = [d for d in doc["deployments"] if d["region"] != "eu-west"]
+    doc["routing_policies"] = [p for p in doc["routing_policies"] if p.get("region") != "eu-west"]
+    doc["fallback_rules"] = [r for r in doc["fallback_rules"] if r["region"] != "eu-west"]
+    for rule in doc["fallback_rules"]:
+        rule["peers"] = [p for p in rule["peers"] if p != "eu-west"]
+    now = state_from(doc)  # eu-west is gone; the base intent still names it
+    snapshot = compile_region(compose(now, base), "us-east")
+    assert [p.region for c in snapshot.fallback for p in c.peers] == ["us-west"]
+
+
+def _counts(ok: int, **codes: int) -> Counts:
+    return Counts({"ok": ok, **codes}, 0, {0.1: ok, float("inf"): ok}, {})
+
+
+def test_a_side_with_too_few_answers_waits_and_never_passes() -> None:
+    limits = RolloutChecks(min_requests=20)
+    sides = Sides(updated={LLAMA: _counts(5)}, baseline={LLAMA: _counts(100)}, before={},
+                  slo_ms={})  # fmt: skip
+    verdicts = {c.check: c.verdict for c in judge_traffic(limits, sides, {LLAMA})}
+    assert set(verdicts.values()) == {"wait"}
+    idle = judge_traffic(limits, Sides({}, {}, {}, {}), {LLAMA})
+    assert idle
+    assert all(c.verdict == "wait" for c in idle)
+
+
+def test_refusals_are_judged_against_the_baseline_and_a_tenants_own_quota_is_not() -> None:
+    limits = RolloutChecks(min_requests=20)
+    quota = Sides({LLAMA: _counts(50, quota_exceeded=50)}, {LLAMA: _counts(100)}, {}, {})
+    # (no ITL check: these answers were not streamed past a first token)
+    assert [c.verdict for c in judge_traffic(limits, quota, {LLAMA})] == ["pass"] * 4
+    full = Sides({LLAMA: _counts(50, queue_full=50)}, {LLAMA: _counts(100)}, {}, {})
+    failed = [c for c in judge_traffic(limits, full, {LLAMA}) if c.verdict == "fail"]
+    assert [c.check for c in failed] == ["refusals"]
+    assert failed[0].figure.startswith("50.0% vs 0.0% (targets not yet updated)")
+    busy = Sides({LLAMA: _counts(90, queue_full=10)}, {LLAMA: _counts(90, queue_full=10)}, {}, {})
+    assert {c.verdict for c in judge_traffic(limits, busy, {LLAMA})} == {"pass"}
+
+
+def test_latency_fails_only_past_the_slo_and_the_baseline() -> None:
+    limits = RolloutChecks(min_requests=20)
+    slow = Counts({"ok": 100}, 0, {0.5: 0, 2.5: 100, float("inf"): 100}, {})
+    fast = Counts({"ok": 100}, 0, {0.1: 100, float("inf"): 100}, {})
+    slo: dict[str, tuple[int | None, int | None]] = {LLAMA: (800, None)}
+
+    def verdict(updated: Counts, baseline: Counts) -> str:
+        checks = judge_traffic(limits, Sides({LLAMA: updated}, {LLAMA: baseline}, {}, slo), {LLAMA})
+        return next(c.verdict for c in checks if c.check == "ttft_p99")
+
+    assert verdict(slow, fast) == "fail"
+    assert verdict(slow, slow) == "pass"  # the whole fleet is as slow: not the change's doing
+
+
+def test_counts_since_a_heartbeat_survive_an_agent_restart() -> None:
+    then = Reading.from_telemetry(
+        {"answers": [{"model": LLAMA, "total_by_code": {"ok": "100"}, "escalated_total": "3",
+                      "ttft": {"le": [0.1, "Infinity"], "count": ["90", "100"]}}]}
+    )  # fmt: skip
+    now = Reading.from_json(Reading.from_telemetry(
+        {"answers": [{"model": LLAMA, "total_by_code": {"ok": "130", "queue_full": "5"},
+                      "escalated_total": "4",
+                      "ttft": {"le": [0.1, "Infinity"], "count": ["110", "130"]}}]}
+    ).as_json())  # fmt: skip
+    window = now.minus(then)[LLAMA]
+    assert window.codes == {"ok": 30, "queue_full": 5}
+    assert window.escalated == 1
+    assert window.ttft == {0.1: 20, float("inf"): 30}
+    restarted = Reading.from_telemetry(
+        {"answers": [{"model": LLAMA, "total_by_code": {"ok": "7"}}]}
+    )
+    assert restarted.minus(then)[LLAMA].codes == {"ok": 7}
+    assert quantile({0.1: 50, 0.2: 100, float("inf"): 100}, 0.5) == 0.1
