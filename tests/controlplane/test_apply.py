@@ -63,6 +63,7 @@ async def test_dry_run_shows_the_diff_and_changes_nothing(api: Api) -> None:
                 "requests_per_minute": 1200,
                 "tokens_per_minute": 500000,
                 "debug_routes": False,
+                "disabled": False,
             },
         },
     ]

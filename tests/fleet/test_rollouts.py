@@ -170,7 +170,16 @@ async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every
 
         await eventually(canary_serves_again, within_s=30)
 
-        # 3. A good change (and the fix of the refused ones): every region, wave after wave.
+        # 3. Engines 30 times slower: the canary's TTFT goes past the SLO (and its overflow
+        # to its peers past what they did before).
+        slow = await apply(fleet, deployments=deployments({"slow-factor": 30}))
+        row = (await ended(fleet, slow))["rollout"]
+        assert row["state"] == "rolled_back", row
+        assert row["reason"].startswith(("ttft_p99", "escalated", "itl_p99")), row["reason"]
+        assert {e["pid"] for e in (await fleet.status("us-east"))["engines"]} == east_pids
+        await eventually(canary_serves_again, within_s=30)
+
+        # 4. A good change (and the fix of the refused ones): every region, wave after wave.
         good = await apply(fleet, deployments=deployments({}),
                            routing_policies=[{**LLAMA_DEFAULT, "slo_ttft_ms": 900}])  # fmt: skip
         mark = load.mark()

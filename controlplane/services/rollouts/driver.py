@@ -70,9 +70,6 @@ class RolloutDriver:
     async def tick(self) -> None:
         revision = None
         async with self.db.sessions() as session, session.begin():
-            peek = await store.latest(session)
-            if peek is None or State(peek.state) not in ACTIVE:
-                return  # nothing to drive: no lock taken
             await store.serialize(session)
             row = await store.latest(session, lock=True)
             if row is None or State(row.state) not in ACTIVE:

@@ -56,8 +56,8 @@ async def serialize(session: AsyncSession) -> None:
 
 async def latest(session: AsyncSession, *, lock: bool = False) -> RolloutRow | None:
     query = select(RolloutRow).order_by(RolloutRow.id.desc()).limit(1)
-    if lock:  # and what was read of it before in this session, read again
-        query = query.with_for_update().execution_options(populate_existing=True)
+    if lock:
+        query = query.with_for_update()
     row: RolloutRow | None = await session.scalar(query)
     return row
 
