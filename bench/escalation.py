@@ -28,6 +28,7 @@ from rich.table import Table
 
 from bench import plots, routing
 from bench.harness import (
+    IMMEDIATE,
     MODEL,
     Region,
     Sim,
@@ -71,6 +72,7 @@ def fleet_document(a: list[Sim], b: list[Sim], ports: dict[str, int]) -> dict[st
                         for r, _, sims in regions],
         "routing_policies": [{"name": A, "model": MODEL, "policy": "cost", "max_queue": 64}],
         "tenants": [{"name": "resident", "tier": "standard", "allowed_jurisdictions": ["local"]}],
+        "rollout_policies": IMMEDIATE,
     }  # fmt: skip
 
 

@@ -212,6 +212,11 @@ class Region:
         await asyncio.sleep(1.0)  # a load poll of every worker, and subscriptions connected
 
 
+# Benchmarks compare routing and escalation, and change policies between runs side by side:
+# each change is in force at once, as under `strategy: immediate` (bench rollout measures waves).
+IMMEDIATE = [{"name": "default", "strategy": "immediate"}]
+
+
 def fleet_document(urls: list[str], gateways: int, max_queue: int) -> dict[str, Any]:
     return {
         "apiVersion": "meridian/v1",
@@ -226,6 +231,7 @@ def fleet_document(urls: list[str], gateways: int, max_queue: int) -> dict[str, 
                          "backend": "external", "external_urls": urls}],
         "routing_policies": [{"name": REGION, "model": MODEL, "region": REGION,
                               "policy": "round_robin", "max_queue": max_queue}],
+        "rollout_policies": IMMEDIATE,
     }  # fmt: skip
 
 
