@@ -366,11 +366,13 @@ def _host_port(target: str) -> tuple[str, int]:
 
 @dataclass
 class Traffic:
-    """Non-streamed chat completions into every region's gateway, `per_region` at a time."""
+    """Non-streamed chat completions into every region's gateway, `per_region` at a time,
+    each sender resting `pause_s` between requests (a long scenario stays under the quota)."""
 
     fleet: Fleet
     per_region: int = 2
     regions: tuple[str, ...] = REGIONS
+    pause_s: float = 0.0
     served: int = 0
     failed: list[str] = field(default_factory=list)
     refused_bad_key: int = 0  # a key that never existed, asked throughout: 401 every time
@@ -403,6 +405,8 @@ class Traffic:
                     self.served += 1
                 else:
                     self.failed.append(f"{region}: {answer.status_code} {answer.text[:200]}")
+                if self.pause_s:
+                    await asyncio.sleep(self.pause_s)
 
     async def _bad_key(self, region: str) -> None:
         url = f"http://127.0.0.1:{self.fleet.agent_ports[region]}/v1/models"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -27,8 +28,10 @@ from tests.controlplane.push.kit import eventually
 BROKEN_S = 5.0  # how long each part stays dead under load
 
 
-async def _under_load(fleet: Fleet, regions: tuple[str, ...] = REGIONS) -> tuple[Traffic, Writes]:
-    traffic, writes = Traffic(fleet, regions=regions), Writes(fleet)
+async def _under_load(
+    fleet: Fleet, regions: tuple[str, ...] = REGIONS, pause_s: float = 0.0
+) -> tuple[Traffic, Writes]:
+    traffic, writes = Traffic(fleet, regions=regions, pause_s=pause_s), Writes(fleet)
     traffic.start()
     writes.start()
     await asyncio.sleep(2)  # a steady state first
@@ -193,3 +196,92 @@ async def test_a_truncated_snapshot_on_disk_is_set_aside(fleet: Fleet) -> None:
     assert saved.with_suffix(".corrupt").exists()
     traffic, writes = await _under_load(fleet)
     await _after(fleet, traffic, writes, "truncated snapshot on disk")
+
+
+async def test_a_rollout_goes_on_past_an_agent_its_leader_and_postgresql_killed(
+    fleet: Fleet,
+) -> None:
+    """A good change rolls out in waves under traffic. Paused in its first wave, the agent of
+    a region not yet updated is killed and restarted: it comes back at what it held. Resumed,
+    the replica that leads is killed -9, then PostgreSQL in the next wave. The rollout ends
+    complete, each wave pushed once and in order, nothing rolled back. Clients go to the
+    regions whose agent stays up (us-east's own clients have no path while it is dead)."""
+    others = tuple(r for r in REGIONS if r != "us-east")
+    traffic, writes = await _under_load(fleet, others, pause_s=0.1)  # a minute or more
+    async with fleet.admin(0) as http:
+        policy = {"name": "default", "bake_s": 6,
+                  "checks": {"min_requests": 5, "wait_for_traffic_s": 120}}  # fmt: skip
+        made = await http.post("/v1/rollout-policies", json=policy)
+        assert made.status_code == 201, made.text
+        changed = await http.patch("/v1/routing-policies/llama-default", headers={"If-Match": "*"},
+                                   json={"slo_ttft_ms": 950})  # fmt: skip
+        assert changed.status_code == 200, changed.text
+        revision = int(changed.headers["X-Meridian-Revision"])
+    rollout = await _rollout_at(fleet, revision, wave=0)
+    assert [w["targets"] for w in rollout["waves"]] == [["region:us-west"], ["region:us-east"]]
+    await _rollout(fleet, "pause")
+    held = (await fleet.agents["us-east"].status())["revision"]
+    await fleet.kill_agent("us-east")
+    await fleet.start_agent("us-east")
+    await fleet.ready("us-east")
+    assert (await fleet.agents["us-east"].status())["revision"] == held
+    await _rollout(fleet, "resume")
+
+    leader = await _leader(fleet)
+    kill9(fleet.replicas[leader].process.pid)
+    await fleet.replicas[leader].process.wait()
+    await _rollout_at(fleet, revision, wave=1)  # the new leader went on
+    postmaster = int((fleet.postgres.pgdata / "postmaster.pid").read_text().split()[0])
+    kill9(postmaster)
+    await asyncio.sleep(3)
+    restarted = EmbeddedPostgres(fleet.root / "postgres")
+    await restarted.start()
+    fleet.postgres = restarted
+    await fleet.restart_replica(leader)
+    done = await _rollout_at(fleet, revision, state="complete")
+    async with fleet.admin(0) as http:
+        events = (
+            await http.get("/v1/audit-events", params={"kind": "rollout", "name": str(done["id"])})
+        ).json()
+    steps = [e["action"] for e in reversed(events["items"])]
+    assert steps == ["wave", "pause", "resume", "wave", "complete"], steps
+    await _after(fleet, traffic, writes, "rollout through kill -9 of its leader and PostgreSQL")
+
+
+async def _leader(fleet: Fleet) -> int:
+    async with fleet.admin(0) as http:
+        cluster = (await http.get("/v1/cluster")).json()
+    urls = [r["rest_url"] for r in cluster["replicas"] if r["id"] == cluster["leader"]]
+    return next(i for i, r in enumerate(fleet.replicas) if r.url in urls)
+
+
+async def _rollout(fleet: Fleet, action: str) -> None:
+    async with fleet.admin(0) as http:
+        answer = await http.post(f"/v1/rollouts/current/{action}")
+        assert answer.status_code == 200, answer.text
+
+
+async def _rollout_at(
+    fleet: Fleet, revision: int, *, wave: int | None = None, state: str = "rolling"
+) -> dict[str, Any]:
+    """The rollout of `revision` once it reaches the wave (or the state), asked of any replica
+    that answers."""
+
+    async def there() -> dict[str, Any] | None:
+        for index in range(len(fleet.replicas)):
+            try:
+                async with fleet.admin(index) as http:
+                    row = (await http.get("/v1/rollouts")).json()["rollout"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                continue
+            if (
+                row
+                and row["revision"] == revision
+                and row["state"] == state
+                and (wave is None or row["wave"] >= wave)
+            ):
+                return dict(row)
+        return None
+
+    found: dict[str, Any] = await eventually(there, within_s=90)
+    return found
