@@ -208,14 +208,19 @@ async def _write(admin: httpx.AsyncClient, doc: dict[str, Any]) -> int:
 
 
 async def _ended(admin: httpx.AsyncClient, revision: int, within_s: float = 600) -> dict[str, Any]:
+    """The rollout of `revision` once it ends, or pauses (too little to judge: the operator's
+    call, which the bench makes by aborting it, so that the next change starts afresh)."""
     deadline = time.monotonic() + within_s
+    row = None
     while time.monotonic() < deadline:
         doc: dict[str, Any] = (await admin.get("/v1/rollouts")).json()
         row = doc["rollout"]
-        if row and row["revision"] == revision and row["state"] not in ("rolling", "paused"):
+        if row and row["revision"] == revision and row["state"] != "rolling":
+            if row["state"] == "paused":
+                (await admin.post("/v1/rollouts/current/abort")).raise_for_status()
             return doc
         await asyncio.sleep(0.2)
-    raise RuntimeError(f"the rollout of revision {revision} did not end in {within_s:g} s")
+    raise RuntimeError(f"the rollout of revision {revision} did not end in {within_s:g} s: {row}")
 
 
 async def _harmful(admin: httpx.AsyncClient, load: Load, name: str, change: dict[str, Any],
@@ -267,16 +272,21 @@ async def _applied(admin: httpx.AsyncClient, nodes: list[str], revision: int) ->
 async def _good(admin: httpx.AsyncClient, count: int, status: Any) -> dict[str, Any]:
     times: list[float] = []
     outcomes: Counter[str] = Counter()
+    reasons: list[str] = []
     for n in range(count):
         status.update(f"good change {n + 1} of {count}")
         written = time.monotonic()
         doc = await _ended(admin, await _write(admin, {"routing_policies": [
             _policy({}, SLO_TTFT_MS + 1 + n % 2)]}))  # fmt: skip
-        outcomes[doc["rollout"]["state"]] += 1
-        times.append(time.monotonic() - written)
+        row = doc["rollout"]
+        outcomes[row["state"]] += 1
+        if row["state"] == "complete":
+            times.append(time.monotonic() - written)
+        else:  # what held it: a false rollback's check, or what waited for traffic
+            reasons.append(f"revision {row['revision']} {row['state']}: {row['reason']}")
     return {"changes": count, "outcomes": dict(outcomes),
-            "false_rollbacks": count - outcomes["complete"],
-            "write_to_last_region": _summary(sorted(times))}  # fmt: skip
+            "false_rollbacks": outcomes["rolled_back"], "not_complete": reasons,
+            "write_to_last_region": _summary(sorted(times)) if times else None}  # fmt: skip
 
 
 async def _revocations(admin: httpx.AsyncClient, http: httpx.AsyncClient,
@@ -317,9 +327,11 @@ def _report(console: Console, result: dict[str, Any]) -> None:
     console.print(table)
     good = result["good"]
     w = good["write_to_last_region"]
+    took = f"write → complete p50 {w['p50_s']:.1f} s, max {w['max_s']:.1f} s" if w else "none"
     console.print(f"good changes: {good['changes']}, outcomes {good['outcomes']}, false "
-                  f"rollbacks {good['false_rollbacks']}; write → complete p50 {w['p50_s']:.1f} s, "
-                  f"max {w['max_s']:.1f} s")  # fmt: skip
+                  f"rollbacks {good['false_rollbacks']}; {took}")  # fmt: skip
+    for reason in good["not_complete"]:
+        console.print(f"  {reason[:200]}")
     r = result["revocation"]
     console.print(f"revocation while a rollout is {r['rollout_state_meanwhile']}: p50 "
                   f"{r['p50_s']:.3f} s, p99 {r['p99_s']:.3f} s over {r['samples']} "

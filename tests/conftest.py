@@ -26,6 +26,7 @@ from controlplane.db.embedded import UNSAFE_FAST, Credentials, EmbeddedPostgres
 from controlplane.db.engine import Database
 from meridian.procs import free_port
 from tests import report
+from tests.agents.agent_kit import stop_leftovers
 
 TEMPLATE = "meridian_template"
 IMMEDIATE = (
@@ -33,6 +34,14 @@ IMMEDIATE = (
     "VALUES ('default', 1, 'immediate', 'node', '[]', 0, '{}')"
 )
 _counter = itertools.count()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session", autouse=True)
+async def _no_agent_outlives_its_module() -> AsyncIterator[None]:
+    """A test that fails before it stops its agent (or an agent's engine) must not leave them
+    holding ports for the next module's tests."""
+    yield
+    await stop_leftovers()
 
 
 @pytest.fixture(scope="session")

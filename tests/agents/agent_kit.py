@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from agents.engines.children import reap_strays
 from meridian.procs import free_port, stop_child, wait_ready
 
 FAST = {
@@ -25,11 +26,12 @@ FAST = {
 }
 
 
-@dataclass
+@dataclass(eq=False)
 class AgentProc:
     process: asyncio.subprocess.Process
     url: str
     operator: str | None = None  # the agent's operator token, when it has one
+    data_dir: Path | None = None
 
     async def status(self) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self.operator}"} if self.operator else {}
@@ -41,7 +43,24 @@ class AgentProc:
 
     async def stop(self) -> int:
         await stop_child(self.process, grace_s=20)
+        STARTED.discard(self)
+        self.reap()
         return self.process.returncode or 0
+
+    def reap(self) -> None:
+        """Stop the engines this agent left behind: an engine outlives an agent killed -9 (a
+        restarted one adopts it), and one left serving would hold its port for the next test."""
+        if self.data_dir is not None and self.process.returncode is not None:
+            reap_strays(self.data_dir / "engines", set())
+
+
+STARTED: set[AgentProc] = set()  # stopped after each test by tests/conftest.py, if still up
+
+
+async def stop_leftovers() -> None:
+    """Agents a test started and did not stop (it failed first), with their engines."""
+    for agent in list(STARTED):
+        await agent.stop()
 
 
 async def start_agent(
@@ -71,7 +90,8 @@ async def start_agent(
     process = await asyncio.create_subprocess_exec(
         *(inside or []), sys.executable, "-m", "meridian", "agent", "run", *args, env=env
     )
-    agent = AgentProc(process, f"http://{host}:{port}", operator)
+    agent = AgentProc(process, f"http://{host}:{port}", operator, data_dir)
+    STARTED.add(agent)
     try:
         await wait_ready(agent.url, process, 10, path="/healthz", what="the agent")
     except BaseException:

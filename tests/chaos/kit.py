@@ -354,6 +354,10 @@ async def _stop_agents(fleet: Fleet) -> None:
 
 def _with_metered(doc: dict[str, Any]) -> None:
     doc["tenants"].append({"name": "metered", "tier": "standard", "requests_per_minute": 30})
+    # the writes made under load go everywhere at once: they load the control plane while
+    # its parts are killed, and a wave's bake would only make them wait (the rollout scenario
+    # sets waves of its own)
+    doc["rollout_policies"] = [{"name": "default", "strategy": "immediate"}]
 
 
 def _host_port(target: str) -> tuple[str, int]:

@@ -209,10 +209,11 @@ async def test_a_rollout_goes_on_past_an_agent_its_leader_and_postgresql_killed(
     others = tuple(r for r in REGIONS if r != "us-east")
     traffic, writes = await _under_load(fleet, others, pause_s=0.1)  # a minute or more
     async with fleet.admin(0) as http:
-        policy = {"name": "default", "bake_s": 6,
+        policy = {"name": "default", "strategy": "waves", "bake_s": 6,
                   "checks": {"min_requests": 5, "wait_for_traffic_s": 120}}  # fmt: skip
-        made = await http.post("/v1/rollout-policies", json=policy)
-        assert made.status_code == 201, made.text
+        made = await http.put("/v1/rollout-policies/default", json=policy,
+                              headers={"If-Match": "*"})  # fmt: skip
+        assert made.status_code == 200, made.text
         changed = await http.patch("/v1/routing-policies/llama-default", headers={"If-Match": "*"},
                                    json={"slo_ttft_ms": 950})  # fmt: skip
         assert changed.status_code == 200, changed.text
@@ -265,7 +266,8 @@ async def _rollout_at(
     fleet: Fleet, revision: int, *, wave: int | None = None, state: str = "rolling"
 ) -> dict[str, Any]:
     """The rollout of `revision` once it reaches the wave (or the state), asked of any replica
-    that answers."""
+    that answers; on a timeout, the last row seen."""
+    seen: list[Any] = [None]
 
     async def there() -> dict[str, Any] | None:
         for index in range(len(fleet.replicas)):
@@ -274,6 +276,7 @@ async def _rollout_at(
                     row = (await http.get("/v1/rollouts")).json()["rollout"]
             except (httpx.HTTPError, ValueError, KeyError):
                 continue
+            seen[0] = row
             if (
                 row
                 and row["revision"] == revision
@@ -283,5 +286,8 @@ async def _rollout_at(
                 return dict(row)
         return None
 
-    found: dict[str, Any] = await eventually(there, within_s=90)
+    try:
+        found: dict[str, Any] = await eventually(there, within_s=90)
+    except TimeoutError:
+        raise AssertionError(f"not at wave {wave}, {state} in 90 s: {seen[0]}") from None
     return found

