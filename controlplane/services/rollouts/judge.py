@@ -177,9 +177,12 @@ class Sides:
 
 
 def judge_traffic(limits: RolloutChecks, sides: Sides, served: set[str]) -> list[Check]:
-    """Per model the updated targets serve (or answered for): too few answers is "wait"."""
+    """Per model the updated targets serve, and any other they answered enough for (a model
+    new here, or answers given before the model was known, under ""): too few answers is
+    "wait". A model they neither serve nor answered enough for is not waited on."""
     checks = []
-    for model in sorted(served | set(sides.updated)):
+    answered = {m for m, c in sides.updated.items() if c.answers >= limits.min_requests}
+    for model in sorted(served | answered):
         new = sides.updated.get(model, Counts())
         base, label = _baseline(limits, sides, model)
         checks.append(_rate("errors", model, new, base, label, limits, Counts.errors,

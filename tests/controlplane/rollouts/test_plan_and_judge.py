@@ -95,6 +95,19 @@ def test_a_side_with_too_few_answers_waits_and_never_passes() -> None:
     assert all(c.verdict == "wait" for c in idle)
 
 
+def test_what_the_targets_neither_serve_nor_answered_enough_for_is_not_waited_on() -> None:
+    """A good change waited on forever once its targets had counted a few answers given before
+    the model was known (under ""): what they do not serve must show enough to be judged."""
+    limits = RolloutChecks(min_requests=20)
+    sides = Sides({LLAMA: _counts(50), "": _counts(0), "other": _counts(3)}, {}, {}, {})
+    checks = judge_traffic(limits, sides, {LLAMA})
+    assert {c.model for c in checks} == {LLAMA}
+    assert {c.verdict for c in checks} == {"pass"}
+    unknown = Sides({LLAMA: _counts(50), "": _counts(30, internal_error=30)}, {}, {}, {})
+    failed = [c for c in judge_traffic(limits, unknown, {LLAMA}) if c.verdict == "fail"]
+    assert [(c.model, c.check) for c in failed] == [("", "errors")]
+
+
 def test_refusals_are_judged_against_the_baseline_and_a_tenants_own_quota_is_not() -> None:
     limits = RolloutChecks(min_requests=20)
     quota = Sides({LLAMA: _counts(50, quota_exceeded=50)}, {LLAMA: _counts(100)}, {}, {})
