@@ -19,6 +19,7 @@ from controlplane.db.fleet_rows import (
     RegionRow,
     RoutingPolicyRow,
 )
+from controlplane.db.quota_rows import QuotaDemandRow, QuotaLeaseRow
 from controlplane.db.rollout_rows import HoldingRow, IntentRow, RolloutPolicyRow, RolloutRow
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "NodeRow",
     "NodeTelemetryRow",
     "PrincipalRow",
+    "QuotaDemandRow",
+    "QuotaLeaseRow",
     "RegionLoadRow",
     "RegionRow",
     "RolloutPolicyRow",

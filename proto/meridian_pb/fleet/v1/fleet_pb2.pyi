@@ -122,6 +122,7 @@ class AgentMessage(_message.Message):
     ACK_FIELD_NUMBER: _builtins.int
     NACK_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
+    DEMAND_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -130,6 +131,8 @@ class AgentMessage(_message.Message):
     def nack(self) -> Global___Nack: ...
     @_builtins.property
     def heartbeat(self) -> Global___Heartbeat: ...
+    @_builtins.property
+    def demand(self) -> Global___Demand: ...
     def __init__(
         self,
         *,
@@ -137,12 +140,13 @@ class AgentMessage(_message.Message):
         ack: Global___Ack | None = ...,
         nack: Global___Nack | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
+        demand: Global___Demand | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "demand", b"demand", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "demand", b"demand", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "ack", "nack", "heartbeat"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "ack", "nack", "heartbeat", "demand"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -620,22 +624,203 @@ class ControlMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    LEASES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def snapshot(self) -> Global___Snapshot: ...
+    @_builtins.property
+    def leases(self) -> Global___Leases: ...
     def __init__(
         self,
         *,
         snapshot: Global___Snapshot | None = ...,
+        leases: Global___Leases | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "leases", b"leases", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "leases", b"leases", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["snapshot"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["snapshot", "leases"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___ControlMessage: _TypeAlias = ControlMessage  # noqa: Y015
+
+@_typing.final
+class Demand(_message.Message):
+    """What the agent's gateway admitted and refused for each tenant with a quota over the last
+    `window_s` seconds, as rates per minute; sent every second or so while any tenant has
+    traffic, and once more when none has. A tenant not listed had none.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WINDOW_S_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    window_s: _builtins.float
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantDemand]: ...
+    def __init__(
+        self,
+        *,
+        window_s: _builtins.float = ...,
+        tenants: _abc.Iterable[Global___TenantDemand] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenants", b"tenants", "window_s", b"window_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Demand: _TypeAlias = Demand  # noqa: Y015
+
+@_typing.final
+class TenantDemand(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RefusedByReasonEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    ADMITTED_REQUESTS_FIELD_NUMBER: _builtins.int
+    REFUSED_REQUESTS_FIELD_NUMBER: _builtins.int
+    ADMITTED_TOKENS_FIELD_NUMBER: _builtins.int
+    REFUSED_TOKENS_FIELD_NUMBER: _builtins.int
+    REFUSED_BY_REASON_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    admitted_requests: _builtins.float
+    refused_requests: _builtins.float
+    """Refused for the tenant's quota of requests or of tokens."""
+    admitted_tokens: _builtins.float
+    """Tokens the admitted requests used (their estimate while they run)."""
+    refused_tokens: _builtins.float
+    """Prompt tokens of the requests refused for the quota."""
+    @_builtins.property
+    def refused_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Every refusal of the tenant's requests, by its code (quota_requests, quota_tokens,
+        queue_full, overloaded, ...), per minute.
+        """
+
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        admitted_requests: _builtins.float = ...,
+        refused_requests: _builtins.float = ...,
+        admitted_tokens: _builtins.float = ...,
+        refused_tokens: _builtins.float = ...,
+        refused_by_reason: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_requests", b"admitted_requests", "admitted_tokens", b"admitted_tokens", "refused_by_reason", b"refused_by_reason", "refused_requests", b"refused_requests", "refused_tokens", b"refused_tokens", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantDemand: _TypeAlias = TenantDemand  # noqa: Y015
+
+@_typing.final
+class Leases(_message.Message):
+    """The agent's shares of tenants' global quotas, set by the control plane's leader from the
+    fleet's demand. Not a revision: sent only when a share changes, and to renew. Every lease
+    the agent holds is good for `ttl_s` seconds from the message's receipt; past that, or for a
+    tenant without one, the static share in the snapshot applies.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TTL_S_FIELD_NUMBER: _builtins.int
+    SET_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    ttl_s: _builtins.float
+    @_builtins.property
+    def set(self) -> _containers.RepeatedCompositeFieldContainer[Global___Lease]:
+        """New or changed leases; the others the agent holds stay as they are (and are renewed)."""
+
+    @_builtins.property
+    def dropped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tenants whose lease ends now."""
+
+    def __init__(
+        self,
+        *,
+        ttl_s: _builtins.float = ...,
+        set: _abc.Iterable[Global___Lease] | None = ...,
+        dropped: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "set", b"set", "ttl_s", b"ttl_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Leases: _TypeAlias = Leases  # noqa: Y015
+
+@_typing.final
+class Lease(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    QUOTA_REQUESTS_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    QUOTA_TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    requests_per_minute: _builtins.float
+    """This agent's share, per minute; unset where the tenant has no such quota."""
+    tokens_per_minute: _builtins.float
+    quota_requests_per_minute: _builtins.int
+    """The global quotas it is a share of: a lease for other quotas than the snapshot's (a
+    quota just changed) is not used.
+    """
+    quota_tokens_per_minute: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        requests_per_minute: _builtins.float | None = ...,
+        tokens_per_minute: _builtins.float | None = ...,
+        quota_requests_per_minute: _builtins.int | None = ...,
+        quota_tokens_per_minute: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "tenant", b"tenant", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__quota_requests_per_minute: _TypeAlias = _typing.Literal["quota_requests_per_minute"]  # noqa: Y015
+    _WhichOneofArgType__quota_requests_per_minute: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute"]  # noqa: Y015
+    _WhichOneofReturnType__quota_tokens_per_minute: _TypeAlias = _typing.Literal["quota_tokens_per_minute"]  # noqa: Y015
+    _WhichOneofArgType__quota_tokens_per_minute: _TypeAlias = _typing.Literal["_quota_tokens_per_minute", b"_quota_tokens_per_minute"]  # noqa: Y015
+    _WhichOneofReturnType__requests_per_minute: _TypeAlias = _typing.Literal["requests_per_minute"]  # noqa: Y015
+    _WhichOneofArgType__requests_per_minute: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute"]  # noqa: Y015
+    _WhichOneofReturnType__tokens_per_minute: _TypeAlias = _typing.Literal["tokens_per_minute"]  # noqa: Y015
+    _WhichOneofArgType__tokens_per_minute: _TypeAlias = _typing.Literal["_tokens_per_minute", b"_tokens_per_minute"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quota_requests_per_minute) -> _WhichOneofReturnType__quota_requests_per_minute | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quota_tokens_per_minute) -> _WhichOneofReturnType__quota_tokens_per_minute | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__requests_per_minute) -> _WhichOneofReturnType__requests_per_minute | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens_per_minute) -> _WhichOneofReturnType__tokens_per_minute | None: ...
+
+Global___Lease: _TypeAlias = Lease  # noqa: Y015
 
 @_typing.final
 class Snapshot(_message.Message):
@@ -1312,6 +1497,8 @@ class TenantGrant(_message.Message):
     REQUESTS_PER_MINUTE_SHARE_FIELD_NUMBER: _builtins.int
     TOKENS_PER_MINUTE_SHARE_FIELD_NUMBER: _builtins.int
     DISABLED_FIELD_NUMBER: _builtins.int
+    QUOTA_REQUESTS_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    QUOTA_TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tier: _builtins.str
     requests_per_minute: _builtins.int
@@ -1326,6 +1513,9 @@ class TenantGrant(_message.Message):
     tokens_per_minute_share: _builtins.float
     disabled: _builtins.bool
     """Its keys are refused (403) here."""
+    quota_requests_per_minute: _builtins.int
+    """Its global quotas, which leases (see Leases) are shares of."""
+    quota_tokens_per_minute: _builtins.int
     @_builtins.property
     def allowed_jurisdictions(self) -> Global___Jurisdictions:
         """Unset: any jurisdiction."""
@@ -1345,11 +1535,17 @@ class TenantGrant(_message.Message):
         requests_per_minute_share: _builtins.float | None = ...,
         tokens_per_minute_share: _builtins.float | None = ...,
         disabled: _builtins.bool = ...,
+        quota_requests_per_minute: _builtins.int | None = ...,
+        quota_tokens_per_minute: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "disabled", b"disabled", "name", b"name", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "disabled", b"disabled", "name", b"name", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__quota_requests_per_minute: _TypeAlias = _typing.Literal["quota_requests_per_minute"]  # noqa: Y015
+    _WhichOneofArgType__quota_requests_per_minute: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute"]  # noqa: Y015
+    _WhichOneofReturnType__quota_tokens_per_minute: _TypeAlias = _typing.Literal["quota_tokens_per_minute"]  # noqa: Y015
+    _WhichOneofArgType__quota_tokens_per_minute: _TypeAlias = _typing.Literal["_quota_tokens_per_minute", b"_quota_tokens_per_minute"]  # noqa: Y015
     _WhichOneofReturnType__requests_per_minute: _TypeAlias = _typing.Literal["requests_per_minute"]  # noqa: Y015
     _WhichOneofArgType__requests_per_minute: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute"]  # noqa: Y015
     _WhichOneofReturnType__requests_per_minute_share: _TypeAlias = _typing.Literal["requests_per_minute_share"]  # noqa: Y015
@@ -1358,6 +1554,10 @@ class TenantGrant(_message.Message):
     _WhichOneofArgType__tokens_per_minute: _TypeAlias = _typing.Literal["_tokens_per_minute", b"_tokens_per_minute"]  # noqa: Y015
     _WhichOneofReturnType__tokens_per_minute_share: _TypeAlias = _typing.Literal["tokens_per_minute_share"]  # noqa: Y015
     _WhichOneofArgType__tokens_per_minute_share: _TypeAlias = _typing.Literal["_tokens_per_minute_share", b"_tokens_per_minute_share"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quota_requests_per_minute) -> _WhichOneofReturnType__quota_requests_per_minute | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quota_tokens_per_minute) -> _WhichOneofReturnType__quota_tokens_per_minute | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__requests_per_minute) -> _WhichOneofReturnType__requests_per_minute | None: ...
     @_typing.overload
