@@ -22,7 +22,7 @@ from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from prometheus_client.core import Metric
 
 from agents.control.compile import compile_config
-from agents.control.link import ControlLink
+from agents.control.link import ControlLink, QuotaHooks
 from agents.control.plan import engine_specs, inventory
 from agents.control.store import Store
 from agents.engines import gpus
@@ -85,6 +85,7 @@ class Agent:
             apply=self.apply,
             telemetry=self.telemetry,
             gpus=self.nvml,
+            quotas=QuotaHooks(self.gateway.quotas.take_leases, self.gateway.quotas.demand.report),
         )
 
     @property
@@ -188,6 +189,7 @@ class Agent:
             | {"kv_events": {w: s.events for w, s in self.kv_events.subscriptions.items()}},
             "escalation": self.gateway.escalations.status(),
             "admission": {"waiting": dict(self.gateway.admission.waiting)},
+            "quota_leases": self.gateway.quotas.status(),
             "faults": dict(self.gateway.faults),
             "migrations": [  # streams carried on after their worker failed, or not
                 {"model": m, "to": to, "why": why, "count": n}

@@ -21,9 +21,13 @@ from controlplane.coord.singletons import Singletons
 from controlplane.db.engine import Database
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.push.hub import SnapshotHub
+from controlplane.push.leases import LeaseFeed
 from controlplane.push.server import start_grpc
 from controlplane.push.service import FleetService
 from controlplane.services.placements import seed_slots
+from controlplane.services.quotas.demand import DemandBook
+from controlplane.services.quotas.leaser import Leaser, utc_now
+from controlplane.services.quotas.plan import Timing
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.rollouts.driver import RolloutDriver
@@ -68,6 +72,8 @@ class Replica:
         self._provider: TracerProvider | None = traced[1] if traced else None
         self.hub = SnapshotHub(db, tracer=self.tracer)
         self.reports = NodeReports(db)
+        self.leases = LeaseFeed(db, ttl_s=settings.quota_lease_ttl_s)
+        self.demand = DemandBook(db, self.coordinator.me.id)
         self.metrics = ControlPlaneMetrics(self.tracer)
         self.service = FleetService(
             db,
@@ -77,12 +83,19 @@ class Replica:
             self.feed,
             heartbeat_timeout_s=settings.heartbeat_timeout_s,
             metrics=self.metrics,
+            leases=self.leases,
+            demand=self.demand,
         )
         self.singletons = Singletons(
             self.coordinator,
             db,
             down_after=timedelta(seconds=settings.node_down_after_s),
             rollouts=RolloutDriver(db, self.feed, observe=self.metrics.rollout),
+            leaser=(
+                Leaser(db, Timing(settings.quota_lease_ttl_s, settings.node_down_after_s * 6))
+                if settings.quota_leases
+                else None
+            ),
         )
         self.feed.subscribe(self.coordinator.publish_revision)
         self.coordinator.on_revision(self.hub.announce)
@@ -96,6 +109,8 @@ class Replica:
             await seed_slots(self.db)
             await self.hub.start()
             self.reports.start()
+            self.leases.start()
+            self.demand.start(utc_now)
             self._grpc = await start_grpc(self.service, settings)
             self.singletons.start()
             app = create_app(settings, self.db, self.feed, self.coordinator, self.metrics)
@@ -124,6 +139,8 @@ class Replica:
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self.reports.stop()
+        await self.demand.stop()
+        await self.leases.stop()
         await self.hub.stop()
         await self.coordinator.stop()
         if self._provider is not None:

@@ -50,6 +50,15 @@ class Settings(BaseSettings):
         default=10.0, gt=0, le=3600, description="a node with no agent stream for this long is down"
     )
     replica_id: str | None = Field(default=None, description="default: host-pid-random")
+    quota_leases: bool = Field(
+        default=True,
+        description="split tenants' quotas by demand; false: every agent keeps its static share",
+    )
+    quota_lease_ttl_s: float = Field(
+        default=10.0, ge=2, le=300,
+        description="an agent's quota lease lasts this long past its last renewal; then its "
+        "static share applies",
+    )  # fmt: skip
     trace_endpoint: str | None = Field(
         default=None,
         pattern=r"^https?://",

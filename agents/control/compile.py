@@ -77,6 +77,8 @@ class Tenant:
     tokens_per_minute: float | None
     debug_routes: bool = False  # may see how its requests were routed
     disabled: bool = False  # its keys are refused
+    quota_requests_per_minute: int | None = None  # the global quotas, which leases share
+    quota_tokens_per_minute: int | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,14 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
             tokens_per_minute=_node_share(grant, "tokens_per_minute", agents_up),
             debug_routes=grant.debug_routes,
             disabled=grant.disabled,
+            quota_requests_per_minute=(
+                grant.quota_requests_per_minute
+                if grant.HasField("quota_requests_per_minute")
+                else None
+            ),
+            quota_tokens_per_minute=(
+                grant.quota_tokens_per_minute if grant.HasField("quota_tokens_per_minute") else None
+            ),
         )
         tenants[tenant.name] = tenant
         for key in grant.api_keys:

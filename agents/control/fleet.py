@@ -124,13 +124,23 @@ class SyncStream:
     async def heartbeat(self, telemetry: pb.Telemetry) -> None:
         await self._write(pb.AgentMessage(heartbeat=pb.Heartbeat(telemetry=telemetry)))
 
-    async def next_snapshot(self) -> pb.Snapshot | None:
-        """The next snapshot, or None when the control plane ended the stream cleanly."""
+    async def demand(self, demand: pb.Demand) -> None:
+        await self._write(pb.AgentMessage(demand=demand))
+
+    async def next_message(self) -> pb.ControlMessage | None:
+        """The next message, or None when the control plane ended the stream cleanly."""
         message = await self.call.read()
         if message is grpc.aio.EOF:
             return None
         assert isinstance(message, pb.ControlMessage)
-        return message.snapshot
+        return message
+
+    async def next_snapshot(self) -> pb.Snapshot | None:
+        """The next snapshot (past any other message), or None at the stream's clean end."""
+        while (message := await self.next_message()) is not None:
+            if message.WhichOneof("body") == "snapshot":
+                return message.snapshot
+        return None
 
     def close(self) -> None:
         self.call.cancel()

@@ -39,6 +39,15 @@ class LinkState:
 
 
 Apply = Callable[[pb.Snapshot], Awaitable[None]]  # raises SnapshotInvalid
+DEMAND_EVERY_S = 1.0  # the leader splits quotas by these reports: see agents/gateway/demand.py
+
+
+@dataclass(frozen=True)
+class QuotaHooks:
+    """The gateway's side of the global quotas: what it takes, and what it reports."""
+
+    leases: Callable[[pb.Leases], None]
+    demand: Callable[[], pb.Demand]
 
 
 class ControlLink:
@@ -51,9 +60,11 @@ class ControlLink:
         apply: Apply,
         telemetry: Callable[[], Awaitable[pb.Telemetry]],
         gpus: list[Gpu] | None,
+        quotas: QuotaHooks | None = None,
     ) -> None:
         self.settings, self.store = settings, store
         self._current, self._apply, self._telemetry = current, apply, telemetry
+        self._quotas = quotas
         self._gpus = gpus or []
         self.state = LinkState()
         self._soon = asyncio.Event()
@@ -154,6 +165,7 @@ class ControlLink:
     async def _session(self, client: FleetClient, identity: Identity) -> None:
         stream = client.sync(identity.credential)
         beats: asyncio.Task[None] | None = None
+        reports: asyncio.Task[None] | None = None
         try:
             have = self._current()
             await stream.hello(
@@ -170,12 +182,20 @@ class ControlLink:
             self.state.connected = self.state.reached = True
             self.state.last_error = ""
             log.info("connected to the control plane at %s", self.settings.control_plane)
-            beats = asyncio.get_running_loop().create_task(self._beat(stream))
-            while (snapshot := await stream.next_snapshot()) is not None:
-                await self._take(stream, snapshot)
+            loop = asyncio.get_running_loop()
+            beats = loop.create_task(self._beat(stream))
+            if self._quotas is not None:
+                reports = loop.create_task(self._report(stream, self._quotas))
+            while (message := await stream.next_message()) is not None:
+                body = message.WhichOneof("body")
+                if body == "snapshot":
+                    await self._take(stream, message.snapshot)
+                elif body == "leases" and self._quotas is not None:
+                    self._quotas.leases(message.leases)
         finally:
-            if beats is not None:
-                beats.cancel()
+            for task in (beats, reports):
+                if task is not None:
+                    task.cancel()
             stream.close()
 
     async def _take(self, stream: SyncStream, snapshot: pb.Snapshot) -> None:
@@ -191,6 +211,20 @@ class ControlLink:
         """Send the next heartbeat now, not at its time: something the fleet should see changed
         (an engine's state)."""
         self._soon.set()
+
+    async def _report(self, stream: SyncStream, quotas: QuotaHooks) -> None:
+        """The tenants' demand every second while any has some, and once when none has (the
+        first report, even empty, tells the control plane this agent takes leases)."""
+        said = True
+        try:
+            while True:
+                demand = quotas.demand()
+                if demand.tenants or said:
+                    await stream.demand(demand)
+                said = bool(demand.tenants)
+                await asyncio.sleep(DEMAND_EVERY_S)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+            log.debug("demand reports stop with the stream: %s", error)
 
     async def _beat(self, stream: SyncStream) -> None:
         try:

@@ -19,6 +19,7 @@ class GatewayError(AgentError):
     kind = "api_error"  # OpenAI's error `type`
     title = "Internal error"
     model: str | None = None  # the model asked for, once known (its load goes with the answer)
+    headers: dict[str, str] | None = None  # more headers for the answer (x-ratelimit-*)
 
     def __init__(self, message: str, *, retry_after_s: int | None = None, param: str | None = None):
         super().__init__(message)
@@ -39,7 +40,7 @@ class GatewayError(AgentError):
                 "param": self.param,
             },
         }
-        headers = {"Server": SERVER, **headers}
+        headers = {"Server": SERVER, **headers, **(self.headers or {})}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(self.retry_after_s)
         return web.Response(

@@ -1,10 +1,20 @@
 """Each tenant's requests and tokens per minute, as token buckets on this node's share.
 
+The share is the node's lease from the control plane while it holds one (the leader splits
+each tenant's global quota over the agents by their demand: controlplane/services/quotas),
+else its static share from the snapshot (the region's part by GPUs, split over its agents),
+which never over-admits. A lease is good for its ttl from the message that carried or last
+renewed it, and only for the global quota it was computed from.
+
 A request takes one request and its estimated prompt tokens when admitted, held by `with`
 until it ends; the bucket is then charged what it really used (nothing, for a request that
 failed, and the estimate for one whose use is not known). A bucket may go below zero by what
 a request used beyond its estimate; the next request waits for the refill. Levels survive a
-new snapshot.
+new snapshot and a new lease.
+
+A bucket holds `BURST_S` seconds of its rate (at least one request): short enough that the
+fleet, whose shares sum to the quota, admits at most a few percent over it in any minute;
+a client that sends a burst is paced, as OpenAI's own limits pace it.
 """
 
 from __future__ import annotations
@@ -14,15 +24,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+
 from agents.control.compile import Tenant
+from agents.gateway.demand import DemandMeter
 from agents.gateway.errors import QuotaExceeded
 from agents.held import Held
+
+BURST_S = 2.0
 
 
 @dataclass
 class Bucket:
-    """Fills at `per_minute` (a node's share, which may be a fraction), up to a minute's worth
-    or one, whichever is more, so that a share under one a minute still admits at its rate."""
+    """Fills at `per_minute` (a node's share, which may be a fraction), up to `BURST_S` of
+    it or one, whichever is more, so that a share under one a minute still admits at its
+    rate."""
 
     per_minute: float
     level: float
@@ -30,7 +46,7 @@ class Bucket:
 
     @property
     def capacity(self) -> float:
-        return max(1.0, self.per_minute) if self.per_minute > 0 else 0.0
+        return max(1.0, self.per_minute * BURST_S / 60) if self.per_minute > 0 else 0.0
 
     def refill(self, now: float) -> None:
         self.level = min(self.capacity, self.level + (now - self.at) * self.per_minute / 60)
@@ -42,20 +58,74 @@ class Bucket:
             return 60
         return max(1, math.ceil((need - self.level) * 60 / self.per_minute))
 
+    def full_in_s(self) -> float:
+        """Seconds until the bucket is full again (OpenAI's `x-ratelimit-reset-*`)."""
+        if self.per_minute <= 0:
+            return 60.0
+        return max(0.0, (self.capacity - self.level) * 60 / self.per_minute)
+
+
+@dataclass(slots=True)
+class Lease:
+    requests_per_minute: float | None
+    tokens_per_minute: float | None
+    quota_requests_per_minute: int | None
+    quota_tokens_per_minute: int | None
+    expires_at: float  # on the gateway's clock
+
 
 class Quotas:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._requests: dict[str, Bucket] = {}
         self._tokens: dict[str, Bucket] = {}
+        self.leases: dict[str, Lease] = {}
+        self.demand = DemandMeter(clock=clock)
 
-    def _bucket(self, buckets: dict[str, Bucket], tenant: str, per_minute: float) -> Bucket:
-        now = self.clock()
+    def take_leases(self, message: pb.Leases) -> None:
+        """New and changed leases; every lease held is good for the message's ttl from now."""
+        expires = self.clock() + message.ttl_s
+        for tenant in message.dropped:
+            self.leases.pop(tenant, None)
+        for lease in message.set:
+            self.leases[lease.tenant] = Lease(
+                lease.requests_per_minute if lease.HasField("requests_per_minute") else None,
+                lease.tokens_per_minute if lease.HasField("tokens_per_minute") else None,
+                _opt(lease, "quota_requests_per_minute"),
+                _opt(lease, "quota_tokens_per_minute"),
+                expires,
+            )
+        for held in self.leases.values():
+            held.expires_at = expires
+
+    def shares(self, tenant: Tenant, now: float) -> tuple[float | None, float | None]:
+        """This node's requests and tokens per minute for the tenant, now."""
+        requests, tokens = tenant.requests_per_minute, tenant.tokens_per_minute
+        lease = self.leases.get(tenant.name)
+        if lease is not None and lease.expires_at > now:
+            if (
+                lease.requests_per_minute is not None
+                and requests is not None
+                and lease.quota_requests_per_minute == tenant.quota_requests_per_minute
+            ):
+                requests = lease.requests_per_minute  # fmt: skip
+            if (
+                lease.tokens_per_minute is not None
+                and tokens is not None
+                and lease.quota_tokens_per_minute == tenant.quota_tokens_per_minute
+            ):
+                tokens = lease.tokens_per_minute  # fmt: skip
+        return requests, tokens
+
+    def _bucket(
+        self, buckets: dict[str, Bucket], tenant: str, per_minute: float, now: float
+    ) -> Bucket:
         bucket = buckets.get(tenant)
         if bucket is None:
             bucket = buckets[tenant] = Bucket(per_minute, 0.0, now)
             bucket.level = bucket.capacity
         elif bucket.per_minute != per_minute:  # a new share: keep the level, within it
+            bucket.refill(now)
             bucket.per_minute = per_minute
             bucket.level = min(bucket.level, bucket.capacity)
         bucket.refill(now)
@@ -64,33 +134,80 @@ class Quotas:
     def admit(self, tenant: Tenant, prompt_tokens: int) -> Charge:
         """Take one request and the prompt's tokens, or raise QuotaExceeded with Retry-After;
         the tokens are settled when the `with` block of the charge ends."""
+        now = self.clock()
+        rpm, tpm = self.shares(tenant, now)
         requests = tokens = None
-        if tenant.requests_per_minute is not None:
-            requests = self._bucket(self._requests, tenant.name, tenant.requests_per_minute)
+        tally = self.demand.tally(tenant.name)
+        if rpm is not None:
+            requests = self._bucket(self._requests, tenant.name, rpm, now)
             if requests.level < 1:
-                raise QuotaExceeded(
-                    f"tenant {tenant.name} is over its requests per minute",
-                    retry_after_s=requests.wait_s(1),
-                )
-        if tenant.tokens_per_minute is not None:
-            tokens = self._bucket(self._tokens, tenant.name, tenant.tokens_per_minute)
+                tally.refused("quota_requests", prompt_tokens, quota=True)
+                raise self._refused(tenant, "requests", requests.wait_s(1))
+        if tpm is not None:
+            tokens = self._bucket(self._tokens, tenant.name, tpm, now)
             need = min(prompt_tokens, tokens.capacity) if tokens.capacity else 1
             if tokens.level < need:
-                raise QuotaExceeded(
-                    f"tenant {tenant.name} is over its tokens per minute",
-                    retry_after_s=tokens.wait_s(need),
-                )
+                tally.refused("quota_tokens", prompt_tokens, quota=True)
+                raise self._refused(tenant, "tokens", tokens.wait_s(need))
         if requests is not None:
             requests.level -= 1
         if tokens is not None:
             tokens.level -= prompt_tokens
+        tally.admitted_requests += 1
+        tally.admitted_tokens += prompt_tokens
         return Charge(self, tenant, prompt_tokens)
+
+    def _refused(self, tenant: Tenant, what: str, retry_after_s: int) -> QuotaExceeded:
+        refused = QuotaExceeded(
+            f"tenant {tenant.name} is over its {what} per minute", retry_after_s=retry_after_s
+        )
+        refused.headers = self.rate_limit_headers(tenant)
+        return refused
+
+    def rate_limit_headers(self, tenant: Tenant) -> dict[str, str]:
+        """OpenAI's `x-ratelimit-*`: the global limit, what this node can admit now, and
+        when its bucket is full again."""
+        headers = {}
+        for what, limit, buckets in (
+            ("requests", tenant.quota_requests_per_minute, self._requests),
+            ("tokens", tenant.quota_tokens_per_minute, self._tokens),
+        ):
+            bucket = buckets.get(tenant.name)
+            if limit is None or bucket is None:
+                continue
+            headers[f"x-ratelimit-limit-{what}"] = str(limit)
+            headers[f"x-ratelimit-remaining-{what}"] = str(max(0, math.floor(bucket.level)))
+            headers[f"x-ratelimit-reset-{what}"] = duration(bucket.full_in_s())
+        return headers
 
     def settle(self, tenant: Tenant, estimated: int, used: int) -> None:
         """Charge what the request really used instead of its estimate."""
+        self.demand.tally(tenant.name).admitted_tokens += used - estimated
         bucket = self._tokens.get(tenant.name)
         if bucket is not None:
             bucket.level -= used - estimated
+
+    def status(self) -> dict[str, dict[str, float | None]]:
+        """Each tenant's lease, as this node holds it (for the agent's status)."""
+        now = self.clock()
+        return {t: {"requests_per_minute": lease.requests_per_minute,
+                    "tokens_per_minute": lease.tokens_per_minute,
+                    "expires_in_s": round(lease.expires_at - now, 3)}
+                for t, lease in sorted(self.leases.items())}  # fmt: skip
+
+
+def duration(seconds: float) -> str:
+    """As OpenAI writes a reset: `20ms`, `1.5s`, `6m0s`."""
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest}s"
+
+
+def _opt(lease: pb.Lease, name: str) -> int | None:
+    return int(getattr(lease, name)) if lease.HasField(name) else None  # type: ignore[arg-type]
 
 
 class Charge(Held):

@@ -49,6 +49,7 @@ from agents.gateway.errors import (
     NotReady,
     Overloaded,
     QueueFull,
+    QuotaExceeded,
     UnsupportedMediaType,
     UpstreamFailed,
 )
@@ -167,6 +168,12 @@ class Gateway:
                 headers[LOAD_HEADER] = self.load_of(error.model)
             if error.status in (429, 503) and served.model:
                 self.rejections[served.model, error.code] += 1
+            if (
+                error.status in (429, 503)
+                and served.tenant
+                and not isinstance(error, QuotaExceeded)
+            ):
+                self.quotas.demand.tally(served.tenant).refused(error.code)  # the quota's: there
             response, error_type = error.response(headers), error.code
         except Broken as broken:  # a fault of ours after the stream began: it ended with an error
             self._fault(request_id, served, broken.__cause__ or broken)

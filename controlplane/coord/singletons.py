@@ -1,5 +1,5 @@
-"""The loops exactly one replica runs, the leader: the liveness sweeper, the rollup, and the
-rollout driver."""
+"""The loops exactly one replica runs, the leader: the liveness sweeper, the rollup, the
+rollout driver, and the quota leases (every tick: one second)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from controlplane.coord.base import Coordinator
 from controlplane.db.engine import Database
 from controlplane.services.liveness import Sweeper, rollup
+from controlplane.services.quotas.leaser import Leaser
 from controlplane.services.rollouts.driver import RolloutDriver
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class Singletons:
         keep_samples: timedelta = timedelta(minutes=15),
         clock: Callable[[], datetime] = utc_now,
         rollouts: RolloutDriver | None = None,
+        leaser: Leaser | None = None,
     ) -> None:
         self._coord = coordinator
         self._db = db
@@ -43,6 +45,7 @@ class Singletons:
         self._keep = keep_samples
         self._clock = clock
         self._rollouts = rollouts
+        self._leaser = leaser
         self._task: asyncio.Task[None] | None = None
         self.leading_since: datetime | None = None
 
@@ -53,6 +56,8 @@ class Singletons:
             if self.leading_since is not None:
                 log.info("no longer the leader; singleton loops pause")
             self.leading_since = None
+            if self._leaser is not None:
+                self._leaser.resign()
             return last_rollup
         if self.leading_since is None:
             log.info("leading: running the liveness sweeper and the capacity rollup")
@@ -65,6 +70,11 @@ class Singletons:
                 await self._rollouts.tick()
             except Exception:
                 log.exception("the rollout driver failed; it will try again")
+        if self._leaser is not None:
+            try:
+                await self._leaser.tick(set(present))
+            except Exception:
+                log.exception("the quota leases failed; they will be tried again")
         if last_rollup is None or (now - last_rollup).total_seconds() >= self._rollup_every_s:
             await rollup(self._db, now, self._keep)
             return now

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,10 +24,12 @@ from controlplane.errors import (
 )
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.push.hub import SnapshotHub
+from controlplane.push.leases import LeaseFeed
 from controlplane.push.status import guarded
 from controlplane.push.wire import telemetry_doc
 from controlplane.services import agents
 from controlplane.services.kind import parse
+from controlplane.services.quotas.demand import DemandBook, NodeDemand, TenantDemand
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
 from controlplane.tracing import child_of
@@ -47,6 +49,7 @@ class StreamState:
     sent: int = 0  # the newest revision sent on this stream
     sent_digest: str = ""
     sent_at: float = 0.0  # monotonic: when it was written
+    writing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one write at a time
 
 
 def bearer(context: Context) -> str:
@@ -70,9 +73,13 @@ class FleetService:
         *,
         heartbeat_timeout_s: float,
         metrics: ControlPlaneMetrics | None = None,
+        leases: LeaseFeed | None = None,
+        demand: DemandBook | None = None,
     ) -> None:
         self._db = db
         self._hub = hub
+        self._leases = leases
+        self._demand = demand
         self._reports = reports
         self._coord = coordinator
         self._feed = feed
@@ -154,16 +161,32 @@ class FleetService:
                 await self._coord.agent_disconnected(presence)
 
     async def _serve(self, context: Context, who: agents.AgentIdentity, state: StreamState) -> None:
-        push = asyncio.create_task(self._push(context, who, state))
-        listen = asyncio.create_task(self._listen(context, who, state))
+        tasks = {
+            asyncio.create_task(self._push(context, who, state)),
+            asyncio.create_task(self._listen(context, who, state)),
+        }
+        if self._leases is not None:
+            tasks.add(asyncio.create_task(self._send_leases(context, who, state, self._leases)))
         try:
-            done, _ = await asyncio.wait({push, listen}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (push, listen):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(push, listen, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._demand is not None:
+                self._demand.gone(who.node)
         for task in done:
             task.result()
+
+    async def _send_leases(
+        self, context: Context, who: agents.AgentIdentity, state: StreamState, feed: LeaseFeed
+    ) -> None:
+        async def write(leases: pb.Leases) -> None:
+            message = pb.ControlMessage(leases=leases).SerializeToString()
+            async with state.writing:
+                await context.write(message)
+
+        await feed.serve(who.node, write)
 
     async def _push(self, context: Context, who: agents.AgentIdentity, state: StreamState) -> None:
         while True:
@@ -185,7 +208,8 @@ class FleetService:
                     span.set_attributes({"meridian.region": who.region, "meridian.node": who.node,
                                          "meridian.revision": feed.revision})  # fmt: skip
                 try:
-                    await context.write(feed.message)
+                    async with state.writing:
+                        await context.write(feed.message)
                 finally:
                     if span is not None:
                         span.end()
@@ -226,6 +250,8 @@ class FleetService:
                     else datetime.now(UTC)
                 )
                 self._reports.heartbeat(who.node_id, telemetry_doc(telemetry), at)
+            elif body == "demand" and self._demand is not None:
+                self._demand.report(demand_of(who.node, who.region, message.demand))
 
     async def _read(self, context: Context) -> pb.AgentMessage | None:
         try:
@@ -238,3 +264,13 @@ class FleetService:
             return None
         assert isinstance(message, pb.AgentMessage)
         return message
+
+
+def demand_of(node: str, region: str, demand: pb.Demand) -> NodeDemand:
+    tenants = {}
+    for t in demand.tenants:
+        reasons = dict(t.refused_by_reason)
+        tenants[t.tenant] = TenantDemand(
+            t.admitted_requests, t.refused_requests, t.admitted_tokens, t.refused_tokens, reasons
+        )
+    return NodeDemand(node, region, datetime.now(UTC), tenants)

@@ -22,6 +22,7 @@ from controlplane.db.agent_rows import NodeTelemetryRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import NodeRow, RegionRow
 from controlplane.services.liveness import DEGRADED, UP, summarize
+from controlplane.services.quotas.view import quotas
 from controlplane.services.rollouts import control as rollouts
 from controlplane.services.unit import current_revision
 
@@ -79,6 +80,7 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
     return {
         "revision": revision,
         "rollouts": await rollouts.view(db, recent=5),
+        "quotas": [q for q in await quotas(db) if any(q["quota"].values())],
         "generated_at": datetime.now(UTC).isoformat(),
         "regions": out_regions,
         "flows": flows,

@@ -264,6 +264,23 @@ def _exact(quota: int | None, weights: dict[str, int], region: str) -> float | N
     return quota * weights[region] / total if total else quota / len(weights)
 
 
+def serving_weights(state: FleetState, tenant: str) -> dict[str, int]:
+    """The regions that may serve the tenant (active, in its jurisdictions), by weight."""
+    allowed = state.tenants[tenant].allowed_jurisdictions
+    return {
+        r: region_weight(state, r)
+        for r, spec in state.regions.items()
+        if spec.state is RegionState.ACTIVE and (allowed is None or spec.jurisdiction in allowed)
+    }
+
+
+def region_shares(state: FleetState, tenant: str) -> dict[str, float]:
+    """Each serving region's exact part of the tenant's quotas, 0 to 1: the static shares."""
+    weights = serving_weights(state, tenant)
+    total = sum(weights.values())
+    return {r: w / total if total else 1 / len(weights) for r, w in weights.items()}
+
+
 def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
     """Every tenant, with this region's share of its global quotas; a tenant whose
     jurisdictions exclude this region's is listed with no share, so that its keys are known
@@ -273,13 +290,7 @@ def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
     for name, tenant in sorted(state.tenants.items()):
         allowed = tenant.allowed_jurisdictions
         barred = allowed is not None and jurisdiction not in allowed
-        serving = [
-            r
-            for r, spec in state.regions.items()
-            if spec.state is RegionState.ACTIVE
-            and (allowed is None or spec.jurisdiction in allowed)
-        ]
-        weights = {} if barred else {r: region_weight(state, r) for r in serving}
+        weights = {} if barred else serving_weights(state, name)
         keys = [
             KeyGrant(prefix=k.prefix, key_hash=k.key_hash, expires_at=k.expires_at)
             for _, k in sorted(state.api_keys.items())
@@ -294,6 +305,8 @@ def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
                 tokens_per_minute=_share(tenant.tokens_per_minute, weights, region),
                 requests_per_minute_share=_exact(tenant.requests_per_minute, weights, region),
                 tokens_per_minute_share=_exact(tenant.tokens_per_minute, weights, region),
+                quota_requests_per_minute=tenant.requests_per_minute,
+                quota_tokens_per_minute=tenant.tokens_per_minute,
                 api_keys=keys,
                 debug_routes=tenant.debug_routes,
                 disabled=tenant.disabled,

@@ -189,6 +189,8 @@ class TenantGrant(Frozen):
     disabled: bool = False
     requests_per_minute_share: float | None = None
     tokens_per_minute_share: float | None = None
+    quota_requests_per_minute: int | None = None  # the global quotas, which leases share
+    quota_tokens_per_minute: int | None = None
 
 
 class RegionSnapshot(Frozen):

@@ -128,6 +128,7 @@ function render(doc) {
   $("revision").textContent = doc.revision;
   $("updated").textContent = `updated ${new Date(doc.generated_at).toLocaleTimeString()}`;
   rollout(doc.rollouts);
+  quotas(doc.quotas || []);
   $("regions").replaceChildren(...doc.regions.map((r) => region(r, doc.revision)));
   flows(doc.regions, doc.flows);
   receipts(doc.receipts);
@@ -162,6 +163,23 @@ function rollout(doc) {
     checks.length ? el("table", { class: "checks" }, el("tbody", {}, checks)) : null,
     doc.recent.length ? el("p", { class: "hint" }, "before: " + doc.recent.map((x) =>
       `${x.revision} ${x.state}`).join(" · ")) : null);
+}
+
+function quotas(items) {
+  // requests and tokens side by side: "600 req · 30000 tok"
+  const pair = (x) => [x.requests_per_minute == null ? null : `${fixed(x.requests_per_minute, 0)} req`,
+    x.tokens_per_minute == null ? null : `${fixed(x.tokens_per_minute, 0)} tok`]
+    .filter((v) => v !== null).join(" · ") || "–";
+  const rows = items.map((q) => el("tr", { "data-tenant": q.tenant },
+    el("td", {}, q.tenant),
+    el("td", {}, pair(q.quota)),
+    el("td", {}, pair(q.admitted)),
+    el("td", { class: "why" }, Object.entries(q.admitted.regions).map(([r, x]) => `${r} ${pair(x)}`).join("; ") || "–"),
+    el("td", { class: "why" }, q.leases.map((l) => `${l.node} ${pair(l)}`).join("; ") || "static shares"),
+    el("td", { class: "why" }, Object.entries(q.refused_per_minute.by_reason)
+      .map(([why, n]) => `${why} ${fixed(n, 1)}`).join("; ") || "none")));
+  $("quotas").querySelector("tbody").replaceChildren(...(rows.length ? rows
+    : [el("tr", {}, el("td", { colspan: 6, class: "hint" }, "no tenant has a quota"))]));
 }
 
 function region(r, declared) {

@@ -5,10 +5,11 @@ with no share refuses with a Retry-After it can keep."""
 from __future__ import annotations
 
 import pytest
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.control.compile import Tenant
 from agents.gateway.errors import QuotaExceeded
-from agents.gateway.quotas import Quotas
+from agents.gateway.quotas import Quotas, duration
 
 
 def _tenant(rpm: float | None, tpm: float | None = None) -> Tenant:
@@ -52,3 +53,59 @@ def test_three_agents_share_ten_a_minute_and_admit_no_more_over_ten_minutes() ->
         served += sum(_admitted(q, share) for q in agents)
         now[0] += 1
     assert served <= 10 * 10 + 3 * 10 / 3  # the rate, and each bucket's first fill
+
+
+def _leased(tenant: str, rpm: float, quota: int, ttl_s: float = 10.0) -> pb.Leases:
+    return pb.Leases(ttl_s=ttl_s, set=[pb.Lease(tenant=tenant, requests_per_minute=rpm,
+                                                quota_requests_per_minute=quota)])  # fmt: skip
+
+
+def test_a_lease_replaces_the_static_share_until_it_expires() -> None:
+    now = [0.0]
+    quotas = Quotas(clock=lambda: now[0])
+    static = Tenant("t", "standard", None, 60.0, None, quota_requests_per_minute=180)
+    quotas.take_leases(_leased("t", 600.0, 1800))  # a lease of another quota: not used
+    assert quotas.shares(static, now[0]) == (60.0, None)
+    quotas.take_leases(_leased("t", 150.0, 180))
+    assert quotas.shares(static, now[0]) == (150.0, None)
+    now[0] = 9.0
+    quotas.take_leases(pb.Leases(ttl_s=10.0))  # a renewal: nothing changed
+    now[0] = 18.0
+    assert quotas.shares(static, now[0]) == (150.0, None)
+    now[0] = 19.5  # ten seconds past the renewal
+    assert quotas.shares(static, now[0]) == (60.0, None)
+    quotas.take_leases(pb.Leases(ttl_s=10.0, dropped=["t"]))
+    assert "t" not in quotas.leases
+
+
+def test_a_quota_refusal_says_the_limit_what_remains_and_when_it_is_full() -> None:
+    now = [0.0]
+    quotas = Quotas(clock=lambda: now[0])
+    tenant = Tenant("t", "standard", None, 60.0, None, quota_requests_per_minute=180)
+    assert _admitted(quotas, tenant)
+    assert _admitted(quotas, tenant)  # two seconds of a request a second
+    with pytest.raises(QuotaExceeded) as refused:
+        quotas.admit(tenant, 1)
+    headers = refused.value.headers or {}
+    assert headers["x-ratelimit-limit-requests"] == "180"
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-reset-requests"] == "2s"
+    assert refused.value.retry_after_s == 1
+    assert duration(0.25) == "250ms"
+    assert duration(360) == "6m0s"
+
+
+def test_demand_is_what_was_admitted_and_refused_over_the_last_seconds() -> None:
+    now = [0.0]
+    quotas = Quotas(clock=lambda: now[0])
+    tenant = Tenant("t", "standard", None, 60.0, None)
+    for _ in range(30):  # 3 s at ten a second against a share of one a second
+        _admitted(quotas, tenant, tokens=100)
+        now[0] += 0.1
+    told = {t.tenant: t for t in quotas.demand.report().tenants}["t"]
+    assert told.admitted_requests + told.refused_requests == pytest.approx(600, rel=0.01)
+    assert told.admitted_requests == pytest.approx(4 * 20, rel=0.01)  # 2 at once, then 1 a s
+    assert told.refused_by_reason["quota_requests"] == pytest.approx(told.refused_requests)
+    now[0] += 10
+    quotas.demand.report()
+    assert not quotas.demand.report().tenants  # nothing in the last seconds
