@@ -9,7 +9,16 @@ from pathlib import Path
 
 import click
 
-from bench import escalation, migration, overhead, overload, revocation, rollout, routing
+from bench import (
+    escalation,
+    migration,
+    overhead,
+    overload,
+    quotas,
+    revocation,
+    rollout,
+    routing,
+)
 from bench.propagation import Options, run
 from bench.sim import run as run_sim
 
@@ -249,5 +258,24 @@ def rollout_command(
                               revocations=revocations, out=out, root=root)  # fmt: skip
     try:
         asyncio.run(rollout.run(options))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@bench.command("quotas")
+@click.option("--quota", type=click.IntRange(60, 100_000), default=600, show_default=True,
+              help="the tenant's requests a minute (twice that is offered)")  # fmt: skip
+@click.option("--phase", type=click.FloatRange(30, 3600), default=75.0, show_default=True,
+              help="seconds of each traffic pattern")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="a PNG of the admitted rate per region and the quota over time")  # fmt: skip
+def quotas_command(quota: int, phase: float, out: Path | None, plot: Path | None) -> None:
+    """A tenant's global quota under traffic that moves between three regions, then with the
+    control plane down: leases that follow demand against the static shares, in one run."""
+    root = _scratch("quotas")
+    options = quotas.Options(quota=quota, phase_s=phase, out=out, plot=plot, root=root)
+    try:
+        asyncio.run(quotas.run(options))
     finally:
         shutil.rmtree(root, ignore_errors=True)

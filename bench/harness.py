@@ -96,6 +96,20 @@ async def start_sims(
     return sims
 
 
+async def start_null_engine(stack: AsyncExitStack, log_dir: Path) -> Sim:
+    """`bench/null_engine.py`: an engine that answers at once, so that only what stands before
+    it is measured."""
+    port = free_port()
+    log = (log_dir / "null-engine.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.null_engine", "--port", str(port), stdout=log, stderr=log
+    )
+    stack.push_async_callback(stop_child, process)
+    url = f"http://127.0.0.1:{port}"
+    await wait_ready(url, process, 20, path="/health", what="the null engine")
+    return Sim(process, url, 1.0)
+
+
 async def flush(sims: list[Sim]) -> None:
     """Empty every simulator's prefix cache, once its requests are done."""
     async with httpx.AsyncClient(timeout=5) as http:
@@ -261,9 +275,10 @@ async def start_region(
 
 
 async def start_control(
-    stack: AsyncExitStack, root: Path
+    stack: AsyncExitStack, root: Path, env: dict[str, str] | None = None
 ) -> tuple[ControlPlane, httpx.AsyncClient]:
-    """An embedded PostgreSQL and a control plane on it, and an admin client of it."""
+    """An embedded PostgreSQL and a control plane on it (`env`: more settings), and an admin
+    client of it."""
     postgres = EmbeddedPostgres(root / "postgres")
     credentials = await postgres.start()
     stack.push_async_callback(postgres.stop)
@@ -272,9 +287,9 @@ async def start_control(
     await migrate.upgrade(db.engine)
     await db.close()
     token = secrets.token_urlsafe(24)
-    env = {"MERIDIAN_DATABASE_URL": db_url, "MERIDIAN_ADMIN_TOKEN": token,
-           "MERIDIAN_LOG_LEVEL": "warning"}  # fmt: skip
-    cp = await start_control_plane(env)
+    settings = {"MERIDIAN_DATABASE_URL": db_url, "MERIDIAN_ADMIN_TOKEN": token,
+                "MERIDIAN_LOG_LEVEL": "warning", **(env or {})}  # fmt: skip
+    cp = await start_control_plane(settings)
     stack.push_async_callback(stop_child, cp.process)
     admin = httpx.AsyncClient(
         base_url=cp.url, headers={"Authorization": f"Bearer {token}"}, timeout=60

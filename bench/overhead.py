@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -34,14 +33,14 @@ from agents.gateway.upstream import Upstream
 from bench import plots
 from bench.harness import (
     MODEL,
-    Sim,
     cpu_seconds,
     machine_busy,
+    start_null_engine,
     start_region,
     start_sglang_router,
 )
 from bench.load import quantile
-from meridian.procs import free_port, stop_child, wait_ready
+from meridian.procs import free_port
 
 # the same gateway with tracing on, every span exported (OTLP/HTTP) at these shares
 TRACED = {"meridian_traced_1pct": 0.01, "meridian_traced_100pct": 1.0}
@@ -169,16 +168,8 @@ async def _clients(url: str, requests: int = 4000, concurrency: int = 8) -> dict
 async def run(options: Options) -> dict[str, Any]:
     console = Console(width=150)
     async with AsyncExitStack() as stack:
-        port = free_port()
-        log = (options.root / "null-engine.log").open("wb")
-        engine = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.null_engine", "--port", str(port),
-            stdout=log, stderr=log,
-        )  # fmt: skip
-        stack.push_async_callback(stop_child, engine)
-        url = f"http://127.0.0.1:{port}"
-        await wait_ready(url, engine, 20, path="/health", what="the null engine")
-        sims = [Sim(engine, url, 1.0)]
+        null = await start_null_engine(stack, options.root)
+        engine, url, sims = null.process, null.url, [null]
         sink = await _trace_sink(stack)
         traced: list[dict[str, str]] = [{}] + [
             {"MERIDIAN_AGENT_TRACE_ENDPOINT": sink, "MERIDIAN_AGENT_TRACE_SAMPLE": str(share)}
