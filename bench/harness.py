@@ -205,6 +205,19 @@ class Region:
         want = int((await self.admin.get("/v1/revision")).json()["revision"])
         await self._settled(want, kv_events=bool(params.get("kv_events")))
 
+    async def tenant_key(self, tenant: str, **quota: int) -> str:
+        """A tenant (`quota`: its requests_per_minute, tokens_per_minute) and a key of it;
+        return once every agent knows the key."""
+        body = {"tier": "standard", **quota}
+        answer = await self.admin.put(f"/v1/tenants/{tenant}", json=body)
+        answer.raise_for_status()
+        made = await self.admin.post("/v1/api-keys", json={"tenant": tenant})
+        made.raise_for_status()
+        want = int((await self.admin.get("/v1/revision")).json()["revision"])
+        await self._settled(want, kv_events=False)
+        key: str = made.json()["key"]
+        return key
+
     async def _settled(self, revision: int, kv_events: bool, timeout_s: float = 60) -> None:
         headers = {"Authorization": f"Bearer {self.operator}"}
         loop = asyncio.get_running_loop()

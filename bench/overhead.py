@@ -2,11 +2,14 @@
 
 Three targets on the same null engine (`bench/null_engine.py`): the engine itself, Meridian's
 gateway (one agent, its default `cost` policy) and sglang-router 0.3.2 (its default
-`cache_aware`). Latency: requests one at a time, the targets interleaved, each request on a
-fresh connection (as the routing benchmark; sglang-router delays streamed bytes on reused
-connections); the added latency is a target's percentile less the engine's own. Throughput:
-a closed loop of concurrent clients for a while, and the router's own CPU seconds, read from
-/proc: requests served per CPU second of the router process.
+`cache_aware`). Meridian's gateway is measured with the operator's token (`meridian`: no
+quota) and with a tenant's key (`meridian_tenant`: the key's lookup, the quota's buckets and
+its lease, the demand tally; a quota high enough never to refuse). Latency: requests one at
+a time, the targets interleaved, each request on a fresh connection (as the routing
+benchmark; sglang-router delays streamed bytes on reused connections); the added latency is
+a target's percentile less the engine's own. Throughput: a closed loop of concurrent clients
+for a while, and the router's own CPU seconds, read from /proc: requests served per CPU
+second of the router process.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ from meridian.procs import free_port
 
 # the same gateway with tracing on, every span exported (OTLP/HTTP) at these shares
 TRACED = {"meridian_traced_1pct": 0.01, "meridian_traced_100pct": 1.0}
+# the untraced gateway again, called with a tenant's key: its key, its quota's buckets and
+# lease, its demand tally (the operator's requests are counted against no quota)
+TENANT = "meridian_tenant"
+QUOTA = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000}
+ROUTERS = ("meridian", TENANT, *TRACED, "sglang_router")
 
 
 @dataclass
@@ -73,20 +81,24 @@ async def _once(session: aiohttp.ClientSession, url: str, body: bytes, headers: 
 
 
 async def _latency(
-    targets: dict[str, str], headers: dict[str, str], options: Options, console: Console
+    targets: dict[str, str],
+    headers: dict[str, dict[str, str]],
+    options: Options,
+    console: Console,
 ) -> dict[str, dict[str, list[float]]]:
     samples: dict[str, dict[str, list[float]]] = {n: {"plain": [], "stream": []} for n in targets}
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
         for mode in ("plain", "stream"):
             body = _body(mode == "stream")
-            for url in targets.values():  # warm up
+            for name, url in targets.items():  # warm up
                 for _ in range(50):
-                    await _once(session, url, body, headers)
+                    await _once(session, url, body, headers[name])
             with console.status(f"latency, {mode}: {options.requests} requests a target"):
                 for _ in range(options.requests):
                     for name, url in targets.items():
-                        samples[name][mode].append(await _once(session, url, body, headers))
+                        took = await _once(session, url, body, headers[name])
+                        samples[name][mode].append(took)
     return samples
 
 
@@ -182,22 +194,28 @@ async def run(options: Options) -> dict[str, Any]:
             await region.route("cost", {})
         router = await start_sglang_router(stack, "cache_aware", sims, options.root)
         gateways = dict(zip(["meridian", *TRACED], region.gateway_urls, strict=True))
+        gateways[TENANT] = gateways["meridian"]
         targets = {"engine": url, **gateways, "sglang_router": router.url}
         pids = dict(zip(["meridian", *TRACED], region.pids, strict=True))
+        pids[TENANT] = pids["meridian"]
         pids["sglang_router"] = router.process.pid
-        headers = {"Authorization": f"Bearer {region.operator}", "Content-Type": "application/json"}
+        operator = {"Authorization": f"Bearer {region.operator}",
+                    "Content-Type": "application/json"}  # fmt: skip
+        headers = dict.fromkeys(targets, operator)
+        key = await region.tenant_key("bench", **QUOTA)
+        headers[TENANT] = {**operator, "Authorization": f"Bearer {key}"}
         samples = await _latency(targets, headers, options, console)
         with console.status("the gateway's client against aiohttp's, on the engine"):
             clients = await _clients(url)
         throughput = {}
-        gateways_pids = [pids[n] for n in gateways]
-        for name in ("meridian", *TRACED, "sglang_router", "engine"):
+        gateways_pids = sorted({pids[n] for n in gateways})
+        for name in (*ROUTERS, "engine"):
             with console.status(f"throughput of {name}: {options.concurrency} clients"):
                 pid = pids.get(name, engine.pid)
                 # the other gateways are paused meanwhile: their polls would take CPU from it
                 idle = [p for p in gateways_pids if p != pid]
                 with _paused(idle):
-                    throughput[name] = await _throughput(targets[name], pid, headers, options)
+                    throughput[name] = await _throughput(targets[name], pid, headers[name], options)
     result = _result(samples, throughput)
     result["clients"] = clients
     _report(console, result)
@@ -242,7 +260,7 @@ def _result(
         out["engine"][f"{mode}_p50_ms"] = round(quantile(base[mode], 0.5) * 1000, 3)
         out["engine"][f"{mode}_p99_ms"] = round(quantile(base[mode], 0.99) * 1000, 3)
     out["engine"].update(throughput["engine"])
-    for name in ("meridian", *TRACED, "sglang_router"):
+    for name in ROUTERS:
         mine = samples[name]
         row: dict[str, Any] = {}
         for mode in ("plain", "stream"):

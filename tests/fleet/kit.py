@@ -87,9 +87,12 @@ def fleet_document(
 ) -> str:
     """The example fleet with llama only, gateway URLs at the agents' ports; without its
     rollout policy (the test database's `strategy: immediate` stands) unless `change` adds
-    one."""
+    one. acme's quotas are out of reach: the fleet tests drive traffic as fast as they can
+    (tests/fleet/test_quotas.py has tenants of its own)."""
     doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     del doc["rollout_policies"]
+    acme = next(t for t in doc["tenants"] if t["name"] == "acme")
+    acme.update(requests_per_minute=10_000_000, tokens_per_minute=10_000_000_000)
     doc["models"] = [m for m in doc["models"] if m["name"] == LLAMA]
     doc["deployments"] = [d for d in doc["deployments"] if d["model"] == LLAMA]
     doc["routing_policies"] = [p for p in doc["routing_policies"] if p["model"] == LLAMA]

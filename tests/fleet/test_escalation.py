@@ -161,10 +161,11 @@ async def test_residency_holds_under_failure_and_a_request_never_bounces_back(
 
 
 def _small_quota(doc: dict[str, Any]) -> None:
-    """acme: 60 requests a minute, shared by GPUs: us-east 38, us-west 7 (of 8 GPUs); it may
-    see how its requests are routed."""
+    """acme: 1200 requests a minute, shared by GPUs: us-east 750, us-west 150 (of 8 GPUs), in
+    bursts of 2 s of each (25 and 5) and refilled at 12.5 and 2.5 a second; it may see how
+    its requests are routed."""
     acme = next(t for t in doc["tenants"] if t["name"] == "acme")
-    acme["requests_per_minute"], acme["debug_routes"] = 60, True
+    acme["requests_per_minute"], acme["debug_routes"] = 1200, True
 
 
 async def test_an_escalated_stream_comes_whole_and_one_that_breaks_ends_with_an_error_event(
@@ -173,7 +174,8 @@ async def test_an_escalated_stream_comes_whole_and_one_that_breaks_ends_with_an_
     async with fleet_of(database_url, tmp_path, ("us-east", "us-west"), _small_quota) as fleet:
         await fleet.fail_engines("us-east")
         client = fleet.client("us-east")
-        # counted against acme's quota at us-east only: more than us-west's share of it
+        # counted against acme's quota at us-east only: more than us-west's share would admit
+        # in the 4 s they surely take
         counted_once = [await _ask(client) for _ in range(16)]
         insider = openai.AsyncOpenAI(
             base_url=f"{fleet.agents['us-east'].url}/v1", api_key=fleet.keys["acme"],

@@ -41,7 +41,7 @@ from meridian.procs import free_port
 MODEL = "llama"
 KEY = "sk-inproc-test-key-0123456789"
 OPERATOR = "operator-token-0123456789"
-TENANT = Tenant("acme", "standard", None, 1000.0, 6000.0)  # 100 tokens a second
+TENANT = Tenant("acme", "standard", None, 1000.0, 60000.0)  # 1,000 tokens a second
 
 
 @dataclass
