@@ -135,7 +135,6 @@ class RegionConfig:
     region: str
     cloud: str
     jurisdiction: str
-    agents_up: int
     models: Mapping[str, ModelConfig] = field(default_factory=dict)
     routes: Mapping[str, RouteConfig] = field(default_factory=dict)
     workers: tuple[WorkerSpec, ...] = ()
@@ -163,7 +162,8 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
         for m in snapshot.models
     }
     routes = {r.model: _route(r) for r in snapshot.routes}
-    agents_up = max(1, snapshot.agents_up)
+    # the region's share is split over its nodes, up or not: their shares never sum above it
+    nodes = max(1, len(snapshot.nodes))
     keys: dict[str, ApiKey] = {}
     tenants: dict[str, Tenant] = {}
     for grant in snapshot.tenants:
@@ -175,8 +175,8 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
                 if grant.HasField("allowed_jurisdictions")
                 else None
             ),
-            requests_per_minute=_node_share(grant, "requests_per_minute", agents_up),
-            tokens_per_minute=_node_share(grant, "tokens_per_minute", agents_up),
+            requests_per_minute=_node_share(grant, "requests_per_minute", nodes),
+            tokens_per_minute=_node_share(grant, "tokens_per_minute", nodes),
             debug_routes=grant.debug_routes,
             disabled=grant.disabled,
             quota_requests_per_minute=(
@@ -214,7 +214,6 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
         region=snapshot.region.name,
         cloud=snapshot.region.cloud,
         jurisdiction=snapshot.region.jurisdiction,
-        agents_up=agents_up,
         models=MappingProxyType(models),
         routes=MappingProxyType(routes),
         workers=workers,
@@ -297,15 +296,15 @@ def _route(route: pb.Route) -> RouteConfig:
     )
 
 
-def _node_share(grant: pb.TenantGrant, name: str, agents_up: int) -> float | None:
+def _node_share(grant: pb.TenantGrant, name: str, nodes: int) -> float | None:
     """The region's share of a tenant's quota (exact where the control plane says it, else
-    whole), split over the region's agents that are up: their shares sum to the region's,
-    never above."""
+    whole), split over the region's nodes: their shares sum to the region's, never above
+    (a node down leaves its part unused until the leases, which follow demand, take it)."""
     exact = f"{name}_share"
     if grant.HasField(exact):  # type: ignore[arg-type]
         share: float = getattr(grant, exact)
-        return share / agents_up
+        return share / nodes
     if not grant.HasField(name):  # type: ignore[arg-type]
         return None
     value: int = getattr(grant, name)
-    return value / agents_up
+    return value / nodes

@@ -161,8 +161,6 @@ class SnapshotHub:
         snapshot = pb.Snapshot()
         snapshot.CopyFrom(self._snapshots[key])
         snapshot.peer_load.extend(v for k, v in sorted(self._peer_load.items()) if k != region)
-        own = self._peer_load.get(region)
-        snapshot.agents_up = own.nodes_up if own is not None else 0
         message = pb.ControlMessage(snapshot=snapshot).SerializeToString()
         old = self._feeds.get(key)
         if trace is None and old is not None and old.revision == snapshot.revision:

@@ -83,6 +83,16 @@ async def test_the_status_page_shows_the_fleet_live(
         await receipt.wait_for(timeout=10000)
         assert "us-west" in await receipt.inner_text()
 
+        # each tenant's quota with its leases: acme's on every agent, eurobank's in the EU only
+        acme = page.locator('#quotas tr[data-tenant="acme"]')
+        await acme.filter(has_text="us-west-1").filter(has_text="eu-west-1").wait_for(timeout=10000)
+        assert "10000000 req" in await acme.inner_text()
+        eurobank = page.locator('#quotas tr[data-tenant="eurobank"]')
+        await eurobank.filter(has_text="eu-west-1").wait_for(timeout=10000)
+        assert "1200 req" in (text := await eurobank.inner_text())
+        assert "us-east-1" not in text
+        assert "us-west-1" not in text
+
         killed_at = time.monotonic()
         (pid,) = [e["pid"] for e in (await fleet.status("us-west"))["engines"] if e["id"] == ENGINE]
         os.kill(pid, 9)

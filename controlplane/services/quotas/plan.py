@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from controlplane.domain import RegionState
+from controlplane.domain import NodeState, RegionState
 from controlplane.services.quotas.allocate import Claim, allocate, settle
 from controlplane.services.quotas.demand import NodeDemand
 from controlplane.snapshot import FleetState
@@ -62,7 +62,7 @@ def plan(
         for dim, quota in quotas.items():
             if quota is None:
                 continue
-            static = {n: quota * regions[state.nodes[n].region] / _up(state, nodes, n)
+            static = {n: quota * regions[state.nodes[n].region] / _static(state, n)
                       for n in nodes}  # fmt: skip
             kept = sum(_kept(held.get(n, {}).get(dim), static[n], away.get(n), now, timing)
                        for n in aside)  # fmt: skip
@@ -90,9 +90,12 @@ def _nodes(state: FleetState, regions: dict[str, float], known: set[str]) -> lis
     )
 
 
-def _up(state: FleetState, nodes: list[str], node: str) -> int:
+def _static(state: FleetState, node: str) -> int:
+    """How many nodes the region's static share is split over, as the agents split it: its
+    active nodes (those its snapshot places)."""
     region = state.nodes[node].region
-    return max(1, sum(1 for n in nodes if state.nodes[n].region == region))
+    return max(1, sum(1 for spec in state.nodes.values()
+                      if spec.region == region and spec.state is NodeState.ACTIVE))  # fmt: skip
 
 
 def _kept(

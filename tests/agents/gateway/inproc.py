@@ -81,7 +81,6 @@ def region_config(name: str, engines: list[str], **changes: object) -> RegionCon
         region=name,
         cloud="c",
         jurisdiction="us",
-        agents_up=1,
         models={MODEL: ModelConfig(MODEL, 4096, frozenset())},
         routes={MODEL: RouteConfig(MODEL, "cost", CostParams(), None, None, None, 64)},
         workers=workers,

@@ -8,9 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from agents.control.compile import compile_config
+from controlplane.push.wire import to_wire
 from controlplane.services.quotas.allocate import FLOOR, Claim, allocate, settle
 from controlplane.services.quotas.demand import NodeDemand, TenantDemand
 from controlplane.services.quotas.plan import Timing, plan
+from controlplane.snapshot.compiler import compile_region
 from tests.controlplane.fleet import example
 from tests.controlplane.snapshot.test_compiler import state_from
 
@@ -107,3 +110,23 @@ def test_an_agent_that_reports_no_demand_is_left_its_static_share() -> None:
     leases = plan(state, demand, {"us-east-1", "eu-west-1"}, {}, {}, NOW, TIMING)["acme"]
     assert list(leases["leases"]) == ["us-east-1"]
     assert leases["reserved"]["requests_per_minute"] == pytest.approx(6000 * 2 / 8)
+
+
+def test_static_shares_split_each_region_over_its_nodes_and_sum_to_the_quota() -> None:
+    """What an agent admits without a lease: its region's share by GPUs over the region's
+    nodes (a second node in us-east halves each one's), as the agents compile it from their
+    snapshot and as the leader keeps it aside for an agent that takes no lease."""
+    doc = example()
+    doc["nodes"].append({"name": "us-east-2", "region": "us-east", "hostname": "127.0.0.4"})
+    state = state_from(doc)
+    static = {}
+    for region in state.regions:
+        config = compile_config(to_wire(compile_region(state, region)))
+        for node, spec in state.nodes.items():
+            if spec.region == region:
+                static[node] = config.tenants["acme"].requests_per_minute
+    assert static["us-east-1"] == static["us-east-2"] == pytest.approx(6000 * 5 / 8 / 2)
+    assert sum(static.values()) == pytest.approx(6000)  # type: ignore[arg-type]
+    demand = {"us-east-1": _demand("us-east-1", "us-east", acme=6000)}
+    leases = plan(state, demand, {"us-east-1", "us-east-2"}, {}, {}, NOW, TIMING)["acme"]
+    assert leases["reserved"]["requests_per_minute"] == pytest.approx(static["us-east-2"])

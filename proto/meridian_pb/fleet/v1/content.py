@@ -13,12 +13,10 @@ from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 
 def digest(message: pb.Snapshot) -> str:
-    """sha256 of what the agent must run and how it must route: not the revision, not load,
-    not the agents up."""
+    """sha256 of what the agent must run and how it must route: not the revision, not load."""
     content = pb.Snapshot()
     content.CopyFrom(message)
     content.revision = 0
     content.ClearField("digest")
     content.ClearField("peer_load")
-    content.ClearField("agents_up")
     return hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()

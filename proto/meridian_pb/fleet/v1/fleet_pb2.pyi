@@ -840,16 +840,11 @@ class Snapshot(_message.Message):
     FALLBACK_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     PEER_LOAD_FIELD_NUMBER: _builtins.int
-    AGENTS_UP_FIELD_NUMBER: _builtins.int
     SIGNING_KEY_FIELD_NUMBER: _builtins.int
     TRUSTED_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     digest: _builtins.str
     """sha256 of the content (everything but revision, digest and peer_load)."""
-    agents_up: _builtins.int
-    """Agents of this region up as of sending (from the leader's rollup); advisory, not part
-    of the digest. Gateways split the region's quota share over them.
-    """
     @_builtins.property
     def region(self) -> Global___RegionInfo: ...
     @_builtins.property
@@ -899,13 +894,12 @@ class Snapshot(_message.Message):
         fallback: _abc.Iterable[Global___FallbackChain] | None = ...,
         tenants: _abc.Iterable[Global___TenantGrant] | None = ...,
         peer_load: _abc.Iterable[Global___PeerLoad] | None = ...,
-        agents_up: _builtins.int = ...,
         signing_key: Global___SigningKey | None = ...,
         trusted: _abc.Iterable[Global___TrustedRegion] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["region", b"region", "signing_key", b"signing_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents_up", b"agents_up", "deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "signing_key", b"signing_key", "tenants", b"tenants", "trusted", b"trusted", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "signing_key", b"signing_key", "tenants", b"tenants", "trusted", b"trusted", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
