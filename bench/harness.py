@@ -208,8 +208,8 @@ class Region:
     async def tenant_key(self, tenant: str, **quota: int) -> str:
         """A tenant (`quota`: its requests_per_minute, tokens_per_minute) and a key of it;
         return once every agent knows the key."""
-        body = {"tier": "standard", **quota}
-        answer = await self.admin.put(f"/v1/tenants/{tenant}", json=body)
+        body = {"name": tenant, "tier": "standard", **quota}
+        answer = await self.admin.post("/v1/tenants", json=body)
         answer.raise_for_status()
         made = await self.admin.post("/v1/api-keys", json={"tenant": tenant})
         made.raise_for_status()
