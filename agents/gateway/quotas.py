@@ -2,7 +2,7 @@
 
 The share is the node's lease from the control plane while it holds one (the leader splits
 each tenant's global quota over the agents by their demand: controlplane/services/quotas),
-else its static share from the snapshot (the region's part by GPUs, split over its agents),
+else its static share from the snapshot (the region's part by GPUs, split over its nodes),
 which never over-admits. A lease is good for its ttl from the message that carried or last
 renewed it, and only for the global quota it was computed from.
 

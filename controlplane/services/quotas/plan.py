@@ -8,7 +8,7 @@ it shares is the quota less what is kept aside for the tenant's other agents:
 - an agent that went away (its stream ended) keeps the lease it held until that lease has
   surely expired on its side (`ttl_s` after the leader saw it go, plus a margin);
 - after that, and for an agent that never took a lease, its static share (the region's
-  share by GPUs, split over the region's agents), as it falls back to that, until it has
+  share by GPUs, split over the region's nodes), as it falls back to that, until it has
   been away for `forget_s` (a node gone for good).
 """
 
