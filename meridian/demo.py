@@ -114,10 +114,11 @@ class Demo:
         return pairs
 
     async def send(
-        self, http: httpx.AsyncClient, region: str, tenant: dict[str, Any], words: int
-    ) -> None:
+        self, http: httpx.AsyncClient, region: str, tenant: dict[str, Any], words: int,
+        model: str | None = None,
+    ) -> None:  # fmt: skip
         prompt = " ".join(random.choices(WORDS, k=words))
-        body = {"model": self.fleet["models"][0], "max_tokens": 32,
+        body = {"model": model or self.fleet["models"][0], "max_tokens": 32,
                 "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
         tally = self.tallies[region, tenant["name"]]
         tally.sent += 1

@@ -4,7 +4,7 @@ sample traffic, then a good change that rolls out to every region, shown live.
 It reads `.meridian/local-fleet.json` (written by `meridian up`) and:
 1. shortens the rollout policy's bake to `--bake` seconds for its run (and puts the policy
    back at the end), so that the scenario takes a minute or two, not ten;
-2. sends calm traffic into every region;
+2. sends calm traffic into every region, for every model it serves;
 3. applies a harmful change: every region's engines of the first model get an argument that
    crashes them as they start (the simulator's `crash-after-s`), in one revision;
 4. shows the rollout's waves and checks as the canary catches it and rolls it back;
@@ -39,6 +39,8 @@ class Scenario:
         self.step = "starting"
         self.doc: dict[str, Any] = {}
         self.admin = {"Authorization": f"Bearer {fleet['admin_token']}"}
+        self.serves: dict[str, list[str]] = {}  # region: the models deployed there
+        self.known = asyncio.Event()  # set once `serves` is read
         self.url = str(fleet["admin_url"]).rstrip("/")
 
     async def api(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -48,10 +50,15 @@ class Scenario:
         return answer.json()
 
     async def traffic(self, stop: asyncio.Event) -> None:
+        """Every model a region serves, for every tenant: the checks wait for evidence of
+        each model a wave's targets serve, and never pass a model nobody asked for."""
         tasks: set[asyncio.Task[None]] = set()
+        await self.known.wait()
         while not stop.is_set():
             for region, tenant in self.demo.entries():
-                tasks.add(asyncio.create_task(self.demo.send(self.http, region, tenant, 20)))
+                for model in self.serves.get(region, []):
+                    sent = self.demo.send(self.http, region, tenant, 20, model)
+                    tasks.add(asyncio.create_task(sent))
             tasks = {t for t in tasks if not t.done()}
             await asyncio.sleep(0.3)
         await asyncio.gather(*tasks)
@@ -78,10 +85,19 @@ class Scenario:
         raise click.ClickException(f"the rollout of revision {revision} did not end in time")
 
     async def run(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        try:
+            return await self._run()
+        finally:
+            self.known.set()  # the traffic goes on to its stop, whatever failed
+
+    async def _run(self) -> tuple[dict[str, Any], dict[str, Any]]:
         policy = await self._policy()
         model = self.fleet["models"][0]
-        deployments = [d for d in (await self.api("GET", "/v1/deployments"))["items"]
-                       if d["model"] == model and d["backend"] == "sim"]  # fmt: skip
+        every = (await self.api("GET", "/v1/deployments"))["items"]
+        for d in every:
+            self.serves.setdefault(d["region"], []).append(d["model"])
+        self.known.set()
+        deployments = [d for d in every if d["model"] == model and d["backend"] == "sim"]
         routes = [p for p in (await self.api("GET", "/v1/routing-policies"))["items"]
                   if p["model"] == model and p["region"] is None]  # fmt: skip
         try:
