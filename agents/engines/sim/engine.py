@@ -81,6 +81,7 @@ class Engine:
         self._clock = clock or asyncio.get_running_loop().time
         self._sleep = sleep
         self._random = random.Random(seed)
+        self.noise = random.Random(seed + 1)  # the log-probabilities' run-to-run spread
         self.cache = RadixCache(cost.max_total_tokens, self._clock, listener)
         self.waiting: deque[Request] = deque()
         self.decoding: list[Request] = []
@@ -133,7 +134,7 @@ class Engine:
         if self._random.random() < self.faults.error_rate:
             raise InjectedError("injected fault: error rate")
         request = Request(rid or f"sim-{next(self._ids)}", prompt, max_new_tokens, self.now())
-        request.output = tokens.output_ids(prompt, max_new_tokens)
+        request.output = tokens.output_ids(prompt, max_new_tokens, self.faults.output)
         return request
 
     def submit(self, request: Request) -> None:

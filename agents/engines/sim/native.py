@@ -1,8 +1,17 @@
-"""SGLang's native `/generate`: text or input_ids in, cumulative text and output_ids out."""
+"""SGLang's native `/generate`: text or input_ids in, cumulative text and output_ids out.
+
+With `return_logprob`, meta_info carries `output_token_logprobs` and, from prompt position
+`logprob_start_len` (-1, the default: none), `input_token_logprobs`: [logprob, token id,
+text] each, the text only with `return_text_in_logprobs`, and the first prompt token's
+logprob None, as SGLang answers. A prompt scored with `max_new_tokens` 0 is teacher
+forcing: the log-probabilities of a reference continuation given what precedes it. Each
+value carries a little noise, as a real engine's batching makes it vary from run to run.
+"""
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,6 +45,9 @@ class GenerateBody(Body):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    return_logprob: bool = False
+    logprob_start_len: int = Field(default=-1, ge=-1)
+    return_text_in_logprobs: bool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateBody:
@@ -63,6 +75,34 @@ class GenerateBody(Body):
         return isinstance(self.text, list) or bool(
             self.input_ids and isinstance(self.input_ids[0], list)
         )
+
+
+LOGPROB_NOISE = 0.002  # the run-to-run spread of a value, as batching makes it
+
+
+def _logprobs(
+    ids: list[int], values: list[float | None], text: bool, noise: random.Random
+) -> list[list[Any]]:
+    return [[None if v is None else round(v + noise.uniform(-LOGPROB_NOISE, LOGPROB_NOISE), 6),
+             i, tokens.decode([i]) if text else None]
+            for v, i in zip(values, ids, strict=True)]  # fmt: skip
+
+
+def logprob_info(
+    request: Request, body: GenerateBody, shift: float, noise: random.Random
+) -> dict[str, Any]:
+    """meta_info's log-probabilities of the prompt (from `logprob_start_len`) and of what was
+    generated so far."""
+    text = body.return_text_in_logprobs
+    prompt, out = request.prompt, request.output[: request.generated]
+    start = body.logprob_start_len
+    scored = prompt[start:] if start >= 0 else []
+    given = tokens.token_logprobs(prompt, start, shift) if start >= 0 else []
+    made = tokens.token_logprobs(prompt + out, len(prompt), shift)
+    return {
+        "input_token_logprobs": _logprobs(scored, given, text, noise),
+        "output_token_logprobs": _logprobs(out, made, text, noise),
+    }
 
 
 def generate_result(request: Request, *, elapsed_s: float, after: str) -> dict[str, Any]:
@@ -95,20 +135,27 @@ async def generate(http: HttpRequest, engine: Engine, kv: Kv) -> Response:
     for request in requests:
         await start(engine, kv, body, request)
     if body.stream:
-        stream = _stream(engine, requests[0], body.texts()[0])
+        stream = _stream(engine, requests[0], body, body.texts()[0])
         return StreamingResponse(stream, media_type="text/event-stream")
     for request in requests:
         await finished(engine, request)
     texts = body.texts()
-    results = [
-        generate_result(r, elapsed_s=engine.now() - r.arrived, after=texts[i])
-        for i, r in enumerate(requests)
-    ]
+    results = [_result(engine, r, body, texts[i]) for i, r in enumerate(requests)]
     return JSONResponse(results if body.batched else results[0])
 
 
-async def _stream(engine: Engine, request: Request, after: str) -> AsyncIterator[bytes]:
+def _result(engine: Engine, request: Request, body: GenerateBody, after: str) -> dict[str, Any]:
+    result = generate_result(request, elapsed_s=engine.now() - request.arrived, after=after)
+    if body.return_logprob:
+        shift = engine.faults.shift
+        result["meta_info"].update(logprob_info(request, body, shift, engine.noise))
+    return result
+
+
+async def _stream(
+    engine: Engine, request: Request, body: GenerateBody, after: str
+) -> AsyncIterator[bytes]:
     async for _ in progress(engine, request):
-        chunk = generate_result(request, elapsed_s=engine.now() - request.arrived, after=after)
+        chunk = _result(engine, request, body, after)
         yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"

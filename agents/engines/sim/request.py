@@ -26,6 +26,13 @@ class Faults:
     error_rate: float = 0.0
     hang: bool = False
     poison: str | None = None  # a request holding it kills the engine
+    output: Literal["none", "garbage", "repeat"] = "none"  # what answers are made of
+    logprob_shift: float = 0.0  # wrong weights: log-probabilities this much lower on average
+
+    @property
+    def shift(self) -> float:
+        """The log-probability shift in force: a worker emitting garbage computes wrong too."""
+        return self.logprob_shift + (5.0 if self.output != "none" else 0.0)
 
 
 @dataclass(eq=False)

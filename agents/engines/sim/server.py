@@ -1,9 +1,12 @@
 """The simulator's HTTP server: SGLang's endpoints, its metrics, and an admin endpoint for faults.
 
 POST /sim/faults {"slow_factor": 3, "error_rate": 0.1, "hang": true, "crash": true,
-"poison": "text"} changes the faults of a running simulator; GET /sim/faults shows them. A
-poison is text that kills the engine at once when an inference request's body holds it, as a
-request that hits an engine's bug does.
+"poison": "text", "output": "garbage", "logprob_shift": 0.5} changes the faults of a running
+simulator; GET /sim/faults shows them. A poison is text that kills the engine at once when
+an inference request's body holds it, as a request that hits an engine's bug does. The
+quality faults keep the engine healthy by every check while it answers wrong: `output`
+"garbage" (characters no prompt uses) or "repeat" (one token, "!", over and over), and
+`logprob_shift`, wrong weights of adjustable size (tokens.logprob).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
@@ -40,6 +44,8 @@ class FaultChange(BaseModel):
     hang: bool | None = None
     crash: bool = False
     poison: str | None = Field(default=None, min_length=1, max_length=256)
+    output: Literal["none", "garbage", "repeat"] | None = None
+    logprob_shift: float | None = Field(default=None, ge=0, le=20)
 
 
 class Simulator:
@@ -275,9 +281,14 @@ class Simulator:
                 self.engine.set_hang(change.hang)
             if "poison" in change.model_fields_set:
                 faults.poison = change.poison
+            if change.output is not None:
+                faults.output = change.output
+            if change.logprob_shift is not None:
+                faults.logprob_shift = change.logprob_shift
         f = self.engine.faults
         return JSONResponse({"slow_factor": f.slow_factor, "error_rate": f.error_rate,
-                             "hang": f.hang, "poison": f.poison})  # fmt: skip
+                             "hang": f.hang, "poison": f.poison, "output": f.output,
+                             "logprob_shift": f.logprob_shift})  # fmt: skip
 
 
 class _Abort(BaseModel):

@@ -5,12 +5,20 @@ pre-tokenizer splits text into runs of word characters and runs of punctuation. 
 simulator splits the same way, so a client that loads that tokenizer counts the same
 tokens. Words the vocabulary lacks get a stable hashed id instead of `<unk>`, so that
 different prompts stay different in the prefix cache.
+
+Log-probabilities are a function of the context too (`logprob`): the greedy next token is
+likely (between -0.32 and -0.02), any other unlikely (between -12 and -3), so that a
+teacher-forced score of a reference continuation is high where the reference is what this
+model would say. A worker with "wrong weights" shifts every log-probability down by a
+deterministic amount (`shift` on average); a worker that emits garbage or repeats one token
+computes wrong too.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import struct
 import zlib
 from array import array
 from collections.abc import Sequence
@@ -24,6 +32,8 @@ _PIECES = re.compile(r"\w+|[^\w\s]+")
 _SPECIAL = 6  # ids below this are special tokens; generated text uses the words after them
 _WORDS = 200  # the words generated text draws on
 _WINDOW = 8  # the context's tokens that choose the next one
+REPEAT = 210  # "!": what a worker stuck on one token emits
+GARBAGE_FROM = 0x2580  # ids with no name decode as two characters of U+2580..U+25FF
 
 
 @cache
@@ -57,8 +67,14 @@ def decode(ids: Sequence[int], after: str = "") -> str:
     if not ids:
         return ""
     names = _names()
-    text = " ".join(names.get(i, f"w{i}") for i in ids)
+    text = " ".join(names.get(i) or _garbage(i) for i in ids)
     return " " + text if after and not after[-1].isspace() else text
+
+
+def _garbage(token: int) -> str:
+    """An id the vocabulary has no name for: block and shape characters, which no prompt's
+    script uses (what a broken worker's bytes look like)."""
+    return chr(GARBAGE_FROM + token % 0x80) + chr(GARBAGE_FROM + (token >> 7) % 0x80)
 
 
 def chat_prompt(messages: Sequence[dict[str, Any]], continue_final: bool = False) -> str:
@@ -87,15 +103,54 @@ def _content(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def output_ids(prompt: Sequence[int], count: int) -> list[int]:
+def _window(context: Sequence[int]) -> bytes:
+    return array("I", (i & 0xFFFFFFFF for i in context[-_WINDOW:])).tobytes()
+
+
+def _next(window: bytes) -> int:
+    return _SPECIAL + zlib.crc32(window) % _WORDS
+
+
+def output_ids(prompt: Sequence[int], count: int, fault: str = "none") -> list[int]:
     """The `count` tokens a request generates, each a function of the context before it (the
     last few tokens of the prompt and of what came so far), as a model's greedy decoding is:
     a request continued from its prompt and its first k tokens goes on with the same tokens
-    as the whole request did."""
-    context = array("I", (i & 0xFFFFFFFF for i in prompt[-_WINDOW:]))
+    as the whole request did. `fault`: "repeat" emits one token over and over, "garbage"
+    tokens outside the vocabulary."""
+    if fault == "repeat":
+        return [REPEAT] * count
+    context = list(prompt[-_WINDOW:])
     out: list[int] = []
     for _ in range(count):
-        token = _SPECIAL + zlib.crc32(context[-_WINDOW:].tobytes()) % _WORDS
+        window = _window(context)
+        token = _next(window)
+        if fault == "garbage":
+            token = len(_vocab()) + zlib.crc32(window, 7) % (VOCAB_SIZE - len(_vocab()))
         out.append(token)
         context.append(token)
     return out
+
+
+def _unit(window: bytes, token: int, salt: int) -> float:
+    """A number in [0, 1), a function of the context, the token and a salt."""
+    return zlib.crc32(struct.pack("<Ii", token & 0xFFFFFFFF, salt), zlib.crc32(window)) / 2**32
+
+
+def logprob(context: Sequence[int], token: int, shift: float = 0.0) -> float:
+    """log P(token | context) as this simulated model has it; `shift` > 0: wrong weights,
+    every log-probability lower by `shift` times a factor between 0.5 and 1.5."""
+    window = _window(context)
+    if token == _next(window):
+        value = -0.02 - 0.3 * _unit(window, token, 1)
+    else:
+        value = -3.0 - 9.0 * _unit(window, token, 2)
+    if shift:
+        value -= shift * (0.5 + _unit(window, token, 3))
+    return value
+
+
+def token_logprobs(ids: Sequence[int], start: int, shift: float = 0.0) -> list[float | None]:
+    """The log-probability of each of `ids` from position `start` given those before it;
+    None for the first token, which has no context (as SGLang reports it)."""
+    return [logprob(ids[max(0, i - _WINDOW) : i], ids[i], shift) if i else None
+            for i in range(max(0, start), len(ids))]  # fmt: skip
