@@ -1,0 +1,91 @@
+"""What one answer shows about the worker that gave it, from bytes the relay already holds.
+No I/O; run once an answer has ended, on its final text, never per chunk.
+
+Each detector says whether one answer is suspect; none says a worker is bad. That is
+decided against the other workers of the same model (`agents/quality/peers.py`), since what
+is normal differs by model and workload: a model may well end most answers on the length cap
+of a workload that asks for long ones, or answer in a script the prompt does not use.
+
+- `repetition`: the text is mostly one short pattern over and over (`!!!!`, a token or a
+  few repeated): it compresses to under `REPEAT_RATIO` of its length (natural text of any
+  language compresses to about a third or more; a long run of one pattern to a few percent);
+- `length`: the answer ended on its length cap;
+- `empty`: no text and no tool call;
+- `foreign`: most of its characters lie in Unicode blocks the prompt does not use (128
+  code points a block; ASCII answers to any prompt are never foreign, and the check is only
+  made for answers that are not ASCII);
+- `invalid`: an answer asked for as JSON (`response_format`) that does not parse, or a tool
+  call that names a tool the request did not offer or whose arguments do not parse.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import orjson
+
+REPEAT_MIN_CHARS = 64  # shorter texts are not judged for repetition
+REPEAT_RATIO = 0.12  # compressed / raw below this: one pattern over and over
+FOREIGN_SHARE = 0.5  # of the non-space characters, outside the prompt's blocks
+DETECTORS = ("repetition", "length", "empty", "foreign", "invalid")
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the relay knows of one ended answer."""
+
+    text: str
+    finish_reason: str | None = None
+    tool_calls: Sequence[tuple[str, str]] = ()  # (name, arguments) of each call
+    json_wanted: bool = False  # response_format json_object or json_schema
+    tools_offered: Collection[str] = ()
+
+
+def suspect(answer: Answer, prompt: str) -> frozenset[str]:
+    """The detectors this answer trips (none, mostly)."""
+    text = answer.text
+    found = []
+    if len(text) >= REPEAT_MIN_CHARS and _ratio(text) < REPEAT_RATIO:
+        found.append("repetition")
+    if answer.finish_reason == "length":
+        found.append("length")
+    if not text.strip() and not answer.tool_calls:
+        found.append("empty")
+    if not text.isascii() and _foreign_share(text, prompt) > FOREIGN_SHARE:
+        found.append("foreign")
+    if _invalid(answer):
+        found.append("invalid")
+    return frozenset(found)
+
+
+def _ratio(text: str) -> float:
+    raw = text.encode()
+    return len(zlib.compress(raw, 1)) / len(raw)
+
+
+def _foreign_share(text: str, prompt: str) -> float:
+    blocks = {0} if prompt.isascii() else {ord(c) >> 7 for c in prompt}
+    chars = [c for c in text if not c.isspace()]
+    if not chars:
+        return 0.0
+    foreign = sum(1 for c in chars if ord(c) >> 7 not in blocks)
+    return foreign / len(chars)
+
+
+def _invalid(answer: Answer) -> bool:
+    if answer.json_wanted and not answer.tool_calls and not _parses(answer.text):
+        return True
+    for name, arguments in answer.tool_calls:
+        if name not in answer.tools_offered or not _parses(arguments):
+            return True
+    return False
+
+
+def _parses(text: str) -> bool:
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True

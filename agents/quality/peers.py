@@ -1,0 +1,112 @@
+"""Each worker's recent answers, by detector, against its peers': the other workers of the
+same kind (model, and where the snapshot says them, revision, quantization and hardware).
+No I/O.
+
+A worker fails a detector when, over its last `WINDOW` answers, it has at least
+`MIN_ANSWERS` answers and `MIN_FLAGGED` flagged ones, its peers have at least `MIN_ANSWERS`
+between them, and its share of flagged answers exceeds the peers' by more than chance
+explains: `Z` standard errors of a share of its size at the peers' rate (the peers' rate
+with one flagged and one clean answer added, so that clean peers still leave room for
+chance), and twice the peers' rate. The bound is the peers' own: a workload where every
+worker ends half its answers on the length cap fails none of them.
+
+A worker with no peer of its kind in the region is never judged here: the control plane
+compares it with the same model elsewhere, and canaries with its references.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from agents.quality.detectors import DETECTORS
+
+WINDOW = 200
+MIN_ANSWERS = 10
+MIN_FLAGGED = 5
+Z = 4.0
+EXAMPLES = 3  # request ids kept as evidence, per worker and detector
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A worker's failed detector, with its evidence."""
+
+    worker: str
+    detector: str
+    share: float  # of its last answers, flagged
+    answers: int
+    peers_share: float
+    peers_answers: int
+    examples: tuple[str, ...]  # request ids of flagged answers
+
+
+@dataclass
+class _Record:
+    flags: deque[frozenset[str]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DETECTORS, 0))
+    examples: dict[str, deque[str]] = field(default_factory=dict)
+
+    def add(self, flags: frozenset[str], request_id: str) -> None:
+        if len(self.flags) == WINDOW:
+            for name in self.flags[0]:
+                self.counts[name] -= 1
+        self.flags.append(flags)
+        for name in flags:
+            self.counts[name] += 1
+            self.examples.setdefault(name, deque(maxlen=EXAMPLES)).append(request_id)
+
+
+class Book:
+    def __init__(self) -> None:
+        self._records: dict[str, _Record] = {}
+
+    def record(self, worker: str, flags: frozenset[str], request_id: str) -> None:
+        """One ended answer of `worker`, and the detectors it tripped."""
+        record = self._records.get(worker)
+        if record is None:
+            record = self._records[worker] = _Record()
+        record.add(flags, request_id)
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop the workers no longer in the snapshot."""
+        kept = set(keep)
+        for worker in [w for w in self._records if w not in kept]:
+            del self._records[worker]
+
+    def findings(self, kinds: Mapping[str, str]) -> list[Finding]:
+        """Every worker's failed detectors; `kinds`: each worker's kind (its peers share it)."""
+        by_kind: dict[str, list[str]] = {}
+        for worker, kind in kinds.items():
+            if worker in self._records:
+                by_kind.setdefault(kind, []).append(worker)
+        out = []
+        for workers in by_kind.values():
+            if len(workers) < 2:
+                continue
+            for worker in workers:
+                out.extend(self._judge(worker, [w for w in workers if w != worker]))
+        return out
+
+    def _judge(self, worker: str, peers: list[str]) -> list[Finding]:
+        mine = self._records[worker]
+        n = len(mine.flags)
+        peers_n = sum(len(self._records[p].flags) for p in peers)
+        if n < MIN_ANSWERS or peers_n < MIN_ANSWERS:
+            return []
+        found = []
+        for name in DETECTORS:
+            flagged = mine.counts[name]
+            if flagged < MIN_FLAGGED:
+                continue
+            peers_flagged = sum(self._records[p].counts[name] for p in peers)
+            rate = (peers_flagged + 1) / (peers_n + 2)
+            share = flagged / n
+            bound = max(2 * rate, rate + Z * math.sqrt(rate * (1 - rate) / n))
+            if share > bound:
+                found.append(Finding(worker, name, round(share, 4), n,
+                                     round(peers_flagged / peers_n, 4), peers_n,
+                                     tuple(mine.examples.get(name, ()))))  # fmt: skip
+        return found

@@ -1,0 +1,93 @@
+"""The quality guard's pure parts: what one answer shows, and a worker judged against its
+peers (never against a fixed absolute)."""
+
+from __future__ import annotations
+
+import random
+
+from agents.engines.sim import tokens
+from agents.quality.detectors import Answer, suspect
+from agents.quality.peers import MIN_FLAGGED, Book
+
+PROMPT = "Tell me about the river and the old man who lived near it."
+STORY = (
+    "The old man lived near the river for most of his life. Each morning he walked to the "
+    "water, watched the boats go by, and talked with the people who came to fish there."
+)
+
+
+def test_a_healthy_answer_trips_nothing() -> None:
+    assert suspect(Answer(STORY, "stop"), PROMPT) == frozenset()
+    french = (
+        "Le vieil homme vivait près de la rivière depuis toujours, et chaque matin il y allait."
+    )
+    assert suspect(Answer(french, "stop"), "Réponds en français, s'il te plaît.") == frozenset()
+
+
+def test_repetition_garbage_empty_and_the_length_cap() -> None:
+    assert "repetition" in suspect(Answer("!" * 400, "length"), PROMPT)
+    assert "repetition" in suspect(Answer("the answer is " * 40), PROMPT)
+    assert "repetition" not in suspect(Answer(STORY * 2), PROMPT)  # twice is not a loop
+    garbage = tokens.decode(tokens.output_ids(tokens.encode(PROMPT), 40, "garbage"))
+    assert "foreign" in suspect(Answer(garbage), PROMPT)
+    # a script the prompt uses is not foreign
+    assert "foreign" not in suspect(Answer("東京は日本の首都です。"), "東京について教えて")
+    assert "empty" in suspect(Answer("  ", "stop"), PROMPT)
+    assert "empty" not in suspect(Answer("", "tool_calls", [("weather", "{}")],
+                                         tools_offered={"weather"}), PROMPT)  # fmt: skip
+    assert "length" in suspect(Answer(STORY, "length"), PROMPT)
+
+
+def test_json_and_tool_calls_are_checked_on_the_final_text() -> None:
+    assert "invalid" in suspect(Answer('{"a": 1', json_wanted=True), PROMPT)
+    assert "invalid" not in suspect(Answer('{"a": [1, 2]}', json_wanted=True), PROMPT)
+    offered = {"weather"}
+    assert "invalid" in suspect(Answer("", tool_calls=[("wether", "{}")],
+                                       tools_offered=offered), PROMPT)  # fmt: skip
+    assert "invalid" in suspect(Answer("", tool_calls=[("weather", "{city:")],
+                                       tools_offered=offered), PROMPT)  # fmt: skip
+    assert "invalid" not in suspect(Answer("", tool_calls=[("weather", '{"city": "Oslo"}')],
+                                           tools_offered=offered), PROMPT)  # fmt: skip
+
+
+def _feed(book: Book, worker: str, n: int, share: float, flag: str, seed: int) -> None:
+    pick = random.Random(seed)
+    for i in range(n):
+        flags = frozenset({flag}) if pick.random() < share else frozenset()
+        book.record(worker, flags, f"{worker}-{i}")
+
+
+def test_a_worker_that_departs_from_its_peers_fails_and_shows_its_evidence() -> None:
+    book = Book()
+    for w in ("a", "b"):
+        _feed(book, w, 30, 0.0, "repetition", 1)
+    _feed(book, "c", 10, 0.8, "repetition", 2)
+    kinds = dict.fromkeys(("a", "b", "c"), "llama")
+    (found,) = book.findings(kinds)
+    assert (found.worker, found.detector) == ("c", "repetition")
+    assert found.share >= 0.5
+    assert found.peers_share == 0.0
+    assert found.examples
+    assert all(e.startswith("c-") for e in found.examples)
+
+
+def test_no_false_finding_when_every_worker_shares_the_workload() -> None:
+    """Half of every worker's answers end on the length cap: the workload, not a worker."""
+    book = Book()
+    for seed, w in enumerate(("a", "b", "c")):
+        _feed(book, w, 200, 0.5, "length", seed)
+    assert book.findings(dict.fromkeys(("a", "b", "c"), "llama")) == []
+
+
+def test_too_little_evidence_and_a_worker_without_peers_are_not_judged() -> None:
+    book = Book()
+    _feed(book, "a", 100, 0.0, "empty", 1)
+    for i in range(MIN_FLAGGED - 1):
+        book.record("b", frozenset({"empty"}), f"b-{i}")
+    assert book.findings({"a": "llama", "b": "llama"}) == []
+    _feed(book, "solo", 50, 1.0, "empty", 3)
+    assert book.findings({"solo": "qwen"}) == []  # its kind has no other worker here
+    # peers of another kind (other hardware) are not its peers
+    assert book.findings({"a": "llama/h100", "solo": "llama/a100"}) == []
+    book.forget(["a"])
+    assert book.findings({"a": "llama", "b": "llama"}) == []
