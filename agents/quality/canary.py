@@ -1,0 +1,89 @@
+"""Canaries: a golden prompt and its reference continuation, scored on a worker by the
+teacher-forced log-probabilities of the whole text, and the worker judged against its peers'
+scores of the same canary. No I/O: what to send to SGLang's `/generate` and how to read
+its answer.
+
+The score is the mean log-probability per token of the prompt and reference together
+(`logprob_start_len` 0, `max_new_tokens` 0: nothing is generated), so that no tokenizer is
+needed on this side: every worker of a model tokenizes the same text alike. Teacher forcing
+tolerates what exact text matching does not: batching makes a worker's numbers vary a little
+from run to run, never its tokens' order of likelihood.
+
+A worker fails a canary when its score lies below its peers' median by more than `K` times
+their spread (the median absolute deviation, scaled to a standard deviation), and by more
+than `FLOOR` (nats per token), which stands for the spread when the peers agree to the last
+digit. Only a lower score fails: wrong weights, garbage and a broken kernel all make the
+reference less likely, never more.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+K = 6.0
+FLOOR = 0.05  # nats a token
+SCALE = 1.4826  # MAD to a standard deviation, for normal noise
+
+
+@dataclass(frozen=True, slots=True)
+class Canary:
+    name: str
+    prompt: str
+    reference: str
+
+    def body(self, rid: str) -> bytes:
+        """SGLang's /generate: the text scored, nothing generated."""
+        return orjson.dumps({
+            "rid": rid, "text": f"{self.prompt}{self.reference}",
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": 0,
+        })  # fmt: skip
+
+
+class CanaryUnreadable(ValueError):
+    """The answer carries no log-probabilities to score."""
+
+
+def score(answer: bytes) -> float:
+    """The mean log-probability per token of what was scored."""
+    try:
+        doc: Any = orjson.loads(answer)
+        values = [v[0] for v in doc["meta_info"]["input_token_logprobs"] if v[0] is not None]
+    except (orjson.JSONDecodeError, KeyError, TypeError, IndexError) as error:
+        raise CanaryUnreadable(f"no input_token_logprobs in the answer: {error}") from None
+    if not values:
+        raise CanaryUnreadable("the answer scored no token")
+    return float(sum(values)) / len(values)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    worker: str
+    score: float
+    peers_median: float
+    bound: float  # the least score that passes
+    passed: bool
+
+
+def judge(scores: Mapping[str, float], expected: float | None = None) -> dict[str, Verdict]:
+    """Each worker's score of one canary against the others' and, when the canary was made
+    from its replicas' majority, the score they had then (`expected`). At least two such
+    figures are needed: against one, a departure cannot be told from the peer's own."""
+    out = {}
+    for worker, mine in scores.items():
+        peers = [s for w, s in scores.items() if w != worker]
+        if expected is not None:
+            peers.append(expected)
+        if len(peers) < 2:
+            continue
+        median = statistics.median(peers)
+        spread = SCALE * statistics.median(abs(s - median) for s in peers)
+        bound = median - max(K * spread, FLOOR)
+        out[worker] = Verdict(worker, round(mine, 4), round(median, 4), round(bound, 4),
+                              mine >= bound)  # fmt: skip
+    return out
