@@ -1,0 +1,112 @@
+"""Quarantine: which workers the region routes around because of what they say, and why.
+No I/O; the agent feeds it findings and canary verdicts and reads its events.
+
+- A worker is quarantined when a detector fails against its peers (`peers.Finding`) or it
+  fails `FAILS_IN_ROW` canaries in a row. It stays up and keeps getting canaries; after
+  `PASSES_IN_ROW` passes in a row it is readmitted, with its answers' record cleared (what
+  it said before is not held against it again).
+- The last worker of a model in the region that is not quarantined is never quarantined:
+  the region would have nothing to serve the model with. An alert is raised instead, and
+  the region's fallback rules decide whether its requests go to a peer.
+- Every change is an event with its evidence: the detector or canary, the worker's figure
+  against its peers', and example request ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from agents.quality.canary import Verdict
+from agents.quality.peers import Book, Finding
+
+FAILS_IN_ROW = 2
+PASSES_IN_ROW = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: Literal["quarantined", "readmitted", "alert"]
+    worker: str
+    model: str
+    check: str  # a detector's name, or "canary:<name>"
+    figure: float  # the worker's share flagged, or its canary score
+    peers_figure: float  # the peers' share, or the least score that passes
+    examples: tuple[str, ...] = ()
+    at: float = 0.0
+
+
+@dataclass
+class _Worker:
+    model: str
+    quarantined: bool = False
+    alerted: bool = False
+    fails: int = 0
+    passes: int = 0
+
+
+@dataclass
+class Guard:
+    book: Book = field(default_factory=Book)
+    workers: dict[str, _Worker] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+
+    def set_workers(self, models: Mapping[str, str]) -> None:
+        """The region's workers and their models, from the snapshot; the rest forgotten."""
+        for worker, model in models.items():
+            known = self.workers.get(worker)
+            if known is None or known.model != model:
+                self.workers[worker] = _Worker(model)
+        for gone in [w for w in self.workers if w not in models]:
+            del self.workers[gone]
+        self.book.forget(models)
+
+    @property
+    def quarantined(self) -> frozenset[str]:
+        return frozenset(w for w, s in self.workers.items() if s.quarantined)
+
+    def findings(self, found: Iterable[Finding], now: float) -> None:
+        for f in found:
+            self._fail(f.worker, Event("quarantined", f.worker, "", f.detector, f.share,
+                                       f.peers_share, f.examples, now))  # fmt: skip
+
+    def canary(self, name: str, verdicts: Iterable[Verdict], now: float) -> None:
+        for v in verdicts:
+            state = self.workers.get(v.worker)
+            if state is None:
+                continue
+            if v.passed:
+                state.fails, state.passes = 0, state.passes + 1
+                if state.passes >= PASSES_IN_ROW:
+                    if state.quarantined:
+                        self._readmit(v.worker, f"canary:{name}", v, now)
+                    state.alerted = False  # well again: a new failure alerts anew
+                continue
+            state.passes, state.fails = 0, state.fails + 1
+            if state.fails >= FAILS_IN_ROW:
+                self._fail(v.worker, Event("quarantined", v.worker, "", f"canary:{name}",
+                                           v.score, v.bound, (), now))  # fmt: skip
+
+    def _fail(self, worker: str, event: Event) -> None:
+        state = self.workers.get(worker)
+        if state is None or state.quarantined:
+            return
+        event = replace(event, model=state.model)
+        serving = [w for w, s in self.workers.items()
+                   if s.model == state.model and not s.quarantined]  # fmt: skip
+        if serving == [worker]:  # the model's last: alert once, keep serving
+            if not state.alerted:
+                state.alerted = True
+                self.events.append(replace(event, kind="alert"))
+            return
+        state.quarantined, state.passes = True, 0
+        self.events.append(event)
+
+    def _readmit(self, worker: str, check: str, verdict: Verdict, now: float) -> None:
+        state = self.workers[worker]
+        state.quarantined = state.alerted = False
+        state.fails = state.passes = 0
+        self.book.forget(w for w in self.workers if w != worker)  # its record starts anew
+        self.events.append(Event("readmitted", worker, state.model, check, verdict.score,
+                                 verdict.bound, (), now))  # fmt: skip

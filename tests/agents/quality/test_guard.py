@@ -1,0 +1,74 @@
+"""Quarantine and readmission: a failing worker is routed around with its evidence, the
+model's last worker is alerted on and keeps serving, canaries bring a worker back."""
+
+from __future__ import annotations
+
+from agents.quality.canary import Verdict
+from agents.quality.guard import FAILS_IN_ROW, PASSES_IN_ROW, Guard
+from agents.quality.peers import Finding
+
+MODELS = {"a": "llama", "b": "llama", "c": "llama", "q": "qwen"}
+
+
+def _finding(worker: str) -> Finding:
+    return Finding(worker, "repetition", 0.9, 20, 0.0, 60, ("rid-1", "rid-2"))
+
+
+def _verdict(worker: str, passed: bool) -> Verdict:
+    return Verdict(worker, -0.2 if passed else -0.9, -0.2, -0.25, passed)
+
+
+def test_a_failing_worker_is_quarantined_with_evidence_and_canaries_readmit_it() -> None:
+    guard = Guard()
+    guard.set_workers(MODELS)
+    guard.findings([_finding("c")], now=10.0)
+    assert guard.quarantined == {"c"}
+    (event,) = guard.events
+    assert (event.kind, event.worker, event.model, event.check) == (
+        "quarantined", "c", "llama", "repetition",
+    )  # fmt: skip
+    assert event.examples == ("rid-1", "rid-2")
+    assert event.figure > event.peers_figure
+    for i in range(PASSES_IN_ROW - 1):
+        guard.canary("river", [_verdict("c", True)], now=20.0 + i)
+        assert guard.quarantined == {"c"}
+    guard.canary("river", [_verdict("c", False)], now=30.0)  # a failure starts the count anew
+    for i in range(PASSES_IN_ROW):
+        guard.canary("river", [_verdict("c", True)], now=40.0 + i)
+    assert guard.quarantined == frozenset()
+    assert guard.events[-1].kind == "readmitted"
+
+
+def test_canaries_failed_in_a_row_quarantine() -> None:
+    guard = Guard()
+    guard.set_workers(MODELS)
+    for _ in range(FAILS_IN_ROW - 1):
+        guard.canary("river", [_verdict("b", False)], now=1.0)
+    assert guard.quarantined == frozenset()
+    guard.canary("river", [_verdict("b", False)], now=2.0)
+    assert guard.quarantined == {"b"}
+    assert guard.events[-1].check == "canary:river"
+
+
+def test_the_last_worker_of_a_model_is_alerted_on_not_quarantined() -> None:
+    guard = Guard()
+    guard.set_workers(MODELS)
+    guard.findings([_finding("q")], now=1.0)  # qwen's only worker
+    assert guard.quarantined == frozenset()
+    assert [e.kind for e in guard.events] == ["alert"]
+    guard.findings([_finding("q")], now=2.0)
+    assert len(guard.events) == 1  # once, not every review
+    # all of llama's three go bad: the third is the last one serving
+    guard.findings([_finding("a"), _finding("b")], now=3.0)
+    assert guard.quarantined == {"a", "b"}
+    guard.findings([_finding("c")], now=4.0)
+    assert guard.quarantined == {"a", "b"}
+    assert (guard.events[-1].kind, guard.events[-1].worker) == ("alert", "c")
+
+
+def test_a_worker_gone_from_the_snapshot_is_forgotten() -> None:
+    guard = Guard()
+    guard.set_workers(MODELS)
+    guard.findings([_finding("c")], now=1.0)
+    guard.set_workers({w: m for w, m in MODELS.items() if w != "c"})
+    assert guard.quarantined == frozenset()
