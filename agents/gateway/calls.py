@@ -13,7 +13,7 @@ import logging
 import secrets
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -21,6 +21,7 @@ from aiohttp import web
 from agents.gateway.admission import Admission
 from agents.gateway.errors import EngineRefused
 from agents.gateway.flight import Flight
+from agents.gateway.migration import Transcript
 from agents.gateway.relay import (
     Retry,
     Usage,
@@ -34,9 +35,13 @@ from agents.gateway.requests import Inference
 from agents.gateway.streams import relay_stream
 from agents.gateway.upstream import Answer, Unreachable, Upstream
 from agents.held import Held
+from agents.quality import answers
 from agents.router.decision import Decision, Ticket
 from agents.router.policies import Candidate, RouteRequest
 from agents.router.router import Router
+
+if TYPE_CHECKING:
+    from agents.quality.runtime import Quality
 
 log = logging.getLogger(__name__)
 JSON = b"Content-Type: application/json\r\n"
@@ -49,6 +54,7 @@ class EngineCalls:
         self.admission = admission
         self.upstream = upstream
         self._background: set[asyncio.Task[bool]] = set()
+        self.quality: Quality | None = None  # reads every ended answer (agents/quality)
 
     async def attempt(
         self, flight: Flight, decision: Decision, headers: dict[str, str]
@@ -88,7 +94,7 @@ class EngineCalls:
                     raise Retry(worker.id, f"answered {upstream.status}")
                 since = flight.arrived if flight.caller.came_from is not None else None
                 if inference.stream and upstream.status == 200:
-                    track = _EngineTrack(self, ticket, inference)
+                    track = _EngineTrack(self, ticket, inference, rid)
                     return await relay_stream(flight, upstream, track, headers, since)
                 try:
                     data = await upstream.read()
@@ -97,6 +103,8 @@ class EngineCalls:
                     raise Retry(worker.id, f"{type(error).__name__}: {error}", broke) from None
             usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
             self._finished(ticket, inference, usage)
+            if self.quality is not None and upstream.status == 200:
+                self.quality.observe(worker.id, rid, answers.from_body(data, inference), inference)
         if 400 <= upstream.status < 500:
             raise EngineRefused(upstream.status, engine_message(data))
         out = relayed_headers(upstream.headers)
@@ -255,6 +263,7 @@ class _EngineTrack:
     calls: EngineCalls
     ticket: Ticket
     inference: Inference
+    rid: str
 
     @property
     def name(self) -> str:
@@ -270,8 +279,12 @@ class _EngineTrack:
     def failed(self, broke: bool) -> bool:
         return self.calls._failed(self.ticket, broke)
 
-    def finished(self, usage: Usage) -> None:
+    def finished(self, usage: Usage, transcript: Transcript) -> None:
         self.calls._finished(self.ticket, self.inference, usage)
+        quality = self.calls.quality
+        if quality is not None:
+            answer = answers.from_transcript(transcript, self.inference)
+            quality.observe(self.ticket.worker_id, self.rid, answer, self.inference)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from agents.control.compile import Peer, RegionConfig
 from agents.gateway import assertion
 from agents.gateway.carry import Carrier
 from agents.gateway.flight import OPERATOR, Flight
+from agents.gateway.migration import Transcript
 from agents.gateway.relay import (
     Retry,
     Usage,
@@ -228,8 +229,8 @@ class _PeerTrack:
         self.escalations.unreachable(self.name)
         return False
 
-    def finished(self, usage: Usage) -> None:
-        pass
+    def finished(self, usage: Usage, transcript: Transcript) -> None:
+        pass  # a peer's workers are its own guard's to judge
 
 
 def server_seconds(header: bytes | None) -> float | None:

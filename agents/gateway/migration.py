@@ -40,7 +40,8 @@ class Transcript:
     """What of the answer reached the client."""
 
     __slots__ = (
-        "_events", "_size", "finished", "kind", "last", "open", "parts", "sent", "tokens",
+        "_events", "_size", "calls", "finish_reason", "finished", "kind", "last", "open",
+        "parts", "sent", "tokens",
     )  # fmt: skip
 
     def __init__(self, inference: Inference) -> None:
@@ -53,6 +54,8 @@ class Transcript:
         self.open = True  # only text so far: tool calls or reasoning cannot be continued
         self.finished = False  # its last content event (with a finish_reason) went out
         self.last: dict[str, Any] | None = None  # /generate: the last event (cumulative)
+        self.finish_reason: str | None = None
+        self.calls: dict[int, list[str]] = {}  # a chat's tool calls: index -> [name, arguments]
 
     def add(self, data: bytes) -> None:
         """Whole events as they went to the client: on the hot path, an append."""
@@ -87,8 +90,11 @@ class Transcript:
             choice = choices[0]
             if self.kind == "chat":
                 delta = choice.get("delta") or {}
-                if delta.get("tool_calls") or delta.get("reasoning_content"):
+                calls = delta.get("tool_calls")
+                if calls or delta.get("reasoning_content"):
                     self.open = False
+                if calls:
+                    self._calls(calls)
                 text = delta.get("content")
             else:
                 text = choice.get("text")
@@ -97,6 +103,18 @@ class Transcript:
                 self.tokens += 1
             if choice.get("finish_reason") is not None:
                 self.finished = True
+                self.finish_reason = str(choice["finish_reason"])
+
+    def _calls(self, calls: Any) -> None:
+        """A chat stream's tool calls, pieced together: the name comes once, the arguments in
+        parts."""
+        for call in calls if isinstance(calls, list) else []:
+            if not isinstance(call, dict):
+                continue
+            held = self.calls.setdefault(int(call.get("index") or 0), ["", ""])
+            function = call.get("function") or {}
+            held[0] += function.get("name") or ""
+            held[1] += function.get("arguments") or ""
 
     def text(self) -> str:
         self.fold()

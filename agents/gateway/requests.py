@@ -71,6 +71,8 @@ class Inference:
     text: str | None = None  # a completion's prompt, likewise
     key_is_tokens: bool = False  # the client sent token ids: the key is them
     max_new: int | None = None  # the answer's most tokens, when the request sets them
+    json_wanted: bool = False  # response_format: a JSON object or schema (the quality guard)
+    tools: frozenset[str] = frozenset()  # the tools offered by name (the quality guard)
 
     def tokens(self, tokenizer: PromptTokenizer) -> bytes:
         """The prompt as the engine's token ids, four bytes a token (as `key` for ids)."""
@@ -131,8 +133,21 @@ def _parsed(
         path, raw, model.name, params.stream, key, bool(options and options.include_usage),
         "stream_options" in body, native, messages=messages, text=text,
         key_is_tokens=messages is None and text is None, max_new=max_new,
+        json_wanted=_json_wanted(body.get("response_format")), tools=_tool_names(body),
     )  # fmt: skip
     return inference
+
+
+def _json_wanted(form: Any) -> bool:
+    return isinstance(form, dict) and form.get("type") in ("json_object", "json_schema")
+
+
+def _tool_names(body: dict[str, Any]) -> frozenset[str]:
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return frozenset()
+    names = (t.get("function", {}).get("name") for t in tools if isinstance(t, dict))
+    return frozenset(n for n in names if isinstance(n, str))
 
 
 def _first(*values: int | None) -> int | None:

@@ -61,6 +61,7 @@ from agents.gateway.relay import FIRST_AT, Broken, Cut, Retry, Usage, new_id
 from agents.gateway.requests import DEFAULT_LIMITS, Limits, check_context, parse, read_body
 from agents.gateway.upstream import Upstream
 from agents.metrics import OPERATIONS, RequestMetrics, Served
+from agents.quality.runtime import Quality
 from agents.router.audit import audit
 from agents.router.decision import Decision
 from agents.router.escalation import LOAD_HEADER, Escalations, load_header
@@ -96,6 +97,7 @@ class Gateway:
         self.clock = clock
         self._upstream = Upstream(connect_timeout_s)
         self.calls = EngineCalls(router, self.admission, self._upstream)
+        self.quality = self.calls.quality = Quality(router.table, clock)
         self.carrier = Carrier(clock=clock)
         self.forwarder = Forwarder(self.escalations, self._upstream, self.carrier, clock)
         self._load: dict[str, tuple[float | None, int]] = {}  # model: (best TTFT, serving)
@@ -122,6 +124,7 @@ class Gateway:
     def audit(self) -> None:
         if audit(self.router):
             self.admission.notify_all()
+        self.quality.review()
 
     async def evacuate(self, worker: str) -> None:
         """A worker's engine is about to stop with requests running (agents/gateway/carry.py)."""

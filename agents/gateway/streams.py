@@ -46,7 +46,9 @@ class Track(Protocol):
         whether that may be the request's own doing (see Retry)."""
         ...
 
-    def finished(self, usage: Usage) -> None: ...
+    def finished(self, usage: Usage, transcript: Transcript) -> None:
+        """The answer ended whole; `transcript`: what of it the client got."""
+        ...
 
 
 async def relay_stream(
@@ -106,7 +108,7 @@ async def relay_stream(
     usage = meter.finish()
     if carried is not None:
         usage = carried.usage(usage)
-    track.finished(usage)
+    track.finished(usage, stream.transcript)
     await write_quietly(stream.response, b"")
     return stream.response, usage
 

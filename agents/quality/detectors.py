@@ -21,7 +21,7 @@ of a workload that asks for long ones, or answer in a script the prompt does not
 from __future__ import annotations
 
 import zlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -43,8 +43,9 @@ class Answer:
     tools_offered: Collection[str] = ()
 
 
-def suspect(answer: Answer, prompt: str) -> frozenset[str]:
-    """The detectors this answer trips (none, mostly)."""
+def suspect(answer: Answer, prompt: str | Callable[[], str]) -> frozenset[str]:
+    """The detectors this answer trips (none, mostly); `prompt` is read only for an answer
+    that is not ASCII."""
     text = answer.text
     found = []
     if len(text) >= REPEAT_MIN_CHARS and _ratio(text) < REPEAT_RATIO:
@@ -53,8 +54,10 @@ def suspect(answer: Answer, prompt: str) -> frozenset[str]:
         found.append("length")
     if not text.strip() and not answer.tool_calls:
         found.append("empty")
-    if not text.isascii() and _foreign_share(text, prompt) > FOREIGN_SHARE:
-        found.append("foreign")
+    if not text.isascii():
+        asked = prompt if isinstance(prompt, str) else prompt()
+        if _foreign_share(text, asked) > FOREIGN_SHARE:
+            found.append("foreign")
     if _invalid(answer):
         found.append("invalid")
     return frozenset(found)

@@ -55,11 +55,12 @@ class WorkerEntry:
     load: EngineLoad = field(default_factory=EngineLoad)
     polls: int = 0  # answered polls, so the router can tell fresh load from old
     info: EngineInfo | None = None
+    quarantined: bool = False  # the quality guard's: it answers wrong (agents/quality)
 
     @property
     def serving(self) -> bool:
-        """Reachable, and not starting, draining or stopped by its supervisor."""
-        return self.reachable and self.engine_state not in NOT_SERVING
+        """Reachable, not starting, draining or stopped by its supervisor, not quarantined."""
+        return self.reachable and self.engine_state not in NOT_SERVING and not self.quarantined
 
 
 class WorkerTable:
@@ -82,6 +83,16 @@ class WorkerTable:
 
     def get(self, worker_id: str) -> WorkerEntry | None:
         return self.entries.get(worker_id)
+
+    def set_quarantined(self, workers: frozenset[str]) -> None:
+        """The quality guard's quarantine: these workers are routed around (still polled)."""
+        changed = False
+        for worker_id, entry in self.entries.items():
+            held = worker_id in workers
+            if entry.quarantined != held:
+                entry.quarantined, changed = held, True
+        if changed:
+            self.changed()
 
     def set_engine_state(self, worker_id: str, state: str) -> None:
         """The supervisor's state of a local engine. Its health check answering (ready) is
