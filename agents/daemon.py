@@ -34,6 +34,7 @@ from agents.gateway.requests import Limits
 from agents.gateway.service import Gateway
 from agents.http import Runner, build_app
 from agents.metrics import state_families
+from agents.quality.prober import Prober
 from agents.router.router import Router
 from agents.settings import AgentSettings
 from agents.telemetry import TelemetryWindow
@@ -74,6 +75,8 @@ class Agent:
             evacuate=self.gateway.evacuate,
         )  # fmt: skip
         self.poller = LoadPoller(self.table, settings.load_poll_s, settings.probe_timeout_s)
+        self.prober = Prober(self.router, self.gateway.quality, save=self.store.save_canaries,
+                             every_s=settings.canary_every_s)  # fmt: skip
         self.kv_events = KvEventSubscriber(self.router, self.table)
         self.snapshot: pb.Snapshot | None = None
         self.applied_at: float | None = None  # wall clock
@@ -132,6 +135,7 @@ class Agent:
     async def serve(self) -> None:
         """Run until SIGINT or SIGTERM; then stop every engine it started."""
         await asyncio.to_thread(self.store.prepare)
+        self.prober.canaries.update(await asyncio.to_thread(self.store.load_canaries))
         await self._from_disk()
         app = build_app(self.gateway, self.status, self.operator_token, self.metric_state)
         runner = Runner(app, self.settings.header_timeout_s)
@@ -156,6 +160,7 @@ class Agent:
                     group.create_task(_forever("load-poller", self.poller.run)),
                     group.create_task(_forever("kv-events", self.kv_events.run)),
                     group.create_task(_forever("audit", self.gateway.audit_forever)),
+                    group.create_task(_forever("canaries", self.prober.run)),
                 ]
                 await stop.wait()
                 log.info("stopping: engines drain first")

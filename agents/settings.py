@@ -52,6 +52,9 @@ class AgentSettings(BaseSettings):
     )
     load_poll_s: float = Field(default=0.2, gt=0, le=60, description="workers' /get_load")
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    canary_every_s: float = Field(
+        default=10.0, gt=0, le=3600, description="between canaries of each model's workers"
+    )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024,
         ge=1024,

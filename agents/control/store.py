@@ -1,4 +1,5 @@
-"""What an agent keeps on disk: its identity, and the last good snapshot, written atomically.
+"""What an agent keeps on disk: its identity, the last good snapshot and its models' canaries
+(agents/quality/prober.py), written atomically.
 
 A write goes to a temporary file in the same directory, is flushed to the disk, and then
 renamed over the old file, so a crash leaves either the old snapshot or the new one, never
@@ -17,6 +18,8 @@ from google.protobuf.message import DecodeError
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from meridian_pb.fleet.v1.content import digest
 
+from agents.quality.canary import Canary
+
 log = logging.getLogger(__name__)
 
 
@@ -33,6 +36,7 @@ class Store:
         self.dir = data_dir
         self.snapshot_path = data_dir / "snapshot.pb"
         self.identity_path = data_dir / "identity.json"
+        self.canaries_path = data_dir / "canaries.json"
 
     def prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -70,6 +74,22 @@ class Store:
     def save_identity(self, identity: Identity) -> None:
         data = json.dumps(asdict(identity), indent=2).encode()
         _write_atomically(self.identity_path, data, mode=0o600)
+
+    def load_canaries(self) -> dict[str, list[Canary]]:
+        """The canaries made for each model; none when the file is missing or unreadable
+        (they are made again from the replicas)."""
+        try:
+            document = json.loads(self.canaries_path.read_text())
+            return {model: [Canary(**c) for c in canaries] for model, canaries in document.items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, TypeError, AttributeError):
+            log.error("%s is unreadable; the canaries will be made again", self.canaries_path)
+            return {}
+
+    def save_canaries(self, canaries: dict[str, list[Canary]]) -> None:
+        document = {model: [asdict(c) for c in made] for model, made in canaries.items()}
+        _write_atomically(self.canaries_path, json.dumps(document, indent=2).encode(), mode=0o600)
 
 
 def _write_atomically(path: Path, data: bytes, *, mode: int) -> None:

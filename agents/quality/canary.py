@@ -35,6 +35,7 @@ class Canary:
     name: str
     prompt: str
     reference: str
+    expected: float | None = None  # the score its replicas' majority had when it was made
 
     def body(self, rid: str) -> bytes:
         """SGLang's /generate: the text scored, nothing generated."""

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from agents.gateway.requests import Inference
 from agents.quality.answers import prompt_text
+from agents.quality.canary import Verdict
 from agents.quality.detectors import Answer, suspect
 from agents.quality.guard import Event, Guard
 from agents.workers.table import WorkerTable
@@ -35,6 +36,11 @@ class Quality:
             return
         flags = suspect(answer, lambda: prompt_text(inference))
         self.guard.book.record(worker, flags, request_id)
+
+    def canary(self, name: str, verdicts: list[Verdict]) -> None:
+        """A round of one canary on the workers that had room for it."""
+        self.guard.canary(name, verdicts, self.clock())
+        self.review()
 
     def review(self) -> None:
         """Judge every worker against its peers: the same model, deployment and role."""

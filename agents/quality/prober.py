@@ -1,0 +1,181 @@
+"""Active canaries: every `every_s`, each model's workers scored on one of its golden prompts
+(agents/quality/canary.py), on SGLang's `/generate`, off the request path.
+
+- **Only on idle capacity.** A worker gets a canary only when nothing waits for it: no request
+  of this gateway's still waiting for its first byte, and none waiting in the engine at its
+  last load poll. The canary generates nothing (`max_new_tokens` 0): one short prefill.
+  Quarantined workers get them too; that is how they are readmitted.
+- **Golden prompts.** A model's canaries are made once, at the first tick that finds at least
+  two of its workers serving: each is asked to continue the built-in prompts greedily, and
+  the continuation that more than half of them give is the reference, with their median
+  score as the score the canary was made with. A prompt with no majority is tried again at
+  the next tick. The canaries are kept in the agent's data directory, so that a worker that
+  goes wrong later is judged against what its model said when it was made, not only against
+  its peers of the day.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from itertools import count
+from typing import Any
+
+import aiohttp
+import orjson
+
+from agents.quality.canary import Canary, CanaryUnreadable, judge, score
+from agents.quality.runtime import Quality
+from agents.router.router import Router
+from agents.workers.table import NOT_SERVING, WorkerEntry
+
+log = logging.getLogger(__name__)
+Http = aiohttp.ClientSession
+EVERY_S = 10.0
+TIMEOUT_S = 5.0
+REFERENCE_TOKENS = 16
+ROOM_KV = 0.9  # a worker whose KV pool is fuller than this has no room for a canary
+GOLDEN: tuple[tuple[str, str], ...] = (
+    ("river", "The old man walked slowly down to the river, and there he"),
+    ("count", "Counting in English: one, two, three, four,"),
+    ("recipe", "To make a simple bread you need flour, water, salt and"),
+)
+
+
+class Prober:
+    def __init__(
+        self,
+        router: Router,
+        quality: Quality,
+        canaries: Mapping[str, list[Canary]] | None = None,
+        save: Callable[[dict[str, list[Canary]]], None] | None = None,
+        *,
+        every_s: float = EVERY_S,
+        timeout_s: float = TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.router = router
+        self.table = router.table
+        self.quality = quality
+        self.canaries: dict[str, list[Canary]] = dict(canaries or {})
+        self._save = save
+        self.every_s = every_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.clock = clock
+        self._turn: Counter[str] = Counter()  # model: canaries run, to take them in turn
+        self._ids = count()
+        self.sent: Counter[str] = Counter()  # worker: canaries sent
+        self.skipped: Counter[str] = Counter()  # worker: canaries held back, no room
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession(timeout=self._timeout) as http:
+            while True:
+                await asyncio.sleep(self.every_s)
+                try:
+                    await self.tick(http)
+                except Exception:  # a loop boundary: log and go on
+                    log.exception("canaries failed")
+
+    async def tick(self, http: Http) -> None:
+        by_model: dict[str, list[WorkerEntry]] = {}
+        for entry in self.table.entries.values():
+            if entry.reachable and entry.engine_state not in NOT_SERVING:
+                by_model.setdefault(entry.spec.model, []).append(entry)  # quarantined too
+        await asyncio.gather(*(self._model(http, m, e) for m, e in by_model.items()))
+
+    def has_room(self, entry: WorkerEntry) -> bool:
+        """Nothing waits for the worker: a canary takes no slot a user request needs."""
+        view = self.router.views.get(entry.spec.id)
+        if view is not None and view.unstarted:
+            return False
+        return entry.load.waiting == 0 and entry.load.kv_usage < ROOM_KV
+
+    async def _model(self, http: Http, model: str, entries: list[WorkerEntry]) -> None:
+        if len(entries) < 2:
+            return  # one worker cannot be told from its peers
+        canaries = self.canaries.get(model)
+        if canaries is None:
+            await self._make(http, model, [e for e in entries if not e.quarantined])
+            return
+        canary = canaries[self._turn[model] % len(canaries)]
+        self._turn[model] += 1
+        roomy = []
+        for entry in entries:
+            if self.has_room(entry):
+                roomy.append(entry)
+            else:
+                self.skipped[entry.spec.id] += 1
+        scores = await self._scores(http, canary, roomy)
+        verdicts = judge(scores, canary.expected)
+        self.quality.canary(canary.name, list(verdicts.values()))
+
+    async def _scores(
+        self, http: Http, canary: Canary, entries: list[WorkerEntry]
+    ) -> dict[str, float]:
+        async def one(entry: WorkerEntry) -> tuple[str, float | None]:
+            self.sent[entry.spec.id] += 1
+            rid = f"meridian-canary-{canary.name}-{next(self._ids)}"
+            try:
+                answer = await _post(http, entry.spec.url, canary.body(rid))
+                return entry.spec.id, score(answer)
+            except (aiohttp.ClientError, TimeoutError, ValueError, CanaryUnreadable) as error:
+                log.info("canary %s on %s: no score: %s", canary.name, entry.spec.id, error)
+                return entry.spec.id, None
+
+        got = await asyncio.gather(*(one(e) for e in entries))
+        return {worker: s for worker, s in got if s is not None}
+
+    async def _make(self, http: Http, model: str, entries: list[WorkerEntry]) -> None:
+        if len(entries) < 2:
+            return
+        made = []
+        for name, prompt in GOLDEN:
+            texts = await asyncio.gather(*(self._continue(http, e, prompt) for e in entries))
+            tally = Counter(t for t in texts if t)
+            if not tally:
+                continue
+            reference, votes = tally.most_common(1)[0]
+            if votes * 2 <= len(entries):
+                log.warning("canary %s of %s: no majority among %d workers (%s)", name, model,
+                            len(entries), dict(tally))  # fmt: skip
+                continue
+            draft = Canary(name, prompt, reference)
+            agreeing = [e for e, t in zip(entries, texts, strict=True) if t == reference]
+            scores = await self._scores(http, draft, agreeing)
+            if len(scores) * 2 <= len(entries):
+                continue
+            expected = round(statistics.median(scores.values()), 4)
+            made.append(Canary(name, prompt, reference, expected))
+        if len(made) == len(GOLDEN):
+            self.canaries[model] = made
+            log.info("canaries of %s made from %d workers: %s", model, len(entries),
+                     [asdict(c) for c in made])  # fmt: skip
+            if self._save is not None:
+                await asyncio.to_thread(self._save, dict(self.canaries))
+
+    async def _continue(self, http: Http, entry: WorkerEntry, prompt: str) -> str | None:
+        body = orjson.dumps({
+            "rid": f"meridian-canary-make-{next(self._ids)}", "text": prompt,
+            "sampling_params": {"max_new_tokens": REFERENCE_TOKENS, "temperature": 0},
+        })  # fmt: skip
+        try:
+            doc: Any = orjson.loads(await _post(http, entry.spec.url, body))
+            text = doc["text"]
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as error:
+            log.info("canary reference from %s: %s", entry.spec.id, error)
+            return None
+        return text if isinstance(text, str) else None
+
+
+async def _post(http: Http, url: str, body: bytes) -> bytes:
+    async with http.post(f"{url}/generate", data=body,
+                         headers={"Content-Type": "application/json"}) as response:  # fmt: skip
+        data = await response.read()
+        if response.status != 200:
+            raise ValueError(f"{url}/generate: {response.status} {data[:200]!r}")
+        return data

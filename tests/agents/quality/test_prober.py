@@ -1,0 +1,79 @@
+"""Canaries in a region's gateway over real simulated engines: made from the replicas'
+majority, they catch wrong weights with no user traffic at all, readmit the worker once the
+fault is cleared, and are held back from a worker that has requests waiting."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+
+import aiohttp
+import httpx
+
+from agents.quality.canary import Canary
+from agents.quality.guard import FAILS_IN_ROW, PASSES_IN_ROW
+from agents.quality.prober import GOLDEN, Prober
+from tests.agents.gateway.inproc import MODEL, Local, local_gateway, region_config
+from tests.agents.sim_kit import running_sim
+
+
+def _prober(region: Local, saved: list[dict[str, list[Canary]]]) -> Prober:
+    return Prober(region.gateway.router, region.gateway.quality, save=saved.append)
+
+
+async def test_wrong_weights_are_caught_by_canaries_alone_and_readmitted_when_cleared() -> None:
+    saved: list[dict[str, list[Canary]]] = []
+    async with AsyncExitStack() as stack:
+        sims = [await stack.enter_async_context(running_sim(model=MODEL)) for _ in range(3)]
+        region = await stack.enter_async_context(
+            local_gateway(region_config("r", [s.url for s in sims]))
+        )
+        prober = _prober(region, saved)
+        entry = region.gateway.router.table.entries["r-w2"]
+        async with aiohttp.ClientSession() as http, httpx.AsyncClient() as client:
+            await prober.tick(http)  # the canaries are made from the three
+            (made,) = saved
+            assert [c.name for c in made[MODEL]] == [name for name, _ in GOLDEN]
+            assert all(c.reference and c.expected is not None for c in made[MODEL])
+            await client.post(f"{sims[2].url}/sim/faults", json={"logprob_shift": 0.3})
+            for _ in range(FAILS_IN_ROW):
+                await prober.tick(http)
+            assert entry.quarantined
+            await client.post(f"{sims[2].url}/sim/faults", json={"logprob_shift": 0})
+            for _ in range(PASSES_IN_ROW - 1):
+                await prober.tick(http)
+                assert entry.quarantined  # passes in a row, not one
+            await prober.tick(http)
+            assert not entry.quarantined
+        kinds = [(e.kind, e.worker) for e in region.gateway.quality.recent]
+        assert kinds == [("quarantined", "r-w2"), ("readmitted", "r-w2")]
+        quarantined = region.gateway.quality.recent[0]
+        assert quarantined.check.startswith("canary:")
+        assert quarantined.figure < quarantined.peers_figure  # its score under the bound
+        assert len(saved) == 1  # made once, then kept
+
+
+async def test_a_worker_with_requests_waiting_gets_no_canary() -> None:
+    async with AsyncExitStack() as stack:
+        sims = [await stack.enter_async_context(running_sim(*args, model=MODEL))
+                for args in (("--max-running-requests", "1"), (), ())]  # fmt: skip
+        region = await stack.enter_async_context(
+            local_gateway(region_config("r", [s.url for s in sims]))
+        )
+        made = {MODEL: [Canary(name, prompt, " and so on.") for name, prompt in GOLDEN]}
+        prober = Prober(region.gateway.router, region.gateway.quality, made)
+        table = region.gateway.router.table
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"text": "busy", "sampling_params": {"max_new_tokens": 400}}
+            busy = [asyncio.create_task(client.post(f"{sims[0].url}/generate", json=body))
+                    for _ in range(4)]  # fmt: skip
+            async with asyncio.timeout(20):
+                while table.entries["r-w0"].load.waiting == 0:  # noqa: ASYNC110 - the poller's
+                    await asyncio.sleep(0.05)
+            async with aiohttp.ClientSession() as http:
+                await prober.tick(http)
+            for task in busy:
+                task.cancel()
+        assert prober.sent["r-w0"] == 0
+        assert prober.skipped["r-w0"] == 1
+        assert prober.sent["r-w1"] == prober.sent["r-w2"] == 1
