@@ -37,7 +37,7 @@ from agents.metrics import state_families
 from agents.quality.prober import Prober
 from agents.router.router import Router
 from agents.settings import AgentSettings
-from agents.telemetry import TelemetryWindow
+from agents.telemetry import TelemetryWindow, add_quality
 from agents.tracing import Tracing
 from agents.workers.kv_events import KvEventSubscriber
 from agents.workers.poller import LoadPoller
@@ -196,6 +196,7 @@ class Agent:
             "admission": {"waiting": dict(self.gateway.admission.waiting)},
             "quota_leases": self.gateway.quotas.status(),
             "faults": dict(self.gateway.faults),
+            "quality": self.gateway.quality.status() | {"canaries": self.prober.status()},
             "migrations": [  # streams carried on after their worker failed, or not
                 {"model": m, "to": to, "why": why, "count": n}
                 for (m, to, why), n in sorted(self.gateway.carrier.migrations.items())
@@ -225,12 +226,14 @@ class Agent:
             faults=dict(gateway.faults),
             repairs=dict(gateway.router.repairs),
             migrations=dict(gateway.carrier.migrations),
+            quality=dict(gateway.quality.counts),
+            held=gateway.quality.held_states(),
         )
 
     async def telemetry(self) -> pb.Telemetry:
         gpu_list = inventory(self.snapshot, self.link.state.node, self.nvml)
         used = await asyncio.to_thread(gpus.memory) if self.nvml is not None else []
-        return self.window.report(
+        telemetry = self.window.report(
             self.supervisor.all(),
             gpu_list,
             used,
@@ -241,6 +244,8 @@ class Agent:
             self.gateway.forwarder.escalated,
             self.gateway.metrics.latency_totals(),
         )
+        add_quality(telemetry, self.gateway.quality)
+        return telemetry
 
 
 async def _forever(name: str, run: Callable[[], Awaitable[None]]) -> None:

@@ -174,6 +174,8 @@ def state_families(
     faults: dict[str, int],
     repairs: dict[str, int],
     migrations: dict[tuple[str, str, str], int] | None = None,
+    quality: dict[tuple[str, str, str, str], int] | None = None,
+    held: dict[tuple[str, str], str] | None = None,
 ) -> list[Metric]:
     """Meridian's families that the agent's state holds, built on the event loop."""
     out: list[Metric] = []
@@ -223,4 +225,14 @@ def state_families(
                                   labels=["model", "to", "why"])  # fmt: skip
     for (model, to, why), n in sorted((migrations or {}).items()):
         carried.add_metric([model, to, why], n)
-    return [*out, queue, refused, chosen, flows, states, ours, repaired, carried]
+    judged = CounterMetricFamily("meridian_quality_events", "The quality guard's quarantines, "
+                                 "readmissions and alerts (agents/quality), by what failed",
+                                 labels=["model", "worker", "kind", "check"])  # fmt: skip
+    for (model, worker, kind, check), n in sorted((quality or {}).items()):
+        judged.add_metric([model, worker, kind, check], n)
+    holding = GaugeMetricFamily("meridian_quality_held", "1 for each worker the quality guard "
+                                "holds now: quarantined, or alerted on as its model's last",
+                                labels=["model", "worker", "state"])  # fmt: skip
+    for (model, worker), state in sorted((held or {}).items()):
+        holding.add_metric([model, worker, state], 1)
+    return [*out, queue, refused, chosen, flows, states, ours, repaired, carried, judged, holding]

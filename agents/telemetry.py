@@ -16,6 +16,8 @@ from agents.engines.metrics import Counters, quantile
 from agents.engines.runner import EngineRunner
 from agents.gateway.receipts import Receipt
 from agents.metrics import Bucketed
+from agents.quality.guard import Event
+from agents.quality.runtime import Quality
 
 
 class TelemetryWindow:
@@ -151,4 +153,25 @@ def _receipt(r: Receipt) -> pb.RouteReceipt:
         at=at, request_id=r.request_id, model=r.model, tenant=r.tenant, status=r.status,
         served_by=r.served_by, policy=r.policy, reason=r.reason[:300], came_from=r.came_from,
         ttft_ms=r.ttft_ms or 0.0, duration_ms=r.duration_ms,
+    )  # fmt: skip
+
+
+def add_quality(telemetry: pb.Telemetry, quality: Quality) -> None:
+    """The quality guard's events since the last heartbeat, the workers it holds, and the
+    region's figures per model."""
+    telemetry.quality_events.extend(_quality_event(e) for e in quality.take_unsent())
+    telemetry.quality_held.extend(_quality_event(e) for e in quality.held().values())
+    for model, doc in quality.models().items():
+        telemetry.quality.append(pb.ModelQuality(
+            model=model, answers=doc["answers"], flagged=doc["flagged"],
+            canaries=[pb.CanaryScore(**c) for c in doc["canaries"]],
+        ))  # fmt: skip
+
+
+def _quality_event(event: Event) -> pb.QualityEvent:
+    at = Timestamp()
+    at.FromNanoseconds(int(event.at * 1e9))
+    return pb.QualityEvent(
+        kind=event.kind, worker=event.worker, model=event.model, check=event.check,
+        figure=event.figure, peers_figure=event.peers_figure, examples=event.examples, at=at,
     )  # fmt: skip

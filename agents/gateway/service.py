@@ -97,7 +97,7 @@ class Gateway:
         self.clock = clock
         self._upstream = Upstream(connect_timeout_s)
         self.calls = EngineCalls(router, self.admission, self._upstream)
-        self.quality = self.calls.quality = Quality(router.table, clock)
+        self.quality = self.calls.quality = Quality(router.table)
         self.carrier = Carrier(clock=clock)
         self.forwarder = Forwarder(self.escalations, self._upstream, self.carrier, clock)
         self._load: dict[str, tuple[float | None, int]] = {}  # model: (best TTFT, serving)

@@ -76,6 +76,17 @@ class Book:
         for worker in [w for w in self._records if w not in kept]:
             del self._records[worker]
 
+    def totals(self, workers: Iterable[str]) -> tuple[int, dict[str, int]]:
+        """Of the last answers of these workers: how many, and how many each detector flagged."""
+        answers, flagged = 0, dict.fromkeys(DETECTORS, 0)
+        for worker in workers:
+            record = self._records.get(worker)
+            if record is not None:
+                answers += len(record.flags)
+                for name, n in record.counts.items():
+                    flagged[name] += n
+        return answers, flagged
+
     def findings(self, kinds: Mapping[str, str]) -> list[Finding]:
         """Every worker's failed detectors; `kinds`: each worker's kind (its peers share it)."""
         by_kind: dict[str, list[str]] = {}
@@ -102,11 +113,16 @@ class Book:
             if flagged < MIN_FLAGGED:
                 continue
             peers_flagged = sum(self._records[p].counts[name] for p in peers)
-            rate = (peers_flagged + 1) / (peers_n + 2)
             share = flagged / n
-            bound = max(2 * rate, rate + Z * math.sqrt(rate * (1 - rate) / n))
-            if share > bound:
+            if share > bound(peers_flagged, peers_n, n):
                 found.append(Finding(worker, name, round(share, 4), n,
                                      round(peers_flagged / peers_n, 4), peers_n,
                                      tuple(mine.examples.get(name, ()))))  # fmt: skip
         return found
+
+
+def bound(peers_flagged: int, peers_n: int, n: int) -> float:
+    """The share of `n` answers past which a worker's flags are more than chance, at its
+    peers' rate (with one flagged and one clean answer added)."""
+    rate = (peers_flagged + 1) / (peers_n + 2)
+    return max(2 * rate, rate + Z * math.sqrt(rate * (1 - rate) / n))

@@ -72,6 +72,14 @@ class Prober:
         self.sent: Counter[str] = Counter()  # worker: canaries sent
         self.skipped: Counter[str] = Counter()  # worker: canaries held back, no room
 
+    def status(self) -> dict[str, Any]:
+        return {
+            "every_s": self.every_s,
+            "made": {m: [c.name for c in made] for m, made in sorted(self.canaries.items())},
+            "sent": dict(self.sent),
+            "held_back": dict(self.skipped),
+        }
+
     async def run(self) -> None:
         async with aiohttp.ClientSession(timeout=self._timeout) as http:
             while True:
@@ -112,7 +120,7 @@ class Prober:
                 self.skipped[entry.spec.id] += 1
         scores = await self._scores(http, canary, roomy)
         verdicts = judge(scores, canary.expected)
-        self.quality.canary(canary.name, list(verdicts.values()))
+        self.quality.canary(model, canary, list(verdicts.values()))
 
     async def _scores(
         self, http: Http, canary: Canary, entries: list[WorkerEntry]

@@ -1,19 +1,24 @@
 """The quality guard in the gateway: every ended answer of an engine read by the detectors
 (on the event loop, once, after the client has it), and a review each second, off the
 request path, that quarantines or readmits workers in the worker table and logs each event
-with its evidence."""
+with its evidence. What it holds goes to the agent's status, its metrics and the heartbeat
+(the region's figures per model, which the control plane compares across regions)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
 
 from agents.gateway.requests import Inference
 from agents.quality.answers import prompt_text
-from agents.quality.canary import Verdict
-from agents.quality.detectors import Answer, suspect
+from agents.quality.canary import Canary, Verdict
+from agents.quality.detectors import DETECTORS, Answer, suspect
 from agents.quality.guard import Event, Guard
 from agents.workers.table import WorkerTable
 
@@ -22,11 +27,15 @@ RECENT = 50  # events kept for the agent's status
 
 
 class Quality:
-    def __init__(self, table: WorkerTable, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, table: WorkerTable, clock: Callable[[], float] = time.time) -> None:
         self.table = table
-        self.clock = clock
+        self.clock = clock  # wall clock: events carry when they happened
         self.guard = Guard()
         self.recent: deque[Event] = deque(maxlen=RECENT)
+        self.unsent: list[Event] = []  # for the next heartbeat
+        self.counts: Counter[tuple[str, str, str, str]] = Counter()  # model, worker, kind, check
+        # (model, canary): the digest of its reference, and the last score of each worker
+        self.scores: dict[tuple[str, str], tuple[str, dict[str, float]]] = {}
 
     def observe(
         self, worker: str, request_id: str, answer: Answer | None, inference: Inference
@@ -37,9 +46,15 @@ class Quality:
         flags = suspect(answer, lambda: prompt_text(inference))
         self.guard.book.record(worker, flags, request_id)
 
-    def canary(self, name: str, verdicts: list[Verdict]) -> None:
-        """A round of one canary on the workers that had room for it."""
-        self.guard.canary(name, verdicts, self.clock())
+    def canary(self, model: str, canary: Canary, verdicts: list[Verdict]) -> None:
+        """A round of one canary on the model's workers that had room for it."""
+        digest = hashlib.sha256(canary.reference.encode()).hexdigest()[:16]
+        key = (model, canary.name)
+        known = self.scores.get(key)
+        scores = known[1] if known is not None and known[0] == digest else {}
+        scores.update((v.worker, v.score) for v in verdicts)
+        self.scores[key] = (digest, scores)
+        self.guard.canary(canary.name, verdicts, self.clock())
         self.review()
 
     def review(self) -> None:
@@ -53,8 +68,62 @@ class Quality:
         events, self.guard.events = self.guard.events, []
         for event in events:
             self.recent.append(event)
+            self.unsent.append(event)
+            self.counts[(event.model, event.worker, event.kind, event.check)] += 1
             log.warning(
                 "quality: %s %s (%s): %s %.3g against its peers' %.3g; e.g. %s",
                 event.worker, event.kind, event.model, event.check, event.figure,
                 event.peers_figure, ", ".join(event.examples) or "-",
             )  # fmt: skip
+        del self.unsent[:-RECENT]
+
+    def take_unsent(self) -> list[Event]:
+        """The events since the last heartbeat took them."""
+        events, self.unsent = self.unsent, []
+        return events
+
+    def held(self) -> dict[str, Event]:
+        """Each worker quarantined or alerted on now, with the event that put it there."""
+        out: dict[str, Event] = {}
+        for event in self.recent:  # oldest first: the last word stands
+            out[event.worker] = event
+        states = self.guard.workers
+        return {w: e for w, e in out.items()
+                if w in states and (states[w].quarantined or states[w].alerted)
+                and e.kind != "readmitted"}  # fmt: skip
+
+    def held_states(self) -> dict[tuple[str, str], str]:
+        """(model, worker): quarantined or alert, for the workers held now."""
+        return {(e.model, w): "alert" if e.kind == "alert" else "quarantined"
+                for w, e in self.held().items()}  # fmt: skip
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        """Per model, the region's figures for the control plane to compare across regions:
+        of the last answers of its workers in rotation, the share each detector flagged, and
+        each canary's median score over them with the digest of its reference."""
+        entries = self.table.entries
+        out: dict[str, dict[str, Any]] = {}
+        for model in sorted({e.spec.model for e in entries.values()}):
+            rotation = [w for w, e in entries.items()
+                        if e.spec.model == model and not e.quarantined]  # fmt: skip
+            answers, flagged = self.guard.book.totals(rotation)
+            canaries = []
+            for (m, name), (digest, scores) in sorted(self.scores.items()):
+                mine = [s for w, s in scores.items() if m == model and w in rotation]
+                if mine:
+                    canaries.append({"name": name, "reference": digest, "workers": len(mine),
+                                     "score": round(statistics.median(mine), 4)})  # fmt: skip
+            out[model] = {"answers": answers, "flagged": flagged, "canaries": canaries}
+        return out
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "held": [_event(e) for e in self.held().values()],
+            "events": [_event(e) for e in self.recent],
+            "models": self.models(),
+            "detectors": list(DETECTORS),
+        }
+
+
+def _event(event: Event) -> dict[str, Any]:
+    return asdict(event) | {"examples": list(event.examples)}

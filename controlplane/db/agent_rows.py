@@ -10,7 +10,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from controlplane.db.base import Base, NamedRow
-from controlplane.db.fleet_rows import NodeRow, RegionRow
+from controlplane.db.fleet_rows import ModelRow, NodeRow, RegionRow
 
 Json = dict[str, Any]
 
@@ -67,3 +67,18 @@ class RegionLoadRow(Base):
     data: Mapped[Json] = mapped_column(JSONB)
 
     region: Mapped[RegionRow] = relationship(lazy="joined")
+
+
+class ModelQualityRow(Base):
+    """The quality guard's figures for a model in every region, and the regions flagged
+    against the others (controlplane/services/quality.py), rolled up by the leader."""
+
+    __tablename__ = "model_quality"
+
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    data: Mapped[Json] = mapped_column(JSONB)
+
+    model: Mapped[ModelRow] = relationship(lazy="joined")

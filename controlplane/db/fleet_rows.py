@@ -26,7 +26,7 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 from controlplane.db.base import Base, NamedRow
 
 if TYPE_CHECKING:
-    from controlplane.db.agent_rows import RegionLoadRow
+    from controlplane.db.agent_rows import ModelQualityRow, RegionLoadRow
 
 Json = dict[str, Any]
 
@@ -87,6 +87,11 @@ class ModelRow(NamedRow):
     context_length: Mapped[int] = mapped_column(Integer)
     capabilities: Mapped[list[str]] = mapped_column(JSONB, default=list)
     min_gpu_memory_gb: Mapped[int] = mapped_column(Integer)
+
+    # The leader's latest comparison of the model across regions (agent_rows.ModelQualityRow)
+    quality: Mapped[ModelQualityRow | None] = relationship(
+        lazy="selectin", viewonly=True, uselist=False
+    )
 
 
 class DeploymentRow(NamedRow):

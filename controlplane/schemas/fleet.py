@@ -200,8 +200,17 @@ class NodeOut(Meta, NodeSpec):
     status: NodeStatus
 
 
+class ModelStatus(Spec):
+    quality: dict[str, Any] | None = Field(
+        default=None,
+        description="the quality guard's figures for the model in each region (answers "
+        "flagged by each detector, canary scores, workers held) and the regions flagged "
+        "against the others, rolled up by the leader",
+    )
+
+
 class ModelOut(Meta, ModelSpec):
-    pass
+    status: ModelStatus | None = None
 
 
 class DeploymentOut(Meta, DeploymentSpec):

@@ -6,7 +6,7 @@ from typing import Any, cast
 
 from sqlalchemy import inspect, select
 
-from controlplane.db.agent_rows import RegionLoadRow
+from controlplane.db.agent_rows import ModelQualityRow, RegionLoadRow
 from controlplane.db.fleet_rows import (
     CloudRow,
     DeploymentRow,
@@ -109,6 +109,13 @@ class NodeKind(Kind[NodeRow]):
 
 class ModelKind(Kind[ModelRow]):
     kind, plural, row, spec, out = "model", "models", ModelRow, ModelSpec, ModelOut
+
+    def status(self, row: ModelRow) -> Doc:
+        # Only what is loaded already (as for a region's load): none for a model just made.
+        quality = inspect(row).attrs.quality.loaded_value
+        if not isinstance(quality, ModelQualityRow):
+            return {}
+        return {"quality": quality.data | {"updated_at": quality.updated_at.isoformat()}}
 
 
 class DeploymentKind(Kind[DeploymentRow]):

@@ -14,9 +14,15 @@ from typing import Any
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from controlplane.db.agent_rows import NodeTelemetryRow, RegionLoadRow, TelemetrySampleRow
+from controlplane.db.agent_rows import (
+    ModelQualityRow,
+    NodeTelemetryRow,
+    RegionLoadRow,
+    TelemetrySampleRow,
+)
 from controlplane.db.engine import Database
-from controlplane.db.fleet_rows import NODES, NodeRow, RegionRow
+from controlplane.db.fleet_rows import NODES, ModelRow, NodeRow, RegionRow
+from controlplane.services.quality import compare, region_quality
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +108,7 @@ def summarize(
         ),
         "models": _models(live),
         "escalations": _escalations(live),
+        "quality": region_quality(live),
     }
 
 
@@ -180,6 +187,16 @@ async def rollup(db: Database, now: datetime, keep: timedelta) -> dict[str, dict
                     set_={"health": doc["health"], "updated_at": now, "data": doc},
                 )
             )
+        models = {m.name: m.id for m in (await session.execute(select(ModelRow))).scalars()}
+        compared = compare({r: doc["quality"] for r, doc in summaries.items()})
+        for name, doc in compared.items():
+            if name not in models:
+                continue  # a model no longer declared, still served somewhere
+            stmt = pg_insert(ModelQualityRow).values(model_id=models[name], updated_at=now,
+                                                     data=doc)  # fmt: skip
+            await session.execute(stmt.on_conflict_do_update(
+                index_elements=[ModelQualityRow.model_id], set_={"updated_at": now, "data": doc},
+            ))  # fmt: skip
         await session.execute(
             delete(TelemetrySampleRow).where(TelemetrySampleRow.observed_at < now - keep)
         )

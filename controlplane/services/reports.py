@@ -19,8 +19,10 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from controlplane.db.agent_rows import NodeTelemetryRow, TelemetrySampleRow
+from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import NODES
+from controlplane.services.unit import current_revision
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ class NodeFacts:
     nack_reason: str | None = UNSET  # UNSET: leave as is; None: clear
     telemetry: dict[str, Any] | None = None
     observed_at: datetime | None = None
+    quality_events: list[dict[str, Any]] = field(default_factory=list)  # every beat's, in order
 
 
 @dataclass
@@ -63,6 +66,7 @@ class NodeReports:
 
     def heartbeat(self, node_id: int, telemetry: dict[str, Any], observed_at: datetime) -> None:
         facts = self._facts(node_id)
+        facts.quality_events += telemetry.pop("quality_events", None) or []
         facts.telemetry, facts.observed_at = telemetry, observed_at
 
     async def flush(self) -> None:
@@ -74,16 +78,22 @@ class NodeReports:
         try:
             async with self.db.sessions() as session, session.begin():
                 # Lock the rows first, in id order; later statements touch them in any order.
-                await session.execute(
-                    select(NODES.c.id)
-                    .where(NODES.c.id.in_(list(batch)))
-                    .order_by(NODES.c.id)
-                    .with_for_update()
-                )
+                names = dict(
+                    (await session.execute(
+                        select(NODES.c.id, NODES.c.name)
+                        .where(NODES.c.id.in_(list(batch)))
+                        .order_by(NODES.c.id)
+                        .with_for_update()
+                    )).tuples()
+                )  # fmt: skip
                 await _write_status(session, batch)
                 beats = {n: f for n, f in batch.items() if f.telemetry is not None}
                 if beats:
                     await self._write_telemetry(session, beats)
+                events = [(names[n], e) for n, f in batch.items() if n in names
+                          for e in f.quality_events]  # fmt: skip
+                if events:
+                    await _write_quality_events(session, events)
         except BaseException:
             for node_id, facts in batch.items():  # keep them for the next try; newer win
                 newer = self._pending.get(node_id)
@@ -146,7 +156,19 @@ def _merge(older: NodeFacts, newer: NodeFacts) -> NodeFacts:
         nack_reason=older.nack_reason if newer.nack_reason is UNSET else newer.nack_reason,
         telemetry=newer.telemetry or older.telemetry,
         observed_at=newer.observed_at or older.observed_at,
+        quality_events=older.quality_events + newer.quality_events,
     )
+
+
+async def _write_quality_events(session: Any, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """The quality guard's events into the audit log (kind `worker`, named by the worker,
+    by the node that saw them), at the revision in force."""
+    revision = await current_revision(session)
+    await session.execute(insert(AuditEventRow), [
+        {"revision": revision, "principal": f"node:{node}"[:63], "action": e.get("kind", "")[:16],
+         "kind": "worker", "name": str(e.get("worker", ""))[:63], "before": None, "after": e}
+        for node, e in events
+    ])  # fmt: skip
 
 
 async def _write_status(session: Any, batch: dict[int, NodeFacts]) -> None:

@@ -19,14 +19,17 @@ from typing import Any
 from sqlalchemy import select
 
 from controlplane.db.agent_rows import NodeTelemetryRow
+from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import NodeRow, RegionRow
 from controlplane.services.liveness import DEGRADED, UP, summarize
+from controlplane.services.quality import compare
 from controlplane.services.quotas.view import quotas
 from controlplane.services.rollouts import control as rollouts
 from controlplane.services.unit import current_revision
 
 RECEIPTS = 25
+QUALITY_EVENTS = 10  # the quality guard's latest, from the audit log
 STALE = "stale"
 
 
@@ -40,11 +43,17 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
         telemetry = {
             row.node_id: row for row in (await session.execute(select(NodeTelemetryRow))).scalars()
         }
+        judged = (await session.execute(
+            select(AuditEventRow).where(AuditEventRow.kind == "worker")
+            .order_by(AuditEventRow.id.desc()).limit(QUALITY_EVENTS)
+        )).scalars().all()  # fmt: skip
     latest = {node_id: row.data for node_id, row in telemetry.items()}
     out_regions, flows, receipts = [], [], []
+    quality = {}
     for region in sorted(regions, key=lambda r: r.name):
         mine = sorted((n for n in nodes if n.region_id == region.id), key=lambda n: n.name)
         load = summarize(region.name, mine, latest)
+        quality[region.name] = load.pop("quality")
         for count in load.pop("escalations"):
             if count["direction"] == "out":
                 flows.append({"from": region.name, "to": count["peer"],
@@ -85,7 +94,17 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
         "regions": out_regions,
         "flows": flows,
         "receipts": receipts[:RECEIPTS],
+        "quality": {
+            "models": compare(quality),
+            "events": [_judged(e) for e in judged],
+        },
     }
+
+
+def _judged(event: AuditEventRow) -> dict[str, Any]:
+    """A quality event as the audit log keeps it: when it was written and by which node."""
+    return {"logged_at": event.at.isoformat(), "node": event.principal.removeprefix("node:"),
+            **(event.after or {})}  # fmt: skip
 
 
 def _node(node: NodeRow, beat: NodeTelemetryRow | None, stale_after_s: float) -> dict[str, Any]:

@@ -129,6 +129,7 @@ function render(doc) {
   $("updated").textContent = `updated ${new Date(doc.generated_at).toLocaleTimeString()}`;
   rollout(doc.rollouts);
   quotas(doc.quotas || []);
+  quality(doc.quality || { models: {}, events: [] });
   $("regions").replaceChildren(...doc.regions.map((r) => region(r, doc.revision)));
   flows(doc.regions, doc.flows);
   receipts(doc.receipts);
@@ -180,6 +181,33 @@ function quotas(items) {
       .map(([why, n]) => `${why} ${fixed(n, 1)}`).join("; ") || "none")));
   $("quotas").querySelector("tbody").replaceChildren(...(rows.length ? rows
     : [el("tr", {}, el("td", { colspan: 6, class: "hint" }, "no tenant has a quota"))]));
+}
+
+function quality(doc) {
+  // one row per model and region; what put a worker out of rotation, with its figure
+  const rows = [];
+  for (const [name, m] of Object.entries(doc.models)) {
+    for (const [region, r] of Object.entries(m.regions)) {
+      const findings = m.flagged.filter((f) => f.region === region);
+      const flagged = Object.entries(r.flagged_share).filter(([, v]) => v > 0)
+        .map(([check, v]) => `${check} ${fixed(v * 100, 1)}%`).join(", ") || "none";
+      rows.push(el("tr", { "data-model": name, "data-region": region,
+        "data-flagged": findings.length ? "1" : "0", class: findings.length ? "alert" : "" },
+        el("td", {}, name), el("td", {}, region), el("td", {}, r.answers),
+        el("td", { class: "why" }, flagged),
+        el("td", { class: "why" }, r.canaries.map((c) => `${c.name} ${fixed(c.score, 3)}`).join(", ") || "–"),
+        el("td", { class: "why" }, r.held.map((h) => `${h.worker} ${h.kind}: ${h.check} ` +
+          `${fixed(h.figure, 3)} vs ${fixed(h.peers_figure, 3)}`).join("; ") || "none"),
+        el("td", { class: "why" }, findings.map((f) => f.figure === null ? `${f.check}: differs`
+          : `${f.check} ${fixed(f.figure, 3)} vs ${fixed(f.peers_figure, 3)}`).join("; ") || "–")));
+    }
+  }
+  $("quality").querySelector("tbody").replaceChildren(...(rows.length ? rows
+    : [el("tr", {}, el("td", { colspan: 7, class: "hint" }, "no answers judged yet"))]));
+  $("quality-events").replaceChildren(...doc.events.map((e) => el("li", { "data-kind": e.kind },
+    `${new Date(e.logged_at).toLocaleTimeString()} · ${e.node} · ${e.worker} ${e.kind} (${e.model}): ` +
+    `${e.check} ${fixed(e.figure, 3)} vs ${fixed(e.peers_figure, 3)}` +
+    ((e.examples || []).length ? ` · e.g. ${e.examples.join(", ")}` : ""))));
 }
 
 function region(r, declared) {

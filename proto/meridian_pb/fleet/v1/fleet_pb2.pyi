@@ -361,6 +361,9 @@ class Telemetry(_message.Message):
     ESCALATIONS_FIELD_NUMBER: _builtins.int
     RECEIPTS_FIELD_NUMBER: _builtins.int
     ANSWERS_FIELD_NUMBER: _builtins.int
+    QUALITY_EVENTS_FIELD_NUMBER: _builtins.int
+    QUALITY_HELD_FIELD_NUMBER: _builtins.int
+    QUALITY_FIELD_NUMBER: _builtins.int
     inflight_requests: _builtins.int
     queued_requests: _builtins.int
     prefix_cache_hit_rate: _builtins.float
@@ -391,6 +394,18 @@ class Telemetry(_message.Message):
         heartbeat, totals since it started.
         """
 
+    @_builtins.property
+    def quality_events(self) -> _containers.RepeatedCompositeFieldContainer[Global___QualityEvent]:
+        """The quality guard (agents/quality): its events since the last heartbeat, the workers it
+        holds now (quarantined, or alerted on as their model's last) with the event that put
+        them there, and the region's figures per model, compared across regions by the control
+        plane.
+        """
+
+    @_builtins.property
+    def quality_held(self) -> _containers.RepeatedCompositeFieldContainer[Global___QualityEvent]: ...
+    @_builtins.property
+    def quality(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelQuality]: ...
     def __init__(
         self,
         *,
@@ -408,14 +423,149 @@ class Telemetry(_message.Message):
         escalations: _abc.Iterable[Global___EscalationCount] | None = ...,
         receipts: _abc.Iterable[Global___RouteReceipt] | None = ...,
         answers: _abc.Iterable[Global___ModelAnswers] | None = ...,
+        quality_events: _abc.Iterable[Global___QualityEvent] | None = ...,
+        quality_held: _abc.Iterable[Global___QualityEvent] | None = ...,
+        quality: _abc.Iterable[Global___ModelQuality] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl_ms", b"itl_ms", "observed_at", b"observed_at", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "quality", b"quality", "quality_events", b"quality_events", "quality_held", b"quality_held", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Telemetry: _TypeAlias = Telemetry  # noqa: Y015
+
+@_typing.final
+class QualityEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    CHECK_FIELD_NUMBER: _builtins.int
+    FIGURE_FIELD_NUMBER: _builtins.int
+    PEERS_FIGURE_FIELD_NUMBER: _builtins.int
+    EXAMPLES_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """quarantined | readmitted | alert"""
+    worker: _builtins.str
+    model: _builtins.str
+    check: _builtins.str
+    """A detector's name, or canary:<name>."""
+    figure: _builtins.float
+    """The worker's share of answers flagged, or its canary score; against the peers' share,
+    or the least score that passes.
+    """
+    peers_figure: _builtins.float
+    @_builtins.property
+    def examples(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Request ids of flagged answers."""
+
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        worker: _builtins.str = ...,
+        model: _builtins.str = ...,
+        check: _builtins.str = ...,
+        figure: _builtins.float = ...,
+        peers_figure: _builtins.float = ...,
+        examples: _abc.Iterable[_builtins.str] | None = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "check", b"check", "examples", b"examples", "figure", b"figure", "kind", b"kind", "model", b"model", "peers_figure", b"peers_figure", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QualityEvent: _TypeAlias = QualityEvent  # noqa: Y015
+
+@_typing.final
+class ModelQuality(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FlaggedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    FLAGGED_FIELD_NUMBER: _builtins.int
+    CANARIES_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    answers: _builtins.int
+    """Of the last answers of the region's workers in rotation: how many, and how many each
+    detector flagged.
+    """
+    @_builtins.property
+    def flagged(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def canaries(self) -> _containers.RepeatedCompositeFieldContainer[Global___CanaryScore]: ...
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        answers: _builtins.int = ...,
+        flagged: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        canaries: _abc.Iterable[Global___CanaryScore] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "canaries", b"canaries", "flagged", b"flagged", "model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelQuality: _TypeAlias = ModelQuality  # noqa: Y015
+
+@_typing.final
+class CanaryScore(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    REFERENCE_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    reference: _builtins.str
+    """A digest of the canary's reference continuation: scores compare only on the same one."""
+    workers: _builtins.int
+    score: _builtins.float
+    """The median of the workers' last mean log-probability per token."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        reference: _builtins.str = ...,
+        workers: _builtins.int = ...,
+        score: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "reference", b"reference", "score", b"score", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CanaryScore: _TypeAlias = CanaryScore  # noqa: Y015
 
 @_typing.final
 class ModelAnswers(_message.Message):
