@@ -78,14 +78,13 @@ class NodeReports:
         try:
             async with self.db.sessions() as session, session.begin():
                 # Lock the rows first, in id order; later statements touch them in any order.
-                names = dict(
-                    (await session.execute(
-                        select(NODES.c.id, NODES.c.name)
-                        .where(NODES.c.id.in_(list(batch)))
-                        .order_by(NODES.c.id)
-                        .with_for_update()
-                    )).tuples()
-                )  # fmt: skip
+                locked = await session.execute(
+                    select(NODES.c.id, NODES.c.name)
+                    .where(NODES.c.id.in_(list(batch)))
+                    .order_by(NODES.c.id)
+                    .with_for_update()
+                )
+                names = {int(row.id): str(row.name) for row in locked}
                 await _write_status(session, batch)
                 beats = {n: f for n, f in batch.items() if f.telemetry is not None}
                 if beats:
