@@ -69,6 +69,7 @@ class Agent:
             connect_timeout_s=settings.upstream_connect_timeout_s,
             tracing=self.tracing,
             limits=Limits(settings.max_body_bytes, settings.body_timeout_s),
+            quality_guard=settings.quality_guard,
         )
         self.supervisor = Supervisor(
             settings, self.backends, settings.data_dir / "engines", self._engine_state,
@@ -160,8 +161,9 @@ class Agent:
                     group.create_task(_forever("load-poller", self.poller.run)),
                     group.create_task(_forever("kv-events", self.kv_events.run)),
                     group.create_task(_forever("audit", self.gateway.audit_forever)),
-                    group.create_task(_forever("canaries", self.prober.run)),
                 ]
+                if self.settings.quality_guard:
+                    loops.append(group.create_task(_forever("canaries", self.prober.run)))
                 await stop.wait()
                 log.info("stopping: engines drain first")
                 for task in loops:

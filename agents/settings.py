@@ -52,6 +52,11 @@ class AgentSettings(BaseSettings):
     )
     load_poll_s: float = Field(default=0.2, gt=0, le=60, description="workers' /get_load")
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    quality_guard: bool = Field(
+        default=True,
+        description="the quality guard: every answer read by its detectors, canaries on idle "
+        "workers, and workers that answer wrong taken out of rotation (agents/quality)",
+    )
     canary_every_s: float = Field(
         default=10.0, gt=0, le=3600, description="between canaries of each model's workers"
     )

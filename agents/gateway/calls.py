@@ -104,7 +104,8 @@ class EngineCalls:
             usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
             self._finished(ticket, inference, usage)
             if self.quality is not None and upstream.status == 200:
-                self.quality.observe(worker.id, rid, answers.from_body(data, inference), inference)
+                # read once the answer is on its way: the client does not wait for it
+                asyncio.get_running_loop().call_soon(self._observe, worker.id, rid, data, inference)
         if 400 <= upstream.status < 500:
             raise EngineRefused(upstream.status, engine_message(data))
         out = relayed_headers(upstream.headers)
@@ -186,6 +187,10 @@ class EngineCalls:
             _drop(decode)  # the slot frees the decode worker and tells it to stop
             raise Retry(pd.worker_id, "the prefill worker failed")
         return await decode
+
+    def _observe(self, worker: str, rid: str, data: bytes, inference: Inference) -> None:
+        if self.quality is not None:
+            self.quality.observe(worker, rid, answers.from_body(data, inference), inference)
 
     def _finished(self, ticket: Ticket, inference: Inference, usage: Usage) -> None:
         self.router.finished(

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from array import array
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -24,6 +26,7 @@ from agents.gateway.errors import (
 )
 from agents.router.tokens import PromptTokenizer
 
+EMPTY: Mapping[str, Any] = MappingProxyType({})
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 
 
@@ -72,7 +75,8 @@ class Inference:
     key_is_tokens: bool = False  # the client sent token ids: the key is them
     max_new: int | None = None  # the answer's most tokens, when the request sets them
     json_wanted: bool = False  # response_format: a JSON object or schema (the quality guard)
-    tools: frozenset[str] = frozenset()  # the tools offered by name (the quality guard)
+    # the tools offered: name -> its parameters' JSON schema, or None (the quality guard)
+    tools: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
 
     def tokens(self, tokenizer: PromptTokenizer) -> bytes:
         """The prompt as the engine's token ids, four bytes a token (as `key` for ids)."""
@@ -133,7 +137,7 @@ def _parsed(
         path, raw, model.name, params.stream, key, bool(options and options.include_usage),
         "stream_options" in body, native, messages=messages, text=text,
         key_is_tokens=messages is None and text is None, max_new=max_new,
-        json_wanted=_json_wanted(body.get("response_format")), tools=_tool_names(body),
+        json_wanted=_json_wanted(body.get("response_format")), tools=_tools(body),
     )  # fmt: skip
     return inference
 
@@ -142,12 +146,17 @@ def _json_wanted(form: Any) -> bool:
     return isinstance(form, dict) and form.get("type") in ("json_object", "json_schema")
 
 
-def _tool_names(body: dict[str, Any]) -> frozenset[str]:
+def _tools(body: dict[str, Any]) -> Mapping[str, Any]:
     tools = body.get("tools")
     if not isinstance(tools, list) or not tools:
-        return frozenset()
-    names = (t.get("function", {}).get("name") for t in tools if isinstance(t, dict))
-    return frozenset(n for n in names if isinstance(n, str))
+        return EMPTY
+    out = {}
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            parameters = function.get("parameters")
+            out[function["name"]] = parameters if isinstance(parameters, dict) else None
+    return out
 
 
 def _first(*values: int | None) -> int | None:

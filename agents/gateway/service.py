@@ -84,6 +84,7 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
         tracing: Tracing | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        quality_guard: bool = True,
     ) -> None:
         self.router = router
         self.limits = limits
@@ -97,7 +98,8 @@ class Gateway:
         self.clock = clock
         self._upstream = Upstream(connect_timeout_s)
         self.calls = EngineCalls(router, self.admission, self._upstream)
-        self.quality = self.calls.quality = Quality(router.table)
+        self.quality = Quality(router.table)
+        self.calls.quality = self.quality if quality_guard else None
         self.carrier = Carrier(clock=clock)
         self.forwarder = Forwarder(self.escalations, self._upstream, self.carrier, clock)
         self._load: dict[str, tuple[float | None, int]] = {}  # model: (best TTFT, serving)

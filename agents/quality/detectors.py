@@ -15,20 +15,26 @@ of a workload that asks for long ones, or answer in a script the prompt does not
   code points a block; ASCII answers to any prompt are never foreign, and the check is only
   made for answers that are not ASCII);
 - `invalid`: an answer asked for as JSON (`response_format`) that does not parse, or a tool
-  call that names a tool the request did not offer or whose arguments do not parse.
+  call that names a tool the request did not offer, whose arguments do not parse, or break
+  the tool's parameters schema (checked by jsonschema-rs, compiled once per schema).
 """
 
 from __future__ import annotations
 
+import functools
 import zlib
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
+import jsonschema_rs
 import orjson
 
 REPEAT_MIN_CHARS = 64  # shorter texts are not judged for repetition
 REPEAT_RATIO = 0.12  # compressed / raw below this: one pattern over and over
 FOREIGN_SHARE = 0.5  # of the non-space characters, outside the prompt's blocks
+EMPTY: Mapping[str, Any] = MappingProxyType({})
 DETECTORS = ("repetition", "length", "empty", "foreign", "invalid")
 
 
@@ -40,7 +46,8 @@ class Answer:
     finish_reason: str | None = None
     tool_calls: Sequence[tuple[str, str]] = ()  # (name, arguments) of each call
     json_wanted: bool = False  # response_format json_object or json_schema
-    tools_offered: Collection[str] = ()
+    # the tools offered: name -> its parameters' JSON schema, or None
+    tools_offered: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
 
 
 def suspect(answer: Answer, prompt: str | Callable[[], str]) -> frozenset[str]:
@@ -83,6 +90,9 @@ def _invalid(answer: Answer) -> bool:
     for name, arguments in answer.tool_calls:
         if name not in answer.tools_offered or not _parses(arguments):
             return True
+        check = _validator(answer.tools_offered[name])
+        if check is not None and not check.is_valid(orjson.loads(arguments)):
+            return True
     return False
 
 
@@ -92,3 +102,20 @@ def _parses(text: str) -> bool:
     except orjson.JSONDecodeError:
         return False
     return True
+
+
+def _validator(schema: Any) -> Any:
+    """The compiled check of a tool's parameters, kept per schema (a request's tools are
+    mostly the same few); None when there is none, or it is no JSON schema (the client's
+    fault, not the worker's)."""
+    if not isinstance(schema, dict):
+        return None
+    return _compiled(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(schema: bytes) -> Any:
+    try:
+        return jsonschema_rs.validator_for(orjson.loads(schema))
+    except (jsonschema_rs.ValidationError, ValueError, TypeError):
+        return None

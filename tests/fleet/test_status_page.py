@@ -82,6 +82,10 @@ async def test_the_status_page_shows_the_fleet_live(
         receipt = page.locator("#receipts tbody tr", has_text=ENGINE).first
         await receipt.wait_for(timeout=10000)
         assert "us-west" in await receipt.inner_text()
+        # the answers us-west's gateway judged (the quality guard), in the quality table
+        judged = page.locator(f'#quality tr[data-model="{LLAMA}"][data-quality-region="us-west"]')
+        await judged.wait_for(timeout=10000)
+        assert "none" in await judged.inner_text()  # nothing flagged, no worker held
 
         # each tenant's quota with its leases: acme's on every agent, eurobank's in the EU only
         acme = page.locator('#quotas tr[data-tenant="acme"]')

@@ -191,7 +191,7 @@ function quality(doc) {
       const findings = m.flagged.filter((f) => f.region === region);
       const flagged = Object.entries(r.flagged_share).filter(([, v]) => v > 0)
         .map(([check, v]) => `${check} ${fixed(v * 100, 1)}%`).join(", ") || "none";
-      rows.push(el("tr", { "data-model": name, "data-region": region,
+      rows.push(el("tr", { "data-model": name, "data-quality-region": region,
         "data-flagged": findings.length ? "1" : "0", class: findings.length ? "alert" : "" },
         el("td", {}, name), el("td", {}, region), el("td", {}, r.answers),
         el("td", { class: "why" }, flagged),

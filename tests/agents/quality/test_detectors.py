@@ -34,20 +34,29 @@ def test_repetition_garbage_empty_and_the_length_cap() -> None:
     assert "foreign" not in suspect(Answer("東京は日本の首都です。"), "東京について教えて")
     assert "empty" in suspect(Answer("  ", "stop"), PROMPT)
     assert "empty" not in suspect(Answer("", "tool_calls", [("weather", "{}")],
-                                         tools_offered={"weather"}), PROMPT)  # fmt: skip
+                                         tools_offered={"weather": None}), PROMPT)  # fmt: skip
     assert "length" in suspect(Answer(STORY, "length"), PROMPT)
 
 
 def test_json_and_tool_calls_are_checked_on_the_final_text() -> None:
     assert "invalid" in suspect(Answer('{"a": 1', json_wanted=True), PROMPT)
     assert "invalid" not in suspect(Answer('{"a": [1, 2]}', json_wanted=True), PROMPT)
-    offered = {"weather"}
+    offered = {"weather": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"], "additionalProperties": False}}  # fmt: skip
     assert "invalid" in suspect(Answer("", tool_calls=[("wether", "{}")],
                                        tools_offered=offered), PROMPT)  # fmt: skip
     assert "invalid" in suspect(Answer("", tool_calls=[("weather", "{city:")],
                                        tools_offered=offered), PROMPT)  # fmt: skip
     assert "invalid" not in suspect(Answer("", tool_calls=[("weather", '{"city": "Oslo"}')],
                                            tools_offered=offered), PROMPT)  # fmt: skip
+    # arguments that parse and break the tool's schema: a wrong type, a missing field
+    for broken in ('{"city": 7}', '{"town": "Oslo"}', '{"city": "Oslo", "days": 3}'):
+        assert "invalid" in suspect(Answer("", tool_calls=[("weather", broken)],
+                                           tools_offered=offered), PROMPT), broken  # fmt: skip
+    # a schema that is no JSON schema is the client's fault: arguments that parse pass
+    odd = {"weather": {"type": "nonsense"}}
+    assert "invalid" not in suspect(Answer("", tool_calls=[("weather", '{"a": 1}')],
+                                           tools_offered=odd), PROMPT)  # fmt: skip
 
 
 def _feed(book: Book, worker: str, n: int, share: float, flag: str, seed: int) -> None:
