@@ -98,7 +98,7 @@ class Gateway:
         self.clock = clock
         self._upstream = Upstream(connect_timeout_s)
         self.calls = EngineCalls(router, self.admission, self._upstream)
-        self.quality = Quality(router.table)
+        self.quality = Quality(router.table, router.views)
         self.calls.quality = self.quality if quality_guard else None
         self.carrier = Carrier(clock=clock)
         self.forwarder = Forwarder(self.escalations, self._upstream, self.carrier, clock)

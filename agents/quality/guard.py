@@ -44,6 +44,7 @@ class _Worker:
     alerted: bool = False
     fails: int = 0
     passes: int = 0
+    slow: bool = False  # alerted on for its latency, until it is back within bounds
 
 
 @dataclass
@@ -87,6 +88,20 @@ class Guard:
             if state.fails >= FAILS_IN_ROW:
                 self._fail(v.worker, Event("quarantined", v.worker, "", f"canary:{name}",
                                            v.score, v.bound, (), now))  # fmt: skip
+
+    def latency(self, worker: str, figure: float, peers: float, bound: float, now: float) -> None:
+        """A worker's time per token against its peers' at the same batch: past `bound`
+        times theirs it is alerted on once (not quarantined: a slower worker answers right,
+        and the router already sends it less); back under half the bound, it may be again."""
+        state = self.workers.get(worker)
+        if state is None:
+            return
+        if not state.slow and figure > bound * peers:
+            state.slow = True
+            self.events.append(Event("alert", worker, state.model, "latency", figure, peers,
+                                     (), now))  # fmt: skip
+        elif state.slow and figure < bound * peers / 2:
+            state.slow = False
 
     def _fail(self, worker: str, event: Event) -> None:
         state = self.workers.get(worker)

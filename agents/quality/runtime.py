@@ -11,7 +11,7 @@ import logging
 import statistics
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -20,15 +20,24 @@ from agents.quality.answers import prompt_text
 from agents.quality.canary import Canary, Verdict
 from agents.quality.detectors import DETECTORS, Answer, suspect
 from agents.quality.guard import Event, Guard
+from agents.router.view import WorkerView
 from agents.workers.table import WorkerTable
 
 log = logging.getLogger(__name__)
 RECENT = 50  # events kept for the agent's status
+SLOW = 4.0  # times the peers' time per token, at the same batch: a worker alerted on
+MIN_LEARNED = 20  # answers behind a worker's learned speed before it is compared
 
 
 class Quality:
-    def __init__(self, table: WorkerTable, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        table: WorkerTable,
+        views: Mapping[str, WorkerView] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.table = table
+        self.views = views if views is not None else {}  # the router's, for latency
         self.clock = clock  # wall clock: events carry when they happened
         self.guard = Guard()
         self.recent: deque[Event] = deque(maxlen=RECENT)
@@ -64,6 +73,7 @@ class Quality:
         kinds = {w: f"{e.spec.model}/{e.spec.deployment}/{e.spec.role}"
                  for w, e in entries.items()}  # fmt: skip
         self.guard.findings(self.guard.book.findings(kinds), self.clock())
+        self._latency(kinds)
         self.table.set_quarantined(self.guard.quarantined)
         events, self.guard.events = self.guard.events, []
         for event in events:
@@ -77,6 +87,22 @@ class Quality:
             )  # fmt: skip
         del self.unsent[:-RECENT]
 
+    def _latency(self, kinds: Mapping[str, str]) -> None:
+        """Each worker's time per token at batch 1, as the router learned it from its
+        answers, against its peers' of the same kind: load is taken out by comparing at
+        the same batch."""
+        steps: dict[str, dict[str, float]] = {}
+        for worker, kind in kinds.items():
+            view = self.views.get(worker)
+            if view is not None and view.learned >= MIN_LEARNED:
+                steps.setdefault(kind, {})[worker] = view.step_at(1.0)
+        now = self.clock()
+        for mine in steps.values():
+            for worker, step in mine.items():
+                peers = [s for w, s in mine.items() if w != worker]
+                if peers:
+                    self.guard.latency(worker, step, statistics.median(peers), SLOW, now)
+
     def take_unsent(self) -> list[Event]:
         """The events since the last heartbeat took them."""
         events, self.unsent = self.unsent, []
@@ -86,7 +112,8 @@ class Quality:
         """Each worker quarantined or alerted on now, with the event that put it there."""
         out: dict[str, Event] = {}
         for event in self.recent:  # oldest first: the last word stands
-            out[event.worker] = event
+            if event.check != "latency":  # an alert of its speed holds nothing
+                out[event.worker] = event
         states = self.guard.workers
         return {w: e for w, e in out.items()
                 if w in states and (states[w].quarantined or states[w].alerted)

@@ -3,9 +3,13 @@ model's last worker is alerted on and keeps serving, canaries bring a worker bac
 
 from __future__ import annotations
 
+from agents.control.compile import WorkerSpec
 from agents.quality.canary import Verdict
 from agents.quality.guard import FAILS_IN_ROW, PASSES_IN_ROW, Guard
 from agents.quality.peers import Finding
+from agents.quality.runtime import Quality
+from agents.router.view import WorkerView
+from agents.workers.table import WorkerTable
 
 MODELS = {"a": "llama", "b": "llama", "c": "llama", "q": "qwen"}
 
@@ -72,3 +76,27 @@ def test_a_worker_gone_from_the_snapshot_is_forgotten() -> None:
     guard.findings([_finding("c")], now=1.0)
     guard.set_workers({w: m for w, m in MODELS.items() if w != "c"})
     assert guard.quarantined == frozenset()
+
+
+def test_a_worker_far_slower_than_its_peers_at_the_same_batch_is_alerted_on_not_held() -> None:
+    table = WorkerTable()
+    table.replace([WorkerSpec(w, "llama", "d", "unified", f"http://{w}", None) for w in "abc"])
+    views = {w: WorkerView(w, prefill_tokens_per_s=8000, decode_step_s=0.02, learned=50)
+             for w in "abc"}  # fmt: skip
+    quality = Quality(table, views)
+    views["c"].decode_step_s = 0.04  # twice as slow: other hardware, or busier; no alert
+    quality.review()
+    assert list(quality.recent) == []
+    views["c"].decode_step_s = 0.2  # ten times: beyond what its batch explains
+    quality.review()
+    quality.review()  # once an episode
+    (event,) = quality.recent
+    assert (event.kind, event.worker, event.check) == ("alert", "c", "latency")
+    assert event.figure > 4 * event.peers_figure
+    assert quality.held() == {}  # its answers are right: it stays in rotation
+    assert not table.entries["c"].quarantined
+    views["c"].decode_step_s = 0.02
+    quality.review()
+    views["c"].decode_step_s = 0.2
+    quality.review()
+    assert [e.check for e in quality.recent] == ["latency", "latency"]  # a new episode
