@@ -14,6 +14,7 @@ from bench import (
     migration,
     overhead,
     overload,
+    quality,
     quotas,
     revocation,
     rollout,
@@ -277,5 +278,25 @@ def quotas_command(quota: int, phase: float, out: Path | None, plot: Path | None
     options = quotas.Options(quota=quota, phase_s=phase, out=out, plot=plot, root=root)
     try:
         asyncio.run(quotas.run(options))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@bench.command("quality")
+@click.option("--engines", type=click.IntRange(3, 8), default=4, show_default=True,
+              help="simulated engines in each of the two regions")  # fmt: skip
+@click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="concurrent clients into each region")  # fmt: skip
+@click.option("--soak", type=click.FloatRange(10, 7200), default=600.0, show_default=True,
+              help="seconds of healthy engines (false quarantines)")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def quality_command(engines: int, streams: int, soak: float, out: Path | None) -> None:
+    """The quality guard: time and requests until a worker that answers wrong is held, for
+    each fault, with canaries and with the detectors alone; false quarantines in a soak of
+    healthy engines; the detectors' cost an answer and a chunk."""
+    root = _scratch("quality")
+    options = quality.Options(engines=engines, streams=streams, soak_s=soak, out=out, root=root)
+    try:
+        asyncio.run(quality.run(options))
     finally:
         shutil.rmtree(root, ignore_errors=True)

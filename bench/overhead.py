@@ -9,7 +9,8 @@ a time, the targets interleaved, each request on a fresh connection (as the rout
 benchmark; sglang-router delays streamed bytes on reused connections); the added latency is
 a target's percentile less the engine's own. Throughput: a closed loop of concurrent clients
 for a while, and the router's own CPU seconds, read from /proc: requests served per CPU
-second of the router process.
+second of the router process. The quality guard's detectors run in every `meridian` row; their
+own cost an answer and a chunk is timed apart (bench/quality.py's `detector_cost`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from bench.harness import (
     start_sglang_router,
 )
 from bench.load import quantile
+from bench.quality import detector_cost
 from meridian.procs import free_port
 
 # the same gateway with tracing on, every span exported (OTLP/HTTP) at these shares
@@ -218,6 +220,8 @@ async def run(options: Options) -> dict[str, Any]:
                     throughput[name] = await _throughput(targets[name], pid, headers[name], options)
     result = _result(samples, throughput)
     result["clients"] = clients
+    with console.status("the quality guard's detectors, an answer at a time"):
+        result["quality_detectors"] = detector_cost()
     _report(console, result)
     plots.save(console, result, options.out, options.plot, lambda path: _plot(samples, path))
     return result
@@ -300,6 +304,13 @@ def _report(console: Console, result: dict[str, Any]) -> None:
     console.print(
         f"client to the engines, CPU µs a request: the gateway's {c['upstream_us']:.1f}, "
         f"aiohttp's {c['aiohttp_us']:.1f}"
+    )
+    q = result["quality_detectors"]
+    plain = q["256 tokens, a whole body parsed"]
+    console.print(
+        "the quality guard's detectors (in the meridian rows above), CPU µs: "
+        f"{plain['per_answer_us']:.1f} a non-streamed 256-token answer (parsed once more), "
+        f"{q['worst_per_chunk_us']:.3f} a chunk at worst (bench/quality.py)"
     )
 
 

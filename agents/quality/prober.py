@@ -3,8 +3,10 @@
 
 - **Only on idle capacity.** A worker gets a canary only when nothing waits for it: no request
   of this gateway's still waiting for its first byte, and none waiting in the engine at its
-  last load poll. The canary generates nothing (`max_new_tokens` 0): one short prefill.
-  Quarantined workers get them too; that is how they are readmitted.
+  last load poll; the canary waits up to `ROOM_WAIT_S` for such a moment, or is held back.
+  It generates nothing (`max_new_tokens` 0): one short prefill. Quarantined workers get
+  them too; that is how they are readmitted. A worker that just failed one gets the next
+  after `CONFIRM_S`, not a period later.
 - **Golden prompts.** A model's canaries are made once, at the first tick that finds at least
   two of its workers serving: each is asked to continue the built-in prompts greedily, and
   the continuation that more than half of them give is the reference, with their median
@@ -39,6 +41,9 @@ Http = aiohttp.ClientSession
 EVERY_S = 10.0
 TIMEOUT_S = 5.0
 REFERENCE_TOKENS = 16
+CONFIRM_S = 1.0  # after a failed canary, the next round comes this soon
+ROOM_WAIT_S = 2.0  # how long a canary waits for its worker to have room
+ROOM_POLL_S = 0.02
 ROOM_KV = 0.9  # a worker whose KV pool is fuller than this has no room for a canary
 GOLDEN: tuple[tuple[str, str], ...] = (
     ("river", "The old man walked slowly down to the river, and there he"),
@@ -71,6 +76,7 @@ class Prober:
         self._ids = count()
         self.sent: Counter[str] = Counter()  # worker: canaries sent
         self.skipped: Counter[str] = Counter()  # worker: canaries held back, no room
+        self._suspects: set[str] = set()  # workers that failed the last canary, in rotation
 
     def status(self) -> dict[str, Any]:
         return {
@@ -83,7 +89,9 @@ class Prober:
     async def run(self) -> None:
         async with aiohttp.ClientSession(timeout=self._timeout) as http:
             while True:
-                await asyncio.sleep(self.every_s)
+                # a worker that just failed one is asked again at once, not a period later
+                await asyncio.sleep(min(CONFIRM_S, self.every_s) if self._suspects
+                                    else self.every_s)  # fmt: skip
                 try:
                     await self.tick(http)
                 except Exception:  # a loop boundary: log and go on
@@ -103,6 +111,16 @@ class Prober:
             return False
         return entry.load.waiting == 0 and entry.load.kv_usage < ROOM_KV
 
+    async def _room(self, entry: WorkerEntry) -> bool:
+        """Whether the worker has room within `ROOM_WAIT_S`: a busy worker is idle between
+        its requests often enough."""
+        deadline = self.clock() + min(ROOM_WAIT_S, self.every_s / 2)
+        while not self.has_room(entry):
+            if self.clock() >= deadline:
+                return False
+            await asyncio.sleep(ROOM_POLL_S)
+        return True
+
     async def _model(self, http: Http, model: str, entries: list[WorkerEntry]) -> None:
         if len(entries) < 2:
             return  # one worker cannot be told from its peers
@@ -112,20 +130,23 @@ class Prober:
             return
         canary = canaries[self._turn[model] % len(canaries)]
         self._turn[model] += 1
-        roomy = []
-        for entry in entries:
-            if self.has_room(entry):
-                roomy.append(entry)
-            else:
-                self.skipped[entry.spec.id] += 1
-        scores = await self._scores(http, canary, roomy)
+        scores = await self._scores(http, canary, entries)
         verdicts = judge(scores, canary.expected)
         self.quality.canary(model, canary, list(verdicts.values()))
+        for entry in entries:
+            verdict = verdicts.get(entry.spec.id)
+            if verdict is not None and not verdict.passed and not entry.quarantined:
+                self._suspects.add(entry.spec.id)
+            else:
+                self._suspects.discard(entry.spec.id)
 
     async def _scores(
         self, http: Http, canary: Canary, entries: list[WorkerEntry]
     ) -> dict[str, float]:
         async def one(entry: WorkerEntry) -> tuple[str, float | None]:
+            if not await self._room(entry):
+                self.skipped[entry.spec.id] += 1
+                return entry.spec.id, None
             self.sent[entry.spec.id] += 1
             rid = f"meridian-canary-{canary.name}-{next(self._ids)}"
             try:
