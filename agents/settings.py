@@ -58,7 +58,7 @@ class AgentSettings(BaseSettings):
         "workers, and workers that answer wrong taken out of rotation (agents/quality)",
     )
     canary_every_s: float = Field(
-        default=10.0, gt=0, le=3600, description="between canaries of each model's workers"
+        default=5.0, gt=0, le=3600, description="between canaries of each model's workers"
     )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024,

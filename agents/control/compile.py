@@ -46,6 +46,7 @@ class WorkerSpec:
     node: str | None
     bootstrap_port: int | None = None
     kv_events_port: int | None = None
+    hardware: str = ""  # its GPUs' model ("" when not known)
 
     @property
     def host(self) -> str:
@@ -202,6 +203,7 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
             node=w.node if w.HasField("node") else None,
             bootstrap_port=w.bootstrap_port if w.HasField("bootstrap_port") else None,
             kv_events_port=w.kv_events_port if w.HasField("kv_events_port") else None,
+            hardware=w.hardware,
         )
         for w in snapshot.workers
     )

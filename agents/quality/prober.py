@@ -38,7 +38,7 @@ from agents.workers.table import NOT_SERVING, WorkerEntry
 
 log = logging.getLogger(__name__)
 Http = aiohttp.ClientSession
-EVERY_S = 10.0
+EVERY_S = 5.0
 TIMEOUT_S = 5.0
 REFERENCE_TOKENS = 16
 CONFIRM_S = 1.0  # after a failed canary, the next round comes this soon
@@ -122,16 +122,14 @@ class Prober:
         return True
 
     async def _model(self, http: Http, model: str, entries: list[WorkerEntry]) -> None:
-        if len(entries) < 2:
-            return  # one worker cannot be told from its peers
         canaries = self.canaries.get(model)
-        if canaries is None:
+        if canaries is None:  # made from two workers or more: one cannot be a majority
             await self._make(http, model, [e for e in entries if not e.quarantined])
             return
         canary = canaries[self._turn[model] % len(canaries)]
         self._turn[model] += 1
         scores = await self._scores(http, canary, entries)
-        verdicts = judge(scores, canary.expected)
+        verdicts = judge(scores, canary.expected, self.quality.unreliable())
         self.quality.canary(model, canary, list(verdicts.values()))
         for entry in entries:
             verdict = verdicts.get(entry.spec.id)

@@ -70,8 +70,10 @@ class Quality:
         """Judge every worker against its peers: the same model, deployment and role."""
         entries = self.table.entries
         self.guard.set_workers({w: e.spec.model for w, e in entries.items()})
-        kinds = {w: f"{e.spec.model}/{e.spec.deployment}/{e.spec.role}"
-                 for w, e in entries.items()}  # fmt: skip
+        # peers: the same model, deployment (its revision and quantization, its engine
+        # arguments) and hardware; a worker held out is no one's peer, and not judged
+        kinds = {w: f"{e.spec.model}/{e.spec.deployment}/{e.spec.role}/{e.spec.hardware}"
+                 + ("/held" if e.quarantined else "") for w, e in entries.items()}  # fmt: skip
         self.guard.findings(self.guard.book.findings(kinds), self.clock())
         self._latency(kinds)
         self.table.set_quarantined(self.guard.quarantined)
@@ -118,6 +120,11 @@ class Quality:
         return {w: e for w, e in out.items()
                 if w in states and (states[w].quarantined or states[w].alerted)
                 and e.kind != "readmitted"}  # fmt: skip
+
+    def unreliable(self) -> set[str]:
+        """Workers that are no reference for others: quarantined, or alerted on as their
+        model's last (it failed a check too; there was just no one to take its place)."""
+        return {w for w, s in self.guard.workers.items() if s.quarantined or s.alerted}
 
     def held_states(self) -> dict[tuple[str, str], str]:
         """(model, worker): quarantined or alert, for the workers held now."""

@@ -92,6 +92,7 @@ def _workers(
             node=node.name,
             bootstrap_port=e.bootstrap_port,
             kv_events_port=e.kv_events_port,
+            hardware=",".join(sorted({g.model for g in node.gpus if g.index in e.gpu_indexes})),
         )
         for node in nodes
         for e in node.engines

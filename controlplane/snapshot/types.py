@@ -129,6 +129,7 @@ class Worker(Frozen):
     node: str | None
     bootstrap_port: int | None = None
     kv_events_port: int | None = None
+    hardware: str = ""  # its GPUs' model, as its node declares them; "" for external ones
 
 
 class Route(Frozen):

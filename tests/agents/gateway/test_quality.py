@@ -1,10 +1,12 @@
 """The quality guard in a region's gateway, over real simulated engines: a worker that emits
 garbage while healthy by every other check is quarantined, with its evidence, within 50 of
-its requests and routed around; a slower worker is never quarantined for being slower. (The
+its requests and routed around; a worker slower for its hardware or its load is never
+quarantined for being slower. (The
 model's last worker, alerted on and never quarantined: tests/agents/quality/test_guard.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -65,13 +67,21 @@ async def test_a_worker_emitting_garbage_is_quarantined_and_routed_around() -> N
         assert [e for e in region.gateway.quality.recent if e.worker != "r-w2"] == []
 
 
-async def test_a_slower_worker_is_not_quarantined_for_being_slower() -> None:
+async def test_workers_slower_for_their_hardware_or_their_load_are_not_quarantined() -> None:
     async with AsyncExitStack() as stack:
+        # w2 at half speed (a heterogeneous pair); w0 busier than this gateway knows
         sims = [await stack.enter_async_context(running_sim(*args, model=MODEL))
                 for args in ((), (), ("--speed-factor", "0.5"))]  # fmt: skip
         region = await _region(stack, sims)
-        async with httpx.AsyncClient(timeout=30) as http:
-            for i in range(90):
+        async with httpx.AsyncClient(timeout=60) as http:
+            long = {"text": "a long story", "sampling_params": {"max_new_tokens": 2000}}
+            busy = [asyncio.create_task(http.post(f"{sims[0].url}/generate", json=long))
+                    for _ in range(24)]  # fmt: skip
+            for i in range(75):
                 await _ask(http, region.url, i)
+            for task in busy:
+                task.cancel()
         assert list(region.gateway.quality.recent) == []
         assert not any(e.quarantined for e in region.gateway.router.table.entries.values())
+        served = region.gateway.quality.guard.book.totals(["r-w0", "r-w1", "r-w2"])[0]
+        assert served == 75  # every answer was judged

@@ -53,3 +53,15 @@ def test_an_answer_without_logprobs_is_unreadable_and_one_peer_is_not_enough() -
     with pytest.raises(CanaryUnreadable):
         score(b"not json")
     assert judge({"a": -0.2, "b": -3.0}) == {}
+
+
+def test_held_workers_are_no_reference_and_a_lone_worker_is_judged_against_its_making() -> None:
+    # c is held: b, judged against a and the score made with, fails; c's own low score
+    # would otherwise drag the median down and let b pass
+    scores = {"a": -1.20, "b": -1.90, "c": -3.0}
+    assert judge(scores, expected=-1.21, held={"c"})["b"].passed is False
+    # the last in rotation: only the score it was made with, and a wider bound
+    assert judge({"a": -1.30, "c": -3.0}, expected=-1.21, held={"c"})["a"].passed is True
+    lone = judge({"a": -1.60, "c": -3.0}, expected=-1.21, held={"c"})["a"]
+    assert lone.passed is False
+    assert lone.bound == -1.41

@@ -13,7 +13,7 @@ import httpx
 from agents.quality.canary import Canary
 from agents.quality.guard import FAILS_IN_ROW, PASSES_IN_ROW
 from agents.quality.prober import GOLDEN, Prober
-from tests.agents.gateway.inproc import MODEL, Local, local_gateway, region_config
+from tests.agents.gateway.inproc import KEY, MODEL, Local, local_gateway, region_config
 from tests.agents.sim_kit import running_sim
 
 
@@ -77,3 +77,34 @@ async def test_a_worker_with_requests_waiting_gets_no_canary() -> None:
         assert prober.sent["r-w0"] == 0
         assert prober.skipped["r-w0"] == 1
         assert prober.sent["r-w1"] == prober.sent["r-w2"] == 1
+
+
+async def test_the_models_last_worker_in_rotation_is_alerted_on_and_keeps_serving() -> None:
+    async with AsyncExitStack() as stack:
+        sims = [await stack.enter_async_context(running_sim(model=MODEL)) for _ in range(2)]
+        region = await stack.enter_async_context(
+            local_gateway(region_config("r", [s.url for s in sims]))
+        )
+        prober = Prober(region.gateway.router, region.gateway.quality)
+        entries = region.gateway.router.table.entries
+        async with aiohttp.ClientSession() as http, httpx.AsyncClient(timeout=30) as client:
+            await prober.tick(http)  # made from the two
+            await client.post(f"{sims[1].url}/sim/faults", json={"logprob_shift": 1.0})
+            for _ in range(FAILS_IN_ROW):
+                await prober.tick(http)
+            assert entries["r-w1"].quarantined
+            await client.post(f"{sims[0].url}/sim/faults", json={"logprob_shift": 1.0})
+            for _ in range(FAILS_IN_ROW + 1):
+                await prober.tick(http)
+            assert not entries["r-w0"].quarantined  # the last: alerted on, never held out
+            asked = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                     "max_tokens": 4}  # fmt: skip
+            answer = await client.post(f"{region.url}/v1/chat/completions", json=asked,
+                                       headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+            assert answer.status_code == 200, answer.text
+        events = [(e.kind, e.worker) for e in region.gateway.quality.recent]
+        assert events == [("quarantined", "r-w1"), ("alert", "r-w0")]
+        assert region.gateway.quality.held_states() == {
+            (MODEL, "r-w0"): "alert",
+            (MODEL, "r-w1"): "quarantined",
+        }

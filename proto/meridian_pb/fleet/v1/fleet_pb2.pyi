@@ -1364,6 +1364,7 @@ class Worker(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     BOOTSTRAP_PORT_FIELD_NUMBER: _builtins.int
     KV_EVENTS_PORT_FIELD_NUMBER: _builtins.int
+    HARDWARE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     model: _builtins.str
     deployment: _builtins.str
@@ -1374,6 +1375,10 @@ class Worker(_message.Message):
     """A prefill worker's PD bootstrap port: routers send it as `bootstrap_port`."""
     kv_events_port: _builtins.int
     """The ZMQ port of the worker's KV-cache events, on the worker's host; unset: none."""
+    hardware: _builtins.str
+    """Its GPUs' model as its node declares them ("" for external engines): the quality guard
+    compares a worker with peers of the same model, deployment and hardware.
+    """
     def __init__(
         self,
         *,
@@ -1385,10 +1390,11 @@ class Worker(_message.Message):
         node: _builtins.str | None = ...,
         bootstrap_port: _builtins.int | None = ...,
         kv_events_port: _builtins.int | None = ...,
+        hardware: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_port", b"_bootstrap_port", "_kv_events_port", b"_kv_events_port", "_node", b"_node", "bootstrap_port", b"bootstrap_port", "kv_events_port", b"kv_events_port", "node", b"node"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_port", b"_bootstrap_port", "_kv_events_port", b"_kv_events_port", "_node", b"_node", "bootstrap_port", b"bootstrap_port", "deployment", b"deployment", "id", b"id", "kv_events_port", b"kv_events_port", "model", b"model", "node", b"node", "role", b"role", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_port", b"_bootstrap_port", "_kv_events_port", b"_kv_events_port", "_node", b"_node", "bootstrap_port", b"bootstrap_port", "deployment", b"deployment", "hardware", b"hardware", "id", b"id", "kv_events_port", b"kv_events_port", "model", b"model", "node", b"node", "role", b"role", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__bootstrap_port: _TypeAlias = _typing.Literal["bootstrap_port"]  # noqa: Y015
     _WhichOneofArgType__bootstrap_port: _TypeAlias = _typing.Literal["_bootstrap_port", b"_bootstrap_port"]  # noqa: Y015
