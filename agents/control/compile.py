@@ -32,6 +32,7 @@ class ModelConfig:
     name: str
     context_length: int
     capabilities: frozenset[str]
+    source: str = ""  # the weights' path or repository (a new one makes new canaries)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ DEFAULT_MAX_QUEUE = 256
 def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
     """Raises SnapshotInvalid for a policy or parameter the router does not have."""
     models = {
-        m.name: ModelConfig(m.name, m.context_length, frozenset(m.capabilities))
+        m.name: ModelConfig(m.name, m.context_length, frozenset(m.capabilities), m.source)
         for m in snapshot.models
     }
     routes = {r.model: _route(r) for r in snapshot.routes}

@@ -39,6 +39,7 @@ class Canary:
     prompt: str
     reference: str
     expected: float | None = None  # the score its replicas' majority had when it was made
+    source: str = ""  # the model's weights it was made on
 
     def body(self, rid: str) -> bytes:
         """SGLang's /generate: the text scored, nothing generated."""

@@ -13,7 +13,7 @@
   score as the score the canary was made with. A prompt with no majority is tried again at
   the next tick. The canaries are kept in the agent's data directory, so that a worker that
   goes wrong later is judged against what its model said when it was made, not only against
-  its peers of the day.
+  its peers of the day. New weights for the model (its `source`) make them anew.
 """
 
 from __future__ import annotations
@@ -123,8 +123,13 @@ class Prober:
 
     async def _model(self, http: Http, model: str, entries: list[WorkerEntry]) -> None:
         canaries = self.canaries.get(model)
+        source = self._source(model)
+        if canaries is not None and canaries[0].source != source:
+            log.warning("the weights of %s are now %r: its canaries are made again", model,
+                        source)  # fmt: skip
+            canaries = None
         if canaries is None:  # made from two workers or more: one cannot be a majority
-            await self._make(http, model, [e for e in entries if not e.quarantined])
+            await self._make(http, model, [e for e in entries if not e.quarantined], source)
             return
         canary = canaries[self._turn[model] % len(canaries)]
         self._turn[model] += 1
@@ -157,7 +162,12 @@ class Prober:
         got = await asyncio.gather(*(one(e) for e in entries))
         return {worker: s for worker, s in got if s is not None}
 
-    async def _make(self, http: Http, model: str, entries: list[WorkerEntry]) -> None:
+    def _source(self, model: str) -> str:
+        config = self.router.config
+        known = config.models.get(model) if config is not None else None
+        return known.source if known is not None else ""
+
+    async def _make(self, http: Http, model: str, entries: list[WorkerEntry], source: str) -> None:
         if len(entries) < 2:
             return
         made = []
@@ -177,7 +187,7 @@ class Prober:
             if len(scores) * 2 <= len(entries):
                 continue
             expected = round(statistics.median(scores.values()), 4)
-            made.append(Canary(name, prompt, reference, expected))
+            made.append(Canary(name, prompt, reference, expected, source))
         if len(made) == len(GOLDEN):
             self.canaries[model] = made
             log.info("canaries of %s made from %d workers: %s", model, len(entries),

@@ -108,3 +108,21 @@ async def test_the_models_last_worker_in_rotation_is_alerted_on_and_keeps_servin
             (MODEL, "r-w0"): "alert",
             (MODEL, "r-w1"): "quarantined",
         }
+
+
+async def test_new_weights_for_the_model_make_its_canaries_anew() -> None:
+    saved: list[dict[str, list[Canary]]] = []
+    async with AsyncExitStack() as stack:
+        sims = [await stack.enter_async_context(running_sim(model=MODEL)) for _ in range(2)]
+        region = await stack.enter_async_context(
+            local_gateway(region_config("r", [s.url for s in sims]))
+        )
+        old = {MODEL: [Canary(n, p, " and so on.", -9.0, source="old/weights") for n, p in GOLDEN]}
+        prober = Prober(region.gateway.router, region.gateway.quality, old, save=saved.append)
+        async with aiohttp.ClientSession() as http:
+            await prober.tick(http)
+        (made,) = saved
+        source = region.config.models[MODEL].source
+        assert [c.source for c in made[MODEL]] == [source] * len(GOLDEN)
+        assert all(c.reference != " and so on." for c in made[MODEL])
+        assert list(region.gateway.quality.recent) == []  # nobody judged on the old ones
