@@ -7,13 +7,15 @@
   It generates nothing (`max_new_tokens` 0): one short prefill. Quarantined workers get
   them too; that is how they are readmitted. A worker that just failed one gets the next
   after `CONFIRM_S`, not a period later.
-- **Golden prompts.** A model's canaries are made once, at the first tick that finds at least
-  two of its workers serving: each is asked to continue the built-in prompts greedily, and
-  the continuation that more than half of them give is the reference, with their median
-  score as the score the canary was made with. A prompt with no majority is tried again at
-  the next tick. The canaries are kept in the agent's data directory, so that a worker that
-  goes wrong later is judged against what its model said when it was made, not only against
-  its peers of the day. New weights for the model (its `source`) make them anew.
+- **Golden prompts.** A model's canaries are made once, at the first tick that finds its
+  workers serving: each is asked to continue the built-in prompts greedily, and the
+  continuation that more than half of them give is the reference, with their median score
+  as the score the canary was made with. A prompt with no majority is tried again at the
+  next tick. A lone worker makes its own: nothing here can judge it, but the control plane
+  compares its scores and reference with the same model's in other regions. The canaries
+  are kept in the agent's data directory, so that a worker that goes wrong later is judged
+  against what its model said when it was made, not only against its peers of the day. New
+  weights for the model (its `source`) make them anew.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ class Prober:
             log.warning("the weights of %s are now %r: its canaries are made again", model,
                         source)  # fmt: skip
             canaries = None
-        if canaries is None:  # made from two workers or more: one cannot be a majority
+        if canaries is None:
             await self._make(http, model, [e for e in entries if not e.quarantined], source)
             return
         canary = canaries[self._turn[model] % len(canaries)]
@@ -168,7 +170,7 @@ class Prober:
         return known.source if known is not None else ""
 
     async def _make(self, http: Http, model: str, entries: list[WorkerEntry], source: str) -> None:
-        if len(entries) < 2:
+        if not entries:
             return
         made = []
         for name, prompt in GOLDEN:
