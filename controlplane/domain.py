@@ -57,6 +57,15 @@ class FallbackTrigger(StrEnum):
     FAILURE = "failure"
 
 
+class CascadeSignal(StrEnum):
+    """What makes a cheap tier's answer be asked again of the strongest (tiered routes)."""
+
+    INVALID_JSON = "invalid_json"
+    TOOL_SCHEMA = "tool_schema"
+    LENGTH = "length"
+    LOW_LOGPROB = "low_logprob"
+
+
 class Capability(StrEnum):
     CHAT = "chat"
     COMPLETION = "completion"

@@ -54,6 +54,17 @@ class InvalidFallbackChain(MeridianError):
         super().__init__(detail, errors=[{"field": field, "message": detail}])
 
 
+class NameTaken(MeridianError):
+    """A tiered route and a model share one namespace: the name clients ask for."""
+
+    code = "name_taken"
+    status = 409
+    title = "The name is taken by another kind"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, errors=[{"field": "name", "message": detail}])
+
+
 class NotFound(MeridianError):
     code = "not_found"
     status = 404

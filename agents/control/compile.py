@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from agents.errors import SnapshotInvalid
 from agents.router.params import PolicyParams, params_for
+from agents.router.tiers import FEATURES, Table, default_table
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,30 @@ class Tenant:
     disabled: bool = False  # its keys are refused
     quota_requests_per_minute: int | None = None  # the global quotas, which leases share
     quota_tokens_per_minute: int | None = None
+    tiering: bool = False  # its tiered requests may go to a cheaper tier
+    tier_floor: str | None = None  # a model below which they never go
+
+
+@dataclass(frozen=True)
+class Cascade:
+    signals: frozenset[str]  # invalid_json | tool_schema | length | low_logprob
+    min_mean_logprob: float
+    buffer_streams: bool
+
+
+@dataclass(frozen=True)
+class TieredRouteConfig:
+    """A virtual model: its tiers (real models served here, cheapest first) and how one is
+    chosen (agents/gateway/tiers.py)."""
+
+    name: str
+    tiers: tuple[str, ...]
+    table: Table
+    external_url: str | None = None
+    external_budget_s: float = 0.02
+    cascade: Cascade | None = None
+    capacity_moves: bool = True
+    conversation_ttl_s: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -145,6 +170,7 @@ class RegionConfig:
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
     signer: Signer | None = None
     senders: Mapping[str, Sender] = field(default_factory=dict)
+    tiered: Mapping[str, TieredRouteConfig] = field(default_factory=dict)
 
     def chain(self, model: str, tier: str) -> FallbackChain | None:
         """The most specific rule for the model and the tenant's tier (compiled first)."""
@@ -189,6 +215,8 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
             quota_tokens_per_minute=(
                 grant.quota_tokens_per_minute if grant.HasField("quota_tokens_per_minute") else None
             ),
+            tiering=grant.tiering,
+            tier_floor=grant.tier_floor if grant.HasField("tier_floor") else None,
         )
         tenants[tenant.name] = tenant
         for key in grant.api_keys:
@@ -225,6 +253,39 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
         tenants=MappingProxyType(tenants),
         signer=_signer(snapshot),
         senders=MappingProxyType({t.region: _sender(t) for t in snapshot.trusted}),
+        tiered=MappingProxyType({t.name: _tiered(t, models) for t in snapshot.tiered}),
+    )
+
+
+def _tiered(route: pb.TieredRoute, models: Mapping[str, ModelConfig]) -> TieredRouteConfig:
+    tiers = tuple(route.tiers)
+    if not tiers or route.name in models or any(t not in models for t in tiers):
+        raise SnapshotInvalid(f"tiered route {route.name}: its tiers must be models served here")
+    if route.HasField("classifier"):
+        given = route.classifier
+        unknown = set(given.weights) - set(FEATURES)
+        if unknown or len(given.thresholds) != len(tiers) - 1:
+            raise SnapshotInvalid(
+                f"tiered route {route.name}: a table of {len(given.thresholds)} thresholds "
+                f"for {len(tiers)} tiers, or unknown features {sorted(unknown)}"
+            )
+        table = Table(given.bias, MappingProxyType(dict(given.weights)), tuple(given.thresholds))
+    else:
+        table = default_table(len(tiers))
+    cascade = None
+    if route.HasField("cascade"):
+        c = route.cascade
+        cascade = Cascade(frozenset(c.signals), c.min_mean_logprob, c.buffer_streams)
+    external = route.external if route.HasField("external") else None
+    return TieredRouteConfig(
+        name=route.name,
+        tiers=tiers,
+        table=table,
+        external_url=external.url.rstrip("/") if external is not None else None,
+        external_budget_s=external.budget_ms / 1000 if external is not None else 0.02,
+        cascade=cascade,
+        capacity_moves=route.capacity_moves,
+        conversation_ttl_s=float(route.conversation_ttl_s),
     )
 
 

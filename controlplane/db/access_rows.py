@@ -21,6 +21,8 @@ class TenantRow(NamedRow):
     tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
     debug_routes: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     disabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    tiering: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    tier_floor: Mapped[str | None] = mapped_column(String(63))  # a model's name
 
 
 class ApiKeyRow(NamedRow):

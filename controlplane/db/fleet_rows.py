@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -183,6 +184,20 @@ class FallbackRuleRow(NamedRow):
         order_by="FallbackPeerRow.position",
         cascade="all, delete-orphan",
     )
+
+
+class TieredRouteRow(NamedRow):
+    """A virtual model, answered by one of its tiers (real models, by name: a tier whose
+    model is gone is left out where the route is compiled)."""
+
+    __tablename__ = "tiered_routes"
+
+    tiers: Mapped[list[str]] = mapped_column(JSONB)
+    classifier: Mapped[Json | None] = mapped_column(JSONB)
+    external_classifier: Mapped[Json | None] = mapped_column(JSONB)
+    cascade: Mapped[Json | None] = mapped_column(JSONB)
+    capacity_moves: Mapped[bool] = mapped_column(Boolean, default=True)
+    conversation_ttl_s: Mapped[int] = mapped_column(Integer)
 
 
 class FallbackPeerRow(Base):

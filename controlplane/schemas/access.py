@@ -26,6 +26,14 @@ class TenantSpec(Spec):
         default=False,
         description="its keys are refused (403) in every region, at once (it skips rollouts)",
     )
+    tiering: bool = Field(
+        default=False,
+        description="its requests to a tiered route may go to a cheaper tier (by difficulty "
+        "or under load); if not, they get the strongest tier",
+    )
+    tier_floor: Name | None = Field(
+        default=None, description="a model below which its tiered requests never go"
+    )
 
 
 class ApiKeySpec(Spec):

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, ValidationError, model_validator
 
 from agents.router.params import params_for
+from agents.router.tiers import FEATURES
 from controlplane.domain import (
     Capability,
+    CascadeSignal,
     EngineBackend,
     FallbackTrigger,
     NodeState,
@@ -160,6 +163,77 @@ class RoutingPolicySpec(Spec):
         return self
 
 
+Feature = Literal[FEATURES]  # type: ignore[valid-type]
+
+
+class TierClassifier(Spec):
+    """The built-in classifier's table (agents/router/tiers.py): the score is `bias` plus each
+    feature times its weight; `thresholds`, ascending, cut it into the tiers, one fewer than
+    there are tiers."""
+
+    bias: float = Field(ge=-1000, le=1000)
+    weights: dict[Feature, Annotated[float, Field(ge=-1000, le=1000)]] = Field(
+        description="a weight per feature; a feature left out weighs 0"
+    )
+    thresholds: list[Annotated[float, Field(ge=-1000, le=1000)]] = Field(min_length=1, max_length=7)
+
+    @model_validator(mode="after")
+    def _ascending(self) -> Self:
+        if any(b <= a for a, b in itertools.pairwise(self.thresholds)):
+            raise ValueError("thresholds must be in strictly ascending order")
+        return self
+
+
+class ExternalClassifier(Spec):
+    """An HTTP service that chooses the tier: POST {"route", "tiers", "features", "text"}
+    answered {"tier": <index>} or {"score": <number>} (cut by the table's thresholds). Past
+    `budget_ms` the request goes on with the built-in score."""
+
+    url: HttpUrl
+    budget_ms: int = Field(default=20, ge=1, le=2000)
+
+
+class CascadeSpec(Spec):
+    """A cheap tier's answer that shows one of `signals` is asked again of the strongest tier,
+    once; the client sees one answer. Non-streamed requests, and streams when
+    `buffer_streams` (the client then gets the stream when it has ended)."""
+
+    signals: Annotated[list[CascadeSignal], Unique] = Field(
+        default_factory=lambda: list(CascadeSignal), min_length=1, max_length=len(CascadeSignal)
+    )
+    min_mean_logprob: float = Field(
+        default=-1.5, ge=-100, le=0, description="low_logprob: the answer's mean token logprob"
+    )
+    buffer_streams: bool = False
+
+
+class TieredRouteSpec(Spec):
+    """A virtual model: clients ask for its name; each request is answered by one of `tiers`,
+    real models from the cheapest to the strongest."""
+
+    tiers: Annotated[list[Name], Unique] = Field(min_length=2, max_length=8)
+    classifier: TierClassifier | None = Field(default=None, description="null: the built-in table")
+    external_classifier: ExternalClassifier | None = None
+    cascade: CascadeSpec | None = None
+    capacity_moves: bool = Field(
+        default=True,
+        description="a request whose tier would break its SLO moves to the next tier "
+        "(down for tenants that opted in, above their floor; else up)",
+    )
+    conversation_ttl_s: int = Field(
+        default=1800, ge=0, le=86_400, description="how long a conversation keeps its tier"
+    )
+
+    @model_validator(mode="after")
+    def _table_fits(self) -> Self:
+        if self.classifier is not None and len(self.classifier.thresholds) != len(self.tiers) - 1:
+            raise ValueError(
+                f"classifier.thresholds: {len(self.tiers)} tiers need "
+                f"{len(self.tiers) - 1} thresholds"
+            )
+        return self
+
+
 class FallbackThresholds(Spec):
     ttft_ms: int | None = Field(default=None, ge=1, le=600_000)
     queue_depth: int | None = Field(default=None, ge=0, le=1_000_000)
@@ -222,4 +296,8 @@ class RoutingPolicyOut(Meta, RoutingPolicySpec):
 
 
 class FallbackRuleOut(Meta, FallbackRuleSpec):
+    pass
+
+
+class TieredRouteOut(Meta, TieredRouteSpec):
     pass

@@ -7,7 +7,7 @@ from typing import cast
 
 from controlplane.db.access_rows import ApiKeyRow, BootstrapTokenRow, PrincipalRow, TenantRow
 from controlplane.db.base import utcnow
-from controlplane.db.fleet_rows import RegionRow
+from controlplane.db.fleet_rows import ModelRow, RegionRow
 from controlplane.domain import Role
 from controlplane.errors import ValidationFailed
 from controlplane.schemas.access import (
@@ -30,6 +30,10 @@ from controlplane.services.unit import Doc, UnitOfWork
 class TenantKind(Kind[TenantRow]):
     kind, plural, row, spec, out = "tenant", "tenants", TenantRow, TenantSpec, TenantOut
     write_role = Role.ADMIN
+
+    async def validate(self, uow: UnitOfWork, row: TenantRow) -> None:
+        if row.tier_floor is not None:
+            await uow.ref(ModelRow, "model", row.tier_floor, "tier_floor")
 
 
 class ApiKeyKind(Kind[ApiKeyRow]):

@@ -1,4 +1,5 @@
-"""The fleet's kinds: clouds, regions, nodes, models, deployments, routing and fallback."""
+"""The fleet's kinds: clouds, regions, nodes, models, deployments, routing, fallback and
+tiered routes."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from controlplane.db.fleet_rows import (
     NodeRow,
     RegionRow,
     RoutingPolicyRow,
+    TieredRouteRow,
 )
-from controlplane.errors import InvalidFallbackChain
+from controlplane.errors import InvalidFallbackChain, NameTaken
 from controlplane.schemas.common import Spec
 from controlplane.schemas.fleet import (
     CloudOut,
@@ -34,6 +36,8 @@ from controlplane.schemas.fleet import (
     RegionSpec,
     RoutingPolicyOut,
     RoutingPolicySpec,
+    TieredRouteOut,
+    TieredRouteSpec,
 )
 from controlplane.services.kind import Dependent, Kind
 from controlplane.services.unit import Doc, UnitOfWork
@@ -109,6 +113,12 @@ class NodeKind(Kind[NodeRow]):
 
 class ModelKind(Kind[ModelRow]):
     kind, plural, row, spec, out = "model", "models", ModelRow, ModelSpec, ModelOut
+
+    async def validate(self, uow: UnitOfWork, row: ModelRow) -> None:
+        if await uow.find(TieredRouteRow, row.name) is not None:
+            raise NameTaken(
+                f"a tiered route is named {row.name!r}: clients could not tell them apart"
+            )
 
     def status(self, row: ModelRow) -> Doc:
         # Only what is loaded already (as for a region's load): none for a model just made.
@@ -193,6 +203,22 @@ class FallbackRuleKind(Kind[FallbackRuleRow]):
         del row.peers[len(regions) :]
 
 
+class TieredRouteKind(Kind[TieredRouteRow]):
+    kind, plural, row, spec, out = (
+        "tiered-route",
+        "tiered-routes",
+        TieredRouteRow,
+        TieredRouteSpec,
+        TieredRouteOut,
+    )
+
+    async def validate(self, uow: UnitOfWork, row: TieredRouteRow) -> None:
+        if await uow.find(ModelRow, row.name) is not None:
+            raise NameTaken(f"a model is named {row.name!r}: clients could not tell them apart")
+        for index, tier in enumerate(row.tiers):
+            await uow.ref(ModelRow, "model", tier, f"tiers.{index}")
+
+
 CLOUD = CloudKind()
 REGION = RegionKind()
 NODE = NodeKind()
@@ -200,3 +226,4 @@ MODEL = ModelKind()
 DEPLOYMENT = DeploymentKind()
 ROUTING_POLICY = RoutingPolicyKind()
 FALLBACK = FallbackRuleKind()
+TIERED_ROUTE = TieredRouteKind()

@@ -13,6 +13,7 @@ from controlplane.services.fleet_kinds import (
     NODE,
     REGION,
     ROUTING_POLICY,
+    TIERED_ROUTE,
 )
 from controlplane.services.kind import Kind
 from controlplane.services.rollouts.kind import ROLLOUT_POLICY_KIND
@@ -41,6 +42,7 @@ KINDS: list[Kind[Any]] = [
     DEPLOYMENT,
     ROUTING_POLICY,
     FALLBACK,
+    TIERED_ROUTE,
     TENANT,
     API_KEY,
     PRINCIPAL,
@@ -58,6 +60,7 @@ APPLY_KINDS: dict[str, Kind[Any]] = {
     "deployments": DEPLOYMENT,
     "routing_policies": ROUTING_POLICY,
     "fallback_rules": FALLBACK,
+    "tiered_routes": TIERED_ROUTE,
     "tenants": TENANT,
     "rollout_policies": ROLLOUT_POLICY_KIND,
 }

@@ -22,6 +22,10 @@ from controlplane.snapshot.types import (
     Route,
     SigningKey,
     TenantGrant,
+    TierCascade,
+    TieredRoute,
+    TierExternal,
+    TierTable,
     TrustedRegion,
     Unplaced,
     Worker,
@@ -74,6 +78,7 @@ def compile_region(state: FleetState, region: str) -> RegionSnapshot:
         tenants=_tenants(state, region),
         signing_key=_signing_key(state, region),
         trusted=_trusted(state, region),
+        tiered=_tiered(state, set(models)),
     )
 
 
@@ -159,6 +164,53 @@ def _route(state: FleetState, region: str, model: str) -> Route:
         )
     _, name, policy = candidates[0]
     return Route(source=name, **policy.model_dump(exclude={"region"}))
+
+
+def _tiered(state: FleetState, models: set[str]) -> list[TieredRoute]:
+    """The tiered routes with a tier here, each with the tiers the region serves. Where a
+    tier is missing, the table's threshold between it and the next cheaper is dropped with it
+    (requests it would have had go to the next stronger tier)."""
+    out = []
+    for name, route in sorted(state.tiered_routes.items()):
+        if name in models:
+            continue  # a model of that name (made while it was compiled) wins
+        kept = [i for i, tier in enumerate(route.tiers) if tier in models]
+        if not kept:
+            continue
+        table = None
+        if route.classifier is not None and len(kept) > 1:
+            cuts = route.classifier.thresholds  # cut i lies between tiers i and i + 1
+            table = TierTable(
+                bias=route.classifier.bias,
+                weights={str(f): w for f, w in sorted(route.classifier.weights.items())},
+                thresholds=[cuts[below] for below in kept[:-1]],
+            )
+        external = route.external_classifier
+        cascade = route.cascade
+        out.append(
+            TieredRoute(
+                name=name,
+                tiers=[route.tiers[i] for i in kept],
+                classifier=table,
+                external=(
+                    TierExternal(url=str(external.url), budget_ms=external.budget_ms)
+                    if external is not None
+                    else None
+                ),
+                cascade=(
+                    TierCascade(
+                        signals=[str(s) for s in cascade.signals],
+                        min_mean_logprob=cascade.min_mean_logprob,
+                        buffer_streams=cascade.buffer_streams,
+                    )
+                    if cascade is not None
+                    else None
+                ),
+                capacity_moves=route.capacity_moves,
+                conversation_ttl_s=route.conversation_ttl_s,
+            )
+        )
+    return out
 
 
 def _fallback(state: FleetState, region: str) -> list[FallbackChain]:
@@ -311,6 +363,8 @@ def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
                 api_keys=keys,
                 debug_routes=tenant.debug_routes,
                 disabled=tenant.disabled,
+                tiering=tenant.tiering,
+                tier_floor=tenant.tier_floor,
             )
         )
     return grants

@@ -19,6 +19,7 @@ from controlplane.schemas.fleet import (
     NodeSpec,
     RegionSpec,
     RoutingPolicySpec,
+    TieredRouteSpec,
 )
 from controlplane.schemas.rollout import RolloutPolicySpec
 
@@ -54,6 +55,7 @@ class FleetState(Frozen):
     deployments: dict[str, DeploymentSpec] = Field(default_factory=dict)
     routing_policies: dict[str, RoutingPolicySpec] = Field(default_factory=dict)
     fallback_rules: dict[str, FallbackRuleSpec] = Field(default_factory=dict)
+    tiered_routes: dict[str, TieredRouteSpec] = Field(default_factory=dict)
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
     api_keys: dict[str, ApiKeyState] = Field(default_factory=dict)
     # Each region's Ed25519 seed, base64: it signs the requests the region escalates.
@@ -173,6 +175,36 @@ class FallbackChain(Frozen):
     peers: list[Peer]
 
 
+class TierTable(Frozen):
+    bias: float
+    weights: dict[str, float]
+    thresholds: list[float]
+
+
+class TierExternal(Frozen):
+    url: str
+    budget_ms: int
+
+
+class TierCascade(Frozen):
+    signals: list[str]
+    min_mean_logprob: float
+    buffer_streams: bool
+
+
+class TieredRoute(Frozen):
+    """A virtual model, as the region serves it: its tiers the region has deployments of,
+    cheapest first."""
+
+    name: str
+    tiers: list[str]
+    classifier: TierTable | None
+    external: TierExternal | None
+    cascade: TierCascade | None
+    capacity_moves: bool
+    conversation_ttl_s: int
+
+
 class KeyGrant(Frozen):
     prefix: str
     key_hash: str
@@ -192,6 +224,8 @@ class TenantGrant(Frozen):
     tokens_per_minute_share: float | None = None
     quota_requests_per_minute: int | None = None  # the global quotas, which leases share
     quota_tokens_per_minute: int | None = None
+    tiering: bool = False  # its requests to tiered routes may go to a cheaper tier
+    tier_floor: str | None = None  # a model below which they never go
 
 
 class RegionSnapshot(Frozen):
@@ -207,3 +241,4 @@ class RegionSnapshot(Frozen):
     tenants: list[TenantGrant]
     signing_key: SigningKey | None = None
     trusted: list[TrustedRegion] = Field(default_factory=list)
+    tiered: list[TieredRoute] = Field(default_factory=list)

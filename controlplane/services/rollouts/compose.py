@@ -2,10 +2,10 @@
 
 The fleet's objects are of two sorts.
 
-- **Intent** (models, deployments, routing policies, fallback rules) is what an operator
-  changes to change how requests are served. A change to it rolls out in waves: each target
-  holds the intent of some revision until its wave comes, and a rollback gives it back the
-  last good one.
+- **Intent** (models, deployments, routing policies, fallback rules, tiered routes) is what
+  an operator changes to change how requests are served. A change to it rolls out in waves:
+  each target holds the intent of some revision until its wave comes, and a rollback gives
+  it back the last good one.
 - **Facts** (clouds, regions, nodes, tenants, API keys, signing keys, placement) say what
   exists and who may call. They reach every target at once: a revoked key, a disabled tenant
   or a node that went down must not wait for a bake time, and a quota change concerns only
@@ -22,12 +22,13 @@ from controlplane.schemas.fleet import (
     FallbackRuleSpec,
     ModelSpec,
     RoutingPolicySpec,
+    TieredRouteSpec,
 )
 from controlplane.snapshot.types import FleetState
 
-INTENT_KEYS = ("models", "deployments", "routing_policies", "fallback_rules")
+INTENT_KEYS = ("models", "deployments", "routing_policies", "fallback_rules", "tiered_routes")
 # the kinds (as the audit names them) whose changes roll out
-INTENT_KINDS = frozenset({"model", "deployment", "routing-policy", "fallback-rule"})
+INTENT_KINDS = frozenset({"model", "deployment", "routing-policy", "fallback-rule", "tiered-route"})
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Intent:
     deployments: dict[str, DeploymentSpec]
     routing_policies: dict[str, RoutingPolicySpec]
     fallback_rules: dict[str, FallbackRuleSpec]
+    tiered_routes: dict[str, TieredRouteSpec] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, revision: int, doc: dict[str, Any]) -> Intent:
@@ -48,6 +50,8 @@ class Intent:
              for n, v in doc.get("routing_policies", {}).items()},
             {n: FallbackRuleSpec.model_validate(v)
              for n, v in doc.get("fallback_rules", {}).items()},
+            {n: TieredRouteSpec.model_validate(v)
+             for n, v in doc.get("tiered_routes", {}).items()},
         )  # fmt: skip
 
 
@@ -82,6 +86,7 @@ def compose(state: FleetState, intent: Intent) -> FleetState:
                 if p.model in models and (p.region is None or p.region in regions)
             },
             "fallback_rules": rules,
+            "tiered_routes": intent.tiered_routes,
         }
     )
 

@@ -992,6 +992,7 @@ class Snapshot(_message.Message):
     PEER_LOAD_FIELD_NUMBER: _builtins.int
     SIGNING_KEY_FIELD_NUMBER: _builtins.int
     TRUSTED_FIELD_NUMBER: _builtins.int
+    TIERED_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     digest: _builtins.str
     """sha256 of the content (everything but revision, digest and peer_load)."""
@@ -1029,6 +1030,10 @@ class Snapshot(_message.Message):
         with.
         """
 
+    @_builtins.property
+    def tiered(self) -> _containers.RepeatedCompositeFieldContainer[Global___TieredRoute]:
+        """Virtual models answered by one of their tiers."""
+
     def __init__(
         self,
         *,
@@ -1046,14 +1051,164 @@ class Snapshot(_message.Message):
         peer_load: _abc.Iterable[Global___PeerLoad] | None = ...,
         signing_key: Global___SigningKey | None = ...,
         trusted: _abc.Iterable[Global___TrustedRegion] | None = ...,
+        tiered: _abc.Iterable[Global___TieredRoute] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["region", b"region", "signing_key", b"signing_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "signing_key", b"signing_key", "tenants", b"tenants", "trusted", b"trusted", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "signing_key", b"signing_key", "tenants", b"tenants", "tiered", b"tiered", "trusted", b"trusted", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Snapshot: _TypeAlias = Snapshot  # noqa: Y015
+
+@_typing.final
+class TieredRoute(_message.Message):
+    """A virtual model: each request is answered by one of its tiers, real models the region
+    serves, cheapest first.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TIERS_FIELD_NUMBER: _builtins.int
+    CLASSIFIER_FIELD_NUMBER: _builtins.int
+    EXTERNAL_FIELD_NUMBER: _builtins.int
+    CASCADE_FIELD_NUMBER: _builtins.int
+    CAPACITY_MOVES_FIELD_NUMBER: _builtins.int
+    CONVERSATION_TTL_S_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    capacity_moves: _builtins.bool
+    """A request whose tier would break its SLO moves to the next tier."""
+    conversation_ttl_s: _builtins.int
+    @_builtins.property
+    def tiers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def classifier(self) -> Global___TierTable:
+        """Unset: the built-in table."""
+
+    @_builtins.property
+    def external(self) -> Global___TierExternal: ...
+    @_builtins.property
+    def cascade(self) -> Global___TierCascade:
+        """Unset: no cascade."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        tiers: _abc.Iterable[_builtins.str] | None = ...,
+        classifier: Global___TierTable | None = ...,
+        external: Global___TierExternal | None = ...,
+        cascade: Global___TierCascade | None = ...,
+        capacity_moves: _builtins.bool = ...,
+        conversation_ttl_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cascade", b"cascade", "classifier", b"classifier", "external", b"external"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_moves", b"capacity_moves", "cascade", b"cascade", "classifier", b"classifier", "conversation_ttl_s", b"conversation_ttl_s", "external", b"external", "name", b"name", "tiers", b"tiers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TieredRoute: _TypeAlias = TieredRoute  # noqa: Y015
+
+@_typing.final
+class TierTable(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class WeightsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    BIAS_FIELD_NUMBER: _builtins.int
+    WEIGHTS_FIELD_NUMBER: _builtins.int
+    THRESHOLDS_FIELD_NUMBER: _builtins.int
+    bias: _builtins.float
+    @_builtins.property
+    def weights(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    @_builtins.property
+    def thresholds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Ascending, one fewer than the tiers."""
+
+    def __init__(
+        self,
+        *,
+        bias: _builtins.float = ...,
+        weights: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        thresholds: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bias", b"bias", "thresholds", b"thresholds", "weights", b"weights"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TierTable: _TypeAlias = TierTable  # noqa: Y015
+
+@_typing.final
+class TierExternal(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    BUDGET_MS_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    budget_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        budget_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_ms", b"budget_ms", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TierExternal: _TypeAlias = TierExternal  # noqa: Y015
+
+@_typing.final
+class TierCascade(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIGNALS_FIELD_NUMBER: _builtins.int
+    MIN_MEAN_LOGPROB_FIELD_NUMBER: _builtins.int
+    BUFFER_STREAMS_FIELD_NUMBER: _builtins.int
+    min_mean_logprob: _builtins.float
+    buffer_streams: _builtins.bool
+    @_builtins.property
+    def signals(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """invalid_json | tool_schema | length | low_logprob"""
+
+    def __init__(
+        self,
+        *,
+        signals: _abc.Iterable[_builtins.str] | None = ...,
+        min_mean_logprob: _builtins.float = ...,
+        buffer_streams: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffer_streams", b"buffer_streams", "min_mean_logprob", b"min_mean_logprob", "signals", b"signals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TierCascade: _TypeAlias = TierCascade  # noqa: Y015
 
 @_typing.final
 class SigningKey(_message.Message):
@@ -1649,6 +1804,8 @@ class TenantGrant(_message.Message):
     DISABLED_FIELD_NUMBER: _builtins.int
     QUOTA_REQUESTS_PER_MINUTE_FIELD_NUMBER: _builtins.int
     QUOTA_TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    TIERING_FIELD_NUMBER: _builtins.int
+    TIER_FLOOR_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tier: _builtins.str
     requests_per_minute: _builtins.int
@@ -1666,6 +1823,10 @@ class TenantGrant(_message.Message):
     quota_requests_per_minute: _builtins.int
     """Its global quotas, which leases (see Leases) are shares of."""
     quota_tokens_per_minute: _builtins.int
+    tiering: _builtins.bool
+    """Its requests to a tiered route may go to a cheaper tier; else the strongest."""
+    tier_floor: _builtins.str
+    """A model below which its tiered requests never go."""
     @_builtins.property
     def allowed_jurisdictions(self) -> Global___Jurisdictions:
         """Unset: any jurisdiction."""
@@ -1687,10 +1848,12 @@ class TenantGrant(_message.Message):
         disabled: _builtins.bool = ...,
         quota_requests_per_minute: _builtins.int | None = ...,
         quota_tokens_per_minute: _builtins.int | None = ...,
+        tiering: _builtins.bool = ...,
+        tier_floor: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier_floor", b"tier_floor", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "disabled", b"disabled", "name", b"name", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "disabled", b"disabled", "name", b"name", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tier_floor", b"tier_floor", "tiering", b"tiering", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__quota_requests_per_minute: _TypeAlias = _typing.Literal["quota_requests_per_minute"]  # noqa: Y015
     _WhichOneofArgType__quota_requests_per_minute: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute"]  # noqa: Y015
@@ -1700,6 +1863,8 @@ class TenantGrant(_message.Message):
     _WhichOneofArgType__requests_per_minute: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute"]  # noqa: Y015
     _WhichOneofReturnType__requests_per_minute_share: _TypeAlias = _typing.Literal["requests_per_minute_share"]  # noqa: Y015
     _WhichOneofArgType__requests_per_minute_share: _TypeAlias = _typing.Literal["_requests_per_minute_share", b"_requests_per_minute_share"]  # noqa: Y015
+    _WhichOneofReturnType__tier_floor: _TypeAlias = _typing.Literal["tier_floor"]  # noqa: Y015
+    _WhichOneofArgType__tier_floor: _TypeAlias = _typing.Literal["_tier_floor", b"_tier_floor"]  # noqa: Y015
     _WhichOneofReturnType__tokens_per_minute: _TypeAlias = _typing.Literal["tokens_per_minute"]  # noqa: Y015
     _WhichOneofArgType__tokens_per_minute: _TypeAlias = _typing.Literal["_tokens_per_minute", b"_tokens_per_minute"]  # noqa: Y015
     _WhichOneofReturnType__tokens_per_minute_share: _TypeAlias = _typing.Literal["tokens_per_minute_share"]  # noqa: Y015
@@ -1712,6 +1877,8 @@ class TenantGrant(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__requests_per_minute) -> _WhichOneofReturnType__requests_per_minute | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__requests_per_minute_share) -> _WhichOneofReturnType__requests_per_minute_share | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tier_floor) -> _WhichOneofReturnType__tier_floor | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens_per_minute) -> _WhichOneofReturnType__tokens_per_minute | None: ...
     @_typing.overload
