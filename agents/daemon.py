@@ -199,6 +199,7 @@ class Agent:
             "quota_leases": self.gateway.quotas.status(),
             "faults": dict(self.gateway.faults),
             "quality": self.gateway.quality.status() | {"canaries": self.prober.status()},
+            "tiers": self.gateway.tiers.status(),
             "migrations": [  # streams carried on after their worker failed, or not
                 {"model": m, "to": to, "why": why, "count": n}
                 for (m, to, why), n in sorted(self.gateway.carrier.migrations.items())
@@ -230,6 +231,9 @@ class Agent:
             migrations=dict(gateway.carrier.migrations),
             quality=dict(gateway.quality.counts),
             held=gateway.quality.held_states(),
+            tiered=dict(gateway.tiers.answered),
+            tier_moves=dict(gateway.tiers.moves),
+            cascades=dict(gateway.tiers.cascades),
         )
 
     async def telemetry(self) -> pb.Telemetry:

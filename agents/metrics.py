@@ -176,6 +176,9 @@ def state_families(
     migrations: dict[tuple[str, str, str], int] | None = None,
     quality: dict[tuple[str, str, str, str], int] | None = None,
     held: dict[tuple[str, str], str] | None = None,
+    tiered: dict[tuple[str, str, str], int] | None = None,
+    tier_moves: dict[tuple[str, str, str, str], int] | None = None,
+    cascades: dict[tuple[str, str], int] | None = None,
 ) -> list[Metric]:
     """Meridian's families that the agent's state holds, built on the event loop."""
     out: list[Metric] = []
@@ -235,4 +238,28 @@ def state_families(
                                 labels=["model", "worker", "state"])  # fmt: skip
     for (model, worker), state in sorted((held or {}).items()):
         holding.add_metric([model, worker, state], 1)
+    out += _tier_families(tiered or {}, tier_moves or {}, cascades or {})
     return [*out, queue, refused, chosen, flows, states, ours, repaired, carried, judged, holding]
+
+
+def _tier_families(
+    tiered: dict[tuple[str, str, str], int],
+    moves: dict[tuple[str, str, str, str], int],
+    cascades: dict[tuple[str, str], int],
+) -> list[Metric]:
+    answered = CounterMetricFamily("meridian_tier_requests", "Requests to tiered routes, by "
+                                   "the tier (model) that answered and why it did",
+                                   labels=["route", "model", "why"])  # fmt: skip
+    for (route, model, why), n in sorted(tiered.items()):
+        answered.add_metric([route, model, why], n)
+    moved = CounterMetricFamily("meridian_tier_moves", "Tiered requests moved off the tier "
+                                "first chosen: under load (capacity) or by a cascade",
+                                labels=["route", "from_model", "to_model", "why"])  # fmt: skip
+    for (route, came, went, why), n in sorted(moves.items()):
+        moved.add_metric([route, came, went, why], n)
+    cascaded = CounterMetricFamily("meridian_tier_cascades", "Cheaper tiers' answers asked "
+                                   "again of the strongest, by failure signal",
+                                   labels=["route", "signal"])  # fmt: skip
+    for (route, signal), n in sorted(cascades.items()):
+        cascaded.add_metric([route, signal], n)
+    return [answered, moved, cascaded]

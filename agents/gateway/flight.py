@@ -16,6 +16,7 @@ from agents.control.compile import FallbackChain, ModelConfig, RouteConfig, Tena
 from agents.gateway.migration import Continuation, Transcript
 from agents.gateway.relay import Usage
 from agents.gateway.requests import Inference
+from agents.gateway.tiers import TierChoice
 from agents.gateway.upstream import Answer
 from agents.metrics import Served
 from agents.router.policies import RouteRequest
@@ -87,6 +88,7 @@ class Flight:
     stream: Stream | None = None
     upstream: Answer | None = None  # the answer being relayed to the client
     answer: tuple[web.StreamResponse, Usage] | None = None  # what the client got
+    tier: TierChoice | None = None  # a tiered route's request: its tier, and why
 
     @property
     def tenant(self) -> Tenant:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from agents.control.compile import ModelConfig
+from agents.control.compile import ModelConfig, RegionConfig, TieredRouteConfig
 from agents.gateway import auth
 from agents.gateway.errors import SERVER, GatewayError, ModelNotFound
 from agents.gateway.relay import new_id
@@ -19,6 +19,8 @@ async def list_models(gateway: Gateway, request: web.Request) -> web.Response:
         auth.caller(request.headers.get("Authorization"), config, gateway.operator_token)
         models = sorted(config.models.values(), key=lambda m: m.name)
         data = [_model_object(m, gateway.created) for m in models]
+        data += [_tiered_object(t, config, gateway.created)
+                 for _, t in sorted(config.tiered.items())]  # fmt: skip
         return _json({"object": "list", "data": data}, config.region)
     except GatewayError as error:
         return error.response(gateway.headers(new_id()))
@@ -28,10 +30,14 @@ async def retrieve_model(gateway: Gateway, request: web.Request) -> web.Response
     try:
         config = gateway.config_or_refuse()
         auth.caller(request.headers.get("Authorization"), config, gateway.operator_token)
-        model = config.models.get(request.match_info["model"])
-        if model is None:
+        name = request.match_info["model"]
+        model = config.models.get(name)
+        if model is not None:
+            return _json(_model_object(model, gateway.created), config.region)
+        tiered = config.tiered.get(name)
+        if tiered is None:
             raise ModelNotFound(f"no such model in region {config.region}", param="model")
-        return _json(_model_object(model, gateway.created), config.region)
+        return _json(_tiered_object(tiered, config, gateway.created), config.region)
     except GatewayError as error:
         return error.response(gateway.headers(new_id()))
 
@@ -39,6 +45,16 @@ async def retrieve_model(gateway: Gateway, request: web.Request) -> web.Response
 def _model_object(model: ModelConfig, created: int) -> dict[str, object]:
     return {"id": model.name, "object": "model", "created": created, "owned_by": "meridian",
             "root": model.name, "max_model_len": model.context_length}  # fmt: skip
+
+
+def _tiered_object(
+    route: TieredRouteConfig, config: RegionConfig, created: int
+) -> dict[str, object]:
+    """A tiered route, as a model whose answers name the tier that gave them."""
+    strongest = config.models[route.tiers[-1]]
+    return {"id": route.name, "object": "model", "created": created, "owned_by": "meridian",
+            "root": route.name, "max_model_len": strongest.context_length,
+            "tiers": list(route.tiers)}  # fmt: skip
 
 
 def _json(doc: object, region: str) -> web.Response:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from agents.control.compile import ModelConfig, RegionConfig
+from agents.control.compile import ModelConfig, RegionConfig, TieredRouteConfig
 from agents.gateway import schema
 from agents.gateway.errors import (
     BadRequest,
@@ -77,6 +77,10 @@ class Inference:
     json_wanted: bool = False  # response_format: a JSON object or schema (the quality guard)
     # the tools offered: name -> its parameters' JSON schema, or None (the quality guard)
     tools: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+    needs: frozenset[str] = frozenset()  # the capabilities it asks of a model (tools, vision)
+    tiered: TieredRouteConfig | None = None  # asked of a tiered route (a virtual model)
+    doc: dict[str, Any] | None = None  # the body, parsed: kept for a tiered request only
+    extra: bytes = b""  # fields the gateway adds to what the engine gets ('"name":value,')
 
     def tokens(self, tokenizer: PromptTokenizer) -> bytes:
         """The prompt as the engine's token ids, four bytes a token (as `key` for ids)."""
@@ -90,7 +94,7 @@ class Inference:
         """The client's body (or `body`, made from it) with `rid` (and `extra` fields) put in
         front; the client's own fields come later and so win where they repeat a name (as JSON
         parsers read it)."""
-        head = b'{"rid":' + orjson.dumps(rid) + b","
+        head = b'{"rid":' + orjson.dumps(rid) + b"," + self.extra
         if self.stream and not self.native and not self.has_stream_options:
             head += b'"stream_options":{"include_usage":true},'
         return head + extra + (self.body if body is None else body).lstrip()[1:]
@@ -104,12 +108,18 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
     if not isinstance(body, dict) or not body:
         raise BadRequest("the body must be a JSON object")
     native = path == "/generate"
-    model = _model(body, config, native)
+    name = body.get("model")
+    tiered = config.tiered.get(name) if isinstance(name, str) and not native else None
+    # a tiered request is checked against its strongest tier; its tier is chosen next
+    model = config.models[tiered.tiers[-1]] if tiered is not None else _model(body, config, native)
     try:
-        return _parsed(path, raw, body, model, native), model
+        inference = _parsed(path, raw, body, model, native)
     except GatewayError as error:
         error.model = model.name  # a refusal of the model's: counted as its
         raise
+    if tiered is not None:
+        inference.tiered, inference.doc = tiered, body
+    return inference, model
 
 
 def _parsed(
@@ -117,8 +127,9 @@ def _parsed(
 ) -> Inference:
     params = schema.checked(path, body)
     messages = None
+    needs: frozenset[str] = frozenset()
     if isinstance(params, schema.ChatParams):
-        key = _chat_key(body, model, params)
+        key, needs = _chat_key(body, model, params)
         messages = body["messages"]
         max_new = _first(params.max_completion_tokens, params.max_tokens)
     elif isinstance(params, schema.CompletionParams):
@@ -138,6 +149,7 @@ def _parsed(
         "stream_options" in body, native, messages=messages, text=text,
         key_is_tokens=messages is None and text is None, max_new=max_new,
         json_wanted=_json_wanted(body.get("response_format")), tools=_tools(body),
+        needs=needs,
     )  # fmt: skip
     return inference
 
@@ -194,12 +206,18 @@ def _model(body: dict[str, Any], config: RegionConfig, native: bool) -> ModelCon
     return model
 
 
-def _chat_key(body: dict[str, Any], model: ModelConfig, params: schema.ChatParams) -> bytes:
+def _chat_key(
+    body: dict[str, Any], model: ModelConfig, params: schema.ChatParams
+) -> tuple[bytes, frozenset[str]]:
+    """The prompt as the index keys it, and the capabilities it needs of a model."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", param="messages")
-    if (params.tools or body.get("functions")) and "tools" not in model.capabilities:
-        raise CapabilityMissing(f"{model.name} does not take tools", param="tools")
+    needs = set()
+    if params.tools or body.get("functions"):
+        if "tools" not in model.capabilities:
+            raise CapabilityMissing(f"{model.name} does not take tools", param="tools")
+        needs.add("tools")
     parts: list[str] = []
     for message in messages:
         if not isinstance(message, dict) or message.get("role") not in schema.ROLES:
@@ -214,14 +232,18 @@ def _chat_key(body: dict[str, Any], model: ModelConfig, params: schema.ChatParam
             for part in content:
                 if not isinstance(part, dict):
                     raise BadRequest("content parts must be objects", param="messages")
-                if part.get("type") in IMAGE_PARTS and "vision" not in model.capabilities:
-                    raise CapabilityMissing(f"{model.name} does not take images", param="messages")
+                if part.get("type") in IMAGE_PARTS:
+                    if "vision" not in model.capabilities:
+                        raise CapabilityMissing(
+                            f"{model.name} does not take images", param="messages"
+                        )
+                    needs.add("vision")
                 text = part.get("text")
                 if isinstance(text, str):
                     parts.append(text)
         elif content is not None:
             raise BadRequest("content must be a string or a list of parts", param="messages")
-    return "\n".join(parts).encode()
+    return "\n".join(parts).encode(), frozenset(needs)
 
 
 def _prompt_key(prompt: str | list[str] | list[int] | list[list[int]]) -> bytes:

@@ -59,6 +59,7 @@ from agents.gateway.quotas import Charge, Quotas, uncharged
 from agents.gateway.receipts import Receipts
 from agents.gateway.relay import FIRST_AT, Broken, Cut, Retry, Usage, new_id
 from agents.gateway.requests import DEFAULT_LIMITS, Limits, check_context, parse, read_body
+from agents.gateway.tiers import TIER_HEADER, Tiers, without_logprobs
 from agents.gateway.upstream import Upstream
 from agents.metrics import OPERATIONS, RequestMetrics, Served
 from agents.quality.runtime import Quality
@@ -101,6 +102,7 @@ class Gateway:
         self.quality = Quality(router.table, router.views)
         self.calls.quality = self.quality if quality_guard else None
         self.carrier = Carrier(clock=clock)
+        self.tiers = Tiers(clock)
         self.forwarder = Forwarder(self.escalations, self._upstream, self.carrier, clock)
         self._load: dict[str, tuple[float | None, int]] = {}  # model: (best TTFT, serving)
         self.metrics = RequestMetrics(lambda: self.config.region if self.config else "")
@@ -114,6 +116,7 @@ class Gateway:
 
     async def close(self) -> None:
         await self._upstream.close()
+        await self.tiers.close()
 
     async def audit_forever(self, every_s: float = AUDIT_EVERY_S) -> None:
         """The router's books checked against the engines' (agents/router/audit.py), and the
@@ -222,9 +225,13 @@ class Gateway:
         body = await read_body(request, self.limits)
         caller = self.authenticate(request, config, body, request_id, served)
         flight = self.parse(request, config, body, caller, request_id, headers, served, arrived)
+        if flight.inference.tiered is not None:
+            await self.tier(flight)
         # everything above only reads; from here on what is taken is held by `with`
         with self.admit(flight) as charge:
             response, usage = await self.serve(flight)
+            if flight.tier is not None:
+                response, usage = await self.cascade(flight, response, usage)
             if usage.prompt_tokens is not None:
                 charge.used = usage.prompt_tokens + (usage.completion_tokens or 0)
         served.prompt_tokens, served.cached_tokens = usage.prompt_tokens, usage.cached_tokens
@@ -278,6 +285,137 @@ class Gateway:
             model, route_request, route, chain,
         )  # fmt: skip
 
+    async def tier(self, flight: Flight) -> None:
+        """A tiered route's request: the tier it starts on (agents/gateway/tiers.py)."""
+        inference, config = flight.inference, self.config_or_refuse()
+        route = inference.tiered
+        assert route is not None
+        choice = await self.tiers.choose(
+            route, flight.tenant, flight.tenant is OPERATOR, inference,
+            flight.route_request.prompt_tokens, config.models,
+        )  # fmt: skip
+        flight.tier = choice
+        cascade = route.cascade
+        if (
+            cascade is not None
+            and "low_logprob" in cascade.signals
+            and choice.index < choice.top
+            and not inference.stream
+            and choice.doc is not None
+            and "logprobs" not in choice.doc
+        ):  # the cheaper tier's answer is judged by its log-probabilities, not shown them
+            inference.extra = (
+                b'"logprobs":true,' if inference.messages is not None else (b'"logprobs":1,')
+            )
+        self.retier(flight, choice.index)
+
+    def retier(self, flight: Flight, index: int) -> None:
+        """Put the tiered request on tier `index`: its model, route, fallback rule and body
+        (re-encoded with the tier's model name); raises for a tier it does not fit."""
+        choice, config, inference = flight.tier, self.config_or_refuse(), flight.inference
+        assert choice is not None
+        assert choice.doc is not None
+        model = config.models[choice.route.tiers[index]]
+        route_request = self.router.request(
+            model.name, inference.key, inference.tokens, inference.max_new
+        )
+        check_context(model, route_request.prompt_tokens, inference.max_new)
+        route = config.routes.get(model.name)
+        if route is None:
+            raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
+        choice.index = index
+        inference.model = flight.served.model = model.name
+        inference.body = flight.body = orjson.dumps(choice.doc | {"model": model.name})
+        flight.model, flight.route_request, flight.route = model, route_request, route
+        if flight.caller.came_from is None:
+            flight.chain = config.chain(model.name, flight.tenant.tier)
+        flight.headers[TIER_HEADER] = choice.header()
+
+    async def by_capacity(self, flight: Flight) -> Decision | None:
+        """A tiered request whose tier would break its SLO, moved to the next tier that would
+        not (down to its floor, then up); None when every tier would (it then waits on its
+        own tier, is refused or escalates, as any request)."""
+        choice = flight.tier
+        assert choice is not None
+        start, order = choice.index, choice.order()
+        if not choice.route.capacity_moves or len(order) < 2:
+            return None
+        full: list[str] = []
+        for index in order:
+            try:
+                if index != choice.index:
+                    self.retier(flight, index)
+            except GatewayError:
+                continue  # a tier it does not fit (its context): not one to move to
+            route = flight.route
+            over = EscalateOver(route.slo_ttft_s, None) if route.slo_ttft_s else None
+            try:
+                decision = await self.admission.place(
+                    route, flight.route_request, flight.tried, flight.since, over
+                )
+            except (Escalate, QueueFull, NoHealthyWorker) as why:
+                full.append(f"{route.model}: {why}")
+                continue
+            if index != start:
+                way = "down" if index < start else "up"
+                reason = "; ".join(full)
+                choice.index = start
+                self.tiers.moved(choice, index, "capacity", f"moved {way}: {reason}")
+                flight.headers[TIER_HEADER] = choice.header()
+            return decision
+        if choice.index != start:
+            self.retier(flight, start)
+        return None
+
+    async def cascade(
+        self, flight: Flight, response: web.StreamResponse, usage: Usage
+    ) -> tuple[web.StreamResponse, Usage]:
+        """A cheaper tier's whole answer that shows one of the route's failure signals is asked
+        again of the strongest tier, once; the client sees one answer. Log-probabilities the
+        gateway asked for, and the client did not, are taken out of the answer it keeps."""
+        choice, inference = flight.tier, flight.inference
+        assert choice is not None
+        cascade = choice.route.cascade
+        data = response.body if isinstance(response, web.Response) else None
+        whole = isinstance(data, bytes) and response.status == 200
+        if whole and inference.extra:
+            assert isinstance(response, web.Response)
+            assert isinstance(data, bytes)
+            response.body = without_logprobs(data)
+        if not whole or cascade is None or choice.index == choice.top or inference.stream:
+            if response.status < 400:
+                self.tiers.settled(choice)
+            return response, usage
+        assert isinstance(data, bytes)
+        signal = self.tiers.signal(cascade, data, inference)
+        if signal is None:
+            self.tiers.settled(choice)
+            return response, usage
+        came = choice.model
+        self.tiers.cascades[choice.route.name, signal] += 1
+        inference.extra = b""
+        try:
+            self.retier(flight, choice.top)
+        except GatewayError:
+            self.tiers.settled(choice)
+            return response, usage  # the strongest cannot take it: the answer stands
+        self.tiers.moved(choice, choice.top, "cascade", f"{came}: {signal}")
+        choice.cascaded = signal
+        flight.headers[TIER_HEADER] = choice.header()
+        flight.answer, flight.since = None, self.clock()
+        flight.attempts.clear()
+        flight.tried.clear()
+        flight.failures = flight.broken = 0
+        try:
+            answered = await self.serve(flight)
+        except GatewayError as error:
+            log.warning("request %s: the cascade to %s failed: %s", flight.id, choice.model,
+                        error.message, extra={"request_id": flight.id})  # fmt: skip
+            return response, usage  # the cheaper tier's answer stands
+        if answered[0].status < 400:
+            self.tiers.settled(choice)
+        return answered
+
     def admit(self, flight: Flight) -> Charge:
         """The tenant's quota: held until the answer settles it. A peer's request was counted
         there; the operator's is not counted."""
@@ -318,6 +456,10 @@ class Gateway:
     async def choose(self, flight: Flight) -> Decision | None:
         """The router's choice, through admission; None when a peer took the request instead
         (overload or failure, where the fallback rule allows)."""
+        if flight.tier is not None and not flight.attempts and flight.tier.cascaded is None:
+            decision = await self.by_capacity(flight)
+            if decision is not None:
+                return decision
         chain, route = flight.chain, flight.route
         triggers = chain.triggers if chain is not None else ()
         over = None
@@ -363,7 +505,9 @@ class Gateway:
         out = self._answer_headers(flight.headers, model, served)
         if flight.caller.debug:
             queued_ms = round((self.clock() - flight.since) * 1000, 1)  # in admission
-            extra = {"attempt": len(flight.attempts), "queued_ms": queued_ms}
+            extra: dict[str, object] = {"attempt": len(flight.attempts), "queued_ms": queued_ms}
+            if flight.tier is not None:
+                extra["tier"] = flight.tier.describe()
             out["x-meridian-route"] = orjson.dumps(
                 decision.describe(chosen.worker.id) | extra
             ).decode()

@@ -85,8 +85,17 @@ def _foreign_share(text: str, prompt: str) -> float:
 
 
 def _invalid(answer: Answer) -> bool:
-    if answer.json_wanted and not answer.tool_calls and not _parses(answer.text):
-        return True
+    return invalid_json(answer) or invalid_tools(answer)
+
+
+def invalid_json(answer: Answer) -> bool:
+    """Asked for as JSON (`response_format`), it does not parse."""
+    return answer.json_wanted and not answer.tool_calls and not _parses(answer.text)
+
+
+def invalid_tools(answer: Answer) -> bool:
+    """A tool call names a tool not offered, or its arguments do not parse or break the
+    tool's parameters schema."""
     for name, arguments in answer.tool_calls:
         if name not in answer.tools_offered or not _parses(arguments):
             return True

@@ -53,6 +53,9 @@ SHUTDOWN_GRACE_S = 5
 @click.option("--hang", is_flag=True, help="start hung: no step runs, /health never answers")
 @click.option("--crash-after-s", type=float, default=None, help="exit abruptly after this long")
 @click.option("--seed", type=int, default=0)
+@click.option("--fail-marker", default=None,
+              help="requests whose prompt holds <marker>:json|tool|length|logprob answer "
+              "wrong that way (tiered routes' cascades are tested with it)")  # fmt: skip
 def sim_command(**options: Any) -> None:
     """Serve SGLang's HTTP API from a calibrated simulator (no GPU, no weights).
 

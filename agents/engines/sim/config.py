@@ -47,6 +47,10 @@ class SimConfig(BaseModel):
     hang: bool = False
     crash_after_s: float | None = Field(default=None, ge=0)
     seed: int = 0
+    fail_marker: str | None = Field(
+        default=None, min_length=1, max_length=64,
+        description="requests whose prompt holds <marker>:json|tool|length|logprob fail so",
+    )  # fmt: skip
 
     @property
     def role(self) -> Literal["unified", "prefill", "decode"]:

@@ -36,6 +36,9 @@ class OpenAiBody(Body):
     max_tokens: int | None = Field(default=None, ge=0)
     max_completion_tokens: int | None = Field(default=None, ge=0)
     stream_options: StreamOptions | None = None
+    logprobs: bool | int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
 
     @property
     def limit(self) -> int:
@@ -61,17 +64,82 @@ class CompletionBody(OpenAiBody):
     prompt: str | list[str] | list[int]
 
 
+FAILS = ("json", "tool", "length", "logprob")
+WEAK_SHIFT = 8.0  # a marked `logprob` failure: log-probabilities this much lower
+
+
+def weakness(marker: str | None, prompt: str) -> str | None:
+    """How a request marked `<marker>:<way>` in its prompt fails on this engine (started with
+    --fail-marker): `json` (an answer asked for as JSON is not), `tool` (a call to a tool it
+    was not offered), `length` (it ends on the length cap: the engine's other whole answers
+    end as on their end token, `stop`), `logprob` (its tokens' log probabilities are low).
+    Tiered routes' cascades are tested with it."""
+    if marker is None:
+        return None
+    at = prompt.find(marker + ":")
+    if at < 0:
+        return None
+    rest = prompt[at + len(marker) + 1 :]
+    return next((way for way in FAILS if rest.startswith(way)), None)
+
+
 class Shape:
     """What differs between chat and completions: object names and where the text goes."""
 
     def __init__(
-        self, chat: bool, served: str, report_cache: bool, rid: str | None, after: str
+        self,
+        chat: bool,
+        served: str,
+        report_cache: bool,
+        rid: str | None,
+        after: str,
+        body: OpenAiBody | None = None,
+        fail: str | None = None,
+        marked: bool = False,
     ) -> None:
         self.chat, self.served, self.report_cache = chat, served, report_cache
         # SGLang's answers carry the request's id (`meta_info.id`): the rid, when it is given
         self.id = rid or f"{'chatcmpl' if chat else 'cmpl'}-{time.time_ns():x}"
         self.created = int(time.time())
         self.after = after  # the prompt's text, which the answer's text follows
+        self.fail = fail
+        self.marked = marked
+        form = (body.response_format or {}) if body is not None else {}
+        self.json = form.get("type") in ("json_object", "json_schema") and fail != "json"
+        self.logprobs = bool(body is not None and body.logprobs)
+        self.tools = bool(body is not None and body.tools)
+
+    def whole(self, request: Request, reason: str | None, shift: float) -> dict[str, Any]:
+        """A non-streamed answer's choice: JSON when asked for it, and what a marked request
+        gets wrong."""
+        text = self.text(request, 0, request.generated)
+        if self.json:
+            text = json.dumps({"answer": text})
+        if self.marked and reason == "length":
+            # an engine that fails marked requests ends the others as if on their end token
+            reason = "length" if self.fail == "length" else "stop"
+        choice = self.choice(text, reason, streaming=False, first=True)
+        if self.chat and self.fail == "tool" and self.tools:
+            call = {"name": "no_such_tool", "arguments": "{}"}
+            choice["message"]["tool_calls"] = [{"id": "call_0", "type": "function",
+                                                "function": call}]  # fmt: skip
+            choice["message"]["content"] = None
+            choice["finish_reason"] = "tool_calls"
+        if self.logprobs:
+            if self.fail == "logprob":
+                shift += WEAK_SHIFT
+            ids = request.prompt + request.output[: request.generated]
+            values = tokens.token_logprobs(ids, len(request.prompt), shift)
+            words = [tokens.decode([t], "w") for t in request.output[: request.generated]]
+            if self.chat:
+                choice["logprobs"] = {"content": [
+                    {"token": w, "logprob": v, "bytes": None, "top_logprobs": []}
+                    for w, v in zip(words, values, strict=True)
+                ]}  # fmt: skip
+            else:
+                choice["logprobs"] = {"tokens": words, "token_logprobs": values,
+                                      "text_offset": None, "top_logprobs": None}  # fmt: skip
+        return choice
 
     def text(self, request: Request, start: int, end: int) -> str:
         after = self.after if start == 0 else "w"  # later chunks follow a word of the answer
@@ -108,17 +176,28 @@ class Shape:
 
 
 async def chat(
-    http: HttpRequest, engine: Engine, kv: Kv, served: str, report_cache: bool
+    http: HttpRequest,
+    engine: Engine,
+    kv: Kv,
+    served: str,
+    report_cache: bool,
+    fail_marker: str | None = None,
 ) -> Response:
     body = await parse(http, ChatBody)
     messages = [m.model_dump() for m in body.messages]
     text = tokens.chat_prompt(messages, continue_final=body.continue_final_message)
-    shape = Shape(True, served, report_cache, body.rid, text)
+    fail = weakness(fail_marker, text)
+    shape = Shape(True, served, report_cache, body.rid, text, body, fail, fail_marker is not None)
     return await _answer(engine, kv, body, tokens.encode(text), shape)
 
 
 async def completions(
-    http: HttpRequest, engine: Engine, kv: Kv, served: str, report_cache: bool
+    http: HttpRequest,
+    engine: Engine,
+    kv: Kv,
+    served: str,
+    report_cache: bool,
+    fail_marker: str | None = None,
 ) -> Response:
     body = await parse(http, CompletionBody)
     text = ""
@@ -132,7 +211,8 @@ async def completions(
         prompt = tokens.encode(text)
     else:
         prompt = [int(i) for i in body.prompt]
-    shape = Shape(False, served, report_cache, body.rid, text)
+    fail = weakness(fail_marker, text)
+    shape = Shape(False, served, report_cache, body.rid, text, body, fail, fail_marker is not None)
     return await _answer(engine, kv, body, prompt, shape)
 
 
@@ -147,9 +227,8 @@ async def _answer(
             _stream(engine, request, shape, usage), media_type="text/event-stream"
         )
     await finished(engine, request)
-    text = shape.text(request, 0, request.generated)
     answer = shape.head(streaming=False)
-    answer["choices"] = [shape.choice(text, _reason(request), streaming=False, first=True)]
+    answer["choices"] = [shape.whole(request, _reason(request), engine.faults.shift)]
     answer["usage"] = shape.usage(request)
     return JSONResponse(answer)
 

@@ -151,14 +151,16 @@ class Simulator:
     async def _chat(self, request: HttpRequest) -> Response:
         c = self.config
         return await openai.chat(
-            request, self.engine, self.kv, c.served_model_name, c.enable_cache_report
-        )
+            request, self.engine, self.kv, c.served_model_name, c.enable_cache_report,
+            c.fail_marker,
+        )  # fmt: skip
 
     async def _completions(self, request: HttpRequest) -> Response:
         c = self.config
         return await openai.completions(
-            request, self.engine, self.kv, c.served_model_name, c.enable_cache_report
-        )
+            request, self.engine, self.kv, c.served_model_name, c.enable_cache_report,
+            c.fail_marker,
+        )  # fmt: skip
 
     async def health(self, _request: HttpRequest) -> Response:
         if not self.ready:
