@@ -15,6 +15,7 @@ from agents.engines import gpus
 from agents.engines.metrics import Counters, quantile
 from agents.engines.runner import EngineRunner
 from agents.gateway.receipts import Receipt
+from agents.gateway.tiers import Tiers
 from agents.metrics import Bucketed
 from agents.quality.guard import Event
 from agents.quality.runtime import Quality
@@ -166,6 +167,22 @@ def add_quality(telemetry: pb.Telemetry, quality: Quality) -> None:
             model=model, answers=doc["answers"], flagged=doc["flagged"],
             canaries=[pb.CanaryScore(**c) for c in doc["canaries"]],
         ))  # fmt: skip
+
+
+def add_tiers(telemetry: pb.Telemetry, tiers: Tiers) -> None:
+    """The tiered routes' counts since the agent started."""
+    telemetry.tiers.extend(
+        pb.TierCount(route=r, kind="answered", model=m, why=w, count=n)
+        for (r, m, w), n in sorted(tiers.answered.items())
+    )
+    telemetry.tiers.extend(
+        pb.TierCount(route=r, kind="moved", model=to, from_model=came, why=w, count=n)
+        for (r, came, to, w), n in sorted(tiers.moves.items())
+    )
+    telemetry.tiers.extend(
+        pb.TierCount(route=r, kind="cascade", why=signal, count=n)
+        for (r, signal), n in sorted(tiers.cascades.items())
+    )
 
 
 def _quality_event(event: Event) -> pb.QualityEvent:

@@ -19,6 +19,7 @@ from bench import (
     revocation,
     rollout,
     routing,
+    tiers,
 )
 from bench.propagation import Options, run
 from bench.sim import run as run_sim
@@ -298,5 +299,29 @@ def quality_command(engines: int, streams: int, soak: float, out: Path | None) -
     options = quality.Options(engines=engines, streams=streams, soak_s=soak, out=out, root=root)
     try:
         asyncio.run(quality.run(options))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@bench.command("tiers")
+@click.option("--easy", type=click.FloatRange(0, 1), default=0.6, show_default=True,
+              help="the share of short questions in the mixed workload")  # fmt: skip
+@click.option("--chats", type=click.IntRange(5, 1000), default=40, show_default=True,
+              help="multi-turn conversations (4 turns each)")  # fmt: skip
+@click.option("--judge", default=None, metavar="URL",
+              help="a judge of answers (real engines): POST {messages, cheap, strong} -> "
+              "{as_good}; the share of cheaper answers as good is reported")  # fmt: skip
+@click.option("--judge-sample", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def tiers_command(
+    easy: float, chats: int, judge: str | None, judge_sample: int, out: Path | None
+) -> None:
+    """Tiered routes against the strong model alone, on as many engines: the classifier's cost
+    a request, GPU-seconds saved, capacity at 90% SLO, and the multi-turn cache hit rate."""
+    root = _scratch("tiers")
+    options = tiers.Options(easy=easy, chats=chats, judge=judge, judge_sample=judge_sample,
+                            out=out, root=root)  # fmt: skip
+    try:
+        asyncio.run(tiers.run(options))
     finally:
         shutil.rmtree(root, ignore_errors=True)

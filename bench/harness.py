@@ -69,6 +69,7 @@ async def start_sims(
     speeds: list[float] | None = None,
     log_dir: Path,
     extra: tuple[str, ...] = (),
+    model: str = MODEL,
 ) -> list[Sim]:
     sims = []
     for i in range(count):
@@ -77,7 +78,7 @@ async def start_sims(
         events = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port + KV_EVENTS_PORT_OFFSET}",
                   "topic": "kv-events"}  # fmt: skip
         args = [
-            "--model", MODEL, "--port", str(port),
+            "--model", model, "--port", str(port),
             "--max-total-tokens", str(max_total_tokens),
             "--stream-interval", str(stream_interval),
             "--speed-factor", str(speed),
@@ -85,7 +86,7 @@ async def start_sims(
             "--kv-events-config", json.dumps(events),
             "--enable-metrics", "--enable-cache-report", *extra,
         ]  # fmt: skip
-        log = (log_dir / f"sim-{i}.log").open("wb")
+        log = (log_dir / f"sim-{model}-{i}.log").open("wb")
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "meridian", "sim", *args, stdout=log, stderr=log
         )

@@ -90,8 +90,10 @@ def conversations(
 
 
 class Client:
-    def __init__(self, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, headers: dict[str, str] | None = None, model: str = MODEL) -> None:
         self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self.model = model
+        self.tiers: Counter[str] = Counter()  # the tier (x-meridian-tier's model) of each answer
         connector = aiohttp.TCPConnector(limit=0, force_close=True)  # a fresh connection each
         self.session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=600)
@@ -109,7 +111,7 @@ class Client:
 
     async def _chat(self, url: str, req: Req) -> Result:
         body = orjson.dumps({
-            "model": MODEL, "messages": req.messages, "max_tokens": req.max_tokens,
+            "model": self.model, "messages": req.messages, "max_tokens": req.max_tokens,
             "stream": True, "stream_options": {"include_usage": True},
         })  # fmt: skip
         sent = time.perf_counter()
@@ -120,6 +122,9 @@ class Client:
                 f"{url}/v1/chat/completions", data=body, headers=self.headers
             ) as response:
                 region = response.headers.get("x-meridian-region", "")
+                tier = response.headers.get("x-meridian-tier")
+                if tier is not None:
+                    self.tiers[tier.split(";", 1)[0]] += 1
                 if response.status != 200:
                     return Result(response.status, error=(await response.text())[:200])
                 buffer = b""

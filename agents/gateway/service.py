@@ -59,7 +59,7 @@ from agents.gateway.quotas import Charge, Quotas, uncharged
 from agents.gateway.receipts import Receipts
 from agents.gateway.relay import FIRST_AT, Broken, Cut, Retry, Usage, new_id
 from agents.gateway.requests import DEFAULT_LIMITS, Limits, check_context, parse, read_body
-from agents.gateway.tiers import TIER_HEADER, Tiers, without_logprobs
+from agents.gateway.tiers import TIER_HEADER, Tiers, as_stream, without_logprobs
 from agents.gateway.upstream import Upstream
 from agents.metrics import OPERATIONS, RequestMetrics, Served
 from agents.quality.runtime import Quality
@@ -295,18 +295,7 @@ class Gateway:
             flight.route_request.prompt_tokens, config.models,
         )  # fmt: skip
         flight.tier = choice
-        cascade = route.cascade
-        if (
-            cascade is not None
-            and "low_logprob" in cascade.signals
-            and choice.index < choice.top
-            and not inference.stream
-            and choice.doc is not None
-            and "logprobs" not in choice.doc
-        ):  # the cheaper tier's answer is judged by its log-probabilities, not shown them
-            inference.extra = (
-                b'"logprobs":true,' if inference.messages is not None else (b'"logprobs":1,')
-            )
+        choice.streamed = inference.stream
         self.retier(flight, choice.index)
 
     def retier(self, flight: Flight, index: int) -> None:
@@ -325,7 +314,24 @@ class Gateway:
             raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
         choice.index = index
         inference.model = flight.served.model = model.name
-        inference.body = flight.body = orjson.dumps(choice.doc | {"model": model.name})
+        changes: dict[str, object] = {"model": model.name}
+        cascade, cheaper = choice.route.cascade, index < choice.top and choice.cascaded is None
+        # a stream the cascade may judge is asked whole of a cheaper tier, and streamed to the
+        # client once judged; the strongest tier's streams as asked
+        inference.stream = choice.streamed and not (cheaper and choice.buffers)
+        if choice.streamed and not inference.stream:
+            changes |= {"stream": False, "stream_options": None}
+        inference.extra = b""
+        if (
+            cheaper
+            and cascade is not None
+            and "low_logprob" in cascade.signals
+            and not inference.stream
+            and "logprobs" not in choice.doc
+        ):  # a cheaper tier's answer is judged by its log-probabilities, not shown them
+            logprobs = b"true" if inference.messages is not None else b"1"
+            inference.extra = b'"logprobs":' + logprobs + b","
+        inference.body = flight.body = orjson.dumps(choice.doc | changes)
         flight.model, flight.route_request, flight.route = model, route_request, route
         if flight.caller.came_from is None:
             flight.chain = config.chain(model.name, flight.tenant.tier)
@@ -390,6 +396,8 @@ class Gateway:
         signal = self.tiers.signal(cascade, data, inference)
         if signal is None:
             self.tiers.settled(choice)
+            if choice.streamed:  # judged whole: now streamed to the client
+                return as_stream(response, inference, choice.wants_usage), usage
             return response, usage
         came = choice.model
         self.tiers.cascades[choice.route.name, signal] += 1
@@ -411,6 +419,8 @@ class Gateway:
         except GatewayError as error:
             log.warning("request %s: the cascade to %s failed: %s", flight.id, choice.model,
                         error.message, extra={"request_id": flight.id})  # fmt: skip
+            if choice.streamed:
+                return as_stream(response, inference, choice.wants_usage), usage
             return response, usage  # the cheaper tier's answer stands
         if answered[0].status < 400:
             self.tiers.settled(choice)

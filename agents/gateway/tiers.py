@@ -32,6 +32,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import web
 
 from agents.control.compile import Cascade, ModelConfig, Tenant, TieredRouteConfig
 from agents.gateway.requests import Inference
@@ -58,6 +59,9 @@ class TierChoice:
     remember: bytes | None = None  # the conversation's key once this turn is answered
     doc: dict[str, Any] | None = None  # the body, parsed, to re-encode for another tier
     cascaded: str | None = None  # the signal that had the strongest tier answer
+    streamed: bool = False  # the client asked for a stream
+    buffers: bool = False  # a cheaper tier's stream is asked whole, judged, then streamed
+    wants_usage: bool = False  # the client asked for the stream's usage chunk
 
     @property
     def model(self) -> str:
@@ -160,6 +164,8 @@ class Tiers:
                 why = "external"
                 detail = f"score {score:.2f}" if score == score else ""  # NaN: it named a tier
         choice = TierChoice(route, index, floor, why, detail, score, doc=doc)
+        choice.buffers = route.cascade is not None and route.cascade.buffer_streams
+        choice.wants_usage = inference.wants_usage
         if inference.messages is not None and route.conversation_ttl_s > 0:
             before, choice.remember = _conversation(inference.messages)
             held = self._held(before, route)
@@ -289,6 +295,60 @@ def mean_logprob(data: bytes) -> float | None:
         values = [t.get("logprob") for t in logprobs["content"] if isinstance(t, dict)]
     numbers = [v for v in values or () if isinstance(v, int | float)]
     return sum(numbers) / len(numbers) if numbers else None
+
+
+def as_stream(response: web.StreamResponse, inference: Inference, usage: bool) -> web.Response:
+    """A whole answer, judged, as the stream the client asked for: a chunk with the role, one
+    with the whole content (or tool calls) and the finish reason, the usage if asked, [DONE]."""
+    assert isinstance(response, web.Response)
+    assert isinstance(response.body, bytes)
+    doc = orjson.loads(response.body)
+    head = {k: doc.get(k) for k in ("id", "created", "model")}
+    choice = (doc.get("choices") or [{}])[0]
+    events = []
+    if inference.messages is not None:
+        head["object"] = "chat.completion.chunk"
+        message = choice.get("message") or {}
+        delta: dict[str, Any] = {"content": message.get("content")}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        events.append(head | {"choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                  "content": ""},
+                                           "finish_reason": None}]})  # fmt: skip
+        events.append(
+            head
+            | {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": delta,
+                        "logprobs": None,
+                        "finish_reason": choice.get("finish_reason"),
+                    }
+                ]
+            }
+        )
+    else:
+        head["object"] = "text_completion"
+        events.append(
+            head
+            | {
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": choice.get("text", ""),
+                        "logprobs": None,
+                        "finish_reason": choice.get("finish_reason"),
+                    }
+                ]
+            }
+        )
+    if usage and doc.get("usage") is not None:
+        events.append(head | {"choices": [], "usage": doc["usage"]})
+    body = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    headers = {k: v for k, v in response.headers.items()
+               if k.lower() not in ("content-type", "content-length")}  # fmt: skip
+    return web.Response(body=body, status=200, headers=headers, content_type="text/event-stream")
 
 
 def without_logprobs(data: bytes) -> bytes:

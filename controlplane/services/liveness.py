@@ -109,7 +109,36 @@ def summarize(
         "models": _models(live),
         "escalations": _escalations(live),
         "quality": region_quality(live),
+        "tiers": _tiers(live),
     }
+
+
+def _tiers(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per tiered route, the region's agents' counts summed: the requests each tier answered
+    and why, the moves between tiers and why, the cascades by signal."""
+    routes: dict[str, dict[str, Any]] = {}
+    for telemetry in live:
+        for t in telemetry.get("tiers", []):
+            route = routes.setdefault(str(t.get("route", "")),
+                                      {"answered": {}, "moved": {}, "cascades": {}})  # fmt: skip
+            n, kind, why = int(t.get("count", 0)), t.get("kind"), str(t.get("why", ""))
+            if kind == "answered":
+                key = f"{t.get('model', '')}\t{why}"
+                route["answered"][key] = route["answered"].get(key, 0) + n
+            elif kind == "moved":
+                key = f"{t.get('from_model', '')}\t{t.get('model', '')}\t{why}"
+                route["moved"][key] = route["moved"].get(key, 0) + n
+            elif kind == "cascade":
+                route["cascades"][why] = route["cascades"].get(why, 0) + n
+    out = []
+    for name, r in sorted(routes.items()):
+        answered = [dict(zip(("model", "why"), k.split("\t"), strict=True), count=n)
+                    for k, n in sorted(r["answered"].items())]  # fmt: skip
+        moved = [dict(zip(("from", "to", "why"), k.split("\t"), strict=True), count=n)
+                 for k, n in sorted(r["moved"].items())]  # fmt: skip
+        out.append({"route": name, "requests": sum(a["count"] for a in answered),
+                    "answered": answered, "moved": moved, "cascades": r["cascades"]})  # fmt: skip
+    return out
 
 
 REFUSING_SHARE = 0.5  # of a model's answers: past it, with engines ready, the model alerts

@@ -94,6 +94,7 @@ class Engine:
         self._ids = itertools.count()
         self.generated_total = 0
         self.gen_throughput = 0.0  # tokens a second over the last DECODE_LOG_INTERVAL steps
+        self.busy_s = 0.0  # the steps' time: what its GPU would have worked
         self._log_steps, self._log_at, self._log_generated = 0, 0.0, 0
         self._pool_generated = 0  # generated tokens held outside the cache
         self._deadline = 0.0
@@ -352,7 +353,9 @@ class Engine:
         now = self.now()
         if now - self._deadline > CATCH_UP_S:
             self._deadline = now
-        self._deadline += seconds * self.faults.slow_factor / self.speed
+        busy = seconds * self.faults.slow_factor / self.speed
+        self.busy_s += busy
+        self._deadline += busy
         await self._sleep(self._deadline - now)
         await self._unhung.wait()
 

@@ -58,6 +58,10 @@ class Metrics(Observer):
         for name, read in gauges.items():
             gauge = Gauge(f"sglang:{name}", name, list(sched), registry=self.registry)
             gauge.labels(**sched).set_function(read)
+        # the simulator's own (no SGLang name): the seconds its steps took, a GPU's busy time
+        busy = Gauge("meridian_sim_busy_seconds", "Seconds of steps run (the simulated GPU's "
+                     "busy time)", registry=self.registry)  # fmt: skip
+        busy.set_function(lambda: self._engine().busy_s)
 
     def _counter(self, name: str, doc: str) -> Counter:
         counter = Counter(f"sglang:{name}", doc, list(self._base), registry=self.registry)

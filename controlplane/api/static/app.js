@@ -130,6 +130,7 @@ function render(doc) {
   rollout(doc.rollouts);
   quotas(doc.quotas || []);
   quality(doc.quality || { models: {}, events: [] });
+  tiers(doc.tiers || []);
   $("regions").replaceChildren(...doc.regions.map((r) => region(r, doc.revision)));
   flows(doc.regions, doc.flows);
   receipts(doc.receipts);
@@ -208,6 +209,28 @@ function quality(doc) {
     `${new Date(e.logged_at).toLocaleTimeString()} · ${e.node} · ${e.worker} ${e.kind} (${e.model}): ` +
     `${e.check} ${fixed(e.figure, 3)} vs ${fixed(e.peers_figure, 3)}` +
     ((e.examples || []).length ? ` · e.g. ${e.examples.join(", ")}` : ""))));
+}
+
+function tiers(items) {
+  // each tier's share of the route's requests, and why; moves under load; cascades
+  const share = (n, of) => `${fixed(100 * n / Math.max(1, of), 0)}%`;
+  const rows = items.map((t) => {
+    const by = {};
+    for (const a of t.answered) (by[a.model] ??= []).push(a);
+    const answered = Object.entries(by).map(([model, list]) => {
+      const n = list.reduce((s, a) => s + a.count, 0);
+      return `${model} ${share(n, t.requests)} (` + list.map((a) => `${a.why} ${a.count}`).join(", ") + ")";
+    }).join("; ");
+    const moved = t.moved.filter((m) => m.why === "capacity");
+    const cascades = Object.entries(t.cascades);
+    return el("tr", { "data-route": t.route, "data-tier-region": t.region },
+      el("td", {}, t.route), el("td", {}, t.region), el("td", {}, t.requests),
+      el("td", { class: "why" }, answered || "–"),
+      el("td", { class: "why" }, moved.map((m) => `${m.from} → ${m.to} ${m.count}`).join("; ") || "none"),
+      el("td", { class: "why" }, cascades.map(([signal, n]) => `${signal} ${n}`).join("; ") || "none"));
+  });
+  $("tiers").querySelector("tbody").replaceChildren(...(rows.length ? rows
+    : [el("tr", {}, el("td", { colspan: 6, class: "hint" }, "no tiered route has answered yet"))]));
 }
 
 function region(r, declared) {

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+import orjson
 from aiohttp import web
 
 from agents.control.compile import (
@@ -203,6 +204,28 @@ async def test_a_cascade_asks_the_strong_tier_once_on_each_failure_signal() -> N
         strong_too = await _chat(http, region, OPTED, HARD + f" {MARK}:length")
         assert _tier(strong_too)[0] == "large"
         assert sum(region.gateway.tiers.cascades.values()) == 4
+
+
+async def test_a_buffered_stream_is_judged_whole_then_streamed_or_cascaded() -> None:
+    async with _region() as (region, _, _), httpx.AsyncClient(timeout=30) as http:
+        cascade = Cascade(frozenset({"length"}), -1.5, True)
+        route = TieredRouteConfig(ROUTE, ("small", "large"), default_table(2), cascade=cascade)
+        region.gateway.configure(replace(region.config, tiered={ROUTE: route}))
+        usage = {"stream": True, "stream_options": {"include_usage": True}}
+        for prompt, model in ((EASY, "small"), (f"{EASY} {MARK}:length", "large")):
+            answer = await _chat(http, region, OPTED, prompt, **usage)
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["content-type"].startswith("text/event-stream")
+            assert answer.headers["x-meridian-tier"].startswith(f"{model}; ")
+            events = [orjson.loads(line[6:]) for line in answer.text.splitlines()
+                      if line.startswith("data: {")]  # fmt: skip
+            assert answer.text.rstrip().endswith("data: [DONE]")
+            assert {e["model"] for e in events} == {model}
+            text = "".join(str(e["choices"][0]["delta"].get("content") or "")
+                           for e in events if e["choices"])  # fmt: skip
+            assert text.strip()
+            assert events[-1]["usage"]["completion_tokens"] == 8
+        assert region.gateway.tiers.cascades[ROUTE, "length"] == 1
 
 
 async def test_a_conversation_stays_on_its_tier_and_goes_up_when_a_turn_is_harder() -> None:

@@ -364,6 +364,7 @@ class Telemetry(_message.Message):
     QUALITY_EVENTS_FIELD_NUMBER: _builtins.int
     QUALITY_HELD_FIELD_NUMBER: _builtins.int
     QUALITY_FIELD_NUMBER: _builtins.int
+    TIERS_FIELD_NUMBER: _builtins.int
     inflight_requests: _builtins.int
     queued_requests: _builtins.int
     prefix_cache_hit_rate: _builtins.float
@@ -406,6 +407,12 @@ class Telemetry(_message.Message):
     def quality_held(self) -> _containers.RepeatedCompositeFieldContainer[Global___QualityEvent]: ...
     @_builtins.property
     def quality(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelQuality]: ...
+    @_builtins.property
+    def tiers(self) -> _containers.RepeatedCompositeFieldContainer[Global___TierCount]:
+        """Tiered routes: the requests each tier answered and why, the moves under load and the
+        cascades; totals since the agent started.
+        """
+
     def __init__(
         self,
         *,
@@ -426,14 +433,53 @@ class Telemetry(_message.Message):
         quality_events: _abc.Iterable[Global___QualityEvent] | None = ...,
         quality_held: _abc.Iterable[Global___QualityEvent] | None = ...,
         quality: _abc.Iterable[Global___ModelQuality] | None = ...,
+        tiers: _abc.Iterable[Global___TierCount] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl_ms", b"itl_ms", "observed_at", b"observed_at", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "quality", b"quality", "quality_events", b"quality_events", "quality_held", b"quality_held", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "quality", b"quality", "quality_events", b"quality_events", "quality_held", b"quality_held", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "tiers", b"tiers", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Telemetry: _TypeAlias = Telemetry  # noqa: Y015
+
+@_typing.final
+class TierCount(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUTE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    FROM_MODEL_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    route: _builtins.str
+    kind: _builtins.str
+    """answered | moved | cascade"""
+    model: _builtins.str
+    """answered: the tier (model) that answered; moved: the tier it moved to."""
+    from_model: _builtins.str
+    """moved: the tier it left."""
+    why: _builtins.str
+    """answered, moved: why; cascade: the failure signal."""
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        route: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        model: _builtins.str = ...,
+        from_model: _builtins.str = ...,
+        why: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "from_model", b"from_model", "kind", b"kind", "model", b"model", "route", b"route", "why", b"why"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TierCount: _TypeAlias = TierCount  # noqa: Y015
 
 @_typing.final
 class QualityEvent(_message.Message):
