@@ -10,7 +10,8 @@ benchmark; sglang-router delays streamed bytes on reused connections); the added
 a target's percentile less the engine's own. Throughput: a closed loop of concurrent clients
 for a while, and the router's own CPU seconds, read from /proc: requests served per CPU
 second of the router process. The quality guard's detectors run in every `meridian` row; their
-own cost an answer and a chunk is timed apart (bench/quality.py's `detector_cost`).
+own cost an answer and a chunk is timed apart (bench/quality.py's `detector_cost`), as is a
+tiered route's choice a request (bench/tiers.py's `classifier_cost`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from bench.harness import (
 )
 from bench.load import quantile
 from bench.quality import detector_cost
+from bench.tiers import Options as TierOptions
+from bench.tiers import classifier_cost, workload
 from meridian.procs import free_port
 
 # the same gateway with tracing on, every span exported (OTLP/HTTP) at these shares
@@ -222,6 +225,9 @@ async def run(options: Options) -> dict[str, Any]:
     result["clients"] = clients
     with console.status("the quality guard's detectors, an answer at a time"):
         result["quality_detectors"] = detector_cost()
+    with console.status("a tiered route's choice, a request at a time"):
+        tiered = TierOptions()
+        result["tier_choice"] = await classifier_cost(workload(tiered, 2000, tiered.seed))
     _report(console, result)
     plots.save(console, result, options.out, options.plot, lambda path: _plot(samples, path))
     return result
@@ -311,6 +317,12 @@ def _report(console: Console, result: dict[str, Any]) -> None:
         "the quality guard's detectors (in the meridian rows above), CPU µs: "
         f"{plain['per_answer_us']:.1f} a non-streamed 256-token answer (parsed once more), "
         f"{q['worst_per_chunk_us']:.3f} a chunk at worst (bench/quality.py)"
+    )
+    t = result["tier_choice"]
+    console.print(
+        "a tiered route's choice (classifier, conversation key, body re-encoded; only requests "
+        f"to a tiered route), CPU µs a request: p50 {t['p50_us']}, p99 {t['p99_us']} "
+        "(bench/tiers.py)"
     )
 
 

@@ -110,8 +110,9 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
     native = path == "/generate"
     name = body.get("model")
     tiered = config.tiered.get(name) if isinstance(name, str) and not native else None
-    # a tiered request is checked against its strongest tier; its tier is chosen next
-    model = config.models[tiered.tiers[-1]] if tiered is not None else _model(body, config, native)
+    # a tiered request is checked against what its tiers take together; its tier (one that
+    # takes what it needs) is chosen next
+    model = _tiers_model(tiered, config) if tiered is not None else _model(body, config, native)
     try:
         inference = _parsed(path, raw, body, model, native)
     except GatewayError as error:
@@ -152,6 +153,12 @@ def _parsed(
         needs=needs,
     )  # fmt: skip
     return inference
+
+
+def _tiers_model(tiered: TieredRouteConfig, config: RegionConfig) -> ModelConfig:
+    tiers = [config.models[t] for t in tiered.tiers]
+    capabilities = frozenset().union(*(m.capabilities for m in tiers))
+    return ModelConfig(tiered.name, max(m.context_length for m in tiers), capabilities)
 
 
 def _json_wanted(form: Any) -> bool:

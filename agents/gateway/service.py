@@ -43,6 +43,7 @@ from agents.gateway.carry import Carrier
 from agents.gateway.errors import (
     SERVER,
     BadRequest,
+    ContextTooLong,
     GatewayError,
     InternalError,
     NoHealthyWorker,
@@ -269,11 +270,14 @@ class Gateway:
         """What is asked, checked whole (its parameters, and its prompt and answer against the
         model's context), and where it may go."""
         inference, model = parse(request.path, body, config)
+        fits = model  # a tiered request: what its tiers take together (its tier is chosen next)
+        if inference.tiered is not None:
+            model = config.models[inference.tiered.tiers[-1]]  # meanwhile, the strongest
         served.model = model.name
         route_request = self.router.request(
             model.name, inference.key, inference.tokens, inference.max_new
         )
-        check_context(model, route_request.prompt_tokens, inference.max_new)
+        check_context(fits, route_request.prompt_tokens, inference.max_new)
         route = config.routes.get(model.name)
         if route is None:
             raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
@@ -296,7 +300,15 @@ class Gateway:
         )  # fmt: skip
         flight.tier = choice
         choice.streamed = inference.stream
-        self.retier(flight, choice.index)
+        above = [i for i in choice.able if i > choice.index]
+        below = [i for i in reversed(choice.able) if i < choice.index]
+        for index in [choice.index, *above, *below]:  # the first whose context it fits
+            try:
+                self.retier(flight, index)
+                return
+            except ContextTooLong as error:
+                too_long = error
+        raise too_long
 
     def retier(self, flight: Flight, index: int) -> None:
         """Put the tiered request on tier `index`: its model, route, fallback rule and body

@@ -62,6 +62,7 @@ class TierChoice:
     streamed: bool = False  # the client asked for a stream
     buffers: bool = False  # a cheaper tier's stream is asked whole, judged, then streamed
     wants_usage: bool = False  # the client asked for the stream's usage chunk
+    able: tuple[int, ...] = ()  # the tiers whose models take what it needs (tools, images)
 
     @property
     def model(self) -> str:
@@ -69,7 +70,8 @@ class TierChoice:
 
     @property
     def top(self) -> int:
-        return len(self.route.tiers) - 1
+        """The strongest tier it may go to."""
+        return max(self.able) if self.able else len(self.route.tiers) - 1
 
     def header(self) -> str:
         """What every client sees of it: the tier that answered, and why."""
@@ -86,8 +88,9 @@ class TierChoice:
 
     def order(self) -> list[int]:
         """The tiers to try under load, the chosen first: down to the floor, then up."""
-        down = list(range(self.index - 1, self.floor - 1, -1))
-        return [self.index, *down, *range(self.index + 1, self.top + 1)]
+        down = range(self.index - 1, self.floor - 1, -1)
+        tiers = [self.index, *down, *range(self.index + 1, self.top + 1)]
+        return [i for i in tiers if not self.able or i in self.able]
 
 
 class Tiers:
@@ -137,12 +140,12 @@ class Tiers:
     ) -> TierChoice:
         """The tier a request starts on (capacity may move it later)."""
         doc = inference.doc
-        top = len(route.tiers) - 1
-        able = [i for i, m in enumerate(route.tiers) if _able(models[m], inference)]
-        lowest = able[0] if able else top
+        able = tuple(i for i, m in enumerate(route.tiers) if _able(models[m], inference))
+        able = able or (len(route.tiers) - 1,)
+        top = max(able)
         if not (tenant.tiering or operator):
-            return TierChoice(route, top, top, "not opted in", doc=doc)
-        floor = lowest
+            return TierChoice(route, top, top, "not opted in", doc=doc, able=able)
+        floor = min(able)
         if tenant.tier_floor in route.tiers:
             floor = max(floor, route.tiers.index(tenant.tier_floor))
         effort = None
@@ -163,7 +166,7 @@ class Tiers:
                 index, score = external
                 why = "external"
                 detail = f"score {score:.2f}" if score == score else ""  # NaN: it named a tier
-        choice = TierChoice(route, index, floor, why, detail, score, doc=doc)
+        choice = TierChoice(route, index, floor, why, detail, score, doc=doc, able=able)
         choice.buffers = route.cascade is not None and route.cascade.buffer_streams
         choice.wants_usage = inference.wants_usage
         if inference.messages is not None and route.conversation_ttl_s > 0:
@@ -173,7 +176,8 @@ class Tiers:
                 choice.index, choice.why, choice.detail = held, "conversation", ""
         if choice.index < floor:
             choice.index, choice.why, choice.detail = floor, "floor", ""
-        choice.index = min(choice.index, top)
+        if choice.index not in able:  # the next tier up that takes it, else the strongest
+            choice.index = next((i for i in able if i > choice.index), top)
         return choice
 
     def settled(self, choice: TierChoice) -> None:

@@ -64,6 +64,8 @@ async def test_dry_run_shows_the_diff_and_changes_nothing(api: Api) -> None:
                 "tokens_per_minute": 500000,
                 "debug_routes": False,
                 "disabled": False,
+                "tiering": False,
+                "tier_floor": None,
             },
         },
     ]

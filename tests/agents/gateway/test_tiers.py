@@ -137,6 +137,12 @@ async def test_easy_and_hard_requests_go_to_their_tiers_and_an_operators_table_c
         counted = region.gateway.tiers.answered
         assert counted[ROUTE, "small", "difficulty"] == 3
         assert counted[ROUTE, "large", "not opted in"] == 1
+        # a tier whose model does not take what the request needs is passed over
+        plain = frozenset({"chat", "completion"})
+        models = {**region.config.models, "large": ModelConfig("large", 8192, plain)}
+        region.gateway.configure(replace(region.config, models=models))
+        assert _tier(await _chat(http, region, OPTED, HARD, tools=tools))[0] == "small"
+        assert _tier(await _chat(http, region, OPTED, HARD))[0] == "large"
 
 
 async def test_under_a_saturated_strong_pool_only_opted_in_tenants_move_down() -> None:
