@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+
+from agents.gateway.tiers import Tiers
+from agents.telemetry import add_tiers
 from controlplane.db.fleet_rows import NodeRow
+from controlplane.push.wire import telemetry_doc
 from controlplane.services.liveness import UP, summarize
 from tests.controlplane.conftest import Api
 from tests.controlplane.fleet import BASE
@@ -86,3 +91,27 @@ def test_a_model_refusing_most_requests_with_engines_ready_is_alerted() -> None:
     assert models["qwen"]["alert"] is None  # served
     assert models["idle"]["alert"] is None  # no engine ready: down, not refusing; and too
     # little traffic to judge besides
+
+
+def test_the_tiered_routes_counts_of_a_regions_agents_are_summed() -> None:
+    """From the agents' counters, through the heartbeat's message, to the status document."""
+    beats = {}
+    for node in (1, 2):
+        tiers = Tiers()
+        tiers.answered["chat-auto", "small", "difficulty"] += 3 * node
+        tiers.answered["chat-auto", "large", "not opted in"] += 1
+        tiers.moves["chat-auto", "large", "small", "capacity"] += node
+        tiers.cascades["chat-auto", "length"] += 1
+        telemetry = pb.Telemetry()
+        add_tiers(telemetry, tiers)
+        beats[node] = telemetry_doc(telemetry)
+    nodes = [NodeRow(id=i, name=f"n{i}", health=UP) for i in (1, 2)]
+    (route,) = summarize("r", nodes, beats)["tiers"]
+    assert route["route"] == "chat-auto"
+    assert route["requests"] == 11
+    assert route["answered"] == [
+        {"model": "large", "why": "not opted in", "count": 2},
+        {"model": "small", "why": "difficulty", "count": 9},
+    ]
+    assert route["moved"] == [{"from": "large", "to": "small", "why": "capacity", "count": 3}]
+    assert route["cascades"] == {"length": 2}

@@ -85,9 +85,9 @@ def fleet_document(
     change: Callable[[dict[str, Any]], None] | None,
     addresses: dict[str, str] | None = None,
 ) -> str:
-    """The example fleet with llama only, gateway URLs at the agents' ports; without its
-    rollout policy (the test database's `strategy: immediate` stands) unless `change` adds
-    one. acme's quotas are out of reach: the fleet tests drive traffic as fast as they can
+    """The example fleet with llama only (and so no tiered route), gateway URLs at the agents'
+    ports; without its rollout policy (the test database's `strategy: immediate` stands)
+    unless `change` adds one. acme's quotas are out of reach: the fleet tests drive traffic as fast as they can
     (tests/fleet/test_quotas.py has tenants of its own)."""
     doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     del doc["rollout_policies"]
@@ -96,6 +96,7 @@ def fleet_document(
     doc["models"] = [m for m in doc["models"] if m["name"] == LLAMA]
     doc["deployments"] = [d for d in doc["deployments"] if d["model"] == LLAMA]
     doc["routing_policies"] = [p for p in doc["routing_policies"] if p["model"] == LLAMA]
+    doc.pop("tiered_routes", None)  # its strong tier is qwen's
     for region in doc["regions"]:
         address = (addresses or {}).get(region["name"], "127.0.0.1")
         region["gateway_url"] = f"http://{address}:{ports[region['name']]}"
