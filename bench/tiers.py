@@ -75,7 +75,9 @@ class Options:
     max_phases: int = 10
     phase_s: float = 30.0
     ttft_slo_s: float = 2.0
-    itl_slo_s: float = 0.15
+    itl_slo_s: float = 0.06  # the strong model's step is about 25 ms at its batch
+    max_running: int = 4  # requests an engine runs at once: it saturates at rates this
+    # machine's two cores can drive (the routing bench's engines batch 256)
     chats: int = 40
     turns: int = 4
     seed: int = 3
@@ -235,10 +237,12 @@ async def run(options: Options) -> dict[str, Any]:
     write_json(console, result, o.out)
     async with AsyncExitStack() as stack:
         with console.status("starting 2 small and 4 large simulators, a control plane, an agent"):
+            extra = ("--max-running-requests", str(o.max_running))
             smalls = await start_sims(stack, 2, max_total_tokens=POOL, stream_interval=4,
-                                      log_dir=o.root, model=SMALL)  # fmt: skip
+                                      log_dir=o.root, model=SMALL, extra=extra)  # fmt: skip
             larges = await start_sims(stack, 4, max_total_tokens=POOL, stream_interval=4,
-                                      log_dir=o.root, model=LARGE, speeds=[0.25] * 4)  # fmt: skip
+                                      log_dir=o.root, model=LARGE, speeds=[0.25] * 4,
+                                      extra=extra)  # fmt: skip
             cp, admin = await start_control(stack, o.root)
             slo = {"slo_ttft_ms": int(o.ttft_slo_s * 1000), "slo_itl_ms": int(o.itl_slo_s * 1000)}
             await apply(admin, fleet(smalls, larges, slo))

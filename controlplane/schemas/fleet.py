@@ -173,7 +173,7 @@ class TierClassifier(Spec):
 
     bias: float = Field(ge=-1000, le=1000)
     weights: dict[Feature, Annotated[float, Field(ge=-1000, le=1000)]] = Field(
-        description="a weight per feature; a feature left out weighs 0"
+        max_length=len(FEATURES), description="a weight per feature; a feature left out weighs 0"
     )
     thresholds: list[Annotated[float, Field(ge=-1000, le=1000)]] = Field(min_length=1, max_length=7)
 

@@ -87,8 +87,8 @@ def fleet_document(
 ) -> str:
     """The example fleet with llama only (and so no tiered route), gateway URLs at the agents'
     ports; without its rollout policy (the test database's `strategy: immediate` stands)
-    unless `change` adds one. acme's quotas are out of reach: the fleet tests drive traffic as fast as they can
-    (tests/fleet/test_quotas.py has tenants of its own)."""
+    unless `change` adds one. acme's quotas are out of reach: the fleet tests drive traffic
+    as fast as they can (tests/fleet/test_quotas.py has tenants of its own)."""
     doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     del doc["rollout_policies"]
     acme = next(t for t in doc["tenants"] if t["name"] == "acme")
