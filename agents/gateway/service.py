@@ -414,11 +414,12 @@ class Gateway:
         came = choice.model
         self.tiers.cascades[choice.route.name, signal] += 1
         inference.extra = b""
+        kept = as_stream(response, inference, choice.wants_usage) if choice.streamed else response
         try:
             self.retier(flight, choice.top)
         except GatewayError:
             self.tiers.settled(choice)
-            return response, usage  # the strongest cannot take it: the answer stands
+            return kept, usage  # the strongest cannot take it: the answer stands
         self.tiers.moved(choice, choice.top, "cascade", f"{came}: {signal}")
         choice.cascaded = signal
         flight.headers[TIER_HEADER] = choice.header()
@@ -431,9 +432,7 @@ class Gateway:
         except GatewayError as error:
             log.warning("request %s: the cascade to %s failed: %s", flight.id, choice.model,
                         error.message, extra={"request_id": flight.id})  # fmt: skip
-            if choice.streamed:
-                return as_stream(response, inference, choice.wants_usage), usage
-            return response, usage  # the cheaper tier's answer stands
+            return kept, usage  # the cheaper tier's answer stands
         if answered[0].status < 400:
             self.tiers.settled(choice)
         return answered

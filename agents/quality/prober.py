@@ -16,6 +16,9 @@
   are kept in the agent's data directory, so that a worker that goes wrong later is judged
   against what its model said when it was made, not only against its peers of the day. New
   weights for the model (its `source`) make them anew.
+- **Unified workers only.** A prefill or decode worker answers only as half of a PD pair; a
+  request sent to one alone would wait for the other half. PD workers are judged by the
+  detectors on their users' answers.
 """
 
 from __future__ import annotations
@@ -102,6 +105,10 @@ class Prober:
     async def tick(self, http: Http) -> None:
         by_model: dict[str, list[WorkerEntry]] = {}
         for entry in self.table.entries.values():
+            # a PD worker answers only as half of a pair: a request sent to it alone waits
+            # for the other half (and holds a draining engine) until it times out
+            if entry.spec.role != "unified":
+                continue
             if entry.reachable and entry.engine_state not in NOT_SERVING:
                 by_model.setdefault(entry.spec.model, []).append(entry)  # quarantined too
         await asyncio.gather(*(self._model(http, m, e) for m, e in by_model.items()))

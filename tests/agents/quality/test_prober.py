@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
+from dataclasses import replace
 
 import aiohttp
 import httpx
@@ -126,3 +127,29 @@ async def test_new_weights_for_the_model_make_its_canaries_anew() -> None:
         assert [c.source for c in made[MODEL]] == [source] * len(GOLDEN)
         assert all(c.reference != " and so on." for c in made[MODEL])
         assert list(region.gateway.quality.recent) == []  # nobody judged on the old ones
+
+
+async def test_pd_workers_get_no_canary() -> None:
+    """A prefill or decode worker answers only as half of a pair: a canary sent to one alone
+    would wait for the other half (SGLang's decode server waits for the KV cache), holding a
+    draining engine for its whole drain."""
+    async with AsyncExitStack() as stack:
+        sims = [await stack.enter_async_context(running_sim(*args, "--enable-metrics",
+                                                            model=MODEL))
+                for args in (("--disaggregation-mode", "prefill"),
+                             ("--disaggregation-mode", "decode"))]  # fmt: skip
+        config = region_config("r", [s.url for s in sims])
+        roles = ("prefill", "decode")
+        workers = tuple(replace(w, role=r, bootstrap_port=8998 if r == "prefill" else None)
+                        for w, r in zip(config.workers, roles, strict=True))  # fmt: skip
+        region = await stack.enter_async_context(local_gateway(replace(config, workers=workers)))
+        prober = _prober(region, [])
+        async with aiohttp.ClientSession() as http, httpx.AsyncClient() as client:
+            for _ in range(3):
+                await prober.tick(http)
+            for sim in sims:  # not one request reached them
+                metrics = (await client.get(f"{sim.url}/metrics")).text
+                served = [line for line in metrics.splitlines()
+                          if line.startswith("sglang:num_requests_total")]  # fmt: skip
+                assert served, metrics
+                assert all(float(line.split()[-1]) == 0 for line in served), served
