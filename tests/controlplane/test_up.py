@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -76,9 +77,28 @@ async def _run_up(data_dir: Path, port: int) -> tuple[asyncio.subprocess.Process
 _DRAINS: dict[int, asyncio.Task[bytes]] = {}
 
 
-async def _interrupt(proc: asyncio.subprocess.Process) -> str:
+def _kill_fleet(data_dir: Path | None) -> None:
+    """The processes local-fleet.json names, killed."""
+    if data_dir is None or not (data_dir / "local-fleet.json").exists():
+        return
+    processes = json.loads((data_dir / "local-fleet.json").read_text())["processes"]
+    pids = [processes["controlplane"], *processes["agents"].values()]
+    pids += [pid for engines in processes["engines"].values() for pid in engines]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def _interrupt(proc: asyncio.subprocess.Process, data_dir: Path | None = None) -> str:
     proc.send_signal(signal.SIGINT)
-    await asyncio.wait_for(proc.wait(), 60)
+    try:
+        await asyncio.wait_for(proc.wait(), 60)
+    except TimeoutError:  # what it said while it did not stop, to see why
+        proc.kill()
+        await proc.wait()
+        _kill_fleet(data_dir)  # its agents and engines would hold their ports for later tests
+        said = (await asyncio.wait_for(_DRAINS.pop(proc.pid), 10)).decode()
+        raise AssertionError(f"meridian up did not stop within 60 s:\n{said[-6000:]}") from None
     rest = await asyncio.wait_for(_DRAINS.pop(proc.pid), 10)
     return rest.decode()
 
@@ -150,7 +170,7 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
 
             await eventually(heard_again, within_s=30)
     finally:
-        await _interrupt(proc)
+        await _interrupt(proc, data_dir)
     assert proc.returncode == 0
     assert len(engine_pids) == len(ENGINES)
     for pid in engine_pids:  # every engine was stopped, not orphaned

@@ -57,7 +57,7 @@ async def test_the_openai_client_works_unchanged_streamed_and_not(
                 headers={"Authorization": f"Bearer {key}"},
             )
         await client.close()
-    assert sorted(m.id for m in models.data) == [LLAMA, QWEN]
+    assert sorted(m.id for m in models.data) == ["chat-auto", LLAMA, QWEN]  # chat-auto: tiered
     assert raw.headers["x-request-id"] == "req-from-the-client"
     assert raw.headers["x-meridian-region"] == "us-east"
     assert "x-meridian-route" not in raw.headers  # tenants never see worker names
