@@ -73,7 +73,12 @@ async def start_agents(
     data_dir: Path,
     log_dir: Path,
 ) -> list[RunningAgent]:
-    agents = []
+    agents: list[RunningAgent] = []
+
+    async def stop_all() -> None:  # at once: each drains its engines, which takes a while
+        await asyncio.gather(*(stop_child(a.process, AGENT_STOP_GRACE_S) for a in agents))
+
+    stack.push_async_callback(stop_all)
     for node in nodes:
         node_dir = data_dir / node.name
         args = [
@@ -95,7 +100,6 @@ async def start_agents(
                 sys.executable, "-m", "meridian", "agent", "run", *args,
                 env=env, stdout=log, stderr=log,
             )  # fmt: skip
-        stack.push_async_callback(stop_child, process, AGENT_STOP_GRACE_S)
         agents.append(RunningAgent(node, process))
     return agents
 

@@ -98,7 +98,10 @@ async def _interrupt(proc: asyncio.subprocess.Process, data_dir: Path | None = N
         await proc.wait()
         _kill_fleet(data_dir)  # its agents and engines would hold their ports for later tests
         said = (await asyncio.wait_for(_DRAINS.pop(proc.pid), 10)).decode()
-        raise AssertionError(f"meridian up did not stop within 60 s:\n{said[-6000:]}") from None
+        logs = sorted((data_dir / "logs").glob("agent-*.log")) if data_dir else []
+        tails = "".join(f"\n--- {p.name}:\n{p.read_text()[-1500:]}" for p in logs)
+        stuck = f"meridian up did not stop within 60 s:\n{said[-3000:]}{tails}"
+        raise AssertionError(stuck) from None
     rest = await asyncio.wait_for(_DRAINS.pop(proc.pid), 10)
     return rest.decode()
 
