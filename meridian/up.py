@@ -266,7 +266,11 @@ def up_command(fleet: Path, port: int | None, no_browser: bool) -> None:
     async def main() -> None:
         task = asyncio.current_task()
         assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        loop = asyncio.get_running_loop()
+        # SIGINT too, explicitly: a process started in the background of a shell that is not
+        # interactive inherits SIGINT ignored, and would not stop on it
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
         await run_local_fleet(settings, fleet, console, browser=not no_browser)
 
     try:
