@@ -10,11 +10,12 @@ stream interval, which batches tokens into chunks, does not change it.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,3 +243,32 @@ def summarize(
         "goodput_rps": round(len(good) / max(span_s, 1e-9), 3),
         "statuses": dict(Counter(r.status for r in results if r.status != 200)),
     }
+
+
+async def sweep(
+    start: float, growth: float, max_phases: int, passes: Callable[[float, int], Awaitable[bool]]
+) -> float:
+    """The highest rate that `passes` (a phase at that rate, with a seed): up by `growth` from
+    `start` until a phase fails (down from a start past capacity), then two steps of
+    bisection between the last pass and the first fail; 0 when none passed."""
+    rate, capacity = start, 0.0
+    failed_at: float | None = None
+    for i in range(max_phases):
+        if await passes(rate, i):
+            capacity, rate = rate, rate * growth
+            if failed_at is not None:  # came down from a start past capacity
+                break
+            continue
+        failed_at = rate
+        if capacity:
+            break
+        rate /= growth  # the start rate was past capacity: come down
+    for step in range(2):
+        if failed_at is None or not capacity:
+            break
+        mid = math.sqrt(capacity * failed_at)
+        if await passes(mid, 100 + step):
+            capacity = mid
+        else:
+            failed_at = mid
+    return capacity

@@ -10,8 +10,8 @@ benchmark; sglang-router delays streamed bytes on reused connections); the added
 a target's percentile less the engine's own. Throughput: a closed loop of concurrent clients
 for a while, and the router's own CPU seconds, read from /proc: requests served per CPU
 second of the router process. The quality guard's detectors run in every `meridian` row; their
-own cost an answer and a chunk is timed apart (bench/quality.py's `detector_cost`), as is a
-tiered route's choice a request (bench/tiers.py's `classifier_cost`).
+own cost an answer and a chunk is timed apart (bench/detector_cost.py), as is a
+tiered route's choice a request (bench/tier_cost.py).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from rich.table import Table
 from agents.gateway.relay import upstream_headers
 from agents.gateway.upstream import Upstream
 from bench import plots
+from bench.detector_cost import detector_cost
 from bench.harness import (
     MODEL,
     cpu_seconds,
@@ -45,9 +46,9 @@ from bench.harness import (
     start_sglang_router,
 )
 from bench.load import quantile
-from bench.quality import detector_cost
+from bench.tier_cost import classifier_cost
 from bench.tiers import Options as TierOptions
-from bench.tiers import classifier_cost, workload
+from bench.tiers import workload
 from meridian.procs import free_port
 
 # the same gateway with tracing on, every span exported (OTLP/HTTP) at these shares
@@ -316,13 +317,13 @@ def _report(console: Console, result: dict[str, Any]) -> None:
     console.print(
         "the quality guard's detectors (in the meridian rows above), CPU µs: "
         f"{plain['per_answer_us']:.1f} a non-streamed 256-token answer (parsed once more), "
-        f"{q['worst_per_chunk_us']:.3f} a chunk at worst (bench/quality.py)"
+        f"{q['worst_per_chunk_us']:.3f} a chunk at worst (bench/detector_cost.py)"
     )
     t = result["tier_choice"]
     console.print(
         "a tiered route's choice (classifier, conversation key, body re-encoded; only requests "
         f"to a tiered route), CPU µs a request: p50 {t['p50_us']}, p99 {t['p99_us']} "
-        "(bench/tiers.py)"
+        "(bench/tier_cost.py)"
     )
 
 

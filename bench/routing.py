@@ -15,7 +15,6 @@ Then, so that a policy is not judged on one workload: a single hot prefix group 
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections import Counter
 from contextlib import AsyncExitStack
@@ -46,6 +45,7 @@ from bench.load import (
     poisson,
     shared_prefix,
     summarize,
+    sweep,
     warm_ttft_p99,
 )
 from meridian.procs import stop_child
@@ -192,8 +192,7 @@ def _subset(workload: list[Req], count: int, seed: int) -> list[Req]:
 
 async def _sweep(bench: Bench, workload: list[Req]) -> tuple[float, list[dict[str, Any]]]:
     o = bench.options
-    rate, capacity, phases = o.start_rps, 0.0, []
-    failed_at: float | None = None
+    phases: list[dict[str, Any]] = []
 
     async def passes(rate: float, seed: int) -> bool:
         count = max(64, round(rate * o.phase_seconds))
@@ -202,24 +201,7 @@ async def _sweep(bench: Bench, workload: list[Req]) -> tuple[float, list[dict[st
         _progress(bench, f"{rate:6.2f} rps", summary)
         return bool(summary["slo_met"] >= 0.9)
 
-    for i in range(o.max_phases):
-        if await passes(rate, i):
-            capacity, rate = rate, rate * o.growth
-            if failed_at is not None:  # came down from a start past capacity
-                break
-            continue
-        failed_at = rate
-        if capacity:
-            break
-        rate /= o.growth  # the start rate was past capacity: come down
-    for step in range(2):  # two steps of bisection between the last pass and the first fail
-        if failed_at is None or not capacity:
-            break
-        mid = math.sqrt(capacity * failed_at)
-        if await passes(mid, 100 + step):
-            capacity = mid
-        else:
-            failed_at = mid
+    capacity = await sweep(o.start_rps, o.growth, o.max_phases, passes)
     return capacity, phases
 
 

@@ -25,10 +25,7 @@ on simulators: see README.md, "Tiered routes", for the hook a judged evaluation 
 from __future__ import annotations
 
 import asyncio
-import math
 import random
-import statistics
-import time
 from collections import Counter
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -36,14 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 from rich.console import Console
 from rich.table import Table
 
-from agents.control.compile import ModelConfig, Tenant, TieredRouteConfig
-from agents.gateway.requests import parse
-from agents.gateway.tiers import Tiers
-from agents.router.tiers import default_table
 from bench.harness import (
     IMMEDIATE,
     REGION,
@@ -55,10 +47,11 @@ from bench.harness import (
     start_control,
     start_sims,
 )
-from bench.load import Client, Conversation, Req, play_conversations, poisson, summarize
+from bench.load import Client, Conversation, Req, play_conversations, poisson, summarize, sweep
 from bench.plots import write_json
+from bench.tier_cost import LARGE, ROUTE, SMALL, classifier_cost
 
-SMALL, LARGE, STRONG_ONLY, ROUTE = "small", "large", "large-all", "chat-auto"
+STRONG_ONLY = "large-all"
 POOL = 200_000  # each simulator's KV pool, in tokens
 GOALS = {"classifier_p99_ms": 2.0, "capacity_ratio": 1.5, "hit_rate_points": 5.0}
 CODE = ("```python\ndef f{n}(xs):\n    return [x * {n} for x in xs if x % 3]\n```\n"
@@ -143,44 +136,6 @@ def fleet(smalls: list[Sim], larges: list[Sim], slo: dict[str, int]) -> dict[str
         "tenants": [{"name": "bench", "tier": "standard", "tiering": True}],
         "rollout_policies": IMMEDIATE,
     }  # fmt: skip
-
-
-async def classifier_cost(reqs: list[Req], number: int = 3) -> dict[str, Any]:
-    """The tier's choice per request (the features, the table, the conversation's key) and the
-    body re-encoded with the tier's name, in µs of this process: p50 and p99 over the
-    workload, best of `number` passes."""
-    models = {m: ModelConfig(m, 131072, frozenset({"chat", "completion"})) for m in (SMALL, LARGE)}
-    route = TieredRouteConfig(ROUTE, (SMALL, LARGE), default_table(2))
-    config: Any = type("Config", (), {"models": models, "tiered": {ROUTE: route},
-                                      "region": REGION})()  # fmt: skip
-    tenant = Tenant("bench", "standard", None, None, None, tiering=True)
-    tiers = Tiers()
-    parsed = []
-    for req in reqs:
-        raw = orjson.dumps({"model": ROUTE, "messages": req.messages, "max_tokens": req.max_tokens})
-        inference, _ = parse("/v1/chat/completions", raw, config)
-        parsed.append(inference)
-
-    async def choose_all() -> list[float]:
-        out = []
-        for inference in parsed:
-            began = time.perf_counter_ns()
-            choice = await tiers.choose(route, tenant, False, inference, len(inference.key) // 4,
-                                        models)  # fmt: skip
-            assert inference.doc is not None
-            orjson.dumps(inference.doc | {"model": choice.model})
-            out.append((time.perf_counter_ns() - began) / 1000)
-        return out
-
-    runs = [await choose_all() for _ in range(number)]
-    best = min(runs, key=statistics.median)
-    best.sort()
-    return {
-        "requests": len(best),
-        "p50_us": round(best[len(best) // 2], 1),
-        "p99_us": round(best[min(len(best) - 1, int(len(best) * 0.99))], 1),
-        "max_us": round(best[-1], 1),
-    }
 
 
 @dataclass
@@ -313,10 +268,9 @@ async def _capacity(bench: Bench) -> None:
 
 
 async def _sweep(bench: Bench, model: str) -> tuple[float, list[dict[str, Any]]]:
-    """The highest rate at which 90% meet the SLO: up by `growth` until one fails, then two
-    steps of bisection."""
+    """The highest rate at which 90% meet the SLO (bench/load.py's sweep)."""
     o = bench.options
-    rate, capacity, failed_at, phases = o.start_rps, 0.0, None, []
+    phases: list[dict[str, Any]] = []
 
     async def passes(rate: float, seed: int) -> bool:
         count = min(o.requests, max(48, round(rate * o.phase_s)))
@@ -329,25 +283,7 @@ async def _sweep(bench: Bench, model: str) -> tuple[float, list[dict[str, Any]]]
         )
         return bool(summary["slo_met"] >= 0.9)
 
-    for i in range(o.max_phases):
-        if await passes(rate, i):
-            capacity, rate = rate, rate * o.growth
-            if failed_at is not None:
-                break
-            continue
-        failed_at = rate
-        if capacity:
-            break
-        rate /= o.growth
-    for step in range(2):
-        if failed_at is None or not capacity:
-            break
-        mid = math.sqrt(capacity * failed_at)
-        if await passes(mid, 100 + step):
-            capacity = mid
-        else:
-            failed_at = mid
-    return capacity, phases
+    return await sweep(o.start_rps, o.growth, o.max_phases, passes), phases
 
 
 async def _multi_turn(bench: Bench) -> None:

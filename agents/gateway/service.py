@@ -36,14 +36,14 @@ from aiohttp import web
 
 from agents import tracing
 from agents.control.compile import RegionConfig
-from agents.gateway import assertion, auth, spans
+from agents.gateway import assertion, spans
 from agents.gateway.admission import Admission, Escalate, EscalateOver
+from agents.gateway.arrival import Arrival
 from agents.gateway.calls import EngineCalls
 from agents.gateway.carry import Carrier
 from agents.gateway.errors import (
     SERVER,
     BadRequest,
-    ContextTooLong,
     GatewayError,
     InternalError,
     NoHealthyWorker,
@@ -54,13 +54,14 @@ from agents.gateway.errors import (
     UnsupportedMediaType,
     UpstreamFailed,
 )
-from agents.gateway.flight import MAX_ATTEMPTS, OPERATOR, Caller, Flight
+from agents.gateway.flight import MAX_ATTEMPTS, OPERATOR, Flight
 from agents.gateway.forward import Forwarder
 from agents.gateway.quotas import Charge, Quotas, uncharged
 from agents.gateway.receipts import Receipts
 from agents.gateway.relay import FIRST_AT, Broken, Cut, Retry, Usage, new_id
-from agents.gateway.requests import DEFAULT_LIMITS, Limits, check_context, parse, read_body
-from agents.gateway.tiers import TIER_HEADER, Tiers, as_stream, without_logprobs
+from agents.gateway.requests import DEFAULT_LIMITS, Limits, read_body
+from agents.gateway.tiered_path import TieredPath
+from agents.gateway.tiers import Tiers
 from agents.gateway.upstream import Upstream
 from agents.metrics import OPERATIONS, RequestMetrics, Served
 from agents.quality.runtime import Quality
@@ -76,7 +77,7 @@ AUDIT_EVERY_S = 1.0
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-ID: visible ASCII
 
 
-class Gateway:
+class Gateway(Arrival, TieredPath):
     def __init__(
         self,
         router: Router,
@@ -238,204 +239,6 @@ class Gateway:
         served.prompt_tokens, served.cached_tokens = usage.prompt_tokens, usage.cached_tokens
         served.completion_tokens = usage.completion_tokens
         return response
-
-    def authenticate(
-        self, request: web.Request, config: RegionConfig, body: bytes, rid: str, served: Served
-    ) -> Caller:
-        """Who asks: a peer region's signed word for its tenant, the operator, or a tenant's
-        key."""
-        signed = request.headers.get(assertion.HEADER)
-        if signed is not None:  # escalated here by a peer region: its word for who asks
-            seen = self.assertions
-            claim = assertion.verify(signed, config, body=body, request_id=rid, seen=seen)
-            self.escalations.received(claim.origin, claim.reason)
-            served.came_from, served.insider, served.tenant = claim.origin, True, claim.tenant.name
-            return Caller(claim.tenant, claim.origin, claim.debug, claim.waited_s)
-        tenant, insider = auth.caller(request.headers.get("Authorization"), config,
-                                      self.operator_token)  # fmt: skip
-        served.insider, served.tenant = insider, tenant.name
-        return Caller(tenant, debug=insider and request.headers.get("x-meridian-debug") == "1")
-
-    def parse(
-        self,
-        request: web.Request,
-        config: RegionConfig,
-        body: bytes,
-        caller: Caller,
-        request_id: str,
-        headers: dict[str, str],
-        served: Served,
-        arrived: float,
-    ) -> Flight:
-        """What is asked, checked whole (its parameters, and its prompt and answer against the
-        model's context), and where it may go."""
-        inference, model = parse(request.path, body, config)
-        fits = model  # a tiered request: what its tiers take together (its tier is chosen next)
-        if inference.tiered is not None:
-            model = config.models[inference.tiered.tiers[-1]]  # meanwhile, the strongest
-        served.model = model.name
-        route_request = self.router.request(
-            model.name, inference.key, inference.tokens, inference.max_new
-        )
-        check_context(fits, route_request.prompt_tokens, inference.max_new)
-        route = config.routes.get(model.name)
-        if route is None:
-            raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
-        # a peer's request goes no further
-        chain = config.chain(model.name, caller.tenant.tier) if caller.came_from is None else None
-        since = arrived - caller.waited_s  # the SLO is the client's, end to end
-        return Flight(
-            request, request_id, headers, served, arrived, since, body, caller, inference,
-            model, route_request, route, chain,
-        )  # fmt: skip
-
-    async def tier(self, flight: Flight) -> None:
-        """A tiered route's request: the tier it starts on (agents/gateway/tiers.py)."""
-        inference, config = flight.inference, self.config_or_refuse()
-        route = inference.tiered
-        assert route is not None
-        choice = await self.tiers.choose(
-            route, flight.tenant, flight.tenant is OPERATOR, inference,
-            flight.route_request.prompt_tokens, config.models,
-        )  # fmt: skip
-        flight.tier = choice
-        choice.streamed = inference.stream
-        above = [i for i in choice.able if i > choice.index]
-        below = [i for i in reversed(choice.able) if i < choice.index]
-        for index in [choice.index, *above, *below]:  # the first whose context it fits
-            try:
-                self.retier(flight, index)
-                return
-            except ContextTooLong as error:
-                too_long = error
-        raise too_long
-
-    def retier(self, flight: Flight, index: int) -> None:
-        """Put the tiered request on tier `index`: its model, route, fallback rule and body
-        (re-encoded with the tier's model name); raises for a tier it does not fit."""
-        choice, config, inference = flight.tier, self.config_or_refuse(), flight.inference
-        assert choice is not None
-        assert choice.doc is not None
-        model = config.models[choice.route.tiers[index]]
-        route_request = self.router.request(
-            model.name, inference.key, inference.tokens, inference.max_new
-        )
-        check_context(model, route_request.prompt_tokens, inference.max_new)
-        route = config.routes.get(model.name)
-        if route is None:
-            raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
-        choice.index = index
-        inference.model = flight.served.model = model.name
-        changes: dict[str, object] = {"model": model.name}
-        cascade, cheaper = choice.route.cascade, index < choice.top and choice.cascaded is None
-        # a stream the cascade may judge is asked whole of a cheaper tier, and streamed to the
-        # client once judged; the strongest tier's streams as asked
-        inference.stream = choice.streamed and not (cheaper and choice.buffers)
-        if choice.streamed and not inference.stream:
-            changes |= {"stream": False, "stream_options": None}
-        inference.extra = b""
-        if (
-            cheaper
-            and cascade is not None
-            and "low_logprob" in cascade.signals
-            and not inference.stream
-            and "logprobs" not in choice.doc
-        ):  # a cheaper tier's answer is judged by its log-probabilities, not shown them
-            logprobs = b"true" if inference.messages is not None else b"1"
-            inference.extra = b'"logprobs":' + logprobs + b","
-        inference.body = flight.body = orjson.dumps(choice.doc | changes)
-        flight.model, flight.route_request, flight.route = model, route_request, route
-        if flight.caller.came_from is None:
-            flight.chain = config.chain(model.name, flight.tenant.tier)
-        flight.headers[TIER_HEADER] = choice.header()
-
-    async def by_capacity(self, flight: Flight) -> Decision | None:
-        """A tiered request whose tier would break its SLO, moved to the next tier that would
-        not (down to its floor, then up); None when every tier would (it then waits on its
-        own tier, is refused or escalates, as any request)."""
-        choice = flight.tier
-        assert choice is not None
-        start, order = choice.index, choice.order()
-        if not choice.route.capacity_moves or len(order) < 2:
-            return None
-        full: list[str] = []
-        for index in order:
-            try:
-                if index != choice.index:
-                    self.retier(flight, index)
-            except GatewayError:
-                continue  # a tier it does not fit (its context): not one to move to
-            route = flight.route
-            over = EscalateOver(route.slo_ttft_s, None) if route.slo_ttft_s else None
-            try:
-                decision = await self.admission.place(
-                    route, flight.route_request, flight.tried, flight.since, over
-                )
-            except (Escalate, QueueFull, NoHealthyWorker) as why:
-                full.append(f"{route.model}: {why}")
-                continue
-            if index != start:
-                way = "down" if index < start else "up"
-                reason = "; ".join(full)
-                choice.index = start
-                self.tiers.moved(choice, index, "capacity", f"moved {way}: {reason}")
-                flight.headers[TIER_HEADER] = choice.header()
-            return decision
-        if choice.index != start:
-            self.retier(flight, start)
-        return None
-
-    async def cascade(
-        self, flight: Flight, response: web.StreamResponse, usage: Usage
-    ) -> tuple[web.StreamResponse, Usage]:
-        """A cheaper tier's whole answer that shows one of the route's failure signals is asked
-        again of the strongest tier, once; the client sees one answer. Log-probabilities the
-        gateway asked for, and the client did not, are taken out of the answer it keeps."""
-        choice, inference = flight.tier, flight.inference
-        assert choice is not None
-        cascade = choice.route.cascade
-        data = response.body if isinstance(response, web.Response) else None
-        whole = isinstance(data, bytes) and response.status == 200
-        if whole and inference.extra:
-            assert isinstance(response, web.Response)
-            assert isinstance(data, bytes)
-            response.body = without_logprobs(data)
-        if not whole or cascade is None or choice.index == choice.top or inference.stream:
-            if response.status < 400:
-                self.tiers.settled(choice)
-            return response, usage
-        assert isinstance(data, bytes)
-        signal = self.tiers.signal(cascade, data, inference)
-        if signal is None:
-            self.tiers.settled(choice)
-            if choice.streamed:  # judged whole: now streamed to the client
-                return as_stream(response, inference, choice.wants_usage), usage
-            return response, usage
-        came = choice.model
-        self.tiers.cascades[choice.route.name, signal] += 1
-        inference.extra = b""
-        kept = as_stream(response, inference, choice.wants_usage) if choice.streamed else response
-        try:
-            self.retier(flight, choice.top)
-        except GatewayError:
-            self.tiers.settled(choice)
-            return kept, usage  # the strongest cannot take it: the answer stands
-        self.tiers.moved(choice, choice.top, "cascade", f"{came}: {signal}")
-        choice.cascaded = signal
-        flight.headers[TIER_HEADER] = choice.header()
-        flight.answer, flight.since = None, self.clock()
-        flight.attempts.clear()
-        flight.tried.clear()
-        flight.failures = flight.broken = 0
-        try:
-            answered = await self.serve(flight)
-        except GatewayError as error:
-            log.warning("request %s: the cascade to %s failed: %s", flight.id, choice.model,
-                        error.message, extra={"request_id": flight.id})  # fmt: skip
-            return kept, usage  # the cheaper tier's answer stands
-        if answered[0].status < 400:
-            self.tiers.settled(choice)
-        return answered
 
     def admit(self, flight: Flight) -> Charge:
         """The tenant's quota: held until the answer settles it. A peer's request was counted

@@ -1,0 +1,86 @@
+"""A request's first steps on the gateway's path, before anything is taken for it: who asks
+(authenticate) and what is asked, checked whole (parse). Only reads."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from agents.control.compile import ModelConfig, RegionConfig, RouteConfig
+from agents.gateway import assertion, auth
+from agents.gateway.errors import UpstreamFailed
+from agents.gateway.flight import Caller, Flight
+from agents.gateway.requests import Inference, check_context, parse
+from agents.metrics import Served
+from agents.router.escalation import Escalations
+from agents.router.policies import RouteRequest
+from agents.router.router import Router
+
+
+class Arrival:
+    """The gateway's steps that read a request."""
+
+    router: Router
+    assertions: assertion.Seen
+    escalations: Escalations
+    operator_token: str | None
+
+    def authenticate(
+        self, request: web.Request, config: RegionConfig, body: bytes, rid: str, served: Served
+    ) -> Caller:
+        """Who asks: a peer region's signed word for its tenant, the operator, or a tenant's
+        key."""
+        signed = request.headers.get(assertion.HEADER)
+        if signed is not None:  # escalated here by a peer region: its word for who asks
+            seen = self.assertions
+            claim = assertion.verify(signed, config, body=body, request_id=rid, seen=seen)
+            self.escalations.received(claim.origin, claim.reason)
+            served.came_from, served.insider, served.tenant = claim.origin, True, claim.tenant.name
+            return Caller(claim.tenant, claim.origin, claim.debug, claim.waited_s)
+        tenant, insider = auth.caller(request.headers.get("Authorization"), config,
+                                      self.operator_token)  # fmt: skip
+        served.insider, served.tenant = insider, tenant.name
+        return Caller(tenant, debug=insider and request.headers.get("x-meridian-debug") == "1")
+
+    def parse(
+        self,
+        request: web.Request,
+        config: RegionConfig,
+        body: bytes,
+        caller: Caller,
+        request_id: str,
+        headers: dict[str, str],
+        served: Served,
+        arrived: float,
+    ) -> Flight:
+        """What is asked, checked whole (its parameters, and its prompt and answer against the
+        model's context), and where it may go."""
+        inference, model = parse(request.path, body, config)
+        fits = model  # a tiered request: what its tiers take together (its tier is chosen next)
+        if inference.tiered is not None:
+            model = config.models[inference.tiered.tiers[-1]]  # meanwhile, the strongest
+        served.model = model.name
+        route_request, route = routed(self.router, config, model, inference, fits)
+        # a peer's request goes no further
+        chain = config.chain(model.name, caller.tenant.tier) if caller.came_from is None else None
+        since = arrived - caller.waited_s  # the SLO is the client's, end to end
+        return Flight(
+            request, request_id, headers, served, arrived, since, body, caller, inference,
+            model, route_request, route, chain,
+        )  # fmt: skip
+
+
+def routed(
+    router: Router,
+    config: RegionConfig,
+    model: ModelConfig,
+    inference: Inference,
+    fits: ModelConfig | None = None,
+) -> tuple[RouteRequest, RouteConfig]:
+    """The request as the router takes it for `model`, checked against the context of `fits`
+    (default: the model), and the model's route here."""
+    route_request = router.request(model.name, inference.key, inference.tokens, inference.max_new)
+    check_context(fits or model, route_request.prompt_tokens, inference.max_new)
+    route = config.routes.get(model.name)
+    if route is None:
+        raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
+    return route_request, route
