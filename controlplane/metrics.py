@@ -1,8 +1,10 @@
 """The control plane's Prometheus metrics (`GET /metrics`, viewer and above): its API's latency
 (OpenTelemetry's `http.server.request.duration`, as a Prometheus name, by method, route
 template and status), the agents connected to this replica per region, the snapshot acks
-and nacks they sent, the push lag: from a snapshot's send to its agent's ack; and, on the
-leader, rollouts by outcome, rollbacks by check and the time each wave took."""
+and nacks they sent, the push lag: from a snapshot's send to its agent's ack, the snapshots
+and deltas sent and their bytes, the compiles and the time they took (of it, reading
+PostgreSQL); and, on the leader, rollouts by outcome, rollbacks by check and the time each
+wave took."""
 
 from __future__ import annotations
 
@@ -42,6 +44,17 @@ class ControlPlaneMetrics:
         self.push_lag = Histogram("meridian_push_ack", "From a snapshot's send to its agent's "
                                   "ack", ["region"], unit="seconds", buckets=PUSH_BUCKETS,
                                   registry=r)  # fmt: skip
+        self.pushed = Counter("meridian_snapshots_sent", "Snapshots sent to agents, whole "
+                              "(`full`) or as a delta from what they held (`delta`)", ["kind"],
+                              registry=r)  # fmt: skip
+        self.pushed_bytes = Counter("meridian_snapshot_sent_bytes", "Bytes of the snapshots "
+                                    "sent", ["kind"], registry=r)  # fmt: skip
+        self.resyncs = Counter("meridian_snapshot_resyncs", "Deltas agents could not apply, "
+                               "answered with the whole snapshot", ["region"],
+                               registry=r)  # fmt: skip
+        self.compiles = Counter("meridian_compile_seconds", "Time spent reading and compiling "
+                                "revisions, by phase (`read`: PostgreSQL)", ["phase"],
+                                registry=r)  # fmt: skip
         self.rollouts = Counter("meridian_rollouts", "Rollouts ended, by outcome", ["outcome"],
                                 registry=r)  # fmt: skip
         self.rollbacks = Counter("meridian_rollbacks", "Rollbacks, by the check that failed",

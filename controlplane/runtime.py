@@ -70,11 +70,11 @@ class Replica:
         traced = make_tracer(settings, self.coordinator.me.id)
         self.tracer: Tracer | None = traced[0] if traced else None
         self._provider: TracerProvider | None = traced[1] if traced else None
-        self.hub = SnapshotHub(db, tracer=self.tracer)
+        self.metrics = ControlPlaneMetrics(self.tracer)
+        self.hub = SnapshotHub(db, tracer=self.tracer, metrics=self.metrics)
         self.reports = NodeReports(db)
         self.leases = LeaseFeed(db, ttl_s=settings.quota_lease_ttl_s)
         self.demand = DemandBook(db, self.coordinator.me.id)
-        self.metrics = ControlPlaneMetrics(self.tracer)
         self.service = FleetService(
             db,
             self.hub,

@@ -191,7 +191,7 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
     }
     routes = {r.model: _route(r) for r in snapshot.routes}
     # the region's share is split over its nodes, up or not: their shares never sum above it
-    nodes = max(1, len(snapshot.nodes))
+    nodes = max(1, snapshot.node_count or len(snapshot.nodes))
     keys: dict[str, ApiKey] = {}
     tenants: dict[str, Tenant] = {}
     for grant in snapshot.tenants:

@@ -18,6 +18,8 @@ from pathlib import Path
 import grpc
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from meridian_pb.fleet.v1 import fleet_pb2_grpc as pb_grpc
+from meridian_pb.fleet.v1.content import digest
+from meridian_pb.fleet.v1.delta import apply as delta_apply
 
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -99,27 +101,51 @@ class SyncStream:
 
     gRPC allows one write in flight per call, and acks and heartbeats come from different
     tasks, so writes take turns.
+
+    A delta is made into the snapshot it stands for here, from the last snapshot read (or,
+    after a nack, the last acked), as the control plane assumes; one whose result does not
+    have the digest it announced is answered with a Resync, and the whole snapshot follows.
     """
 
     def __init__(self, call: grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControlMessage]):
         self.call = call
         self._writing = asyncio.Lock()
+        self.held: pb.Snapshot | None = None  # the last snapshot acked (or said in Hello)
+        self._base: pb.Snapshot | None = None  # what the next delta applies to
+        self.resyncs = 0
 
     async def _write(self, message: pb.AgentMessage) -> None:
         async with self._writing:
             await self.call.write(message)
 
     async def hello(
-        self, *, region: str, node: str = "", revision: int = 0, digest: str = ""
+        self,
+        *,
+        region: str,
+        node: str = "",
+        revision: int = 0,
+        digest: str = "",
+        held: pb.Snapshot | None = None,
     ) -> None:
+        """Say what the agent runs: `held`, or its revision and digest alone."""
+        if held is not None:
+            revision, digest = held.revision, held.digest
+            self.held = self._base = held
         hello = pb.Hello(region=region, node=node, revision=revision, digest=digest)
         await self._write(pb.AgentMessage(hello=hello))
 
     async def ack(self, revision: int) -> None:
+        if self._base is not None and self._base.revision == revision:
+            self.held = self._base
         await self._write(pb.AgentMessage(ack=pb.Ack(revision=revision)))
 
     async def nack(self, revision: int, reason: str) -> None:
+        self._base = self.held
         await self._write(pb.AgentMessage(nack=pb.Nack(revision=revision, reason=reason)))
+
+    async def resync(self, revision: int, reason: str) -> None:
+        self.resyncs += 1
+        await self._write(pb.AgentMessage(resync=pb.Resync(revision=revision, reason=reason)))
 
     async def heartbeat(self, telemetry: pb.Telemetry) -> None:
         await self._write(pb.AgentMessage(heartbeat=pb.Heartbeat(telemetry=telemetry)))
@@ -138,9 +164,30 @@ class SyncStream:
     async def next_snapshot(self) -> pb.Snapshot | None:
         """The next snapshot (past any other message), or None at the stream's clean end."""
         while (message := await self.next_message()) is not None:
-            if message.WhichOneof("body") == "snapshot":
-                return message.snapshot
+            snapshot = await self.snapshot_of(message)
+            if snapshot is not None:
+                return snapshot
         return None
+
+    async def snapshot_of(self, message: pb.ControlMessage) -> pb.Snapshot | None:
+        """The snapshot a message brings, whole or as a delta; None for any other message,
+        and for a delta that could not be applied (a Resync is sent for it)."""
+        body = message.WhichOneof("body")
+        if body == "snapshot":
+            self._base = message.snapshot
+            return message.snapshot
+        if body != "delta":
+            return None
+        delta = message.delta
+        made = delta_apply(self._base, delta) if self._base is not None else None
+        if made is None:
+            await self.resync(delta.revision, "the delta is not from the revision held")
+            return None
+        if digest(made) != delta.digest:
+            await self.resync(delta.revision, "the delta's result differs from its digest")
+            return None
+        self._base = made
+        return made
 
     def close(self) -> None:
         self.call.cancel()

@@ -167,12 +167,8 @@ class ControlLink:
         beats: asyncio.Task[None] | None = None
         reports: asyncio.Task[None] | None = None
         try:
-            have = self._current()
             await stream.hello(
-                region=self.settings.region,
-                node=identity.node,
-                revision=have.revision if have else 0,
-                digest=have.digest if have else "",
+                region=self.settings.region, node=identity.node, held=self._current()
             )
             metadata = await stream.call.initial_metadata()
             if metadata is None or STREAM_ACCEPTED not in dict(metadata):
@@ -187,10 +183,10 @@ class ControlLink:
             if self._quotas is not None:
                 reports = loop.create_task(self._report(stream, self._quotas))
             while (message := await stream.next_message()) is not None:
-                body = message.WhichOneof("body")
-                if body == "snapshot":
-                    await self._take(stream, message.snapshot)
-                elif body == "leases" and self._quotas is not None:
+                snapshot = await stream.snapshot_of(message)  # whole, or made from a delta
+                if snapshot is not None:
+                    await self._take(stream, snapshot)
+                elif message.WhichOneof("body") == "leases" and self._quotas is not None:
                     self._quotas.leases(message.leases)
         finally:
             for task in (beats, reports):

@@ -23,7 +23,7 @@ from controlplane.errors import (
     WrongRegion,
 )
 from controlplane.metrics import ControlPlaneMetrics
-from controlplane.push.hub import SnapshotHub
+from controlplane.push.hub import RegionFeed, SnapshotHub
 from controlplane.push.leases import LeaseFeed
 from controlplane.push.status import guarded
 from controlplane.push.wire import telemetry_doc
@@ -50,6 +50,11 @@ class StreamState:
     sent_digest: str = ""
     sent_at: float = 0.0  # monotonic: when it was written
     writing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one write at a time
+    # what the agent holds once it has taken all that was sent: the base of the next delta
+    holds: tuple[int, str] = (0, "")
+
+    def __post_init__(self) -> None:
+        self.holds = (self.revision, self.digest)
 
 
 def bearer(context: Context) -> str:
@@ -194,29 +199,47 @@ class FleetService:
             feed = self._hub.feed(who.region, who.node)
             if feed is None:
                 raise WrongRegion(f"region {who.region!r} no longer exists")
-            if feed.digest == state.digest and state.sent == 0:
+            if state.sent == 0 and feed.digest(who.node) == state.digest:
                 # Same content under an older label (a replica restarted): nothing to send.
                 self._reports.applied(who.node_id, state.revision)
                 self._reports.desired(who.node_id, state.revision)
                 state.sent = state.revision
             elif feed.revision > max(state.sent, state.revision):
-                tracer = self._hub.tracer
-                span = None
-                if tracer is not None:
-                    span = tracer.start_span(f"push revision {feed.revision}",
-                                             child_of(feed.trace), SpanKind.PRODUCER)  # fmt: skip
-                    span.set_attributes({"meridian.region": who.region, "meridian.node": who.node,
-                                         "meridian.revision": feed.revision})  # fmt: skip
-                try:
-                    async with state.writing:
-                        await context.write(feed.message)
-                finally:
-                    if span is not None:
-                        span.end()
-                state.sent, state.sent_digest = feed.revision, feed.digest
-                state.sent_at = time.monotonic()
-                self._reports.desired(who.node_id, feed.revision)
+                await self._send(context, who, state, feed, whole=False)
             await changed.wait()
+
+    async def _send(
+        self,
+        context: Context,
+        who: agents.AgentIdentity,
+        state: StreamState,
+        feed: RegionFeed,
+        *,
+        whole: bool,
+    ) -> None:
+        """The feed's snapshot for the node: as a delta from what it holds, where it can."""
+        tracer = self._hub.tracer
+        span = None
+        if tracer is not None:
+            span = tracer.start_span(f"push revision {feed.revision}",
+                                     child_of(feed.trace), SpanKind.PRODUCER)  # fmt: skip
+            span.set_attributes({"meridian.region": who.region, "meridian.node": who.node,
+                                 "meridian.revision": feed.revision})  # fmt: skip
+        try:
+            async with state.writing:
+                message = None if whole else feed.delta(who.node, state.holds)
+                kind = "delta" if message is not None else "full"
+                message = message or feed.full(who.node)
+                await context.write(message)
+        finally:
+            if span is not None:
+                span.end()
+        self._metrics.pushed.labels(kind).inc()
+        self._metrics.pushed_bytes.labels(kind).inc(len(message))
+        digest = feed.digest(who.node)
+        state.sent, state.sent_digest, state.holds = feed.revision, digest, (feed.revision, digest)
+        state.sent_at = time.monotonic()
+        self._reports.desired(who.node_id, feed.revision)
 
     async def _listen(
         self, context: Context, who: agents.AgentIdentity, state: StreamState
@@ -231,8 +254,21 @@ class FleetService:
                     if state.sent_at:  # sent on this stream, not found already in force
                         lag = time.monotonic() - state.sent_at
                         self._metrics.push_lag.labels(who.region).observe(lag)
+            elif body == "resync":
+                log.info(
+                    "node %s asked for the whole of revision %s: %s",
+                    who.node,
+                    message.resync.revision,
+                    message.resync.reason,
+                    extra={"node_id": who.node, "region": who.region},
+                )
+                self._metrics.resyncs.labels(who.region).inc()
+                feed = self._hub.feed(who.region, who.node)
+                if feed is not None:
+                    await self._send(context, who, state, feed, whole=True)
             elif body == "nack":
                 nack = message.nack
+                state.holds = (state.revision, state.digest)  # the next delta is from there
                 log.warning(
                     "node %s refused revision %s: %s",
                     who.node,

@@ -1,4 +1,10 @@
-"""The fleet at one revision, read in one consistent transaction, and compiled per region."""
+"""The fleet at one revision, read in one consistent transaction, and compiled per region.
+
+`FleetReader` keeps the last fleet it read and, for a newer revision, reads again only the
+objects the audit log names as changed since: a write to one tenant of a fleet of 5,000
+nodes reads one row, not 5,000. The objects that did not change stay the same objects, which
+the incremental compile (push/parts.py) relies on.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +15,19 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.db.access_rows import ApiKeyRow
+from controlplane.db.access_rows import ApiKeyRow, TenantRow
+from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import EngineSlotRow, NodeRow, RegionRow
+from controlplane.services.access_kinds import API_KEY, TENANT
+from controlplane.services.fleet_kinds import DEPLOYMENT, MODEL, NODE, REGION
 from controlplane.services.registry import APPLY_KINDS
 from controlplane.services.unit import current_revision
 from controlplane.snapshot import FleetState, RegionSnapshot, compile_region
-from controlplane.snapshot.types import ApiKeyState
+from controlplane.snapshot.types import ApiKeyState, Slot
 
 PLACEMENT_KEYS = ("regions", "nodes", "models", "deployments")
+MOVES_ENGINES = {DEPLOYMENT.kind, NODE.kind, MODEL.kind, REGION.kind}  # they rewrite slots
 
 
 async def load_fleet_state(db: Database) -> FleetState:
@@ -37,21 +47,113 @@ async def read_fleet_state(session: AsyncSession, keys: Iterable[str] = APPLY_KI
     if "tenants" in keys:
         state["api_keys"] = await _api_keys(session)
     if "regions" in keys:
-        keys_of = await session.execute(select(RegionRow.name, RegionRow.signing_key))
-        state["signing_keys"] = {name: base64.b64encode(k).decode() for name, k in keys_of}
-    slots = await session.execute(
-        select(EngineSlotRow.engine_id, NodeRow.name, EngineSlotRow.gpu_indexes, EngineSlotRow.port)
-        .join(NodeRow, NodeRow.id == EngineSlotRow.node_id)
-    )  # fmt: skip
-    state["slots"] = {
-        engine: {"node": node, "gpu_indexes": gpus, "port": port}
-        for engine, node, gpus, port in slots
-    }
+        state["signing_keys"] = await _signing_keys(session)
+    state["slots"] = await _slots(session, {})
     return FleetState.model_validate(state)
 
 
-async def _api_keys(session: AsyncSession) -> dict[str, ApiKeyState]:
+class FleetReader:
+    """The newest fleet, read again only where it changed since the last read."""
+
+    def __init__(self) -> None:
+        self.state: FleetState | None = None
+        self.full_reads = 0  # for tests and the benchmark
+
+    async def read(self, session: AsyncSession) -> FleetState:
+        """Within the caller's (repeatable-read) transaction."""
+        revision = await current_revision(session)
+        last = self.state
+        if last is not None and revision == last.revision:
+            return last
+        changed = None if last is None or revision < last.revision else (
+            await _changed_since(session, last.revision, revision)
+        )  # fmt: skip
+        if last is None or changed is None:
+            self.full_reads += 1
+            self.state = await read_fleet_state(session)
+        else:
+            self.state = await _patched(session, last, revision, changed)
+        return self.state
+
+
+async def _changed_since(
+    session: AsyncSession, after: int, upto: int
+) -> dict[str, set[str]] | None:
+    """The names of what changed, by kind; None when the audit log does not account for
+    every revision in between (the whole fleet is read then)."""
+    rows = await session.execute(
+        select(AuditEventRow.revision, AuditEventRow.kind, AuditEventRow.name).where(
+            AuditEventRow.revision > after, AuditEventRow.revision <= upto
+        )
+    )
+    revisions: set[int] = set()
+    changed: dict[str, set[str]] = {}
+    for revision, kind, name in rows:
+        revisions.add(revision)
+        changed.setdefault(kind, set()).add(name)
+    return changed if len(revisions) == upto - after else None
+
+
+async def _patched(
+    session: AsyncSession, last: FleetState, revision: int, changed: dict[str, set[str]]
+) -> FleetState:
+    update: dict[str, Any] = {"revision": revision}
+    for key, kind in APPLY_KINDS.items():
+        names = changed.get(kind.kind)
+        if not names:
+            continue
+        rows = (await session.execute(select(kind.row).where(kind.row.name.in_(names)))).unique()
+        docs = {row.name: kind.doc(row) for row in rows.scalars()}
+        fresh = getattr(FleetState.model_validate({"revision": revision, key: docs}), key)
+        now = {n: v for n, v in getattr(last, key).items() if n not in names}
+        now.update(fresh)
+        update[key] = dict(sorted(now.items()))
+    keys, tenants = changed.get(API_KEY.kind, set()), changed.get(TENANT.kind, set())
+    if keys or tenants:
+        fresh_keys = await _api_keys(session, keys, tenants)
+        now_keys = {
+            n: k for n, k in last.api_keys.items() if n not in keys and k.tenant not in tenants
+        }
+        now_keys.update(fresh_keys)
+        update["api_keys"] = dict(sorted(now_keys.items()))
+    if REGION.kind in changed:
+        update["signing_keys"] = await _signing_keys(session)
+    if MOVES_ENGINES & changed.keys():
+        update["slots"] = await _slots(session, last.slots)
+    return last.model_copy(update=update)
+
+
+async def _signing_keys(session: AsyncSession) -> dict[str, str]:
+    keys_of = await session.execute(select(RegionRow.name, RegionRow.signing_key))
+    return {name: base64.b64encode(k).decode() for name, k in sorted(keys_of)}
+
+
+async def _slots(session: AsyncSession, last: dict[str, Slot]) -> dict[str, Slot]:
+    """Every engine's slot; a slot that did not move is the object `last` has."""
+    rows = await session.execute(
+        select(EngineSlotRow.engine_id, NodeRow.name, EngineSlotRow.gpu_indexes, EngineSlotRow.port)
+        .join(NodeRow, NodeRow.id == EngineSlotRow.node_id)
+    )  # fmt: skip
+    slots = {}
+    for engine, node, gpus, port in rows:
+        old = last.get(engine)
+        same = old is not None and (old.node, old.gpu_indexes, old.port) == (node, gpus, port)
+        slots[engine] = (
+            old if same and old is not None else Slot(node=node, gpu_indexes=gpus, port=port)
+        )
+    return slots
+
+
+async def _api_keys(
+    session: AsyncSession, names: set[str] | None = None, tenants: set[str] | None = None
+) -> dict[str, ApiKeyState]:
+    """The keys not revoked: all of them, or those named and those of the tenants named."""
     query = select(ApiKeyRow).where(ApiKeyRow.revoked_at.is_(None))
+    if names is not None or tenants is not None:
+        tenant_ids = select(TenantRow.id).where(TenantRow.name.in_(tenants or set()))
+        query = query.where(
+            ApiKeyRow.name.in_(names or set()) | ApiKeyRow.tenant_id.in_(tenant_ids)
+        )
     return {
         k.name: ApiKeyState(
             tenant=k.tenant.name, prefix=k.prefix, key_hash=k.key_hash, expires_at=k.expires_at

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from controlplane.domain import EngineBackend, NodeState, RegionState
-from controlplane.schemas.fleet import FallbackRuleSpec
+from controlplane.schemas.fleet import DeploymentSpec, FallbackRuleSpec, NodeSpec
 from controlplane.snapshot.keys import public_key
 from controlplane.snapshot.placement import KV_EVENTS_PORT_OFFSET, place
 from controlplane.snapshot.types import (
@@ -21,6 +23,7 @@ from controlplane.snapshot.types import (
     RegionSnapshot,
     Route,
     SigningKey,
+    Slot,
     TenantGrant,
     TierCascade,
     TieredRoute,
@@ -32,28 +35,98 @@ from controlplane.snapshot.types import (
 )
 
 
-def compile_region(state: FleetState, region: str) -> RegionSnapshot:
-    spec = state.regions[region]
-    deployments = {n: d for n, d in sorted(state.deployments.items()) if d.region == region}
-    nodes: list[NodePlan] = []
-    unplaced: list[Unplaced] = []
-    if spec.state is not RegionState.DISABLED:
-        nodes, unplaced = place(state, region)
-    models = sorted({d.model for d in deployments.values()})
-    routes = [_route(state, region, m) for m in models]
-    events = {r.model for r in routes if r.params.get("kv_events") is True}
-    nodes = _with_kv_events(nodes, events)
+@dataclass(frozen=True)
+class FleetIndex:
+    """What every region's compile looks up, gathered once per fleet state."""
+
+    nodes: dict[str, dict[str, NodeSpec]]  # by region, then name
+    deployments: dict[str, dict[str, DeploymentSpec]]  # by region, then name (sorted)
+    slots: dict[str, dict[str, Slot]]  # by node, then engine id
+    weights: dict[str, int]  # each region's share of capacity (region_weight)
+    keys: dict[str, list[KeyGrant]]  # each tenant's keys, in order of the keys' names
+
+    @classmethod
+    def of(cls, state: FleetState) -> FleetIndex:
+        nodes: dict[str, dict[str, NodeSpec]] = {r: {} for r in state.regions}
+        for name, node in sorted(state.nodes.items()):
+            nodes.setdefault(node.region, {})[name] = node
+        deployments: dict[str, dict[str, DeploymentSpec]] = {r: {} for r in state.regions}
+        for name, d in sorted(state.deployments.items()):
+            deployments.setdefault(d.region, {})[name] = d
+        slots: dict[str, dict[str, Slot]] = {}
+        for engine, slot in state.slots.items():
+            slots.setdefault(slot.node, {})[engine] = slot
+        weights = {}
+        for region in state.regions:
+            gpus = sum(len(n.gpus) for n in nodes[region].values() if n.state is NodeState.ACTIVE)
+            weights[region] = gpus + sum(len(d.external_urls) for d in deployments[region].values())
+        keys: dict[str, list[KeyGrant]] = {}
+        for _, k in sorted(state.api_keys.items()):
+            grant = KeyGrant(prefix=k.prefix, key_hash=k.key_hash, expires_at=k.expires_at)
+            keys.setdefault(k.tenant, []).append(grant)
+        return cls(nodes, deployments, slots, weights, keys)
+
+
+class Placed(NamedTuple):
+    """A region's engines on its nodes, what did not fit, and the workers its router sees."""
+
+    nodes: list[NodePlan]
+    unplaced: list[Unplaced]
+    workers: list[Worker]
+
+
+def compile_region(
+    state: FleetState, region: str, index: FleetIndex | None = None
+) -> RegionSnapshot:
+    index = index or FleetIndex.of(state)
+    routes = region_routes(state, region, index)
+    placed = placement(state, region, kv_event_models(routes))
     return RegionSnapshot(
-        revision=state.revision,
-        region=RegionInfo(name=region, **spec.model_dump()),
-        models=[
+        nodes=placed.nodes,
+        unplaced=placed.unplaced,
+        workers=placed.workers,
+        tenants=tenant_grants(state, region, index),
+        **region_catalog(state, region, index, routes),
+    )
+
+
+def region_routes(state: FleetState, region: str, index: FleetIndex) -> list[Route]:
+    models = sorted({d.model for d in index.deployments[region].values()})
+    return [_route(state, region, m) for m in models]
+
+
+def kv_event_models(routes: list[Route]) -> frozenset[str]:
+    return frozenset(r.model for r in routes if r.params.get("kv_events") is True)
+
+
+def placement(state: FleetState, region: str, events: frozenset[str]) -> Placed:
+    """Reads the region's spec and nodes, its deployments and their models, and the slots
+    on its nodes: nothing else of `state` (see push/parts.py, which relies on it)."""
+    if state.regions[region].state is RegionState.DISABLED:
+        return Placed([], [], [])
+    nodes, unplaced = place(state, region)
+    nodes = _with_kv_events(nodes, events)
+    return Placed(nodes, unplaced, _workers(state, region, nodes, events))
+
+
+def region_catalog(
+    state: FleetState, region: str, index: FleetIndex, routes: list[Route]
+) -> dict[str, Any]:
+    """The rest of the region's snapshot: small, and cheap to compile every time."""
+    spec = state.regions[region]
+    deployments = index.deployments[region]
+    models = [r.model for r in routes]
+    return {
+        "revision": state.revision,
+        "region": RegionInfo(name=region, **spec.model_dump()),
+        "models": [
             ModelInfo(
                 name=m,
                 **state.models[m].model_dump(include={"source", "context_length", "capabilities"}),
             )
             for m in models
         ],
-        deployments=[
+        "deployments": [
             DeploymentInfo(
                 name=n,
                 **d.model_dump(
@@ -70,23 +143,17 @@ def compile_region(state: FleetState, region: str) -> RegionSnapshot:
             )
             for n, d in deployments.items()
         ],
-        nodes=nodes,
-        unplaced=unplaced,
-        workers=_workers(state, region, nodes, events),
-        routes=routes,
-        fallback=_fallback(state, region),
-        tenants=_tenants(state, region),
-        signing_key=_signing_key(state, region),
-        trusted=_trusted(state, region),
-        tiered=_tiered(state, set(models)),
-    )
+        "routes": routes,
+        "fallback": _fallback(state, region, index),
+        "signing_key": _signing_key(state, region),
+        "trusted": _trusted(state, region),
+        "tiered": _tiered(state, set(models)),
+    }
 
 
 def _workers(
-    state: FleetState, region: str, nodes: list[NodePlan], events: set[str]
+    state: FleetState, region: str, nodes: list[NodePlan], events: frozenset[str]
 ) -> list[Worker]:
-    if state.regions[region].state is RegionState.DISABLED:
-        return []
     workers = [
         Worker(
             id=e.id,
@@ -126,7 +193,7 @@ def _events_port(url: str) -> int | None:
     return port if port <= 65535 else None
 
 
-def _with_kv_events(nodes: list[NodePlan], models: set[str]) -> list[NodePlan]:
+def _with_kv_events(nodes: list[NodePlan], models: frozenset[str]) -> list[NodePlan]:
     """Engines of a model whose route sets `kv_events: true` publish their cache events on
     their port + 2000; routers subscribe there."""
     return [
@@ -213,7 +280,7 @@ def _tiered(state: FleetState, models: set[str]) -> list[TieredRoute]:
     return out
 
 
-def _fallback(state: FleetState, region: str) -> list[FallbackChain]:
+def _fallback(state: FleetState, region: str, index: FleetIndex) -> list[FallbackChain]:
     """Most specific rule first; only active peers, with what an agent needs to reach them."""
 
     def specificity(item: tuple[str, FallbackRuleSpec]) -> tuple[bool, bool, str]:
@@ -230,7 +297,7 @@ def _fallback(state: FleetState, region: str) -> list[FallbackChain]:
                 cloud=state.regions[p].cloud,
                 jurisdiction=state.regions[p].jurisdiction,
                 gateway_url=state.regions[p].gateway_url,
-                models=sorted({d.model for d in state.deployments.values() if d.region == p}),
+                models=sorted({d.model for d in index.deployments[p].values()}),
             )
             for p in rule.peers
             if state.regions[p].state is RegionState.ACTIVE
@@ -276,13 +343,7 @@ def _trusted(state: FleetState, region: str) -> list[TrustedRegion]:
 
 def region_weight(state: FleetState, region: str) -> int:
     """A region's share of capacity: GPUs on its active nodes plus its external endpoints."""
-    gpus = sum(
-        len(n.gpus)
-        for n in state.nodes.values()
-        if n.region == region and n.state is NodeState.ACTIVE
-    )
-    external = sum(len(d.external_urls) for d in state.deployments.values() if d.region == region)
-    return gpus + external
+    return FleetIndex.of(state).weights[region]
 
 
 def split(quota: int, weights: dict[str, int]) -> dict[str, int]:
@@ -317,11 +378,15 @@ def _exact(quota: int | None, weights: dict[str, int], region: str) -> float | N
     return quota * weights[region] / total if total else quota / len(weights)
 
 
-def serving_weights(state: FleetState, tenant: str) -> dict[str, int]:
-    """The regions that may serve the tenant (active, in its jurisdictions), by weight."""
+def serving_weights(
+    state: FleetState, tenant: str, weights: dict[str, int] | None = None
+) -> dict[str, int]:
+    """The regions that may serve the tenant (active, in its jurisdictions), by weight
+    (`weights`: every region's, from FleetIndex, when known)."""
     allowed = state.tenants[tenant].allowed_jurisdictions
+    weights = weights if weights is not None else FleetIndex.of(state).weights
     return {
-        r: region_weight(state, r)
+        r: weights[r]
         for r, spec in state.regions.items()
         if spec.state is RegionState.ACTIVE and (allowed is None or spec.jurisdiction in allowed)
     }
@@ -334,7 +399,7 @@ def region_shares(state: FleetState, tenant: str) -> dict[str, float]:
     return {r: w / total if total else 1 / len(weights) for r, w in weights.items()}
 
 
-def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
+def tenant_grants(state: FleetState, region: str, index: FleetIndex) -> list[TenantGrant]:
     """Every tenant, with this region's share of its global quotas; a tenant whose
     jurisdictions exclude this region's is listed with no share, so that its keys are known
     here and answered 403 (not 401, as an unknown key is)."""
@@ -343,12 +408,8 @@ def _tenants(state: FleetState, region: str) -> list[TenantGrant]:
     for name, tenant in sorted(state.tenants.items()):
         allowed = tenant.allowed_jurisdictions
         barred = allowed is not None and jurisdiction not in allowed
-        weights = {} if barred else serving_weights(state, name)
-        keys = [
-            KeyGrant(prefix=k.prefix, key_hash=k.key_hash, expires_at=k.expires_at)
-            for _, k in sorted(state.api_keys.items())
-            if k.tenant == name
-        ]
+        weights = {} if barred else serving_weights(state, name, index.weights)
+        keys = index.keys.get(name, [])
         grants.append(
             TenantGrant(
                 name=name,

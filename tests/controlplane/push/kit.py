@@ -70,6 +70,7 @@ class Agent:
     tls: ChannelTls | None = None
     revision: int = 0
     digest: str = ""
+    held: pb.Snapshot | None = None  # the snapshot applied last: deltas apply to it
     snapshots: asyncio.Queue[pb.Snapshot | BaseException | None] = field(
         default_factory=asyncio.Queue
     )
@@ -104,11 +105,15 @@ class Agent:
         # A stream refused at its start (bad credential) may end before the Hello is written:
         # the reader below then takes the error, for `ended()` to give.
         with contextlib.suppress(grpc.aio.AioRpcError):
+            held = (
+                self.held if self.held is not None and self.held.revision == self.revision else None
+            )
             await self._stream.hello(
                 region=region or self.region,
                 node=self.node,
                 revision=self.revision,
                 digest=self.digest,
+                held=held,
             )
         self._reader = asyncio.create_task(self._read(self._stream))
         self._beats = asyncio.create_task(self._beat(self._stream))
@@ -157,11 +162,16 @@ class Agent:
         """Take a snapshot as good: ack it and remember it, as an agent does."""
         assert self._stream is not None
         await self._stream.ack(snapshot.revision)
-        self.revision, self.digest = snapshot.revision, snapshot.digest
+        self.revision, self.digest, self.held = snapshot.revision, snapshot.digest, snapshot
 
     async def refuse(self, snapshot: pb.Snapshot, reason: str) -> None:
         assert self._stream is not None
         await self._stream.nack(snapshot.revision, reason)
+
+    @property
+    def stream(self) -> SyncStream:
+        assert self._stream is not None
+        return self._stream
 
     async def heartbeat(self, telemetry: pb.Telemetry) -> None:
         assert self._stream is not None

@@ -123,6 +123,7 @@ class AgentMessage(_message.Message):
     NACK_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     DEMAND_FIELD_NUMBER: _builtins.int
+    RESYNC_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -133,6 +134,8 @@ class AgentMessage(_message.Message):
     def heartbeat(self) -> Global___Heartbeat: ...
     @_builtins.property
     def demand(self) -> Global___Demand: ...
+    @_builtins.property
+    def resync(self) -> Global___Resync: ...
     def __init__(
         self,
         *,
@@ -141,12 +144,13 @@ class AgentMessage(_message.Message):
         nack: Global___Nack | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
         demand: Global___Demand | None = ...,
+        resync: Global___Resync | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "demand", b"demand", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "demand", b"demand", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack", "resync", b"resync"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "demand", b"demand", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "demand", b"demand", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack", "resync", b"resync"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "ack", "nack", "heartbeat", "demand"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "ack", "nack", "heartbeat", "demand", "resync"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -183,6 +187,33 @@ class Hello(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Hello: _TypeAlias = Hello  # noqa: Y015
+
+@_typing.final
+class Resync(_message.Message):
+    """A delta did not give the digest it announced (or did not fit what the agent holds):
+    send the full snapshot.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """the revision of the delta refused"""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Resync: _TypeAlias = Resync  # noqa: Y015
 
 @_typing.final
 class Ack(_message.Message):
@@ -821,25 +852,102 @@ class ControlMessage(_message.Message):
 
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     LEASES_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def snapshot(self) -> Global___Snapshot: ...
     @_builtins.property
     def leases(self) -> Global___Leases: ...
+    @_builtins.property
+    def delta(self) -> Global___SnapshotDelta: ...
     def __init__(
         self,
         *,
         snapshot: Global___Snapshot | None = ...,
         leases: Global___Leases | None = ...,
+        delta: Global___SnapshotDelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "leases", b"leases", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "delta", b"delta", "leases", b"leases", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "leases", b"leases", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "delta", b"delta", "leases", b"leases", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["snapshot", "leases"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["snapshot", "leases", "delta"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___ControlMessage: _TypeAlias = ControlMessage  # noqa: Y015
+
+@_typing.final
+class SnapshotDelta(_message.Message):
+    """What changed between the snapshot an agent holds (`base_revision`, `base_digest`) and the
+    next one. The agent copies what it holds, clears every field named in `replaced` and
+    takes it from `changes`, removes the elements `removed` names from the keyed lists, and
+    puts in each keyed list the elements of `changes` (a new one, or one that replaces the
+    element with its key), kept in order of their key. The result's digest must be `digest`.
+
+    Keyed lists, by key: models (name), deployments (name), workers (id), routes (model),
+    tenants (name), trusted (region), tiered (name). The other fields are replaced whole.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASE_REVISION_FIELD_NUMBER: _builtins.int
+    BASE_DIGEST_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    REPLACED_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    base_revision: _builtins.int
+    base_digest: _builtins.str
+    revision: _builtins.int
+    digest: _builtins.str
+    @_builtins.property
+    def changes(self) -> Global___Snapshot: ...
+    @_builtins.property
+    def replaced(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def removed(self) -> _containers.RepeatedCompositeFieldContainer[Global___RemovedKeys]: ...
+    def __init__(
+        self,
+        *,
+        base_revision: _builtins.int = ...,
+        base_digest: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        digest: _builtins.str = ...,
+        changes: Global___Snapshot | None = ...,
+        replaced: _abc.Iterable[_builtins.str] | None = ...,
+        removed: _abc.Iterable[Global___RemovedKeys] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_digest", b"base_digest", "base_revision", b"base_revision", "changes", b"changes", "digest", b"digest", "removed", b"removed", "replaced", b"replaced", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotDelta: _TypeAlias = SnapshotDelta  # noqa: Y015
+
+@_typing.final
+class RemovedKeys(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIELD_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    field: _builtins.str
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        field: _builtins.str = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["field", b"field", "keys", b"keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemovedKeys: _TypeAlias = RemovedKeys  # noqa: Y015
 
 @_typing.final
 class Demand(_message.Message):
@@ -1020,7 +1128,9 @@ Global___Lease: _TypeAlias = Lease  # noqa: Y015
 
 @_typing.final
 class Snapshot(_message.Message):
-    """A region's desired state at a revision, compiled by the control plane."""
+    """A region's desired state at a revision, compiled by the control plane, as one node of
+    it receives it: the region's shared part, and in `nodes` that node's engine plan alone.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1039,9 +1149,16 @@ class Snapshot(_message.Message):
     SIGNING_KEY_FIELD_NUMBER: _builtins.int
     TRUSTED_FIELD_NUMBER: _builtins.int
     TIERED_FIELD_NUMBER: _builtins.int
+    NODE_COUNT_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     digest: _builtins.str
-    """sha256 of the content (everything but revision, digest and peer_load)."""
+    """The content digest: see meridian_pb/fleet/v1/content.py (everything but revision,
+    digest and peer_load, the shared part and the node plans hashed apart).
+    """
+    node_count: _builtins.int
+    """The region's active nodes, of which `nodes` holds the receiving node's plan: its share
+    of the region's static quotas is 1/node_count.
+    """
     @_builtins.property
     def region(self) -> Global___RegionInfo: ...
     @_builtins.property
@@ -1098,10 +1215,11 @@ class Snapshot(_message.Message):
         signing_key: Global___SigningKey | None = ...,
         trusted: _abc.Iterable[Global___TrustedRegion] | None = ...,
         tiered: _abc.Iterable[Global___TieredRoute] | None = ...,
+        node_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["region", b"region", "signing_key", b"signing_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "signing_key", b"signing_key", "tenants", b"tenants", "tiered", b"tiered", "trusted", b"trusted", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "node_count", b"node_count", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "signing_key", b"signing_key", "tenants", b"tenants", "tiered", b"tiered", "trusted", b"trusted", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -62,10 +62,13 @@ class FleetServicer:
         """One long-lived stream per agent, authenticated by the credential in the
         `authorization: Bearer <credential>` metadata. The agent sends Hello first with the
         revision it has; the control plane sends a newer snapshot of the agent's own region,
-        or nothing, and again after every change that alters that region's snapshot. The
-        agent acks or nacks every snapshot and sends heartbeats. Once the control plane has
-        taken the Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the
-        agent knows it is connected even when no snapshot is due.
+        or nothing, and again after every change that alters that region's snapshot. Where
+        the agent holds the region's previous revision, the control plane sends a
+        SnapshotDelta instead: the agent applies it to what it holds and checks the result's
+        digest, and sends Resync for a full snapshot when it does not match. The agent acks
+        or nacks every snapshot and sends heartbeats. Once the control plane has taken the
+        Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the agent knows
+        it is connected even when no snapshot is due.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -43,10 +43,13 @@ class FleetStub:
     """One long-lived stream per agent, authenticated by the credential in the
     `authorization: Bearer <credential>` metadata. The agent sends Hello first with the
     revision it has; the control plane sends a newer snapshot of the agent's own region,
-    or nothing, and again after every change that alters that region's snapshot. The
-    agent acks or nacks every snapshot and sends heartbeats. Once the control plane has
-    taken the Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the
-    agent knows it is connected even when no snapshot is due.
+    or nothing, and again after every change that alters that region's snapshot. Where
+    the agent holds the region's previous revision, the control plane sends a
+    SnapshotDelta instead: the agent applies it to what it holds and checks the result's
+    digest, and sends Resync for a full snapshot when it does not match. The agent acks
+    or nacks every snapshot and sends heartbeats. Once the control plane has taken the
+    Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the agent knows
+    it is connected even when no snapshot is due.
     """
 
 @_typing.type_check_only
@@ -60,10 +63,13 @@ class FleetAsyncStub(FleetStub):
     """One long-lived stream per agent, authenticated by the credential in the
     `authorization: Bearer <credential>` metadata. The agent sends Hello first with the
     revision it has; the control plane sends a newer snapshot of the agent's own region,
-    or nothing, and again after every change that alters that region's snapshot. The
-    agent acks or nacks every snapshot and sends heartbeats. Once the control plane has
-    taken the Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the
-    agent knows it is connected even when no snapshot is due.
+    or nothing, and again after every change that alters that region's snapshot. Where
+    the agent holds the region's previous revision, the control plane sends a
+    SnapshotDelta instead: the agent applies it to what it holds and checks the result's
+    digest, and sends Resync for a full snapshot when it does not match. The agent acks
+    or nacks every snapshot and sends heartbeats. Once the control plane has taken the
+    Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the agent knows
+    it is connected even when no snapshot is due.
     """
 
 class FleetServicer(metaclass=_abc_1.ABCMeta):
@@ -86,10 +92,13 @@ class FleetServicer(metaclass=_abc_1.ABCMeta):
         """One long-lived stream per agent, authenticated by the credential in the
         `authorization: Bearer <credential>` metadata. The agent sends Hello first with the
         revision it has; the control plane sends a newer snapshot of the agent's own region,
-        or nothing, and again after every change that alters that region's snapshot. The
-        agent acks or nacks every snapshot and sends heartbeats. Once the control plane has
-        taken the Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the
-        agent knows it is connected even when no snapshot is due.
+        or nothing, and again after every change that alters that region's snapshot. Where
+        the agent holds the region's previous revision, the control plane sends a
+        SnapshotDelta instead: the agent applies it to what it holds and checks the result's
+        digest, and sends Resync for a full snapshot when it does not match. The agent acks
+        or nacks every snapshot and sends heartbeats. Once the control plane has taken the
+        Hello it sends the initial metadata `meridian-stream-accepted: 1`, so the agent knows
+        it is connected even when no snapshot is due.
         """
 
 def add_FleetServicer_to_server(servicer: FleetServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
