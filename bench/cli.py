@@ -30,9 +30,39 @@ def bench() -> None:
     """Benchmarks; each prints a table and can write its figures as JSON."""
 
 
+def _counts(_: click.Context, __: click.Parameter, value: str) -> list[int]:
+    try:
+        counts = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter("give agent counts separated by commas, e.g. 1000,5000") from None
+    if not counts or any(not 1 <= c <= 50_000 for c in counts):
+        raise click.BadParameter("each count must be from 1 to 50,000")
+    return counts
+
+
 @bench.command("propagation")
-@click.option("--agents", type=click.IntRange(1, 20_000), default=100, show_default=True)
+@click.option(
+    "--agents",
+    default="100",
+    show_default=True,
+    callback=_counts,
+    help="how many agents; several, comma-separated, run one after another (1000,2500,5000)",
+)
 @click.option("--regions", type=click.IntRange(1, 100), default=10, show_default=True)
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 16),
+    default=1,
+    show_default=True,
+    help="control-plane replicas sharing the agents (with etcd, when more than one)",
+)
+@click.option(
+    "--agent-processes",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="processes the simulated agents are spread over",
+)
 @click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True)
 @click.option(
     "--heartbeat-s",
@@ -43,18 +73,27 @@ def bench() -> None:
 )
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def propagation_command(
-    agents: int, regions: int, rounds: int, heartbeat_s: float, out: Path | None
+    agents: list[int],
+    regions: int,
+    replicas: int,
+    agent_processes: int,
+    rounds: int,
+    heartbeat_s: float,
+    out: Path | None,
 ) -> None:
-    """Time from a REST write to the ack of every agent.
+    """Time from a REST write to the ack of every agent, and what each agent costs.
 
-    Starts PostgreSQL and a control plane as separate processes, connects AGENTS simulated
-    agent streams from this process, then times ROUNDS writes that change every region.
+    Starts PostgreSQL, the control-plane replicas and the simulated agents as processes of
+    their own, then times ROUNDS writes that change every region, and reads the control
+    plane's CPU time, bytes sent, PostgreSQL time and memory around them.
     """
     root = Path(tempfile.mkdtemp(prefix="meridian-bench-"))
     root.chmod(0o755)  # the embedded PostgreSQL runs as `postgres` when we are root
     options = Options(
         agents=agents,
-        regions=min(regions, agents),
+        regions=regions,
+        replicas=replicas,
+        agent_processes=agent_processes,
         rounds=rounds,
         heartbeat_s=heartbeat_s,
         out=out,

@@ -1,9 +1,14 @@
-"""From a REST write to the ack of every agent, with N agent streams against one replica.
+"""From a REST write to the ack of every agent, with what each agent costs the control plane.
 
-The control plane runs as its own process (`meridian controlplane serve`) on an embedded
-PostgreSQL; the N agents are streams of this process, spread over several gRPC channels.
-Each round PATCHes tenant `bench`, which every region's snapshot carries, and times, per
-agent, how long after the write began the agent had the new snapshot and had acked it.
+PostgreSQL (embedded), etcd when there are several replicas, the control-plane replicas
+(`meridian controlplane serve`) and the simulated agents all run as processes of their own.
+The agents (bench/swarm.py) are spread over `--agent-processes` children and, round robin,
+over the replicas. Each round PATCHes tenant `bench`, which every region's snapshot
+carries, and times, per agent, how long after the write began the agent had the new
+snapshot and had acked it. Around the rounds it reads, from /proc and the replicas'
+metrics: the replicas' CPU time (and, from an idle window, how much of it the heartbeats
+take anyway), the bytes they sent, the time their compiles spent reading PostgreSQL,
+PostgreSQL's own CPU time, their peak memory, and the agents' CPU time, apart.
 """
 
 from __future__ import annotations
@@ -12,35 +17,39 @@ import asyncio
 import os
 import secrets
 import time
-from dataclasses import dataclass, field
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
-from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from agents.control.fleet import FleetClient, SyncStream
 from bench.plots import write_json
+from bench.swarm import SwarmProcess
 from controlplane.db import migrate
-from controlplane.db.embedded import EmbeddedPostgres
+from controlplane.db.embedded import EmbeddedPostgres, server_pid
 from controlplane.db.engine import Database
-from meridian.procs import ControlPlane, start_control_plane, stop_child
+from meridian.procs import ControlPlane, running_etcd, start_control_plane, stop_child
 
-AGENTS_PER_CHANNEL = 50
+IDLE_S = 5.0  # the window in which only heartbeats load the control plane
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
 class Options:
-    agents: int
+    agents: list[int]
     regions: int
     rounds: int
     heartbeat_s: float
+    replicas: int
+    agent_processes: int
     out: Path | None
-    root: Path  # scratch directory for PostgreSQL's data
+    root: Path  # scratch directory for PostgreSQL's and etcd's data
 
 
 def fleet_document(agents: int, regions: int) -> dict[str, Any]:
@@ -66,113 +75,32 @@ def fleet_document(agents: int, regions: int) -> dict[str, Any]:
             for r in names
         ],
         "tenants": [{"name": "bench", "requests_per_minute": 1000}],
+        # a tenant's quota is a fact, not intent: it reaches every node at once anyway
+        "rollout_policies": [{"name": "default", "strategy": "immediate"}],
     }
 
 
-@dataclass
-class SimAgent:
-    node: str
-    region: str
-    credential: str
-    stream: SyncStream | None = None
-    revision: int = 0
-    arrived: dict[int, float] = field(default_factory=dict)  # revision -> perf_counter at ack
+def cpu_s(pid: int, children: bool = False) -> float:
+    """A process's CPU time (user and system), with its waited-for children's if asked."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if children:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return ticks / TICK
 
 
-class Swarm:
-    """N agent streams in this process."""
-
-    def __init__(self, target: str, heartbeat_s: float) -> None:
-        self.target = target
-        self.heartbeat_s = heartbeat_s
-        self.clients: list[FleetClient] = []
-        self.agents: list[SimAgent] = []
-        self.tasks: list[asyncio.Task[None]] = []
-        self.changed = asyncio.Event()
-
-    def client_for(self, index: int) -> FleetClient:
-        while len(self.clients) <= index // AGENTS_PER_CHANNEL:
-            self.clients.append(FleetClient(self.target))
-        return self.clients[index // AGENTS_PER_CHANNEL]
-
-    async def register(
-        self, tokens: dict[str, str], nodes: list[dict[str, Any]], progress: Progress
-    ) -> None:
-        task = progress.add_task("registering agents", total=len(nodes))
-        gate = asyncio.Semaphore(32)
-
-        async def one(i: int, node: dict[str, Any]) -> SimAgent:
-            async with gate:
-                done = await self.client_for(i).register(
-                    tokens[node["region"]],
-                    region=node["region"],
-                    node=node["name"],
-                    hostname=node["hostname"],
-                )
-                progress.advance(task)
-                return SimAgent(done.node, done.region, done.credential)
-
-        self.agents = list(await asyncio.gather(*(one(i, n) for i, n in enumerate(nodes))))
-
-    async def connect(self, progress: Progress, batch: int = 250) -> None:
-        """Open the streams a batch at a time, each batch waiting for its first snapshots."""
-        task = progress.add_task("opening streams, first snapshots", total=len(self.agents))
-        for start in range(0, len(self.agents), batch):
-            first = []
-            for i in range(start, min(start + batch, len(self.agents))):
-                agent, arrived = self.agents[i], asyncio.Event()
-                agent.stream = self.client_for(i).sync(agent.credential)
-                await agent.stream.hello(region=agent.region, node=agent.node)
-                listen = self._listen(agent, arrived, progress, task)
-                self.tasks.append(asyncio.create_task(listen))
-                self.tasks.append(asyncio.create_task(self._beat(agent, i)))
-                first.append(arrived)
-            for event in first:
-                await event.wait()
-
-    async def _listen(
-        self, agent: SimAgent, first: asyncio.Event, progress: Progress, task: Any
-    ) -> None:
-        assert agent.stream is not None
-        while (snapshot := await agent.stream.next_snapshot()) is not None:
-            await agent.stream.ack(snapshot.revision)
-            agent.arrived[snapshot.revision] = time.perf_counter()
-            agent.revision = snapshot.revision
-            if not first.is_set():
-                first.set()
-                progress.advance(task)
-            self.changed.set()
-
-    async def _beat(self, agent: SimAgent, index: int) -> None:
-        assert agent.stream is not None
-        await asyncio.sleep(self.heartbeat_s * index / max(1, len(self.agents)))  # spread out
-        while True:
-            telemetry = pb.Telemetry(inflight_requests=index % 7, queued_requests=index % 3)
-            telemetry.observed_at.GetCurrentTime()
-            await agent.stream.heartbeat(telemetry)
-            await asyncio.sleep(self.heartbeat_s)
-
-    async def all_at(self, revision: int, timeout_s: float) -> None:
-        try:
-            async with asyncio.timeout(timeout_s):
-                while any(a.revision < revision for a in self.agents):
-                    self.changed.clear()
-                    await self.changed.wait()
-        except TimeoutError:
-            behind = sorted({a.revision for a in self.agents if a.revision < revision})
-            ended = [t for t in self.tasks if t.done()]
-            why = {repr(t.exception())[:200] for t in ended if not t.cancelled()}
-            raise TimeoutError(
-                f"after {timeout_s:g} s, agents still at revisions {behind}, not {revision}; "
-                f"{len(ended)} streams ended: {why}"
-            ) from None
-
-    async def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        for client in self.clients:
-            await client.close()
+def tree_cpu_s(root: int) -> float:
+    """The CPU time of a server and its live children (PostgreSQL's backends)."""
+    total = cpu_s(root, children=True)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+                if f"\nPPid:\t{root}\n" in status:
+                    total += cpu_s(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return total
 
 
 def rss_mb(pid: int) -> tuple[float, float]:
@@ -188,119 +116,263 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-async def _start_control_plane(db_url: str, token: str, console: Console) -> ControlPlane:
-    env = {
-        "MERIDIAN_DATABASE_URL": db_url,
-        "MERIDIAN_ADMIN_TOKEN": token,
-        "MERIDIAN_LOG_LEVEL": os.environ.get("MERIDIAN_LOG_LEVEL", "warning"),
-    }
-    cp = await start_control_plane(env)
-    console.print(
-        f"[green]✓[/] control plane (pid {cp.process.pid}) on {cp.url}, gRPC {cp.grpc_target}"
-    )
-    return cp
+@dataclass
+class Gauges:
+    """What is read around a window: CPU times and the replicas' counters."""
+
+    at: float
+    replicas_cpu: float
+    postgres_cpu: float
+    agents_cpu: float
+    sent_bytes: float
+    sent: dict[str, float]
+    read_s: float
+    compile_s: float
+
+    def minus(self, before: Gauges) -> dict[str, float]:
+        return {
+            "seconds": self.at - before.at,
+            "replicas_cpu": self.replicas_cpu - before.replicas_cpu,
+            "postgres_cpu": self.postgres_cpu - before.postgres_cpu,
+            "agents_cpu": self.agents_cpu - before.agents_cpu,
+            "sent_bytes": self.sent_bytes - before.sent_bytes,
+            "full": self.sent.get("full", 0) - before.sent.get("full", 0),
+            "delta": self.sent.get("delta", 0) - before.sent.get("delta", 0),
+            "read_s": self.read_s - before.read_s,
+            "compile_s": self.compile_s - before.compile_s,
+        }
 
 
-async def _measure(options: Options, http: httpx.AsyncClient, swarm: Swarm) -> list[float]:
-    samples: list[float] = []
-    for round_ in range(options.rounds):
-        started = time.perf_counter()
-        response = await http.patch(
-            "/v1/tenants/bench",
-            json={"requests_per_minute": 1000 * (round_ + 2)},  # every share moves
-            headers={"If-Match": "*"},
+class Run:
+    """One measured run at one number of agents."""
+
+    def __init__(self, options: Options, agents: int, console: Console) -> None:
+        self.options, self.agents, self.console = options, agents, console
+        self.replicas: list[ControlPlane] = []
+        self.swarms: list[SwarmProcess] = []
+        self.postgres_pid = 0
+        self.token = secrets.token_urlsafe(24)
+
+    async def gauges(self, http: httpx.AsyncClient) -> Gauges:
+        agents_cpu = sum(await asyncio.gather(*(s.call("cpu") for s in self.swarms)))
+        sent: dict[str, float] = {}
+        sent_bytes = read_s = compile_s = 0.0
+        for replica in self.replicas:
+            text = (await http.get(f"{replica.url}/metrics")).text
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "meridian_snapshots_sent_total":
+                        kind = sample.labels["kind"]
+                        sent[kind] = sent.get(kind, 0) + sample.value
+                    elif sample.name == "meridian_snapshot_sent_bytes_total":
+                        sent_bytes += sample.value
+                    elif sample.name == "meridian_compile_seconds_total":
+                        if sample.labels["phase"] == "read":
+                            read_s += sample.value
+                        else:
+                            compile_s += sample.value
+        return Gauges(
+            time.monotonic(),
+            sum(cpu_s(r.process.pid) for r in self.replicas),
+            tree_cpu_s(self.postgres_pid),
+            agents_cpu,
+            sent_bytes,
+            sent,
+            read_s,
+            compile_s,
         )
-        response.raise_for_status()
-        revision = int(response.headers.get("X-Meridian-Revision") or 0) or int(
-            (await http.get("/v1/revision")).json()["revision"]
-        )
-        await swarm.all_at(revision, timeout_s=120)
-        samples.extend(a.arrived[revision] - started for a in swarm.agents)
-        await asyncio.sleep(0.5)
-    return samples
 
-
-async def run(options: Options) -> dict[str, Any]:
-    console = Console()
-    token = secrets.token_urlsafe(24)
-    root = options.root
-    postgres = EmbeddedPostgres(root / "postgres")
-    credentials = await postgres.start()
-    db_url = credentials.url("postgres")
-    proc = None
-    swarm: Swarm | None = None
-    try:
+    async def measure(self, stack: AsyncExitStack) -> dict[str, Any]:
+        options, console, root = self.options, self.console, self.options.root / str(self.agents)
+        postgres = EmbeddedPostgres(root / "postgres")
+        credentials = await postgres.start()
+        stack.push_async_callback(postgres.stop)
+        self.postgres_pid = server_pid(postgres.pid_file) or 0
+        db_url = credentials.url("postgres")
         db = Database.connect(db_url, pool_size=1)
         await migrate.upgrade(db.engine)
         await db.close()
-        console.print(f"[green]✓[/] PostgreSQL (embedded, {root})")
-        cp = await _start_control_plane(db_url, token, console)
-        proc, url, target = cp.process, cp.url, cp.grpc_target
-        doc = fleet_document(options.agents, options.regions)
-        headers = {"Authorization": f"Bearer {token}"}
-        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as http:
-            applied = await http.post(
-                "/v1/apply",
-                content=yaml.safe_dump(doc).encode(),
-                headers={"Content-Type": "application/yaml"},
-            )
-            applied.raise_for_status()
-            tokens = {}
-            for region in doc["regions"]:
-                made = await http.post("/v1/bootstrap-tokens", json={"region": region["name"]})
-                made.raise_for_status()
-                tokens[region["name"]] = made.json()["token"]
-            swarm = Swarm(target, options.heartbeat_s)
-            with Progress(console=console, transient=True) as progress:
-                started = time.perf_counter()
-                await swarm.register(tokens, doc["nodes"], progress)
-                registered_s = time.perf_counter() - started
-                started = time.perf_counter()
-                await swarm.connect(progress)
-                connected_s = time.perf_counter() - started
-            console.print(
-                f"[green]✓[/] {options.agents} agents registered in {registered_s:.1f} s, "
-                f"connected with their first snapshot in {connected_s:.1f} s"
-            )
-            with console.status(f"{options.rounds} rounds of write → every ack"):
-                samples = await _measure(options, http, swarm)
-        rss, peak = rss_mb(proc.pid)
-    finally:
-        if swarm is not None:
-            await swarm.close()
-        if proc is not None:
-            await stop_child(proc)
-        await postgres.stop()
-    result = {
-        "agents": options.agents,
+        env = {
+            "MERIDIAN_DATABASE_URL": db_url,
+            "MERIDIAN_ADMIN_TOKEN": self.token,
+            "MERIDIAN_LOG_LEVEL": os.environ.get("MERIDIAN_LOG_LEVEL", "warning"),
+        }
+        if options.replicas > 1:
+            endpoint, _ = await stack.enter_async_context(running_etcd(root / "etcd"))
+            env["MERIDIAN_ETCD_ENDPOINTS"] = endpoint
+        for _ in range(options.replicas):
+            replica = await start_control_plane(env)
+            stack.push_async_callback(stop_child, replica.process)
+            self.replicas.append(replica)
+        console.print(
+            f"[green]✓[/] PostgreSQL, {options.replicas} control-plane replica(s) "
+            f"(pids {', '.join(str(r.process.pid) for r in self.replicas)})"
+        )
+        for _ in range(options.agent_processes):
+            swarm = SwarmProcess(options.heartbeat_s)
+            stack.push_async_callback(swarm.close)
+            self.swarms.append(swarm)
+        headers = {"Authorization": f"Bearer {self.token}"}
+        async with httpx.AsyncClient(headers=headers, timeout=120) as http:
+            return await self._rounds(http)
+
+    async def _rounds(self, http: httpx.AsyncClient) -> dict[str, Any]:
+        options, console = self.options, self.console
+        url = self.replicas[0].url
+        doc = fleet_document(self.agents, min(options.regions, self.agents))
+        applied = await http.post(
+            f"{url}/v1/apply",
+            content=yaml.safe_dump(doc).encode(),
+            headers={"Content-Type": "application/yaml"},
+        )
+        applied.raise_for_status()
+        tokens = {}
+        for region in doc["regions"]:
+            made = await http.post(f"{url}/v1/bootstrap-tokens", json={"region": region["name"]})
+            made.raise_for_status()
+            tokens[region["name"]] = made.json()["token"]
+        nodes = [
+            {**n, "target": self.replicas[i % len(self.replicas)].grpc_target}
+            for i, n in enumerate(doc["nodes"])
+        ]
+        shares = [nodes[i :: len(self.swarms)] for i in range(len(self.swarms))]
+        with Progress(console=console, transient=True) as progress:
+            started = time.monotonic()
+            task = progress.add_task("registering agents", total=len(nodes))
+            advance = lambda n: progress.advance(task, n)  # noqa: E731
+            await asyncio.gather(
+                *(s.call("register", tokens, share, progress=advance)
+                  for s, share in zip(self.swarms, shares, strict=True))
+            )  # fmt: skip
+            registered_s = time.monotonic() - started
+            started = time.monotonic()
+            task = progress.add_task("opening streams, first snapshots", total=len(nodes))
+            await asyncio.gather(*(s.call("connect", progress=advance) for s in self.swarms))
+            connected_s = time.monotonic() - started
+        console.print(
+            f"[green]✓[/] {self.agents} agents registered in {registered_s:.1f} s, "
+            f"connected with their first snapshot in {connected_s:.1f} s"
+        )
+        await asyncio.sleep(2.0)  # the first heartbeats' writes settle
+        before = await self.gauges(http)
+        await asyncio.sleep(IDLE_S)
+        idle = (await self.gauges(http)).minus(before)
+        samples: list[float] = []
+        spent: list[dict[str, float]] = []
+        with console.status(f"{options.rounds} rounds of write → every ack"):
+            for round_ in range(options.rounds):
+                before = await self.gauges(http)
+                started = time.monotonic()
+                response = await http.patch(
+                    f"{url}/v1/tenants/bench",
+                    json={"requests_per_minute": 1000 * (round_ + 2)},  # every share moves
+                    headers={"If-Match": "*"},
+                )
+                response.raise_for_status()
+                revision = int(response.headers["X-Meridian-Revision"])
+                acked = await asyncio.gather(
+                    *(s.call("acked", revision, 120.0) for s in self.swarms)
+                )
+                samples.extend(t - started for times in acked for t in times)
+                spent.append((await self.gauges(http)).minus(before))
+                await asyncio.sleep(0.5)
+        resyncs = sum(await asyncio.gather(*(s.call("resyncs") for s in self.swarms)))
+        peaks = [rss_mb(r.process.pid)[1] for r in self.replicas]
+        return summary(self.agents, options, samples, spent, idle, peaks, resyncs) | {
+            "register_s": round(registered_s, 2),
+            "connect_s": round(connected_s, 2),
+        }
+
+
+def summary(
+    agents: int,
+    options: Options,
+    samples: list[float],
+    spent: list[dict[str, float]],
+    idle: dict[str, float],
+    peaks: list[float],
+    resyncs: int,
+) -> dict[str, Any]:
+    rounds = len(spent)
+
+    def per_round(key: str) -> float:
+        return sum(s[key] for s in spent) / rounds
+
+    background = idle["replicas_cpu"] / idle["seconds"]  # heartbeats and polls, per second
+    push_cpu = per_round("replicas_cpu") - background * per_round("seconds")
+    return {
+        "agents": agents,
+        "replicas": options.replicas,
+        "regions": min(options.regions, agents),
+        "rounds": rounds,
+        "samples": len(samples),
         "p50_s": round(percentile(samples, 0.50), 4),
         "p99_s": round(percentile(samples, 0.99), 4),
-        "cp_rss_mb": round(peak, 1),
         "max_s": round(max(samples), 4),
-        "cp_rss_now_mb": round(rss, 1),
-        "regions": options.regions,
-        "rounds": options.rounds,
-        "samples": len(samples),
+        "cp_cpu_ms_per_agent": round(per_round("replicas_cpu") / agents * 1000, 4),
+        "cp_push_cpu_ms_per_agent": round(max(0.0, push_cpu) / agents * 1000, 4),
+        "cp_background_cpu_per_s": round(background, 3),
+        "bytes_per_agent": round(per_round("sent_bytes") / agents, 1),
+        "full_per_round": per_round("full"),
+        "delta_per_round": per_round("delta"),
+        "pg_read_ms_per_round": round(per_round("read_s") * 1000, 2),
+        "compile_ms_per_round": round(per_round("compile_s") * 1000, 2),
+        "postgres_cpu_ms_per_round": round(per_round("postgres_cpu") * 1000, 1),
+        "postgres_background_cpu_per_s": round(idle["postgres_cpu"] / idle["seconds"], 3),
+        "agents_cpu_ms_per_round": round(per_round("agents_cpu") * 1000, 1),
+        "cp_peak_rss_mb": round(max(peaks), 1),
+        "cp_peak_rss_mb_sum": round(sum(peaks), 1),
+        "resyncs": resyncs,
         "heartbeat_s": options.heartbeat_s,
-        "register_s": round(registered_s, 2),
-        "connect_s": round(connected_s, 2),
+        "agent_processes": options.agent_processes,
     }
-    _report(console, result)
-    write_json(console, result, options.out)
-    return result
 
 
-def _report(console: Console, result: dict[str, Any]) -> None:
-    table = Table(title="write → ack of every agent (one control-plane replica)")
-    for column in ("agents", "regions", "samples", "p50 s", "p99 s", "max s", "CP peak RSS MB"):
-        table.add_column(column, justify="right")
-    table.add_row(
-        str(result["agents"]),
-        str(result["regions"]),
-        str(result["samples"]),
-        f"{result['p50_s']:.3f}",
-        f"{result['p99_s']:.3f}",
-        f"{result['max_s']:.3f}",
-        f"{result['cp_rss_mb']:.0f}",
-    )
+async def run(options: Options) -> list[dict[str, Any]]:
+    console = Console()
+    results: list[dict[str, Any]] = []
+    for agents in options.agents:
+        console.rule(f"{agents} agents, {options.replicas} replica(s)")
+        async with AsyncExitStack() as stack:
+            result = await Run(options, agents, console).measure(stack)
+        results.append(result)
+        _report(console, results)
+        write_json(
+            console, {"runs": results}, options.out
+        )  # after each run: kept if a later one fails
+    return results
+
+
+def _report(console: Console, results: list[dict[str, Any]]) -> None:
+    table = Table(title="write → ack of every agent")
+    columns = {
+        "agents": "{:,}",
+        "replicas": "{}",
+        "p50_s": "{:.3f}",
+        "p99_s": "{:.3f}",
+        "max_s": "{:.3f}",
+        "cp_push_cpu_ms_per_agent": "{:.3f}",
+        "bytes_per_agent": "{:,.0f}",
+        "pg_read_ms_per_round": "{:.1f}",
+        "compile_ms_per_round": "{:.1f}",
+        "postgres_cpu_ms_per_round": "{:.0f}",
+        "cp_background_cpu_per_s": "{:.2f}",
+        "cp_peak_rss_mb": "{:.0f}",
+        "agents_cpu_ms_per_round": "{:.0f}",
+    }
+    titles = [
+        "agents", "replicas", "p50 s", "p99 s", "max s", "CP CPU ms/agent (push)",
+        "bytes/agent", "PG read ms", "compile ms", "PG CPU ms", "CP CPU/s idle",
+        "CP peak MB", "agents' CPU ms",
+    ]  # fmt: skip
+    for title in titles:
+        table.add_column(title, justify="right")
+    for result in results:
+        table.add_row(*(f.format(result[k]) for k, f in columns.items()))
     console.print(table)
+    console.print(
+        "per round: CP CPU is the replicas' CPU time during the round less what heartbeats "
+        "take in as long (measured idle, 'CP CPU/s idle'); PG read is the compile's time "
+        "reading PostgreSQL; PG CPU is PostgreSQL's own CPU time (heartbeats' writes "
+        "included); agents' CPU is the simulated agents' processes, apart."
+    )

@@ -1,6 +1,7 @@
-"""Child processes of Meridian's own: the control plane started, awaited and stopped.
+"""Child processes of Meridian's own: the control plane (and etcd) started, awaited, stopped.
 
-`meridian up`, the benchmarks and the tests all start `meridian controlplane serve` this way.
+`meridian up`, the benchmarks and the tests all start `meridian controlplane serve` this way,
+and the benchmarks and tests start etcd (Debian's etcd-server) this way.
 """
 
 from __future__ import annotations
@@ -8,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 import httpx
@@ -112,3 +116,45 @@ async def start_control_plane(
         await stop_child(proc)
         raise
     return started
+
+
+@asynccontextmanager
+async def running_etcd(data_dir: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """A single-member etcd on loopback, its data in `data_dir`: (host:port, process)."""
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise click.ClickException("etcd is not installed (Debian: apt-get install etcd-server)")
+    client_port, peer_port = free_port(), free_port()
+    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
+    log = (data_dir / "etcd.log").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        binary,
+        "--name=meridian",
+        f"--data-dir={data_dir / 'data'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=meridian={peer}",
+        "--log-level=error",
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                if proc.returncode is not None:
+                    raise click.ClickException(
+                        f"etcd exited with {proc.returncode}; see {data_dir}/etcd.log"
+                    )
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", client_port)
+                    writer.close()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.1)
+        yield f"127.0.0.1:{client_port}", proc
+    finally:
+        await stop_child(proc)
+        log.close()

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import click
 import psycopg
 import pytest
 import pytest_asyncio
@@ -24,7 +25,7 @@ import meridian  # noqa: F401  (before gRPC starts: its fork handlers off, as in
 from controlplane.db import migrate
 from controlplane.db.embedded import UNSAFE_FAST, Credentials, EmbeddedPostgres
 from controlplane.db.engine import Database
-from meridian.procs import free_port
+from meridian import procs
 from tests import report
 from tests.agents.agent_kit import stop_leftovers
 
@@ -116,43 +117,13 @@ async def empty_database_url(postgres: Credentials) -> AsyncIterator[str]:
 @asynccontextmanager
 async def running_etcd(data_dir: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
     """A real single-member etcd (Debian's etcd-server) on loopback: (host:port, process)."""
-    binary = shutil.which("etcd")
-    if binary is None:
+    if shutil.which("etcd") is None:
         pytest.fail("etcd is not installed; ./scripts/test installs Debian's etcd-server")
-    client_port, peer_port = free_port(), free_port()
-    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
-    await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
-    log = (data_dir / "etcd.log").open("wb")
-    proc = await asyncio.create_subprocess_exec(
-        binary,
-        "--name=test",
-        f"--data-dir={data_dir / 'data'}",
-        f"--listen-client-urls={client}",
-        f"--advertise-client-urls={client}",
-        f"--listen-peer-urls={peer}",
-        f"--initial-advertise-peer-urls={peer}",
-        f"--initial-cluster=test={peer}",
-        "--log-level=error",
-        stdout=log,
-        stderr=log,
-    )
     try:
-        async with asyncio.timeout(30):
-            while True:
-                if proc.returncode is not None:
-                    pytest.fail(f"etcd exited with {proc.returncode}; see {data_dir}/etcd.log")
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", client_port)
-                    writer.close()
-                    break
-                except OSError:
-                    await asyncio.sleep(0.1)
-        yield f"127.0.0.1:{client_port}", proc
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await proc.wait()
-        log.close()
+        async with procs.running_etcd(data_dir) as running:
+            yield running
+    except click.ClickException as error:
+        pytest.fail(error.message)
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -11,6 +11,7 @@ await stream.ack(snapshot.revision)
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,12 @@ from meridian_pb.fleet.v1 import fleet_pb2_grpc as pb_grpc
 from meridian_pb.fleet.v1.content import digest
 from meridian_pb.fleet.v1.delta import apply as delta_apply
 
+# Given several replicas (`ipv4:a:8401,b:8401`), each agent holds its stream to one of them,
+# picked at random, and moves to another when that one dies: the agents spread over the
+# replicas, so that no one replica's event loop sends a write to all of them.
+SPREAD = json.dumps({"loadBalancingConfig": [{"pick_first": {"shuffleAddressList": True}}]})
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.service_config", SPREAD),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),

@@ -167,3 +167,31 @@ async def test_without_etcd_a_replica_keeps_serving_and_says_why(
             await agent.close()
         finally:
             await stop_child(server.process)
+
+
+async def connected_here(server: Server) -> float:
+    async with httpx.AsyncClient(base_url=server.url, headers=ADMIN, timeout=30) as http:
+        text = (await http.get("/metrics")).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("meridian_agents_connected{")
+    )
+
+
+async def test_agents_given_every_replica_spread_over_them(replicas: list[Server]) -> None:
+    """Each agent picks one of the addresses at random: no one replica sends to them all."""
+    both = "ipv4:" + ",".join(s.grpc_target for s in replicas)
+    token = await bootstrap_token(replicas[0].url, "us-west")
+    agents = [Agent(both, "us-west") for _ in range(16)]
+    try:
+        for i, agent in enumerate(agents):
+            await agent.register(token, hostname=f"10.9.0.{i + 1}", node=f"spread-{i}")
+            await agent.connect()
+            await agent.apply(await agent.next())
+        counts = [await connected_here(s) for s in replicas]
+        assert sum(counts) == 16
+        assert min(counts) > 0, counts  # all on one: a chance of 1 in 32,768
+    finally:
+        for agent in agents:
+            await agent.close()
