@@ -219,6 +219,7 @@ class Run:
     async def _rounds(self, http: httpx.AsyncClient) -> dict[str, Any]:
         options, console = self.options, self.console
         url = self.replicas[0].url
+        rss = {"started": self._rss()}
         doc = fleet_document(self.agents, min(options.regions, self.agents))
         applied = await http.post(
             f"{url}/v1/apply",
@@ -245,10 +246,12 @@ class Run:
                   for s, share in zip(self.swarms, shares, strict=True))
             )  # fmt: skip
             registered_s = time.monotonic() - started
+            rss["registered"] = self._rss()
             started = time.monotonic()
             task = progress.add_task("opening streams, first snapshots", total=len(nodes))
             await asyncio.gather(*(s.call("connect", progress=advance) for s in self.swarms))
             connected_s = time.monotonic() - started
+        rss["connected"] = self._rss()
         console.print(
             f"[green]✓[/] {self.agents} agents registered in {registered_s:.1f} s, "
             f"connected with their first snapshot in {connected_s:.1f} s"
@@ -277,11 +280,18 @@ class Run:
                 spent.append((await self.gauges(http)).minus(before))
                 await asyncio.sleep(0.5)
         resyncs = sum(await asyncio.gather(*(s.call("resyncs") for s in self.swarms)))
-        peaks = [rss_mb(r.process.pid)[1] for r in self.replicas]
-        return summary(self.agents, options, samples, spent, idle, peaks, resyncs) | {
+        memory = [rss_mb(r.process.pid) for r in self.replicas]
+        return summary(self.agents, options, samples, spent, idle, memory, resyncs) | {
             "register_s": round(registered_s, 2),
             "connect_s": round(connected_s, 2),
+            "cp_rss_started_mb": rss["started"],
+            "cp_rss_registered_mb": rss["registered"],
+            "cp_rss_connected_mb": rss["connected"],
         }
+
+    def _rss(self) -> float:
+        """The replicas' resident memory now (the largest), MB."""
+        return round(max(rss_mb(r.process.pid)[0] for r in self.replicas), 1)
 
 
 def summary(
@@ -290,7 +300,7 @@ def summary(
     samples: list[float],
     spent: list[dict[str, float]],
     idle: dict[str, float],
-    peaks: list[float],
+    memory: list[tuple[float, float]],
     resyncs: int,
 ) -> dict[str, Any]:
     rounds = len(spent)
@@ -320,8 +330,9 @@ def summary(
         "postgres_cpu_ms_per_round": round(per_round("postgres_cpu") * 1000, 1),
         "postgres_background_cpu_per_s": round(idle["postgres_cpu"] / idle["seconds"], 3),
         "agents_cpu_ms_per_round": round(per_round("agents_cpu") * 1000, 1),
-        "cp_peak_rss_mb": round(max(peaks), 1),
-        "cp_peak_rss_mb_sum": round(sum(peaks), 1),
+        "cp_peak_rss_mb": round(max(peak for _, peak in memory), 1),
+        "cp_peak_rss_mb_sum": round(sum(peak for _, peak in memory), 1),
+        "cp_rss_mb": round(max(now for now, _ in memory), 1),
         "resyncs": resyncs,
         "heartbeat_s": options.heartbeat_s,
         "agent_processes": options.agent_processes,
@@ -343,36 +354,41 @@ async def run(options: Options) -> list[dict[str, Any]]:
     return results
 
 
+ROWS = [
+    ("p50_s", "write → ack, p50 s", "{:.3f}"),
+    ("p99_s", "write → ack, p99 s", "{:.3f}"),
+    ("max_s", "write → ack, max s", "{:.3f}"),
+    ("cp_push_cpu_ms_per_agent", "CP CPU per agent per write, ms", "{:.3f}"),
+    ("cp_cpu_ms_per_agent", "... with the heartbeats meanwhile, ms", "{:.3f}"),
+    ("cp_background_cpu_per_s", "CP CPU when idle (heartbeats), s/s", "{:.3f}"),
+    ("bytes_per_agent", "bytes sent per agent per write", "{:,.0f}"),
+    ("delta_per_round", "deltas per write", "{:,.0f}"),
+    ("full_per_round", "whole snapshots per write", "{:,.0f}"),
+    ("pg_read_ms_per_round", "compile: reading PostgreSQL, ms", "{:.1f}"),
+    ("compile_ms_per_round", "compile: the rest, ms", "{:.1f}"),
+    ("postgres_cpu_ms_per_round", "PostgreSQL CPU per write, ms", "{:.0f}"),
+    ("postgres_background_cpu_per_s", "PostgreSQL CPU when idle, s/s", "{:.3f}"),
+    ("cp_rss_started_mb", "CP memory when started, MB", "{:.0f}"),
+    ("cp_rss_registered_mb", "... with the fleet and agents registered, MB", "{:.0f}"),
+    ("cp_rss_connected_mb", "... with every stream open, MB", "{:.0f}"),
+    ("cp_peak_rss_mb", "CP peak memory (one replica), MB", "{:.0f}"),
+    ("cp_rss_mb", "CP memory after the rounds, MB", "{:.0f}"),
+    ("agents_cpu_ms_per_round", "simulated agents' CPU per write, ms", "{:.0f}"),
+    ("register_s", "registering every agent, s", "{:.1f}"),
+    ("connect_s", "connecting, first snapshots, s", "{:.1f}"),
+]
+
+
 def _report(console: Console, results: list[dict[str, Any]]) -> None:
-    table = Table(title="write → ack of every agent")
-    columns = {
-        "agents": "{:,}",
-        "replicas": "{}",
-        "p50_s": "{:.3f}",
-        "p99_s": "{:.3f}",
-        "max_s": "{:.3f}",
-        "cp_push_cpu_ms_per_agent": "{:.3f}",
-        "bytes_per_agent": "{:,.0f}",
-        "pg_read_ms_per_round": "{:.1f}",
-        "compile_ms_per_round": "{:.1f}",
-        "postgres_cpu_ms_per_round": "{:.0f}",
-        "cp_background_cpu_per_s": "{:.2f}",
-        "cp_peak_rss_mb": "{:.0f}",
-        "agents_cpu_ms_per_round": "{:.0f}",
-    }
-    titles = [
-        "agents", "replicas", "p50 s", "p99 s", "max s", "CP CPU ms/agent (push)",
-        "bytes/agent", "PG read ms", "compile ms", "PG CPU ms", "CP CPU/s idle",
-        "CP peak MB", "agents' CPU ms",
-    ]  # fmt: skip
-    for title in titles:
-        table.add_column(title, justify="right")
+    table = Table(title="write → ack of every agent, and what it cost")
+    table.add_column("per round (one write)")
     for result in results:
-        table.add_row(*(f.format(result[k]) for k, f in columns.items()))
+        table.add_column(f"{result['agents']:,} agents, {result['replicas']} CP", justify="right")
+    for key, title, form in ROWS:
+        table.add_row(title, *(form.format(r[key]) for r in results))
     console.print(table)
     console.print(
-        "per round: CP CPU is the replicas' CPU time during the round less what heartbeats "
-        "take in as long (measured idle, 'CP CPU/s idle'); PG read is the compile's time "
-        "reading PostgreSQL; PG CPU is PostgreSQL's own CPU time (heartbeats' writes "
-        "included); agents' CPU is the simulated agents' processes, apart."
+        "CP CPU per write is the replicas' CPU time during the round less what the heartbeats "
+        "take in as long (measured idle); PostgreSQL's CPU includes the heartbeats' writes; "
+        "the simulated agents run in processes of their own, measured apart."
     )

@@ -3,7 +3,9 @@
 Every `poll_s` the replica reads the lease rows' versions, and the rows that moved; each
 stream then sends its agent only the leases that changed for it. Every lease an agent holds
 is good for `ttl_s` from the message that carried or renewed it, so each stream also sends a
-renewal (a message with no change) every `renew_s` while its agent holds leases. A replica
+renewal (a message with no change) every `renew_s` while its agent holds leases: the feed
+wakes the streams of the agents that hold some every `renew_s / 2`, and no other (a stream
+waits on its own event alone, with no timer: thousands of them cost nothing idle). A replica
 that has not read the leases for half the ttl renews nothing: its agents' leases run out and
 they fall back to their static shares, rather than go on with leases the leader may already
 have given to others.
@@ -41,6 +43,7 @@ class LeaseFeed:
         self._nodes: dict[str, NodeLeases] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._read_at = -1e9  # monotonic
+        self._woke_at = -1e9  # monotonic: when the holders' streams were last woken to renew
         self._task: asyncio.Task[None] | None = None
 
     def of(self, node: str) -> NodeLeases:
@@ -68,6 +71,10 @@ class LeaseFeed:
                 self._rows.update({t: d for t, d in rows})
         self._read_at = time.monotonic()
         gone = [t for t in self._rows if t not in versions]
+        if self._read_at - self._woke_at >= self.renew_s / 2:
+            self._woke_at = self._read_at
+            for node in self._nodes:
+                self._wake(node)
         if not moved and not gone:
             return
         for tenant in gone:
@@ -80,10 +87,13 @@ class LeaseFeed:
                 nodes.setdefault(node, {})[tenant] = _lease(tenant, lease, quota)
         for node in set(nodes) | set(self._nodes):
             if nodes.get(node) != self._nodes.get(node):
-                event = self._changed.pop(node, None)
-                if event is not None:
-                    event.set()
+                self._wake(node)
         self._nodes = nodes
+
+    def _wake(self, node: str) -> None:
+        event = self._changed.pop(node, None)
+        if event is not None:
+            event.set()
 
     async def serve(self, node: str, write: Callable[[pb.Leases], Awaitable[None]]) -> None:
         """Send one agent its leases for as long as its stream lasts."""
@@ -99,8 +109,7 @@ class LeaseFeed:
                 if update or dropped or (current and now - renewed >= self.renew_s):
                     await write(pb.Leases(ttl_s=self.ttl_s, set=update, dropped=dropped))
                     sent, renewed = dict(current), now
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), self.renew_s / 2)
+            await changed.wait()
 
     async def _run(self) -> None:
         while True:

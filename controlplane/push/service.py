@@ -230,12 +230,13 @@ class FleetService:
                 message = None if whole else feed.delta(who.node, state.holds)
                 kind = "delta" if message is not None else "full"
                 message = message or feed.full(who.node)
+                # counted before the write: the agent may have acked it before this resumes
+                self._metrics.pushed.labels(kind).inc()
+                self._metrics.pushed_bytes.labels(kind).inc(len(message))
                 await context.write(message)
         finally:
             if span is not None:
                 span.end()
-        self._metrics.pushed.labels(kind).inc()
-        self._metrics.pushed_bytes.labels(kind).inc(len(message))
         digest = feed.digest(who.node)
         state.sent, state.sent_digest, state.holds = feed.revision, digest, (feed.revision, digest)
         state.sent_at = time.monotonic()

@@ -104,12 +104,14 @@ class NodeReports:
             {"node_id": n, "observed_at": f.observed_at, "data": f.telemetry}
             for n, f in beats.items()
         ]
-        stmt = pg_insert(NodeTelemetryRow).values(latest)
+        # one statement with many parameter sets (not many VALUES): compiled once, cached
+        stmt = pg_insert(NodeTelemetryRow)
         await session.execute(
             stmt.on_conflict_do_update(
                 index_elements=[NodeTelemetryRow.node_id],
                 set_={"observed_at": stmt.excluded.observed_at, "data": stmt.excluded.data},
-            )
+            ),
+            latest,
         )
         await session.execute(
             update(NODES)

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.db.engine import Database
 from controlplane.db.quota_rows import LEASE_VERSION, QuotaLeaseRow
-from controlplane.services.fleet_state import read_fleet_state
+from controlplane.services.fleet_state import FleetReader
 from controlplane.services.quotas.demand import STALE, forget_replicas, read_demand
 from controlplane.services.quotas.plan import TenantLeases, Timing, plan
 
@@ -39,6 +39,7 @@ class Leaser:
         self.clock = clock
         self._given: dict[str, TenantLeases] | None = None  # as written; None: not leading
         self._away: dict[str, datetime] = {}  # node -> when this leader saw it not connected
+        self._fleet = FleetReader()  # every second: read again only what changed
 
     def resign(self) -> None:
         """No longer the leader: what it knew is stale by the time it leads again."""
@@ -46,8 +47,9 @@ class Leaser:
 
     async def tick(self, connected: set[str]) -> None:
         now = self.clock()
-        async with self.db.sessions() as session:
-            state = await read_fleet_state(session)
+        async with self.db.sessions() as session, session.begin():
+            await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            state = await self._fleet.read(session)
             demand = await read_demand(session, now - STALE)
             if self._given is None:
                 self._given = await read_leases(session)

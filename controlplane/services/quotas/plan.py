@@ -14,6 +14,7 @@ it shares is the quota less what is kept aside for the tenant's other agents:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -47,6 +48,7 @@ def plan(
 ) -> dict[str, TenantLeases]:
     """Each tenant with a quota: its leases, per agent."""
     out: dict[str, TenantLeases] = {}
+    split_over = _static(state)
     for name, tenant in sorted(state.tenants.items()):
         quotas = {"requests_per_minute": tenant.requests_per_minute,
                   "tokens_per_minute": tenant.tokens_per_minute}  # fmt: skip
@@ -62,8 +64,8 @@ def plan(
         for dim, quota in quotas.items():
             if quota is None:
                 continue
-            static = {n: quota * regions[state.nodes[n].region] / _static(state, n)
-                      for n in nodes}  # fmt: skip
+            home = {n: state.nodes[n].region for n in nodes}
+            static = {n: quota * regions[home[n]] / split_over[home[n]] for n in nodes}
             kept = sum(_kept(held.get(n, {}).get(dim), static[n], away.get(n), now, timing)
                        for n in aside)  # fmt: skip
             budget = max(0.0, quota - kept)
@@ -90,12 +92,13 @@ def _nodes(state: FleetState, regions: dict[str, float], known: set[str]) -> lis
     )
 
 
-def _static(state: FleetState, node: str) -> int:
-    """How many nodes the region's static share is split over, as the agents split it: its
-    active nodes (those its snapshot places)."""
-    region = state.nodes[node].region
-    return max(1, sum(1 for spec in state.nodes.values()
-                      if spec.region == region and spec.state is NodeState.ACTIVE))  # fmt: skip
+def _static(state: FleetState) -> dict[str, int]:
+    """How many nodes each region's static share is split over, as the agents split it: its
+    active nodes (those its snapshot places; at least one)."""
+    counts = dict.fromkeys(state.regions, 1)
+    active = Counter(s.region for s in state.nodes.values() if s.state is NodeState.ACTIVE)
+    counts.update({r: max(1, c) for r, c in active.items()})
+    return counts
 
 
 def _kept(
