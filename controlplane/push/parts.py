@@ -24,13 +24,13 @@ from pydantic import BaseModel
 from controlplane.push.wire import to_wire, wire_items, wire_message
 from controlplane.snapshot import FleetState, RegionSnapshot
 from controlplane.snapshot.compiler import (
-    FleetIndex,
     kv_event_models,
     placement,
     region_catalog,
     region_routes,
     tenant_grants,
 )
+from controlplane.snapshot.index import FleetIndex
 
 T = TypeVar("T")
 Key = tuple[Hashable, str, str]  # (label, region, section)

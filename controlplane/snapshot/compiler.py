@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from controlplane.domain import EngineBackend, NodeState, RegionState
-from controlplane.schemas.fleet import DeploymentSpec, FallbackRuleSpec, NodeSpec
+from controlplane.domain import EngineBackend, RegionState
+from controlplane.schemas.fleet import FallbackRuleSpec
+from controlplane.snapshot.index import FleetIndex
 from controlplane.snapshot.keys import public_key
 from controlplane.snapshot.placement import KV_EVENTS_PORT_OFFSET, place
+from controlplane.snapshot.shares import _exact, _share, serving_weights
 from controlplane.snapshot.types import (
     DeploymentInfo,
     FallbackChain,
     FleetState,
-    KeyGrant,
     ModelInfo,
     NodePlan,
     Peer,
@@ -23,7 +22,6 @@ from controlplane.snapshot.types import (
     RegionSnapshot,
     Route,
     SigningKey,
-    Slot,
     TenantGrant,
     TierCascade,
     TieredRoute,
@@ -33,38 +31,6 @@ from controlplane.snapshot.types import (
     Unplaced,
     Worker,
 )
-
-
-@dataclass(frozen=True)
-class FleetIndex:
-    """What every region's compile looks up, gathered once per fleet state."""
-
-    nodes: dict[str, dict[str, NodeSpec]]  # by region, then name
-    deployments: dict[str, dict[str, DeploymentSpec]]  # by region, then name (sorted)
-    slots: dict[str, dict[str, Slot]]  # by node, then engine id
-    weights: dict[str, int]  # each region's share of capacity (region_weight)
-    keys: dict[str, list[KeyGrant]]  # each tenant's keys, in order of the keys' names
-
-    @classmethod
-    def of(cls, state: FleetState) -> FleetIndex:
-        nodes: dict[str, dict[str, NodeSpec]] = {r: {} for r in state.regions}
-        for name, node in sorted(state.nodes.items()):
-            nodes.setdefault(node.region, {})[name] = node
-        deployments: dict[str, dict[str, DeploymentSpec]] = {r: {} for r in state.regions}
-        for name, d in sorted(state.deployments.items()):
-            deployments.setdefault(d.region, {})[name] = d
-        slots: dict[str, dict[str, Slot]] = {}
-        for engine, slot in state.slots.items():
-            slots.setdefault(slot.node, {})[engine] = slot
-        weights = {}
-        for region in state.regions:
-            gpus = sum(len(n.gpus) for n in nodes[region].values() if n.state is NodeState.ACTIVE)
-            weights[region] = gpus + sum(len(d.external_urls) for d in deployments[region].values())
-        keys: dict[str, list[KeyGrant]] = {}
-        for _, k in sorted(state.api_keys.items()):
-            grant = KeyGrant(prefix=k.prefix, key_hash=k.key_hash, expires_at=k.expires_at)
-            keys.setdefault(k.tenant, []).append(grant)
-        return cls(nodes, deployments, slots, weights, keys)
 
 
 class Placed(NamedTuple):
@@ -339,64 +305,6 @@ def _trusted(state: FleetState, region: str) -> list[TrustedRegion]:
             )
         )
     return trusted
-
-
-def region_weight(state: FleetState, region: str) -> int:
-    """A region's share of capacity: GPUs on its active nodes plus its external endpoints."""
-    return FleetIndex.of(state).weights[region]
-
-
-def split(quota: int, weights: dict[str, int]) -> dict[str, int]:
-    """A quota in whole shares by weight (equal shares when no region has any), the largest
-    remainders rounded up (ties to the name's order): the shares sum to the quota exactly,
-    never above it."""
-    if not weights:
-        return {}
-    total = sum(weights.values())
-    if total == 0:
-        weights, total = dict.fromkeys(weights, 1), len(weights)
-    exact = {r: quota * w / total for r, w in weights.items()}
-    shares = {r: math.floor(e) for r, e in exact.items()}
-    left = quota - sum(shares.values())
-    for region in sorted(exact, key=lambda r: (shares[r] - exact[r], r))[:left]:
-        shares[region] += 1
-    return shares
-
-
-def _share(quota: int | None, weights: dict[str, int], region: str) -> int | None:
-    """The region's whole share of a quota (none for a tenant barred from it: no weights)."""
-    return None if quota is None else split(quota, weights).get(region, 0)
-
-
-def _exact(quota: int | None, weights: dict[str, int], region: str) -> float | None:
-    """The region's exact share: the regions' shares sum to the quota, to rounding."""
-    if quota is None:
-        return None
-    if region not in weights:
-        return 0.0
-    total = sum(weights.values())
-    return quota * weights[region] / total if total else quota / len(weights)
-
-
-def serving_weights(
-    state: FleetState, tenant: str, weights: dict[str, int] | None = None
-) -> dict[str, int]:
-    """The regions that may serve the tenant (active, in its jurisdictions), by weight
-    (`weights`: every region's, from FleetIndex, when known)."""
-    allowed = state.tenants[tenant].allowed_jurisdictions
-    weights = weights if weights is not None else FleetIndex.of(state).weights
-    return {
-        r: weights[r]
-        for r, spec in state.regions.items()
-        if spec.state is RegionState.ACTIVE and (allowed is None or spec.jurisdiction in allowed)
-    }
-
-
-def region_shares(state: FleetState, tenant: str) -> dict[str, float]:
-    """Each serving region's exact part of the tenant's quotas, 0 to 1: the static shares."""
-    weights = serving_weights(state, tenant)
-    total = sum(weights.values())
-    return {r: w / total if total else 1 / len(weights) for r, w in weights.items()}
 
 
 def tenant_grants(state: FleetState, region: str, index: FleetIndex) -> list[TenantGrant]:

@@ -23,7 +23,7 @@ from controlplane.domain import NodeState, RegionState
 from controlplane.services.quotas.allocate import Claim, allocate, settle
 from controlplane.services.quotas.demand import NodeDemand
 from controlplane.snapshot import FleetState
-from controlplane.snapshot.compiler import region_shares
+from controlplane.snapshot.shares import region_shares
 
 DIMENSIONS = ("requests_per_minute", "tokens_per_minute")
 MARGIN = timedelta(seconds=2)

@@ -16,7 +16,7 @@ from controlplane.domain import NodeState
 from controlplane.schemas.rollout import Canary, RolloutPolicySpec
 from controlplane.services.rollouts.compose import Intent, compose
 from controlplane.snapshot import FleetState, compile_region
-from controlplane.snapshot.compiler import region_weight
+from controlplane.snapshot.shares import region_weight
 
 
 class Wave(BaseModel):

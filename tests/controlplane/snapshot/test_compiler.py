@@ -6,7 +6,7 @@ import base64
 from typing import Any
 
 from controlplane.snapshot import FleetState, compile_region
-from controlplane.snapshot.compiler import split
+from controlplane.snapshot.shares import split
 from controlplane.snapshot.types import ApiKeyState
 from tests.controlplane.fleet import example
 
