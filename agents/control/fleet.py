@@ -11,7 +11,7 @@ await stream.ack(snapshot.revision)
 from __future__ import annotations
 
 import asyncio
-import json
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +22,7 @@ from meridian_pb.fleet.v1 import fleet_pb2_grpc as pb_grpc
 from meridian_pb.fleet.v1.content import digest
 from meridian_pb.fleet.v1.delta import apply as delta_apply
 
-# Given several replicas (`ipv4:a:8401,b:8401`), each agent holds its stream to one of them,
-# picked at random, and moves to another when that one dies: the agents spread over the
-# replicas, so that no one replica's event loop sends a write to all of them.
-SPREAD = json.dumps({"loadBalancingConfig": [{"pick_first": {"shuffleAddressList": True}}]})
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
-    ("grpc.service_config", SPREAD),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -51,6 +46,20 @@ class ChannelTls:
             private_key=self.key_file.read_bytes() if self.key_file else None,
             certificate_chain=self.cert_file.read_bytes() if self.cert_file else None,
         )
+
+
+def spread(target: str, key: str) -> str:
+    """The target with its list of addresses (`ipv4:a:8401,b:8401`) turned to start at one
+    picked by `key` (the node): gRPC's pick_first holds the stream to the first that answers
+    and moves down the list when it dies, so agents spread over the replicas, each always
+    starting at the same one, and no one replica's loop sends a write to all of them.
+    (pick_first's own `shuffleAddressList` did not shuffle in the grpcio this runs on.)"""
+    scheme, sep, rest = target.partition(":")
+    addresses = rest.split(",")
+    if scheme not in ("ipv4", "ipv6") or not sep or len(addresses) < 2:
+        return target
+    start = zlib.crc32(key.encode()) % len(addresses)
+    return f"{scheme}:{','.join(addresses[start:] + addresses[:start])}"
 
 
 def error_code(error: grpc.aio.AioRpcError) -> str | None:

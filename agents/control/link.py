@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
-from agents.control.fleet import ChannelTls, FleetClient, SyncStream, error_code
+from agents.control.fleet import ChannelTls, FleetClient, SyncStream, error_code, spread
 from agents.control.store import Identity, Store
 from agents.engines.gpus import Gpu
 from agents.errors import RegistrationFailed, SnapshotInvalid
@@ -80,7 +80,8 @@ class ControlLink:
     async def run(self) -> None:
         backoff = self.settings.reconnect_min_s
         while True:
-            client = FleetClient(self.settings.control_plane, tls=self.tls())
+            key = self.state.node or self.settings.hostname
+            client = FleetClient(spread(self.settings.control_plane, key), tls=self.tls())
             try:
                 identity = await self._identity(client)
                 await self._session(client, identity)
