@@ -82,13 +82,14 @@ class RegionFeed:
         self,
         revision: int,
         parts: RegionParts,
+        shared: bytes,  # shared_digest(parts.shared)
         plans: dict[str, Plan],
         base: RegionFeed | None,
         trace: SpanContext | None,
     ) -> None:
         self.revision, self.trace, self.plans = revision, trace, plans
         self.shared = parts.shared
-        self.shared_digest = shared_digest(parts.shared)
+        self.shared_digest = shared
         self.content = content_of(self.shared_digest, plans)
         self._shared_bytes = parts.shared.SerializeToString()
         self.base = base
@@ -201,9 +202,8 @@ class SnapshotHub:
                 )
             trace = span.get_span_context() if span is not None else None
             self._peer_load = await self._read_peer_loads()
-            changed = self._compile(state, trace)
             gone = sorted({k[0] for k in self._feeds} - set(state.regions))
-            self._feeds = {k: f for k, f in self._feeds.items() if k[0] in state.regions}
+            changed = self._compile(state, trace)  # the new feeds: of existing regions only
             self.revision = state.revision
             self.last_compile_s = time.perf_counter() - started
             if self._metrics is not None:
@@ -243,15 +243,14 @@ class SnapshotHub:
             for region, parts in self._compiler.compile(fleet, held, regions).items():
                 key = (region, held)
                 plans = self._plans_of(key, parts)
-                old = self._feeds.get(key)
-                content = content_of(shared_digest(parts.shared), plans)
+                shared = shared_digest(parts.shared)
                 # the same content under another holding (a region pinned as a rollout
                 # begins) keeps what was sent: its agents get nothing new
-                same = by_content.get((region, content))
+                same = by_content.get((region, content_of(shared, plans)))
                 if same is not None:
                     feeds[key] = same
                     continue
-                feed = RegionFeed(state.revision, parts, plans, old, trace)
+                feed = RegionFeed(state.revision, parts, shared, plans, self._feeds.get(key), trace)
                 feed.with_load(self._loads_for(region))
                 feeds[key] = feed
                 changed.add(region)

@@ -21,19 +21,18 @@ VERSION = b"meridian.fleet.v1.snapshot/2"
 
 def digest(message: pb.Snapshot) -> str:
     """What the agent must run and how it must route: not the revision, not load."""
+    return combine(shared_digest(message), (plan_digest(p) for p in message.nodes))
+
+
+def shared_digest(message: pb.Snapshot) -> bytes:
+    """The hash of a snapshot's shared part: all but its node plans, revision, digest and
+    peer load."""
     content = pb.Snapshot()
     content.CopyFrom(message)
-    content.ClearField("nodes")
-    return combine(shared_digest(content), (plan_digest(p) for p in message.nodes))
-
-
-def shared_digest(shared: pb.Snapshot) -> bytes:
-    """The hash of a snapshot's shared part (its `nodes` must be empty)."""
-    content = pb.Snapshot()
-    content.CopyFrom(shared)
     content.revision = 0
     content.ClearField("digest")
     content.ClearField("peer_load")
+    content.ClearField("nodes")
     return hashlib.sha256(content.SerializeToString(deterministic=True)).digest()
 
 
