@@ -75,14 +75,15 @@ class PartsCompiler:
         index = FleetIndex.of(state)
         wanted = sorted(state.regions) if regions is None else regions
         out = {region: self._region(state, region, index, label) for region in wanted}
-        for key in [k for k in self._memo if k[0] == label and k[1] not in state.regions]:
-            del self._memo[key]
-            self._items.pop(key, None)
+        self._drop(lambda key: key[0] == label and key[1] not in state.regions)
         return out
 
     def forget(self, label: Hashable) -> None:
         """Drop what was remembered for a label no longer compiled."""
-        for key in [k for k in self._memo if k[0] == label]:
+        self._drop(lambda key: key[0] == label)
+
+    def _drop(self, gone: Callable[[Key], bool]) -> None:
+        for key in [k for k in self._memo if gone(k)]:
             del self._memo[key]
             self._items.pop(key, None)
 
@@ -124,16 +125,7 @@ class PartsCompiler:
             lambda: self._each(key, "tenants", tenant_grants(state, region, index)),
         )
         catalog = region_catalog(state, region, index, routes)
-        shared = wire_message(
-            {
-                name: value.model_dump(mode="json")
-                if isinstance(value, BaseModel)
-                else [v.model_dump(mode="json") for v in value]
-                if isinstance(value, list)
-                else value
-                for name, value in catalog.items()
-            }
-        )
+        shared = wire_message({name: _json(value) for name, value in catalog.items()})
         shared.unplaced.extend(unplaced)
         shared.workers.extend(workers)
         shared.tenants.extend(tenants)
@@ -161,6 +153,14 @@ class PartsCompiler:
         }
         self._items[key] = kept
         return [kept[i.name][1] for i in items]
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    return value
 
 
 def _same(before: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
