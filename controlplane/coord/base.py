@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import os
 import secrets
 import socket
@@ -14,6 +15,18 @@ from typing import Any
 from controlplane.settings import Settings
 
 RevisionListener = Callable[[int], Awaitable[None]]
+
+
+STEP_FAILED = (Exception, asyncio.CancelledError)
+
+
+def own_cancel(exc: BaseException) -> bool:
+    """Whether `exc` is this task's own cancellation, to let through. grpc's aio raises a
+    CancelledError no one asked for in every call still open on a channel that is closed (as
+    the etcd client's is on a reconnect): a loop that must go on catches STEP_FAILED and
+    treats that one as a failed step."""
+    task = asyncio.current_task()
+    return isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling() > 0)
 
 
 def new_replica_id() -> str:

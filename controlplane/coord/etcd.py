@@ -22,7 +22,13 @@ from typing import Any
 
 import aetcd
 
-from controlplane.coord.base import AgentPresence, Coordinator, ReplicaInfo
+from controlplane.coord.base import (
+    STEP_FAILED,
+    AgentPresence,
+    Coordinator,
+    ReplicaInfo,
+    own_cancel,
+)
 from controlplane.errors import CoordinationUnavailable
 
 log = logging.getLogger(__name__)
@@ -96,16 +102,28 @@ class EtcdCoordinator(Coordinator):
         while True:
             await asyncio.sleep(self._ttl_s / 3)
             try:
+                if not self._ready.is_set():
+                    await self._establish()  # the last attempt failed: until one succeeds
+                    continue
                 reply = await self._lease.refresh()
                 if reply is None or reply.TTL <= 0:
                     log.warning("etcd lease lost; taking a new one", extra={"replica": self.me.id})
                     await self._establish()
-            except Exception:
+            except STEP_FAILED as exc:
+                if own_cancel(exc):
+                    raise
                 log.exception("etcd unreachable; reconnecting")
                 self._leader = None
-                with contextlib.suppress(Exception):
-                    await self._connect()
-                    await self._establish()
+                self._ready.clear()  # the campaign and the watch wait for a new lease
+                await self._reconnect()
+
+    async def _reconnect(self) -> None:
+        try:
+            await self._connect()
+        except STEP_FAILED as exc:
+            if own_cancel(exc):
+                raise
+            log.warning("etcd: could not connect yet (%s); trying again", exc)
 
     # --- leader -------------------------------------------------------------------
 
@@ -127,7 +145,9 @@ class EtcdCoordinator(Coordinator):
                 self._leader = leader
                 if won:
                     log.info("this replica leads", extra={"replica": self.me.id})
-            except Exception:
+            except STEP_FAILED as exc:
+                if own_cancel(exc):
+                    raise
                 log.exception("leader election step failed")
                 self._leader = None
             await asyncio.sleep(1.0)
@@ -139,7 +159,9 @@ class EtcdCoordinator(Coordinator):
         try:
             found = await self._client.get_prefix(self._key("replicas", ""))
             leader = await self._client.get(self._key("leader"))
-        except Exception as exc:
+        except STEP_FAILED as exc:
+            if own_cancel(exc):
+                raise
             raise CoordinationUnavailable(f"etcd did not answer: {exc}") from exc
         replicas = sorted((json.loads(kv.value) for kv in found), key=lambda r: r["id"])
         return {
@@ -154,7 +176,9 @@ class EtcdCoordinator(Coordinator):
         await self._heard(revision)
         try:
             await self._client.put(self._key("revision"), str(revision).encode())
-        except Exception:
+        except STEP_FAILED as exc:
+            if own_cancel(exc):
+                raise
             log.exception("could not announce revision %s through etcd", revision)
 
     async def _watch_revisions(self) -> None:
@@ -165,7 +189,9 @@ class EtcdCoordinator(Coordinator):
                 async for event in watch:
                     if event.kind == "PUT":
                         await self._heard(int(event.kv.value))
-            except Exception:
+            except STEP_FAILED as exc:
+                if own_cancel(exc):
+                    raise
                 log.exception("watching revisions failed; watching again")
             await asyncio.sleep(0.5)
 
@@ -179,7 +205,9 @@ class EtcdCoordinator(Coordinator):
         self._agents[presence.node] = presence
         try:
             await self._put_agent(presence)
-        except Exception:
+        except STEP_FAILED as exc:
+            if own_cancel(exc):
+                raise
             log.exception("could not record agent %s in etcd", presence.node)
 
     async def agent_disconnected(self, presence: AgentPresence) -> None:
@@ -194,7 +222,9 @@ class EtcdCoordinator(Coordinator):
                 success=[tx.delete(key)],
                 failure=[],
             )
-        except Exception:
+        except STEP_FAILED as exc:
+            if own_cancel(exc):
+                raise
             log.exception("could not remove agent %s from etcd", presence.node)
 
     async def connected_agents(self) -> dict[str, AgentPresence]:

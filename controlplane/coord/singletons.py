@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from controlplane.coord.base import Coordinator
+from controlplane.coord.base import STEP_FAILED, Coordinator, own_cancel
 from controlplane.db.engine import Database
 from controlplane.services.liveness import Sweeper, rollup
 from controlplane.services.quotas.leaser import Leaser
@@ -85,7 +85,9 @@ class Singletons:
         while True:
             try:
                 last_rollup = await self.tick(last_rollup)
-            except Exception:
+            except STEP_FAILED as exc:
+                if own_cancel(exc):
+                    raise
                 log.exception("a singleton loop failed; will retry")
             await asyncio.sleep(self._sweep_every_s)
 

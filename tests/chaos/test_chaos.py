@@ -289,5 +289,20 @@ async def _rollout_at(
     try:
         found: dict[str, Any] = await eventually(there, within_s=90)
     except TimeoutError:
-        raise AssertionError(f"not at wave {wave}, {state} in 90 s: {seen[0]}") from None
+        views = await _cluster_views(fleet)
+        raise AssertionError(
+            f"not at wave {wave}, {state} in 90 s: {seen[0]}; the replicas' views: {views}"
+        ) from None
     return found
+
+
+async def _cluster_views(fleet: Fleet) -> list[Any]:
+    """What each replica says of the cluster (who leads), or why it could not say."""
+    views: list[Any] = []
+    for index in range(len(fleet.replicas)):
+        try:
+            async with fleet.admin(index) as http:
+                views.append((await http.get("/v1/cluster")).json())
+        except (httpx.HTTPError, ValueError) as exc:
+            views.append(repr(exc))
+    return views
