@@ -203,9 +203,9 @@ async def test_a_full_batch_queues_the_rest() -> None:
     async with running_sim(*args) as sim, sim.client() as client:
         body = {"text": "wait your turn", "sampling_params": {"max_new_tokens": 10}}
         calls = [asyncio.create_task(client.post("/generate", json=body)) for _ in range(3)]
-        for _ in range(100):  # until all three have arrived
+        for _ in range(100):  # until all three have arrived and the scheduler took one
             load = (await client.get("/get_load")).json()[0]
-            if load["num_reqs"] == 3:
+            if load["num_reqs"] == 3 and load["num_waiting_reqs"] < 3:
                 break
             await asyncio.sleep(0.02)
         answers = await asyncio.gather(*calls)
