@@ -30,7 +30,7 @@ FUZZ_CONFIG = Path(__file__).with_name("fuzz") / "schemathesis.toml"
 # a fixed seed, so that CI is repeatable; MERIDIAN_FUZZ_SEED explores further
 FUZZ_SEED = os.environ.get("MERIDIAN_FUZZ_SEED", "20261124")
 FUZZ_EXAMPLES = os.environ.get("MERIDIAN_FUZZ_EXAMPLES", "120")
-HOSTILE_SECONDS = float(os.environ.get("MERIDIAN_HOSTILE_SECONDS", "24"))
+HOSTILE_SECONDS = float(os.environ.get("MERIDIAN_HOSTILE_SECONDS", "16"))
 
 
 def _auth(fleet: Fleet, tenant: str = "acme") -> bytes:
