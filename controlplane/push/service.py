@@ -292,7 +292,8 @@ class FleetService:
 
     async def _read(self, context: Context) -> pb.AgentMessage | None:
         try:
-            message = await asyncio.wait_for(context.read(), self._heartbeat_timeout_s)
+            async with asyncio.timeout(self._heartbeat_timeout_s):  # wait_for made a task a read
+                message = await context.read()
         except TimeoutError:
             raise HeartbeatMissed(
                 f"nothing from the agent for {self._heartbeat_timeout_s:g} s; closing its stream"

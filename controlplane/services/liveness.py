@@ -7,9 +7,10 @@ timestamp in PostgreSQL; what it concludes is written there so the API can show 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -69,7 +70,17 @@ class Sweeper:
         return DOWN if now - since >= self.down_after else None
 
 
-def region_health(nodes: list[NodeRow]) -> str:
+class NodeHealth(Protocol):
+    """What a region's summary reads of a node: a row, or the columns the rollup selects."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def health(self) -> str: ...
+
+
+def region_health(nodes: Sequence[NodeHealth]) -> str:
     states = {n.health for n in nodes}
     if not nodes or states == {UNKNOWN}:
         return UNKNOWN
@@ -81,7 +92,7 @@ def region_health(nodes: list[NodeRow]) -> str:
 
 
 def summarize(
-    region: str, nodes: list[NodeRow], latest: dict[int, dict[str, Any]]
+    region: str, nodes: Sequence[NodeHealth], latest: dict[int, dict[str, Any]]
 ) -> dict[str, Any]:
     """A region's capacity and load: sums of its live nodes' latest telemetry."""
     live = [latest[n.id] for n in nodes if n.health == UP and n.id in latest]
@@ -195,16 +206,17 @@ def _escalations(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def rollup(db: Database, now: datetime, keep: timedelta) -> dict[str, dict[str, Any]]:
     """Write every region's load summary, and drop telemetry samples older than `keep`."""
     async with db.sessions() as session, session.begin():
-        regions = (await session.execute(select(RegionRow))).unique().scalars().all()
-        nodes = (await session.execute(select(NodeRow))).unique().scalars().all()
-        latest = {
-            row.node_id: row.data
-            for row in (await session.execute(select(NodeTelemetryRow))).scalars()
-        }
+        # columns, not rows: every 5 s, over every node of the fleet
+        regions = (await session.execute(select(RegionRow.id, RegionRow.name))).all()
+        nodes = (await session.execute(select(NODES.c.id, NODES.c.region_id, NODES.c.health))).all()
+        telemetry = select(NodeTelemetryRow.node_id, NodeTelemetryRow.data)
+        latest: dict[int, dict[str, Any]] = {n: d for n, d in await session.execute(telemetry)}
+        by_region: dict[int, list[Any]] = {}
+        for node in nodes:
+            by_region.setdefault(node.region_id, []).append(node)
         summaries = {}
         for region in regions:
-            mine = [n for n in nodes if n.region_id == region.id]
-            doc = summarize(region.name, mine, latest)
+            doc = summarize(region.name, by_region.get(region.id, []), latest)
             doc["updated_at"] = now.isoformat()
             summaries[region.name] = doc
             stmt = pg_insert(RegionLoadRow).values(
