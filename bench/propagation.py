@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from bench import stream_floor
 from bench.plots import write_json
 from bench.swarm import SwarmProcess
 from controlplane.db import migrate
@@ -346,6 +347,11 @@ async def run(options: Options) -> list[dict[str, Any]]:
         console.rule(f"{agents} agents, {options.replicas} replica(s)")
         async with AsyncExitStack() as stack:
             result = await Run(options, agents, console).measure(stack)
+        streams = agents // options.replicas  # a replica's share
+        opened = result["cp_rss_connected_mb"] - result["cp_rss_registered_mb"]
+        result["cp_kb_per_stream"] = round(opened * 1024 / streams, 1)
+        with console.status(f"a bare gRPC server holding {streams} streams, for comparison"):
+            result |= await asyncio.to_thread(stream_floor.measure, streams)
         results.append(result)
         _report(console, results)
         write_json(
@@ -371,6 +377,8 @@ ROWS = [
     ("cp_rss_started_mb", "CP memory when started, MB", "{:.0f}"),
     ("cp_rss_registered_mb", "... with the fleet and agents registered, MB", "{:.0f}"),
     ("cp_rss_connected_mb", "... with every stream open, MB", "{:.0f}"),
+    ("cp_kb_per_stream", "... per open stream, KB", "{:.1f}"),
+    ("bare_kb_per_stream", "a bare gRPC server, per open stream, KB", "{:.1f}"),
     ("cp_peak_rss_mb", "CP peak memory (one replica), MB", "{:.0f}"),
     ("cp_rss_mb", "CP memory after the rounds, MB", "{:.0f}"),
     ("agents_cpu_ms_per_round", "simulated agents' CPU per write, ms", "{:.0f}"),

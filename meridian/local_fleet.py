@@ -101,6 +101,23 @@ def _read(path: Path) -> dict[str, Any]:
     return {}
 
 
+def whole(console: Console, text: str) -> None:
+    """`text` as it is: no markup, no highlighting, no line broken to fit the terminal."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def first_client(doc: dict[str, Any]) -> tuple[str, str] | None:
+    """The first region's OpenAI base URL and the key of the first tenant served there."""
+    for region in doc["regions"]:
+        if not region["gateway_url"]:
+            continue
+        for tenant in doc["tenants"]:
+            if not tenant["jurisdictions"] or region["jurisdiction"] in tenant["jurisdictions"]:
+                return f"{region['gateway_url']}/v1", str(tenant["api_key"])
+        return None
+    return None
+
+
 def print_fleet(console: Console, doc: dict[str, Any], out: Path) -> None:
     table = Table(title="OpenAI endpoints", box=None)
     table.add_column("region")
@@ -111,11 +128,16 @@ def print_fleet(console: Console, doc: dict[str, Any], out: Path) -> None:
         base = f"{region['gateway_url']}/v1" if region["gateway_url"] else "-"
         table.add_row(region["name"], region["cloud"], region["jurisdiction"], base)
     console.print(table)
-    keys = Table(title="API keys (one per tenant, for this local fleet)", box=None)
-    keys.add_column("tenant")
-    keys.add_column("jurisdictions")
-    keys.add_column("key")
+    # Keys and commands are printed whole, each on a line of its own, whatever the terminal's
+    # width: a table would cut or fold them, and they are there to be copied.
+    console.print("[bold]API keys[/] (one per tenant, for this local fleet):")
     for tenant in doc["tenants"]:
-        keys.add_row(tenant["name"], ", ".join(tenant["jurisdictions"]) or "any", tenant["api_key"])
-    console.print(keys)
+        where = ", ".join(tenant["jurisdictions"]) or "any region"
+        console.print(f"  {tenant['name']}, served in {where}:", highlight=False)
+        whole(console, f"    {tenant['api_key']}")
+    first = first_client(doc)
+    if first is not None:
+        base, key = first
+        console.print("[bold]Any OpenAI client[/], in this shell:")
+        whole(console, f"export OPENAI_BASE_URL={base} \\\n       OPENAI_API_KEY={key}")
     console.print(f"written to {out}")

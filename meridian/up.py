@@ -36,7 +36,13 @@ from controlplane.db.provision import database_url
 from controlplane.settings import Settings
 from meridian import reaper as reaper_env
 from meridian.local_agents import await_engines, local_nodes, print_engines, start_agents
-from meridian.local_fleet import describe, note_controlplane_pid, print_fleet
+from meridian.local_fleet import (
+    describe,
+    first_client,
+    note_controlplane_pid,
+    print_fleet,
+    whole,
+)
 from meridian.procs import port_in_use, start_control_plane, stop_child
 
 RESTART_MIN_S, RESTART_MAX_S = 0.5, 30.0  # the control plane's restart backoff
@@ -193,21 +199,22 @@ async def _run(
         table.add_row("API", api)
         table.add_row("API docs", f"{api}/docs")
         table.add_row("agents (gRPC)", f"{settings.host}:{settings.grpc_port}")
-        table.add_row("admin token", token)
         for agent in agents:
             table.add_row(f"agent {agent.node.name}", f"{agent.node.url}/agent/status")
         table.add_row("logs", str(settings.data_dir / "logs"))
-        table.add_row("try", f"curl -H 'Authorization: Bearer {token}' {api}/v1/regions")
-        if doc["tenants"] and doc["regions"]:
-            region, tenant = doc["regions"][0], doc["tenants"][0]
-            table.add_row(
-                "chat",
-                f"curl {region['gateway_url']}/v1/chat/completions -H 'Authorization: Bearer "
-                f"{tenant['api_key']}' -H 'Content-Type: application/json' -d "
-                """'{"model": "%s", "messages": [{"role": "user", "content": "hi"}]}'"""
-                % doc["models"][0],
-            )
         console.print(table)
+        console.print(f"[bold]admin token[/] (also in {settings.data_dir / 'admin-token'}):")
+        whole(console, f"    {token}")
+        console.print("[bold]try[/]:")
+        whole(console, f"curl -H 'Authorization: Bearer {token}' {api}/v1/regions")
+        first = first_client(doc)
+        if first is not None:
+            whole(
+                console,
+                f'curl {first[0]}/chat/completions -H "Authorization: Bearer {first[1]}" '
+                """-H 'Content-Type: application/json' -d '{"model": "%s", "messages": """
+                """[{"role": "user", "content": "hi"}]}'""" % doc["models"][0],
+            )
         if browser and await asyncio.to_thread(open_in_browser, page):
             console.print(f"opened {page} in your browser")
         console.print("Ctrl-C stops everything.")

@@ -45,7 +45,7 @@ async def _run_up(data_dir: Path, port: int) -> tuple[asyncio.subprocess.Process
     env = {
         **os.environ,
         "MERIDIAN_DATA_DIR": str(data_dir),
-        "COLUMNS": "200",
+        "COLUMNS": "80",  # an ordinary terminal: keys and commands must still come whole
         "MERIDIAN_GRPC_PORT": str(free_port()),
     }
     env.pop("MERIDIAN_DATABASE_URL", None)
@@ -139,8 +139,13 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         }
         assert sorted(local["processes"]["agents"]) == ["eu-west", "us-east", "us-west"]
         assert sorted(local["processes"]["engines"]["us-east"]) == sorted(engine_pids[:3])
+        lines = [line.strip() for line in output.splitlines()]
+        assert token in lines  # whole, on a line of its own, to be copied
         for tenant in local["tenants"]:
-            assert tenant["api_key"] in output  # printed as well
+            assert tenant["api_key"] in lines
+        us_east = next(r for r in local["regions"] if r["name"] == "us-east")
+        export = lines.index(f"export OPENAI_BASE_URL={us_east['gateway_url']}/v1 \\")
+        assert lines[export + 1] == f"OPENAI_API_KEY={local['tenants'][0]['api_key']}"
         demo = await _demo(data_dir / "local-fleet.json")
         final = demo[demo.rindex("requests (phase") :]  # the last frame of the live view
         (eurobank,) = [line for line in final.splitlines() if "eurobank" in line]
