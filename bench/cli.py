@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+from importlib.util import find_spec
 from pathlib import Path
 
 import click
@@ -24,10 +25,39 @@ from bench import (
 from bench.propagation import Options, run
 from bench.sim import run as run_sim
 
+# the test extra's packages some benchmarks use, by module: what to install
+EXTRAS = {"matplotlib": "matplotlib", "sglang_router": "sglang-router"}
+
 
 @click.group("bench")
 def bench() -> None:
     """Benchmarks; each prints a table and can write its figures as JSON."""
+
+
+def requires(*modules: str) -> None:
+    """Stop before anything starts when a package the benchmark will need is not installed
+    (a sweep must not run for minutes and then fail on an import)."""
+    missing = [EXTRAS.get(m, m) for m in modules if find_spec(m) is None]
+    if missing:
+        raise click.ClickException(
+            f"this benchmark needs {' and '.join(missing)}, from the test extra: "
+            f"pip install {' '.join(missing)} (or ./scripts/test --co -q, which makes .venv "
+            "with every test dependency)"
+        )
+
+
+def plot_beside(out: Path | None, plot: Path | None) -> Path | None:
+    """The PNG to draw: the one asked for (matplotlib required), else one beside --out when
+    matplotlib is there."""
+    if plot is not None:
+        requires("matplotlib")
+        return plot
+    if out is None:
+        return None
+    if find_spec("matplotlib") is None:
+        click.echo("no plot beside --out: matplotlib is not installed (pip install matplotlib)")
+        return None
+    return out.with_suffix(".png")
 
 
 def _counts(_: click.Context, __: click.Parameter, value: str) -> list[int]:
@@ -146,8 +176,9 @@ def routing_command(
     unknown = [n for n in names if n not in routing.CONTENDERS]
     if unknown or not names:
         raise click.BadParameter(f"unknown contenders {unknown}", param_hint="--contenders")
-    if plot is None and out is not None:
-        plot = out.with_suffix(".png")
+    if any(routing.CONTENDERS[n][0] == "sglang" for n in names):
+        requires("sglang_router")
+    plot = plot_beside(out, plot)
     root = _scratch("routing")
     options = routing.Options(
         workers=workers, contenders=names, phase_seconds=phase_seconds, start_rps=start_rps,
@@ -180,10 +211,12 @@ def overhead_command(
 ) -> None:
     """The latency Meridian's gateway and sglang-router add over a null engine, and the
     requests each serves per CPU second."""
+    requires("sglang_router")
+    plot = plot_beside(out, plot)
     root = _scratch("overhead")
     options = overhead.Options(
-        requests=requests, concurrency=concurrency, seconds=seconds, out=out,
-        plot=plot or (out.with_suffix(".png") if out else None), root=root,
+        requests=requests, concurrency=concurrency, seconds=seconds, out=out, plot=plot,
+        root=root,
     )  # fmt: skip
     try:
         asyncio.run(overhead.run(options))
@@ -214,7 +247,7 @@ def overload_command(
     root = _scratch("overload")
     options = overload.Options(
         workers=workers, seconds=seconds, capacity_rps=capacity, modes=names, out=out,
-        plot=plot or (out.with_suffix(".png") if out else None), root=root,
+        plot=plot_beside(out, plot), root=root,
     )  # fmt: skip
     try:
         asyncio.run(overload.run(options))
@@ -240,7 +273,7 @@ def escalation_command(
     root = _scratch("escalation")
     options = escalation.Options(
         workers=workers, seconds=seconds, capacity_rps=capacity, out=out,
-        plot=plot or (out.with_suffix(".png") if out else None), root=root,
+        plot=plot_beside(out, plot), root=root,
     )  # fmt: skip
     try:
         asyncio.run(escalation.run(options))
@@ -314,6 +347,8 @@ def rollout_command(
 def quotas_command(quota: int, phase: float, out: Path | None, plot: Path | None) -> None:
     """A tenant's global quota under traffic that moves between three regions, then with the
     control plane down: leases that follow demand against the static shares, in one run."""
+    if plot is not None:
+        requires("matplotlib")
     root = _scratch("quotas")
     options = quotas.Options(quota=quota, phase_s=phase, out=out, plot=plot, root=root)
     try:

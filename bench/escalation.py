@@ -117,6 +117,11 @@ async def run(options: Options) -> dict[str, Any]:
             capacity = options.capacity_rps
         result["capacity_rps"] = round(capacity, 3)
 
+        def keep() -> None:  # each part written as soon as it is measured
+            plots.write_json(console, result, options.out)
+
+        keep()
+
         async def load(multiple: float, seed: int, who: Client = client) -> dict[str, Any]:
             rate = capacity * multiple
             reqs = routing._subset(workload, round(rate * options.seconds), seed=seed)
@@ -139,13 +144,16 @@ async def run(options: Options) -> dict[str, Any]:
                 s = await load(multiple, seed=int(multiple * 10))
                 runs[f"{multiple:.0f}x"] = _row(s)
             result["results"][mode] = runs
+            keep()
         room = await load(0.5, seed=5)
         result["escalated_share_with_room"] = room["peer_share"]
+        keep()
         resident = Client({"Authorization": f"Bearer {resident_key}"})
         stack.push_async_callback(resident.close)
         bench.current = "residency"
         kept = await load(5.0, seed=55, who=resident)
         result["residency_5x"] = {"served_by_peer": kept["peer_served"], **_row(kept)}
+        keep()
         bench.current = "engines_die"
         result["engines_die"] = await _failover(bench, workload, capacity * 0.5, sims_a, options)
     _report(console, result)

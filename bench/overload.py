@@ -74,6 +74,7 @@ async def run(options: Options) -> dict[str, Any]:
         else:
             capacity = options.capacity_rps
         result["capacity_rps"] = round(capacity, 3)
+        plots.write_json(console, result, options.out)  # each part kept as it is measured
         for mode in options.modes:
             params, route = MODES[mode]
             await region.route("cost", params, **route)
@@ -95,6 +96,7 @@ async def run(options: Options) -> dict[str, Any]:
                     "other_failures": s["failed"] - s["rejected"],
                 }  # fmt: skip
             result["results"][mode] = runs
+            plots.write_json(console, result, options.out)
     _report(console, result)
     plots.save(
         console, result, options.out, options.plot,

@@ -14,7 +14,6 @@ Then, so that a policy is not judged on one workload: a single hot prefix group 
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from contextlib import AsyncExitStack
@@ -48,6 +47,7 @@ from bench.load import (
     sweep,
     warm_ttft_p99,
 )
+from bench.plots import write_json
 from meridian.procs import stop_child
 
 # name -> (where it runs, policy, params)
@@ -238,11 +238,8 @@ async def run(options: Options) -> dict[str, Any]:
         if base is None:
             base = await _main_workload(bench, workload, result)
         if o.extra:
-            result["workloads"] = await _extra(bench, base)
+            await _extra(bench, base, result)
     _report(console, result)
-    if o.out is not None:
-        o.out.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {o.out}")
     if o.plot is not None and result["sweeps"]:
         _plot(result, o.plot)
         console.print(f"wrote {o.plot}")
@@ -258,6 +255,7 @@ async def _main_workload(bench: Bench, workload: list[Req], result: dict[str, An
         console.print(f"[bold]{name}[/]: capacity sweep")
         await bench.use(name)
         capacities[name], result["sweeps"][name] = await _sweep(bench, workload)
+        write_json(console, result, o.out)  # each part kept as soon as it is measured
     base = capacities.get("round_robin") or max(capacities.values())
     rate = 0.8 * base
     console.print(f"[bold]latency at {rate:.2f} rps[/] (80% of round robin's capacity)")
@@ -272,13 +270,14 @@ async def _main_workload(bench: Bench, workload: list[Req], result: dict[str, An
                                        "itl_p99_s", "output_tok_per_s", "goodput_rps",
                                        "failed", "slo_met", "cpu")},
         }  # fmt: skip
+        write_json(console, result, o.out)
     return base
 
 
-async def _extra(bench: Bench, base_rps: float) -> dict[str, Any]:
+async def _extra(bench: Bench, base_rps: float, result: dict[str, Any]) -> None:
     """Other workloads at a fixed rate each, for the policies that matter most."""
     o, console = bench.options, bench.console
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = result["workloads"]
     hot = shared_prefix(1, 256, o.system_tokens, o.question_tokens, o.output_tokens, o.seed + 1)
     two = bench.sims[:2]
     shapes = [
@@ -299,10 +298,10 @@ async def _extra(bench: Bench, base_rps: float) -> dict[str, Any]:
                 summary = await bench.phase(source, rate, seed=2000, sims=sims, chats=chats)
                 _progress(bench, f"{rate:6.2f} rps", summary)
                 out[shape][name] = summary
+                write_json(console, result, o.out)
         finally:
             await _slow(slow, 1.0)
     await bench._workers(bench.sims)
-    return out
 
 
 async def _slow(sims: list[Sim], factor: float) -> None:
