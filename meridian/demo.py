@@ -57,12 +57,53 @@ BACK_WITHIN_S = 90.0  # the longest the demo waits for the control plane to come
 SURGE_RPS = 8.0
 
 
+# Each refusal or failure the demo can show, by the OpenAI error's `code` (or the client's
+# error when no answer came): what it means, and what would change it.
+WHY = {
+    "quota_exceeded": (
+        "the tenant's quota (requests or tokens a minute, shared between regions by leases) "
+        "was spent",
+        "a larger requests_per_minute or tokens_per_minute for the tenant, or fewer requests",
+    ),
+    "queue_full": (
+        "the model's admission queue at this gateway was full",
+        "more engines for the model in the region, or a larger max_queue in its routing policy",
+    ),
+    "overloaded": (
+        "no engine here could answer within the routing policy's SLO, and no peer region took it",
+        "more engines in the region, a fallback rule to a peer with room, or a looser slo_ttft_ms",
+    ),
+    "no_healthy_worker": (
+        "no engine of the model was healthy in the region, and no peer region took it",
+        "the engines back (the agent's /agent/status says why they are not), or a fallback "
+        "rule to a peer",
+    ),
+    "upstream_failed": (
+        "the engine failed the request, and no other engine or peer could take it",
+        "healthy engines; the fault phase makes the target's engines fail on purpose",
+    ),
+    "not_ready": ("the agent had no snapshot yet", "wait until it reaches the control plane"),
+    "no_answer": (
+        "no answer came: the connection failed or timed out",
+        "a gateway that is up (is `meridian up` running?)",
+    ),
+}
+UNKNOWN = ("an answer this demo does not explain", "reading the error's message")
+
+
 @dataclass
 class Tally:
     sent: int = 0
     served_by: Counter[str] = field(default_factory=Counter)
-    refused: Counter[str] = field(default_factory=Counter)  # by status or error
+    refused: Counter[str] = field(default_factory=Counter)  # by error code
     latencies: list[float] = field(default_factory=list)
+
+
+def error_code(answer: httpx.Response) -> str:
+    """The OpenAI error's `code`, else the HTTP status."""
+    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+        return str(answer.json()["error"]["code"])
+    return str(answer.status_code)
 
 
 @dataclass
@@ -97,6 +138,7 @@ class Demo:
     tallies: dict[tuple[str, str], Tally] = field(default_factory=lambda: defaultdict(Tally))
     escalations: dict[tuple[str, ...], int] = field(default_factory=dict)
     phase: str = "calm"
+    refusals: Counter[tuple[str, str]] = field(default_factory=Counter)  # (code, phase)
     fleet_file: Path | None = None  # read again for the control plane's pid, which changes
     outage: Outage = field(default_factory=Outage)
 
@@ -131,8 +173,9 @@ class Demo:
                 f"{self.url(region)}/v1/chat/completions", json=body,
                 headers={"Authorization": f"Bearer {tenant['api_key']}"},
             )  # fmt: skip
-        except httpx.HTTPError as error:
-            tally.refused[type(error).__name__] += 1
+        except httpx.HTTPError:
+            tally.refused["no_answer"] += 1
+            self.refusals["no_answer", self.phase] += 1
             if outage is not None:
                 outage.failed += 1
             return
@@ -140,7 +183,9 @@ class Demo:
             tally.served_by[answer.headers.get("x-meridian-region", "?")] += 1
             tally.latencies.append(time.monotonic() - started)
         else:
-            tally.refused[str(answer.status_code)] += 1
+            code = error_code(answer)
+            tally.refused[code] += 1
+            self.refusals[code, self.phase] += 1
         if outage is not None:
             status = answer.status_code
             outage.served += status == 200
@@ -237,7 +282,22 @@ class Demo:
             if count:
                 arrow = "→ out to" if direction == "out" else "← in from"
                 flows.add_row(region, arrow, peer, reason, str(count))
-        return Group(requests, flows, self.outage.line())
+        return Group(requests, flows, self.outage.line(), *self.explained())
+
+    def explained(self) -> list[str]:
+        """A line for each kind of refusal or failure shown: when, why, what would change it."""
+        phases: dict[str, list[str]] = defaultdict(list)
+        counts: Counter[str] = Counter()
+        for (code, phase), n in self.refusals.items():
+            counts[code] += n
+            if phase not in phases[code]:
+                phases[code].append(phase)
+        lines = []
+        for code, n in counts.most_common():
+            what, change = WHY.get(code, UNKNOWN)
+            when = ", ".join(p for p in PHASES if p in phases[code])
+            lines.append(f"why {code} ({n}, {when}): {what}; what would change it: {change}")
+        return lines
 
 
 def read_fleet_file(path: Path) -> dict[str, Any]:

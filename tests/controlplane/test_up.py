@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 from datetime import UTC, datetime
@@ -155,6 +156,12 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         assert "failure" in final
         # the control plane was killed with kill -9 while traffic flowed: nothing failed,
         # and `meridian up` started it again
+        # every refusal shown is explained, and the calm phase has none
+        table = final[: final.index("escalations since")]
+        shown = set(re.findall(r"\b([a-z_]+): \d+", table))
+        explained = dict(re.findall(r"(?m)^why ([a-z_]+) \(\d+, ([^)]*)\)", final))
+        assert shown <= set(explained), final
+        assert not [code for code, phases in explained.items() if "calm" in phases], final
         outage = next(line for line in final.splitlines() if line.startswith("control plane"))
         assert "killed (kill -9), back after" in outage, outage
         assert " 0 failed" in outage, outage
