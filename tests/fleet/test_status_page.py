@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -71,6 +72,12 @@ async def test_the_status_page_shows_the_fleet_live(
         for region in ("us-east", "us-west", "eu-west"):  # every agent acked its revision
             acks = page.locator(f'[data-region="{region}"] [data-acked="1/1"]')
             await acks.wait_for(timeout=10000)
+        # the header's revision is the declared one; each region says which is in force
+        assert "declared revision" in await page.locator("#summary").inner_text()
+        for card in await regions.all():
+            assert "in force: revision" in await card.inner_text()
+        await page.locator("#rollout-body .rollout-head").wait_for(timeout=10000)
+        assert "null" not in await page.locator("body").inner_text()  # a part left out, as text
         engine = page.locator(f'[data-engine="{ENGINE}"]')
         await page.locator(f'[data-engine="{ENGINE}"][data-state="ready"]').wait_for(timeout=10000)
 
@@ -104,6 +111,11 @@ async def test_the_status_page_shows_the_fleet_live(
             timeout=8000
         )
         seen_down_s = time.monotonic() - killed_at
+        async with fleet.client("us-west") as client:  # its engine down: a peer answers
+            for _ in range(3):
+                await client.chat.completions.create(
+                    model=LLAMA, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
         shot = Path(SHOTS or tmp_path) / "status-page.png"
         await page.screenshot(path=str(shot), full_page=True)
         print(f"\nthe page showed {ENGINE} down {seen_down_s:.1f} s after kill -9; {shot}")
@@ -111,6 +123,18 @@ async def test_the_status_page_shows_the_fleet_live(
         await page.locator(f'[data-engine="{ENGINE}"][data-state="ready"]').wait_for(
             timeout=20000
         )  # and back, still without a reload
+
+        # the escalations it caused, drawn with what their numbers are
+        label = page.locator("#flows text.label").first
+        await label.wait_for(timeout=20000)
+        assert re.fullmatch(r"\d+ sent · \d+ a minute now", (await label.text_content() or ""))
+        drawn, graph = await label.bounding_box(), await page.locator("#flows").bounding_box()
+        assert drawn is not None
+        assert graph is not None
+        assert graph["x"] <= drawn["x"]
+        assert drawn["x"] + drawn["width"] <= graph["x"] + graph["width"]
+        await page.screenshot(path=str(Path(SHOTS or tmp_path) / "status-flows.png"),
+                              full_page=True)  # fmt: skip
 
         # a model that refuses most of what it is sent while its engine is ready is alerted
         refusing = page.locator(f'[data-region="us-west"] [data-model="{LLAMA}"][data-alert="1"]')

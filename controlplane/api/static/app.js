@@ -157,14 +157,15 @@ function rollout(doc) {
     el("td", {}, c.check), el("td", {}, c.model || ""),
     el("td", {}, el("span", { class: `badge verdict ${c.verdict}` }, c.verdict)),
     el("td", { class: "why" }, c.figure)));
-  $("rollout-body").replaceChildren(
+  // replaceChildren writes a null as the text "null": the parts left out are dropped first
+  $("rollout-body").replaceChildren(...[
     el("div", { class: "rollout-head", "data-state": r.state },
       el("b", {}, `revision ${r.revision}`), ` from ${r.base} by ${r.actor} · `, badge(r.state),
       r.reason ? el("span", { class: "why" }, ` ${r.reason}`) : null),
     waves.length ? el("ol", { class: "waves" }, waves) : null,
     checks.length ? el("table", { class: "checks" }, el("tbody", {}, checks)) : null,
     doc.recent.length ? el("p", { class: "hint" }, "before: " + doc.recent.map((x) =>
-      `${x.revision} ${x.state}`).join(" · ")) : null);
+      `${x.revision} ${x.state}`).join(" · ")) : null].filter((part) => part !== null));
 }
 
 function quotas(items) {
@@ -355,7 +356,7 @@ function flows(regions, list) {
     // the label sits beside the curve's midpoint, on its outer side
     const mx = (sx + 2 * cx + ex) / 4 + nx * 14, my = (sy + 2 * cy + ey) / 4 + ny * 14 + 4;
     box.append(svg("text", { class: "label", x: mx, y: my, "text-anchor": "middle" },
-      `${count} sent · ${rate.toFixed(0)}/min`));
+      `${count} sent · ${rate.toFixed(0)} a minute now`));
   }
   for (const r of regions) {
     const [x, y] = at[r.name];
