@@ -195,6 +195,7 @@ async def run(options: Options) -> dict[str, Any]:
                    for i, r in enumerate(MODES) for n in range(options.streams)]  # fmt: skip
         try:
             result["soak"] = await _soak(console, http, agents, traffic, options)
+            write_json(console, result, options.out)  # each part kept as it is measured
             result["faults"] = []
             for fault, (change, modes) in FAULTS.items():
                 for mode in modes:
@@ -202,6 +203,7 @@ async def run(options: Options) -> dict[str, Any]:
                         result["faults"].append(await _one_fault(
                             http, agents[mode], mode, engines[mode], fault, change, traffic,
                             options))  # fmt: skip
+                    write_json(console, result, options.out)
             result["failed_requests"] = traffic.failed
         finally:
             traffic.stop.set()

@@ -92,6 +92,7 @@ async def run(options: Options) -> dict[str, Any]:
             root = options.root / mode
             root.mkdir()
             result["modes"][mode] = await _mode(console, root, url, leases, options)
+            write_json(console, result, options.out)  # each part kept as it is measured
     _report(console, result)
     write_json(console, result, options.out)
     if options.plot is not None:

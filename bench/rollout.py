@@ -171,8 +171,10 @@ async def run(options: Options) -> dict[str, Any]:
                         result["harmful"].append(
                             await _harmful(admin, load, name, change, baseline)
                         )
+                    write_json(console, result, options.out)  # each part kept as measured
                 with console.status("good changes") as status:
                     result["good"] = await _good(admin, options.good, status)
+                write_json(console, result, options.out)
                 with console.status("revocation while a rollout is paused"):
                     result["revocation"] = await _revocations(admin, http, gateways,
                                                               options.revocations)  # fmt: skip
