@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-from importlib.util import find_spec
 from pathlib import Path
 
 import click
@@ -22,42 +21,14 @@ from bench import (
     routing,
     tiers,
 )
+from bench.needs import plot_beside, requires
 from bench.propagation import Options, run
 from bench.sim import run as run_sim
-
-# the test extra's packages some benchmarks use, by module: what to install
-EXTRAS = {"matplotlib": "matplotlib", "sglang_router": "sglang-router"}
 
 
 @click.group("bench")
 def bench() -> None:
     """Benchmarks; each prints a table and can write its figures as JSON."""
-
-
-def requires(*modules: str) -> None:
-    """Stop before anything starts when a package the benchmark will need is not installed
-    (a sweep must not run for minutes and then fail on an import)."""
-    missing = [EXTRAS.get(m, m) for m in modules if find_spec(m) is None]
-    if missing:
-        raise click.ClickException(
-            f"this benchmark needs {' and '.join(missing)}, from the test extra: "
-            f"pip install {' '.join(missing)} (or ./scripts/test --co -q, which makes .venv "
-            "with every test dependency)"
-        )
-
-
-def plot_beside(out: Path | None, plot: Path | None) -> Path | None:
-    """The PNG to draw: the one asked for (matplotlib required), else one beside --out when
-    matplotlib is there."""
-    if plot is not None:
-        requires("matplotlib")
-        return plot
-    if out is None:
-        return None
-    if find_spec("matplotlib") is None:
-        click.echo("no plot beside --out: matplotlib is not installed (pip install matplotlib)")
-        return None
-    return out.with_suffix(".png")
 
 
 def _counts(_: click.Context, __: click.Parameter, value: str) -> list[int]:

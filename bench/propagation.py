@@ -354,9 +354,7 @@ async def run(options: Options) -> list[dict[str, Any]]:
             result |= await asyncio.to_thread(stream_floor.measure, streams)
         results.append(result)
         _report(console, results)
-        write_json(
-            console, {"runs": results}, options.out
-        )  # after each run: kept if a later one fails
+        write_json(console, {"runs": results}, options.out)  # kept if a later count fails
     return results
 
 

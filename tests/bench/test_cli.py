@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from bench import cli
+from bench import cli, needs
 
 
 def _without(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
@@ -20,7 +20,7 @@ def _without(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
     def find_spec(name: str) -> ModuleSpec | None:
         return None if name == module else real(name)
 
-    monkeypatch.setattr(cli, "find_spec", find_spec)
+    monkeypatch.setattr(needs, "find_spec", find_spec)
 
 
 @pytest.mark.parametrize("command", ["routing", "overhead"])
@@ -41,8 +41,8 @@ def test_without_matplotlib_a_plot_asked_for_stops_and_one_implied_is_skipped(
     _without(monkeypatch, "matplotlib")
     out = tmp_path / "result.json"
     with pytest.raises(click.ClickException, match="pip install matplotlib"):
-        cli.plot_beside(out, tmp_path / "asked.png")
-    assert cli.plot_beside(out, None) is None
+        needs.plot_beside(out, tmp_path / "asked.png")
+    assert needs.plot_beside(out, None) is None
     result = CliRunner().invoke(cli.bench, ["quotas", "--plot", str(tmp_path / "q.png")])
     assert result.exit_code == 1, result.output
     assert "matplotlib" in result.output
