@@ -211,9 +211,10 @@ async def run(options: Options) -> dict[str, Any]:
         key = await region.tenant_key("bench", **QUOTA)
         headers[TENANT] = {**operator, "Authorization": f"Bearer {key}"}
         samples = await _latency(targets, headers, options, console)
+        throughput: dict[str, dict[str, float]] = {}
+        plots.write_json(console, _result(samples, throughput), options.out)  # each part kept
         with console.status("the gateway's client against aiohttp's, on the engine"):
             clients = await _clients(url)
-        throughput = {}
         gateways_pids = sorted({pids[n] for n in gateways})
         for name in (*ROUTERS, "engine"):
             with console.status(f"throughput of {name}: {options.concurrency} clients"):
@@ -222,6 +223,7 @@ async def run(options: Options) -> dict[str, Any]:
                 idle = [p for p in gateways_pids if p != pid]
                 with _paused(idle):
                     throughput[name] = await _throughput(targets[name], pid, headers[name], options)
+                plots.write_json(console, _result(samples, throughput), options.out)
     result = _result(samples, throughput)
     result["clients"] = clients
     with console.status("the quality guard's detectors, an answer at a time"):
@@ -270,7 +272,7 @@ def _result(
     for mode in ("plain", "stream"):
         out["engine"][f"{mode}_p50_ms"] = round(quantile(base[mode], 0.5) * 1000, 3)
         out["engine"][f"{mode}_p99_ms"] = round(quantile(base[mode], 0.99) * 1000, 3)
-    out["engine"].update(throughput["engine"])
+    out["engine"].update(throughput.get("engine", {}))  # none yet: latency alone
     for name in ROUTERS:
         mine = samples[name]
         row: dict[str, Any] = {}
@@ -281,7 +283,7 @@ def _result(
         # the headline: the worse of streamed and not
         row["added_p50_ms"] = max(row["plain_added_p50_ms"], row["stream_added_p50_ms"])
         row["added_p99_ms"] = max(row["plain_added_p99_ms"], row["stream_added_p99_ms"])
-        row.update(throughput[name])
+        row.update(throughput.get(name, {}))
         out["results"][name] = row
     return out
 
