@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,17 @@ LLAMA_DEFAULT = {"name": "llama-default", "model": LLAMA, "policy": "cost", "slo
                  "slo_itl_ms": 60, "max_queue": 256}  # fmt: skip
 
 
+async def _heard_from(fleet: Fleet, node: str, *, after: datetime) -> None:
+    """Until the control plane has a heartbeat of `node` observed after `after`."""
+
+    async def heard() -> bool:
+        async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as http:
+            at = (await http.get(f"/v1/nodes/{node}")).json()["status"]["last_heartbeat_at"]
+        return at is not None and datetime.fromisoformat(at) > after
+
+    await eventually(heard, within_s=20)
+
+
 async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every_region(
     waved_database_url: str, tmp_path: Path
 ) -> None:
@@ -178,6 +190,10 @@ async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every
         assert row["reason"].startswith(("ttft_p99", "escalated", "itl_p99")), row["reason"]
         assert {e["pid"] for e in (await fleet.status("us-east"))["engines"]} == east_pids
         await eventually(canary_serves_again, within_s=30)
+        # and its agent reported what happened while its engine restarted (escalations, each
+        # heartbeat's counts lagging by up to a heartbeat): the good change's wave must not
+        # be judged on them
+        await _heard_from(fleet, "us-west-1", after=datetime.now(UTC) + timedelta(seconds=1))
 
         # 4. A good change (and the fix of the refused ones): every region, wave after wave.
         good = await apply(fleet, deployments=deployments({}),
