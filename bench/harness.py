@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.procfs import cpu_seconds, machine_busy
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
@@ -31,7 +32,6 @@ from meridian.procs import ControlPlane, free_port, start_control_plane, stop_ch
 MODEL = "llama"
 REGION = "bench"
 PAGE_SIZE = 16
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def engine_port() -> int:
@@ -138,22 +138,6 @@ async def cache_counters(sims: list[Sim]) -> tuple[float, float]:
                 else:
                     cached += float(value)
     return prompt, cached
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process and its waited-for children."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) jiffies of all cores, from /proc/stat."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]
-    return sum(values) - idle, sum(values)
 
 
 @dataclass

@@ -39,13 +39,12 @@ from bench import plots
 from bench.detector_cost import detector_cost
 from bench.harness import (
     MODEL,
-    cpu_seconds,
-    machine_busy,
     start_null_engine,
     start_region,
     start_sglang_router,
 )
 from bench.load import quantile
+from bench.procfs import cpu_seconds, machine_busy
 from bench.tier_cost import classifier_cost
 from bench.tiers import Options as TierOptions
 from bench.tiers import workload

@@ -31,6 +31,7 @@ from rich.table import Table
 
 from bench import stream_floor
 from bench.plots import write_json
+from bench.procfs import cpu_seconds, rss_mb
 from bench.swarm import SwarmProcess
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres, server_pid
@@ -38,7 +39,6 @@ from controlplane.db.engine import Database
 from meridian.procs import ControlPlane, running_etcd, start_control_plane, stop_child
 
 IDLE_S = 5.0  # the window in which only heartbeats load the control plane
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -81,35 +81,18 @@ def fleet_document(agents: int, regions: int) -> dict[str, Any]:
     }
 
 
-def cpu_s(pid: int, children: bool = False) -> float:
-    """A process's CPU time (user and system), with its waited-for children's if asked."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime
-    if children:
-        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
-    return ticks / TICK
-
-
 def tree_cpu_s(root: int) -> float:
     """The CPU time of a server and its live children (PostgreSQL's backends)."""
-    total = cpu_s(root, children=True)
+    total = cpu_seconds(root)
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 status = (entry / "status").read_text()
                 if f"\nPPid:\t{root}\n" in status:
-                    total += cpu_s(int(entry.name))
+                    total += cpu_seconds(int(entry.name), children=False)
             except (FileNotFoundError, ProcessLookupError):
                 continue
     return total
-
-
-def rss_mb(pid: int) -> tuple[float, float]:
-    """(current, peak) resident memory of a process, from /proc."""
-    fields = dict(
-        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-    )
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -174,7 +157,7 @@ class Run:
                             compile_s += sample.value
         return Gauges(
             time.monotonic(),
-            sum(cpu_s(r.process.pid) for r in self.replicas),
+            sum(cpu_seconds(r.process.pid, children=False) for r in self.replicas),
             tree_cpu_s(self.postgres_pid),
             agents_cpu,
             sent_bytes,

@@ -24,10 +24,10 @@ from rich.console import Console
 from rich.table import Table
 
 from agents.engines.sim.cost import CostModel
+from bench.procfs import cpu_seconds, rss_mb
 from meridian.procs import free_port, stop_child, wait_ready
 
 PUBLISHED_PREFILL_TOK_S = 27_670.26  # sglang PR #1060, Llama-3.1-8B-Instruct, one H100
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -47,18 +47,6 @@ async def start_sims(count: int, *extra: str) -> list[Sim]:
     for sim in sims:
         await wait_ready(sim.url, sim.process, 20, path="/health", what="a simulator")
     return sims
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 async def calibration(client: httpx.AsyncClient, sim: Sim, prompts: int) -> dict[str, float]:
@@ -91,7 +79,7 @@ async def calibration(client: httpx.AsyncClient, sim: Sim, prompts: int) -> dict
 async def footprint(sims: list[Sim], concurrency: int, seconds: float) -> dict[str, Any]:
     pids = [s.process.pid for s in sims]
     me = os.getpid()
-    cpu_before = {p: _cpu_s(p) for p in [*pids, me]}
+    cpu_before = {p: cpu_seconds(p, children=False) for p in [*pids, me]}
     latencies: list[float] = []
     errors = 0
     stop_at = time.perf_counter() + seconds
@@ -116,7 +104,7 @@ async def footprint(sims: list[Sim], concurrency: int, seconds: float) -> dict[s
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
         await asyncio.gather(*(worker(i, client) for i in range(concurrency)))
     elapsed = time.perf_counter() - started
-    cpu = {p: _cpu_s(p) - cpu_before[p] for p in cpu_before}
+    cpu = {p: cpu_seconds(p, children=False) - cpu_before[p] for p in cpu_before}
     return {
         "engines": len(sims),
         "concurrency": concurrency,
@@ -126,7 +114,7 @@ async def footprint(sims: list[Sim], concurrency: int, seconds: float) -> dict[s
         "e2e_p50_ms": statistics.median(latencies) * 1000 if latencies else 0.0,
         "sim_cpu_cores": sum(cpu[p] for p in pids) / elapsed,
         "loadgen_cpu_cores": cpu[me] / elapsed,
-        "sim_rss_mb_each": max(_rss_mb(p) for p in pids),
+        "sim_rss_mb_each": max(rss_mb(p)[0] for p in pids),
     }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from bench.procfs import rss_mb
 from controlplane.push.server import SERVER_OPTIONS
 from meridian.procs import free_port
 
@@ -65,8 +66,6 @@ def open_streams(port: int, count: int, done: Connection) -> None:
 
 def measure(count: int) -> dict[str, float]:
     """The bare server's memory before and with `count` open streams (MB), and per stream (KB)."""
-    from bench.propagation import rss_mb  # here: that module imports this one
-
     context = multiprocessing.get_context("spawn")
     port = free_port()
     theirs, ours = context.Pipe()
