@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
+import logging
 import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,6 +29,18 @@ def own_cancel(exc: BaseException) -> bool:
     treats that one as a failed step."""
     task = asyncio.current_task()
     return isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling() > 0)
+
+
+@contextlib.contextmanager
+def logged_and_passed(log: logging.Logger, message: str, *args: object) -> Iterator[None]:
+    """A step of a loop that must go on: its failure (a stray CancelledError included) is
+    logged and passed over; the task's own cancellation goes through."""
+    try:
+        yield
+    except STEP_FAILED as exc:
+        if own_cancel(exc):
+            raise
+        log.exception(message, *args)
 
 
 def new_replica_id() -> str:

@@ -27,6 +27,7 @@ from controlplane.coord.base import (
     AgentPresence,
     Coordinator,
     ReplicaInfo,
+    logged_and_passed,
     own_cancel,
 )
 from controlplane.errors import CoordinationUnavailable
@@ -174,25 +175,17 @@ class EtcdCoordinator(Coordinator):
 
     async def publish_revision(self, revision: int) -> None:
         await self._heard(revision)
-        try:
+        with logged_and_passed(log, "could not announce revision %s through etcd", revision):
             await self._client.put(self._key("revision"), str(revision).encode())
-        except STEP_FAILED as exc:
-            if own_cancel(exc):
-                raise
-            log.exception("could not announce revision %s through etcd", revision)
 
     async def _watch_revisions(self) -> None:
         while True:
-            try:
+            with logged_and_passed(log, "watching revisions failed; watching again"):
                 await self._ready.wait()
                 watch = await self._client.watch(self._key("revision"))
                 async for event in watch:
                     if event.kind == "PUT":
                         await self._heard(int(event.kv.value))
-            except STEP_FAILED as exc:
-                if own_cancel(exc):
-                    raise
-                log.exception("watching revisions failed; watching again")
             await asyncio.sleep(0.5)
 
     # --- presence -------------------------------------------------------------------
@@ -203,12 +196,8 @@ class EtcdCoordinator(Coordinator):
 
     async def agent_connected(self, presence: AgentPresence) -> None:
         self._agents[presence.node] = presence
-        try:
+        with logged_and_passed(log, "could not record agent %s in etcd", presence.node):
             await self._put_agent(presence)
-        except STEP_FAILED as exc:
-            if own_cancel(exc):
-                raise
-            log.exception("could not record agent %s in etcd", presence.node)
 
     async def agent_disconnected(self, presence: AgentPresence) -> None:
         if self._agents.get(presence.node) != presence:
@@ -216,16 +205,12 @@ class EtcdCoordinator(Coordinator):
         del self._agents[presence.node]
         key = self._key("agents", presence.node)
         tx = self._client.transactions
-        try:
+        with logged_and_passed(log, "could not remove agent %s from etcd", presence.node):
             await self._client.transaction(
                 compare=[tx.value(key) == json.dumps(presence.as_json()).encode()],
                 success=[tx.delete(key)],
                 failure=[],
             )
-        except STEP_FAILED as exc:
-            if own_cancel(exc):
-                raise
-            log.exception("could not remove agent %s from etcd", presence.node)
 
     async def connected_agents(self) -> dict[str, AgentPresence]:
         found = await self._client.get_prefix(self._key("agents", ""))

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from controlplane.coord.base import STEP_FAILED, Coordinator, own_cancel
+from controlplane.coord.base import Coordinator, logged_and_passed
 from controlplane.db.engine import Database
 from controlplane.services.liveness import Sweeper, rollup
 from controlplane.services.quotas.leaser import Leaser
@@ -83,12 +83,8 @@ class Singletons:
     async def _run(self) -> None:
         last_rollup: datetime | None = None
         while True:
-            try:
+            with logged_and_passed(log, "a singleton loop failed; will retry"):
                 last_rollup = await self.tick(last_rollup)
-            except STEP_FAILED as exc:
-                if own_cancel(exc):
-                    raise
-                log.exception("a singleton loop failed; will retry")
             await asyncio.sleep(self._sweep_every_s)
 
     def start(self) -> None:
