@@ -10,7 +10,7 @@ from controlplane.schemas.fleet import FallbackRuleSpec
 from controlplane.snapshot.index import FleetIndex
 from controlplane.snapshot.keys import public_key
 from controlplane.snapshot.placement import KV_EVENTS_PORT_OFFSET, place
-from controlplane.snapshot.shares import _exact, _share, serving_weights
+from controlplane.snapshot.shares import exact_share, serving_weights, whole_share
 from controlplane.snapshot.types import (
     DeploymentInfo,
     FallbackChain,
@@ -323,10 +323,10 @@ def tenant_grants(state: FleetState, region: str, index: FleetIndex) -> list[Ten
                 name=name,
                 tier=tenant.tier,
                 allowed_jurisdictions=allowed,
-                requests_per_minute=_share(tenant.requests_per_minute, weights, region),
-                tokens_per_minute=_share(tenant.tokens_per_minute, weights, region),
-                requests_per_minute_share=_exact(tenant.requests_per_minute, weights, region),
-                tokens_per_minute_share=_exact(tenant.tokens_per_minute, weights, region),
+                requests_per_minute=whole_share(tenant.requests_per_minute, weights, region),
+                tokens_per_minute=whole_share(tenant.tokens_per_minute, weights, region),
+                requests_per_minute_share=exact_share(tenant.requests_per_minute, weights, region),
+                tokens_per_minute_share=exact_share(tenant.tokens_per_minute, weights, region),
                 quota_requests_per_minute=tenant.requests_per_minute,
                 quota_tokens_per_minute=tenant.tokens_per_minute,
                 api_keys=keys,

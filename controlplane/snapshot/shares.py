@@ -31,12 +31,12 @@ def split(quota: int, weights: dict[str, int]) -> dict[str, int]:
     return shares
 
 
-def _share(quota: int | None, weights: dict[str, int], region: str) -> int | None:
+def whole_share(quota: int | None, weights: dict[str, int], region: str) -> int | None:
     """The region's whole share of a quota (none for a tenant barred from it: no weights)."""
     return None if quota is None else split(quota, weights).get(region, 0)
 
 
-def _exact(quota: int | None, weights: dict[str, int], region: str) -> float | None:
+def exact_share(quota: int | None, weights: dict[str, int], region: str) -> float | None:
     """The region's exact share: the regions' shares sum to the quota, to rounding."""
     if quota is None:
         return None
