@@ -37,6 +37,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from meridian.local_fleet import serves
+
 WORDS = [
     "alpha",
     "beta",
@@ -147,13 +149,8 @@ class Demo:
 
     def entries(self) -> list[tuple[str, dict[str, Any]]]:
         """(region, tenant) pairs to send to: every tenant into every region it may use."""
-        pairs = []
-        for region in self.fleet["regions"]:
-            for tenant in self.fleet["tenants"]:
-                allowed = tenant["jurisdictions"]
-                if region["gateway_url"] and (not allowed or region["jurisdiction"] in allowed):
-                    pairs.append((region["name"], tenant))
-        return pairs
+        return [(region["name"], tenant) for region in self.fleet["regions"]
+                for tenant in self.fleet["tenants"] if serves(region, tenant)]  # fmt: skip
 
     async def send(
         self, http: httpx.AsyncClient, region: str, tenant: dict[str, Any], words: int,
@@ -286,16 +283,13 @@ class Demo:
 
     def explained(self) -> list[str]:
         """A line for each kind of refusal or failure shown: when, why, what would change it."""
-        phases: dict[str, list[str]] = defaultdict(list)
         counts: Counter[str] = Counter()
-        for (code, phase), n in self.refusals.items():
+        for (code, _), n in self.refusals.items():
             counts[code] += n
-            if phase not in phases[code]:
-                phases[code].append(phase)
         lines = []
         for code, n in counts.most_common():
             what, change = WHY.get(code, UNKNOWN)
-            when = ", ".join(p for p in PHASES if p in phases[code])
+            when = ", ".join(p for p in PHASES if self.refusals[code, p])
             lines.append(f"why {code} ({n}, {when}): {what}; what would change it: {change}")
         return lines
 

@@ -106,16 +106,19 @@ def whole(console: Console, text: str) -> None:
     console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+def serves(region: dict[str, Any], tenant: dict[str, Any]) -> bool:
+    """Whether the region's gateway takes the tenant's requests (its jurisdictions allow)."""
+    allowed = tenant["jurisdictions"]
+    return bool(region["gateway_url"]) and (not allowed or region["jurisdiction"] in allowed)
+
+
 def first_client(doc: dict[str, Any]) -> tuple[str, str] | None:
     """The first region's OpenAI base URL and the key of the first tenant served there."""
-    for region in doc["regions"]:
-        if not region["gateway_url"]:
-            continue
-        for tenant in doc["tenants"]:
-            if not tenant["jurisdictions"] or region["jurisdiction"] in tenant["jurisdictions"]:
-                return f"{region['gateway_url']}/v1", str(tenant["api_key"])
+    region = next((r for r in doc["regions"] if r["gateway_url"]), None)
+    tenant = next((t for t in doc["tenants"] if region and serves(region, t)), None)
+    if region is None or tenant is None:
         return None
-    return None
+    return f"{region['gateway_url']}/v1", str(tenant["api_key"])
 
 
 def print_fleet(console: Console, doc: dict[str, Any], out: Path) -> None:
