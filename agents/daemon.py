@@ -51,8 +51,8 @@ class Agent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
         self.store = Store(settings.data_dir)
-        self.backends = backends()
         self.nvml = gpus.discover()
+        self.backends = backends(cpu=self.nvml is None, sglang_python=settings.sglang_python)
         self.table = WorkerTable()
         self.router = Router(self.table)
         token = settings.operator_token

@@ -39,6 +39,22 @@ class AgentSettings(BaseSettings):
     reconnect_max_s: float = Field(default=15.0, gt=0, le=3600)
     probe_interval_s: float = Field(default=2.0, gt=0, le=300)
     probe_timeout_s: float = Field(default=3.0, gt=0, le=300)
+    sglang_python: str | None = Field(
+        default=None,
+        description="the Python of SGLang's own environment, which runs `sglang` engines; "
+        "default: Meridian's managed one of the supported version where installed "
+        "(`meridian engines sglang-env`), else python3",
+    )
+    engine_nice: int = Field(
+        default=0, ge=0, le=19, description="the niceness engines this agent starts run at"
+    )
+    health_generate_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="between an engine's /health checks, which run a generation on SGLang "
+        "0.5.23 (a second or more each); readiness is /ready and /v1/loads at every probe",
+    )
     engine_start_timeout_s: float = Field(default=900.0, gt=0, description="SGLang loads weights")
     restart_backoff_s: float = Field(default=1.0, gt=0, le=600)
     restart_backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
@@ -50,7 +66,7 @@ class AgentSettings(BaseSettings):
         description="guards /agent/* and lets its holder ask for x-meridian-route; required "
         "when the port listens beyond loopback",
     )
-    load_poll_s: float = Field(default=0.2, gt=0, le=60, description="workers' /get_load")
+    load_poll_s: float = Field(default=0.2, gt=0, le=60, description="workers' /v1/loads")
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     quality_guard: bool = Field(
         default=True,

@@ -93,7 +93,7 @@ async def start_sims(
         stack.push_async_callback(stop_child, process)
         sims.append(Sim(process, f"http://127.0.0.1:{port}", speed))
     for sim in sims:
-        await wait_ready(sim.url, sim.process, 30, path="/health", what="a simulator")
+        await wait_ready(sim.url, sim.process, 30, path="/ready", what="a simulator")
     return sims
 
 
@@ -107,7 +107,7 @@ async def start_null_engine(stack: AsyncExitStack, log_dir: Path) -> Sim:
     )
     stack.push_async_callback(stop_child, process)
     url = f"http://127.0.0.1:{port}"
-    await wait_ready(url, process, 20, path="/health", what="the null engine")
+    await wait_ready(url, process, 20, path="/ready", what="the null engine")
     return Sim(process, url, 1.0)
 
 

@@ -1,7 +1,7 @@
 """A null engine: SGLang's endpoints, answering every request at once with the same few tokens,
 so that what a router adds is all there is to measure.
 
-`python -m bench.null_engine --port P` serves /health, /server_info, /model_info, /get_load,
+`python -m bench.null_engine --port P` serves /ready, /health, /server_info, /model_info, /v1/loads,
 /v1/models, /v1/chat/completions and /v1/completions (streamed or not). It reports the
 simulator's model directory, so sglang-router finds a tokenizer there offline.
 """
@@ -59,7 +59,7 @@ def _json(data: object) -> web.Response:
 def app() -> web.Application:
     path = str(MODEL_DIR)
     info = {"model_path": path, "tokenizer_path": path, "served_model_name": MODEL,
-            "version": "null", "internal_states": [{"max_total_num_tokens": 100_000}]}  # fmt: skip
+            "version": "null", "max_total_num_tokens": 100_000, "internal_states": [{}]}  # fmt: skip
     model = {"model_path": path, "tokenizer_path": path, "is_generation": True,
              "model_type": "llama", "architectures": ["LlamaForCausalLM"]}  # fmt: skip
     models = {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "null"}]}
@@ -68,17 +68,20 @@ def app() -> web.Application:
         return web.Response()
 
     async def load(_: web.Request) -> web.Response:
-        return _json([{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0,
-                       "num_pending_tokens": 0, "ts_tic": time.time()}])  # fmt: skip
+        return _json({"version": "null", "loads": [{
+            "timestamp": time.time(), "dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0,
+            "num_waiting_uncached_tokens": 0, "num_used_tokens": 0,
+            "max_total_num_tokens": 100_000, "gen_throughput": 0.0}]})  # fmt: skip
 
     application = web.Application()
+    application.router.add_get("/ready", health)
     application.router.add_get("/health", health)
     application.router.add_get("/health_generate", health)
     application.router.add_get("/server_info", lambda _: _json(info))  # type: ignore[arg-type,return-value]
     application.router.add_get("/get_server_info", lambda _: _json(info))  # type: ignore[arg-type,return-value]
     application.router.add_get("/model_info", lambda _: _json(model))  # type: ignore[arg-type,return-value]
     application.router.add_get("/get_model_info", lambda _: _json(model))  # type: ignore[arg-type,return-value]
-    application.router.add_get("/get_load", load)
+    application.router.add_get("/v1/loads", load)
     application.router.add_get("/v1/models", lambda _: _json(models))  # type: ignore[arg-type,return-value]
     application.router.add_post("/v1/chat/completions", generate)
     application.router.add_post("/v1/completions", generate)

@@ -45,7 +45,7 @@ async def start_sims(count: int, *extra: str) -> list[Sim]:
         )
         sims.append(Sim(process, f"http://127.0.0.1:{port}"))
     for sim in sims:
-        await wait_ready(sim.url, sim.process, 20, path="/health", what="a simulator")
+        await wait_ready(sim.url, sim.process, 20, path="/ready", what="a simulator")
     return sims
 
 

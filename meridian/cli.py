@@ -20,6 +20,7 @@ COMMANDS = {
     "bench": ("bench.cli", "bench", "Run benchmarks."),
     "agent": ("agents.cli", "agent", "Run a node agent."),
     "sim": ("agents.engines.sim.cli", "sim_command", "Serve a simulated SGLang engine."),
+    "engines": ("agents.engines.cli", "engines", "The real SGLang: its environment, a tiny model."),
 }
 
 

@@ -99,13 +99,11 @@ def engine_specs(
                     worker.id, worker.deployment, worker.model, "external", worker.role, worker.url
                 )
             )
-    _check(specs, inventory(snapshot, node, nvml), nvml is not None, backends)
+    _check(specs, inventory(snapshot, node, nvml), backends)
     return specs
 
 
-def _check(
-    specs: list[EngineSpec], gpus: list[Gpu], physical: bool, backends: Mapping[str, Backend]
-) -> None:
+def _check(specs: list[EngineSpec], gpus: list[Gpu], backends: Mapping[str, Backend]) -> None:
     for engine_id, n in Counter(s.id for s in specs).items():
         if n > 1:
             raise SnapshotInvalid(f"engine {engine_id} appears {n} times")
@@ -119,8 +117,6 @@ def _check(
         backend = backends.get(spec.backend)
         if backend is None:
             raise SnapshotInvalid(f"engine {spec.id}: no backend named {spec.backend!r}")
-        if spec.backend == "sglang" and not physical:
-            raise SnapshotInvalid(f"engine {spec.id}: SGLang needs GPUs, and NVML finds none here")
         if spec.backend in GPU_BACKENDS:
             missing = sorted(set(spec.gpu_indexes) - have)
             if missing:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 
+from agents.engines import sglang_env
 from agents.engines.base import Backend, EngineSpec, Launch, check_owned, flags, gpu_env
 from agents.engines.sim.cli import sim_command
 from agents.errors import SnapshotInvalid
+
+CPU_KV_TOKENS = 65536  # SGLang's KV pool on a CPU node, unless engine_args set one (left
+# unbounded, it takes most of the machine's memory: 14.7 GB for the tiny model)
 
 
 def _served_flags(spec: EngineSpec) -> list[str]:
@@ -43,15 +48,33 @@ def _pd_flags(spec: EngineSpec) -> list[str]:
 
 
 class SglangBackend(Backend):
-    """`python -m sglang.launch_server` with the deployment's settings, pinned to its GPUs."""
+    """`python -m sglang.launch_server` with the deployment's settings, pinned to its GPUs.
+
+    `python` is SGLang's own interpreter (its environment, never Meridian's). On a node
+    without GPUs (`cpu`), the engine runs on the CPU: `--device cpu`, SGLang's CPU engine, a
+    bounded KV pool, and, where the real `sgl_kernel` does not load (the PyPI wheel is
+    CUDA-only), Meridian's stand-in, which makes SGLang take its pure-torch paths. Each is
+    said in the engine's status (`notes`).
+    """
 
     name = "sglang"
 
-    def __init__(self, python: str = sys.executable) -> None:
-        self.python = python
+    def __init__(self, python: str | None = None, *, cpu: bool = False) -> None:
+        self.python = python or sglang_env.default_python()
+        self.cpu = cpu
+        self._kernel: sglang_env.KernelCheck | None = None
+        self._kernel_lock = threading.Lock()
 
     def validate(self, spec: EngineSpec) -> None:
         check_owned(spec)
+        if self.cpu:
+            if spec.tp_size * spec.dp_size != 1 or spec.role != "unified":
+                raise SnapshotInvalid(
+                    f"engine {spec.id}: this node has no GPUs, so SGLang runs on its CPU, as "
+                    f"one unified engine (tp 1, dp 1); it asks for {spec.role}, tp "
+                    f"{spec.tp_size} x dp {spec.dp_size}"
+                )
+            return
         if len(spec.gpu_indexes) != spec.tp_size * spec.dp_size:
             raise SnapshotInvalid(
                 f"engine {spec.id}: tp {spec.tp_size} x dp {spec.dp_size} needs "
@@ -59,10 +82,32 @@ class SglangBackend(Backend):
             )
 
     def launch(self, spec: EngineSpec) -> Launch:
+        """Blocking on a CPU node's first launch (it imports sgl_kernel once to see whether
+        the real one loads): call it off the event loop."""
         argv = [self.python, "-m", "sglang.launch_server", "--model-path", spec.model_source]
         argv += _served_flags(spec)
         argv += flags(spec.args)
-        return Launch(argv, gpu_env(spec))
+        if not self.cpu:
+            return Launch(argv, gpu_env(spec))
+        argv += ["--device", "cpu"]
+        if "max-total-tokens" not in spec.args:
+            argv += ["--max-total-tokens", str(CPU_KV_TOKENS)]
+        env = dict(sglang_env.CPU_ENV)
+        notes = ["cpu: no GPU on this node; SGLang runs on the CPU (--device cpu)"]
+        kernel = self._kernel_check()
+        if not kernel.loads:
+            env["PYTHONPATH"] = str(sglang_env.CPU_KERNEL_DIR)
+            notes.append(
+                "sgl_kernel: Meridian's CPU stand-in (no kernels; SGLang's pure-torch "
+                f"paths), since the real one does not load here: {kernel.reason}"
+            )
+        return Launch(argv, env, tuple(notes))
+
+    def _kernel_check(self) -> sglang_env.KernelCheck:
+        with self._kernel_lock:
+            if self._kernel is None:
+                self._kernel = sglang_env.check_kernel(self.python)
+            return self._kernel
 
 
 def _sim_flags() -> frozenset[str]:
@@ -104,5 +149,7 @@ class ExternalBackend(Backend):
         raise SnapshotInvalid(f"engine {spec.id}: external engines are never launched")
 
 
-def backends() -> dict[str, Backend]:
-    return {b.name: b for b in (SglangBackend(), SimBackend(), ExternalBackend())}
+def backends(*, cpu: bool = False, sglang_python: str | None = None) -> dict[str, Backend]:
+    """`cpu`: the node has no GPUs (SGLang runs on its CPU)."""
+    sglang = SglangBackend(sglang_python, cpu=cpu)
+    return {b.name: b for b in (sglang, SimBackend(), ExternalBackend())}

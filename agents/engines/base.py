@@ -49,6 +49,7 @@ class EngineSpec:
 class Launch:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # what an operator should know of how it runs (its status)
 
 
 class Backend(ABC):

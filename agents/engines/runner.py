@@ -22,8 +22,8 @@ from typing import IO
 
 import httpx
 
-from agents.engines import metrics, ports
-from agents.engines.base import Backend, EngineSpec
+from agents.engines import contract, metrics, ports
+from agents.engines.base import Backend, EngineSpec, Launch
 from agents.engines.children import Adopted, PidFile, kill_group
 from agents.errors import AgentError
 from agents.settings import AgentSettings
@@ -70,6 +70,9 @@ class EngineRunner:
         self.last_exit: int | None = None
         self.reason = ""
         self.load = Load()
+        self.notes: tuple[str, ...] = ()  # what its launch says of itself (CPU, stand-ins)
+        self.version = ""  # the engine's own, from its answers
+        self._generated_at = float("-inf")  # loop time of the last /health that generated
         self.counters: metrics.Counters | None = None  # as of the last probe
         self.process: asyncio.subprocess.Process | Adopted | None = None
         self._task: asyncio.Task[None] | None = None
@@ -156,9 +159,11 @@ class EngineRunner:
         """Take over the engine a previous agent left running, if it runs these settings."""
         if self.process is not None:  # a restart: start afresh
             return False
-        adopted = await asyncio.to_thread(self.pidfile.adopt, self.backend.launch(self.spec))
+        launch = await asyncio.to_thread(self._launch)
+        adopted = await asyncio.to_thread(self.pidfile.adopt, launch)
         if adopted is None:
             return False
+        self.notes = launch.notes
         self.process = adopted
         log.info("engine %s adopted, pid %s", self.spec.id, adopted.pid)
         return True
@@ -170,7 +175,8 @@ class EngineRunner:
                 f"port {self.spec.port} is held by another process, {held.describe()}: "
                 "the engine is not started there (stop that process, or move the engine)"
             )
-        launch = self.backend.launch(self.spec)
+        launch = await asyncio.to_thread(self._launch)
+        self.notes = launch.notes
         output = await asyncio.to_thread(open_log, self.log_path)
         try:
             self.process = await asyncio.create_subprocess_exec(
@@ -185,6 +191,13 @@ class EngineRunner:
         await asyncio.to_thread(self.pidfile.write, self.process.pid, launch)
         self.state = EngineState.STARTING
         log.info("engine %s started, pid %s", self.spec.id, self.process.pid)
+
+    def _launch(self) -> Launch:
+        launch = self.backend.launch(self.spec)
+        if self.settings.engine_nice:
+            niced = ["nice", "-n", str(self.settings.engine_nice), *launch.argv]
+            launch = Launch(niced, launch.env, launch.notes)
+        return launch
 
     async def _until_ready(self) -> float | None:
         """The loop time it became healthy; None if it exited or timed out first."""
@@ -247,7 +260,7 @@ class EngineRunner:
                 failed += 1
                 if failed >= UNHEALTHY_AFTER or self.state is EngineState.STARTING:
                     self.state = EngineState.UNHEALTHY
-                    self.reason = f"{self.spec.url} does not answer /health"
+                    self.reason = f"{self.spec.url} is not ready (/ready, /v1/loads, /health)"
             await asyncio.sleep(self.settings.probe_interval_s)
 
     def _exited(self) -> bool:
@@ -258,19 +271,36 @@ class EngineRunner:
         return self.process.returncode is not None
 
     async def _probe(self) -> bool:
+        """Ready (`/ready`, cheap), its load and version (`/v1/loads`, which goes through the
+        scheduler, so a wedged one fails it), its metrics; and now and then `/health`, which
+        runs a generation (a second or more on SGLang 0.5.23)."""
+        url = self.spec.url
         try:
-            health = await self._http.get(f"{self.spec.url}/health")
-            if health.status_code != 200:
+            ready = await self._http.get(url + contract.READY)
+            if ready.status_code != 200:
                 return False
-            loads = (await self._http.get(f"{self.spec.url}/get_load")).json()
-            waiting = sum(int(d.get("num_waiting_reqs", 0)) for d in loads)
-            self.load = Load(sum(int(d.get("num_reqs", 0)) for d in loads) - waiting, waiting)
-            scrape = await self._http.get(f"{self.spec.url}/metrics")
+            reading = contract.read_loads((await self._http.get(url + contract.LOADS)).json())
+            self.load = Load(reading.running, reading.waiting)
+            self.version = reading.version or self.version
+            scrape = await self._http.get(url + contract.METRICS)
             if scrape.status_code == 200:  # engines started without --enable-metrics: 404
                 self.counters = await asyncio.to_thread(metrics.parse, scrape.text)
-            return True
+            return await self._generates()
         except (httpx.HTTPError, ValueError, TypeError, AttributeError):
             return False
+
+    async def _generates(self) -> bool:
+        """`/health` (a one-token generation) at most every `health_generate_s`."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._generated_at < self.settings.health_generate_s:
+            return True
+        health = await self._http.get(
+            self.spec.url + contract.HEALTH, timeout=max(30.0, self.settings.probe_timeout_s)
+        )
+        if health.status_code != 200:
+            return False
+        self._generated_at = loop.time()
+        return True
 
     async def _drain(self) -> bool:
         """Until the engine runs nothing (True) or its drain deadline passes (False)."""

@@ -182,6 +182,8 @@ class Supervisor:
                 "restarts": r.restarts,
                 "last_exit": r.last_exit,
                 "reason": r.reason,
+                "version": r.version,
+                "notes": list(r.notes),
                 "running_requests": r.load.running,
                 "waiting_requests": r.load.waiting,
             }

@@ -237,7 +237,7 @@ class WorkerView:
             return self.held_wait(load, now)  # one finished request each
         answer = self.mean_output if answer is None else answer
         queued = (
-            load.pending_tokens * self.uncached_share
+            load.pending_tokens
             + self.tokens_since_poll
             + (load.waiting + self.sent_since_poll) * self.mean_output * reserve_ratio
         )
@@ -351,10 +351,10 @@ class WorkerView:
             self.uncached_share += LEARN_ALPHA * (share - self.uncached_share)
 
     def queued_work(self, pending_tokens: int) -> float:
-        """Prefill tokens ahead of a new request here: the engine's waiting prompt tokens
-        (whole prompts, cached parts too) at the share that is uncached, plus what was sent
+        """Prefill tokens ahead of a new request here: the engine's waiting uncached prompt
+        tokens (as it estimates them: `num_waiting_uncached_tokens`), plus what was sent
         since the poll; at least what this gateway knows it has queued there."""
-        engine = pending_tokens * self.uncached_share + self.tokens_since_poll
+        engine = pending_tokens + self.tokens_since_poll
         return max(engine, self.queued_tokens)
 
     def learn_prefill(self, tokens: float, seconds: float) -> None:

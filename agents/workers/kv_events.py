@@ -2,6 +2,12 @@
 worker's ZMQ publisher (its `kv_events_port` from the snapshot) and keep the router's exact
 prefix index as the engines say: what they stored, evicted and cleared.
 
+SGLang 0.5.23 publishes each event as a msgpack map tagged by `type` (BlockStored with a run
+of `block_hashes`, one a page, BlockRemoved, AllBlocksCleared). What it published before a
+subscriber joined (its warm-up, among others) is never heard: a block whose parent was never
+seen cannot be chained, so the engine is asked to flush its cache once it is idle, after
+which every block it stores is heard from the root.
+
 The engine names blocks by its own hashes; the index names them by a chain over the page's
 token ids, the same chain the router computes for a request's tokens. Each subscription maps
 one to the other as blocks are stored. A gap in the sequence numbers means events were lost:
@@ -19,6 +25,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import msgpack
 import zmq
 import zmq.asyncio
@@ -32,6 +39,8 @@ from agents.workers.table import WorkerTable
 log = logging.getLogger(__name__)
 TOPIC = b"kv-events"
 RECONCILE_S = 1.0
+RESYNC_EVERY_S = 5.0  # between flushes asked of one engine whose events were missed
+RESYNC_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -41,6 +50,11 @@ class Subscription:
     chains: dict[int, int] = field(default_factory=dict)  # engine block hash -> index hash
     last_seq: int | None = None
     events: int = 0
+    # events were missed (before this subscriber joined, or lost): blocks whose parents it
+    # never saw. The engine's cache is flushed when it is idle, so that what it then stores
+    # is all heard (AllBlocksCleared clears this)
+    missed: bool = False
+    flushed_at: float = float("-inf")  # loop time of the last flush asked for
 
     def apply(self, seq: int, events: list[Any]) -> None:
         worker = self.worker.id
@@ -48,23 +62,28 @@ class Subscription:
             log.warning("kv events of %s: %d lost; relearning", worker, seq - self.last_seq - 1)
             self.index.clear(worker)
             self.chains.clear()
+            self.missed = True
         self.last_seq = seq
         for event in events:
             self.events += 1
-            kind = event[0] if event else None
+            kind = event.get("type") if isinstance(event, dict) else None
             if kind == "BlockStored":
-                self._stored(event[1], event[2], event[3], int(event[4]))
+                size = int(event.get("block_size") or 1)
+                self._stored(event["block_hashes"], event.get("parent_block_hash"),
+                             event["token_ids"], size)  # fmt: skip
             elif kind == "BlockRemoved":
-                gone = [self.chains.pop(h) for h in event[1] if h in self.chains]
+                gone = [self.chains.pop(h) for h in event["block_hashes"] if h in self.chains]
                 self.index.remove(worker, gone)
             elif kind == "AllBlocksCleared":
                 self.index.clear(worker)
                 self.chains.clear()
+                self.missed = False
 
     def _stored(self, hashes: list[int], parent: int | None, ids: list[int], size: int) -> None:
         chain = 0 if parent is None else self.chains.get(parent)
-        if chain is None:
-            return  # its parent was never seen here: nothing to chain it to
+        if chain is None:  # its parent was never seen here: nothing to chain it to
+            self.missed = True
+            return
         added = []
         for i, engine_hash in enumerate(hashes):
             page = ids[i * size : (i + 1) * size]
@@ -84,13 +103,34 @@ class KvEventSubscriber:
         self.subscriptions: dict[str, Subscription] = {}
 
     async def run(self) -> None:
-        try:
-            while True:
-                await self._reconcile()
-                await asyncio.sleep(RECONCILE_S)
-        finally:
-            for task in self._tasks.values():
-                task.cancel()
+        timeout = aiohttp.ClientTimeout(total=RESYNC_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            try:
+                while True:
+                    await self._reconcile()
+                    await self._resync(http)
+                    await asyncio.sleep(RECONCILE_S)
+            finally:
+                for task in self._tasks.values():
+                    task.cancel()
+
+    async def _resync(self, http: aiohttp.ClientSession) -> None:
+        """Ask each engine whose events were missed to flush its cache: SGLang answers 400
+        while requests run, so it is asked again until it is idle. Its AllBlocksCleared, and
+        every block stored after it, are then heard whole."""
+        now = asyncio.get_running_loop().time()
+        for subscription in list(self.subscriptions.values()):
+            if not subscription.missed or now - subscription.flushed_at < RESYNC_EVERY_S:
+                continue
+            subscription.flushed_at = now
+            url = f"{subscription.worker.url}/flush_cache"
+            try:
+                async with http.post(url) as response:
+                    flushed = response.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                flushed = False
+            said = "its cache was flushed" if flushed else "it is busy: flushed later"
+            log.info("kv events of %s were missed: %s", subscription.worker.id, said)
 
     async def _reconcile(self) -> None:
         config = self.router.config

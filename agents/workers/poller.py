@@ -1,6 +1,10 @@
-"""Poll every worker of the region for its load (`/get_load`) often; what it is (`/server_info`:
-its KV pool, page size, tokenizer, KV events) once. A worker that does not answer a few polls
-in a row is unreachable."""
+"""Poll every worker of the region for its load (`/v1/loads`) often; what it is
+(`/server_info`: its KV pool, page size, tokenizer, KV events) once. A worker that does not
+answer a few polls in a row is unreachable.
+
+`/v1/loads` carries what the router needs of an engine in one answer: its running and
+waiting requests, its uncached prompt tokens waiting for prefill, its KV pool and what is
+used of it, and its generation throughput (so its decode step: no metrics scrape)."""
 
 from __future__ import annotations
 
@@ -11,12 +15,11 @@ from typing import Any
 import aiohttp
 import orjson
 
-from agents.engines import metrics
+from agents.engines import contract
 from agents.workers.table import EngineInfo, EngineLoad, WorkerEntry, WorkerTable
 
 log = logging.getLogger(__name__)
 FAIL_AFTER = 2  # polls in a row without an answer
-METRICS_EVERY = 2  # polls between reads of an engine's metrics (its time per token)
 
 
 class LoadPoller:
@@ -39,19 +42,18 @@ class LoadPoller:
     async def _poll(self, http: aiohttp.ClientSession, entry: WorkerEntry) -> None:
         load: EngineLoad | None = None
         try:
-            ranks = await _get_json(http, f"{entry.spec.url}/get_load")
-            load = EngineLoad(at=self.table.clock())
-            for rank in ranks:
-                waiting = int(rank.get("num_waiting_reqs", 0))
-                load.running += int(rank.get("num_reqs", 0)) - waiting
-                load.waiting += waiting
-                load.used_tokens += int(rank.get("num_tokens", 0))
-                load.pending_tokens += int(rank.get("num_pending_tokens", 0))
+            reading = contract.read_loads(await _get_json(http, entry.spec.url + contract.LOADS))
             if entry.info is None:
                 self.table.described(entry.spec.id, await _info(http, entry.spec.url))
-            load.step_s = entry.load.step_s
-            if entry.polls % METRICS_EVERY == 0:
-                load.step_s = await _step(http, entry.spec.url) or 0.0
+            load = EngineLoad(
+                running=reading.running,
+                waiting=reading.waiting,
+                used_tokens=reading.used_tokens,
+                pending_tokens=reading.pending_tokens,
+                max_total_tokens=reading.max_total_tokens,
+                step_s=reading.step_s,
+                at=self.table.clock(),
+            )
         except (aiohttp.ClientError, TimeoutError, ValueError, TypeError, AttributeError):
             load = None
         self.table.polled(entry.spec.id, load, FAIL_AFTER)
@@ -64,29 +66,12 @@ async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
         return orjson.loads(await response.read())
 
 
-async def _step(http: aiohttp.ClientSession, url: str) -> float | None:
-    """The engine's time per token of a running answer now; None without metrics (SGLang
-    without --enable-metrics), or when they do not answer: the load poll stands without
-    them."""
-    try:
-        async with http.get(f"{url}/metrics") as response:
-            if response.status != 200:
-                return None
-            text = await response.text()
-    except (aiohttp.ClientError, TimeoutError):
-        return None
-    return await asyncio.to_thread(metrics.decode_step, text)
-
-
 async def _info(http: aiohttp.ClientSession, url: str) -> EngineInfo:
-    info = await _get_json(http, f"{url}/server_info")
-    states = info.get("internal_states") or []
-    total = sum(int(s.get("max_total_num_tokens", 0)) for s in states if isinstance(s, dict))
-    path = info.get("tokenizer_path") or info.get("model_path")
+    info = contract.read_server_info(await _get_json(http, url + contract.SERVER_INFO))
     return EngineInfo(
-        max_total_tokens=total or int(info.get("max_total_tokens") or 0),
-        page_size=max(1, int(info.get("page_size") or 1)),
-        tokenizer_path=str(path) if path else None,
-        version=str(info.get("version") or ""),
-        kv_events=bool(info.get("kv_events_config")),
+        max_total_tokens=info.max_total_tokens,
+        page_size=info.page_size,
+        tokenizer_path=info.tokenizer_path,
+        version=info.version,
+        kv_events=info.kv_events,
     )

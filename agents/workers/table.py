@@ -1,7 +1,7 @@
 """The live worker table: every worker of the region, as its health checks and load polls see it.
 
 Written by the supervisor (the state of this node's engines) and the load poller (every
-worker's reachability and `/get_load`); read by the router. Touched on the event loop only.
+worker's reachability and `/v1/loads`); read by the router. Touched on the event loop only.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ class EngineLoad:
     running: int = 0
     waiting: int = 0
     used_tokens: int = 0
-    pending_tokens: int = 0
+    pending_tokens: int = 0  # uncached prompt tokens waiting for prefill, as it estimates
     max_total_tokens: int = 0
     step_s: float = 0.0  # seconds a token of each running answer takes, from the engine's
-    # metrics when last read (prefill steps between decode steps count); 0: unknown
+    # generation throughput (prefill steps between decode steps count); 0: unknown or idle
     at: float = 0.0  # monotonic time of the poll
 
     @property
@@ -115,7 +115,7 @@ class WorkerTable:
             if entry.failed_polls >= fail_after:
                 entry.reachable = False
         else:
-            if entry.info is not None:
+            if entry.info is not None and not load.max_total_tokens:
                 load.max_total_tokens = entry.info.max_total_tokens
             entry.load, entry.failed_polls, entry.reachable = load, 0, True
             entry.polls += 1

@@ -25,7 +25,7 @@ class Sim:
         return httpx.AsyncClient(base_url=self.url, timeout=timeout)
 
     async def healthy(self, timeout_s: float = 30) -> None:
-        await wait_ready(self.url, self.process, timeout_s, path="/health", what="the simulator")
+        await wait_ready(self.url, self.process, timeout_s, path="/ready", what="the simulator")
 
 
 @contextlib.asynccontextmanager

@@ -7,11 +7,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.engines.sglang_env import SGLANG_VERSION
 from agents.engines.sim.cost import CostModel
 from agents.engines.sim.kv_events import KvEventsConfig
 from agents.engines.sim.tokens import MODEL_DIR
 
-VERSION = "0.5.0-meridian-sim"
+VERSION = f"{SGLANG_VERSION}-meridian-sim"  # the SGLang it imitates
 
 
 class SimConfig(BaseModel):

@@ -22,14 +22,19 @@ KV_WAIT_S = 30.0
 
 
 class SimError(Exception):
-    """Answered in SGLang's error shape: {"object": "error", "message", "type", "code"}."""
+    """Answered in SGLang's error shapes: on the OpenAI routes {"object": "error", "message",
+    "type", "param", "code"}; on the native ones (`native`) {"error": {"message"}}."""
 
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+    def __init__(self, status: int, message: str, kind: str = "Bad Request") -> None:
         super().__init__(message)
         self.status, self.message, self.kind = status, message, kind
+        self.native = False
 
     def response(self) -> JSONResponse:
-        body = {"object": "error", "message": self.message, "type": self.kind, "code": self.status}
+        if self.native:
+            return JSONResponse({"error": {"message": self.message}}, status_code=self.status)
+        body = {"object": "error", "message": self.message, "type": self.kind, "param": None,
+                "code": self.status}  # fmt: skip
         return JSONResponse(body, status_code=self.status)
 
 
@@ -98,6 +103,7 @@ async def start(engine: Engine, kv: Kv, body: Body, request: Request) -> None:
     of a short or mostly cached prompt)."""
     if not request.prompt:  # SGLang refuses a prompt of no tokens too
         raise SimError(400, "the input is empty: it has no tokens")
+    request.streaming = body.stream
     pd = (body.bootstrap_host, body.bootstrap_port, body.bootstrap_room)
     if engine.role == "decode" and any(v is not None for v in pd):
         await _receive_kv(engine, kv, body, request)
@@ -134,7 +140,7 @@ async def _receive_kv(engine: Engine, kv: Kv, body: Body, request: Request) -> N
         ) from error
     finally:
         kv.metrics.transfer_queue -= 1
-    kv.metrics.last_transfer_ms = (engine.now() - started) * 1000
+    kv.metrics.transferred((engine.now() - started) * 1000)
     request.prefilled = True
 
 
@@ -165,5 +171,5 @@ def finish_reason(request: Request) -> dict[str, Any] | None:
     if request.finish == "length":
         return {"type": "length", "length": request.generated}
     if request.finish == "abort":
-        return {"type": "abort", "message": "aborted"}
+        return {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
     return None

@@ -3,15 +3,19 @@
 Started with `--kv-events-config '{"publisher":"zmq","endpoint":"tcp://*:5557",
 "topic":"kv-events"}'`, the simulator publishes on a ZMQ PUB socket, one message per
 scheduler step that changed the cache: frames `[topic, seq (8-byte big-endian), payload]`,
-the payload msgpack `[ts, events, dp_rank]` with events
+the payload msgpack `[ts, events, dp_rank]` with events as SGLang 0.5.23 sends them, maps
+tagged by `type`:
 
-    ["BlockStored", [block_hash], parent_hash | None, token_ids, block_size, None]
-    ["BlockRemoved", [block_hash]]
-    ["AllBlocksCleared"]
+    {"type": "BlockStored", "block_hashes": [...], "parent_block_hash": int | None,
+     "token_ids": [...], "block_size": N, "lora_id": None, "medium": "GPU"}
+    {"type": "BlockRemoved", "block_hashes": [...], "medium": "GPU"}
+    {"type": "AllBlocksCleared"}
 
-A block is a page of `--page-size` tokens; only whole pages are published. A block's hash is
-chained (it stands for the whole prefix up to it), so equal pages under different prefixes
-never share a hash. Events are queued as the cache changes and sent once per step.
+One BlockStored covers a whole inserted run, a hash a page. A block is a page of
+`--page-size` tokens; only whole pages are published. A block's hash is chained (it stands
+for the whole prefix up to it), so equal pages under different prefixes never share a hash.
+Events are queued as the cache changes and sent once per step; what is sent before a
+subscriber joins is lost to it, as with SGLang.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ class KvEvents(Listener):
         self.config = config
         self.page = max(1, page_size)
         self.dp_rank = dp_rank
-        self.pending: list[list[Any]] = []
+        self.pending: list[dict[str, Any]] = []
         self.seq = 0
         # a plain socket, sent to without blocking: a PUB socket drops past its high-water
         # mark rather than waiting, so publishing never holds the scheduler's step up
@@ -92,19 +96,28 @@ class KvEvents(Listener):
     def stored(self, sequence: Sequence[int], start: int) -> None:
         first = start // self.page  # the first page that was not whole before
         hashes = page_hashes(sequence, self.page, len(sequence))
-        for i in range(first, len(hashes)):
-            parent = hashes[i - 1] if i else None
-            tokens = list(sequence[i * self.page : (i + 1) * self.page])
-            self.pending.append(["BlockStored", [hashes[i]], parent, tokens, self.page, None])
+        if first >= len(hashes):
+            return
+        self.pending.append({
+            "type": "BlockStored",
+            "block_hashes": hashes[first:],
+            "parent_block_hash": hashes[first - 1] if first else None,
+            "token_ids": list(sequence[first * self.page : len(hashes) * self.page]),
+            "block_size": self.page,
+            "lora_id": None,
+            "medium": "GPU",
+        })  # fmt: skip
 
     def removed(self, sequence: Sequence[int], start: int) -> None:
         first = start // self.page
         hashes = page_hashes(sequence, self.page, len(sequence))
         if first < len(hashes):
-            self.pending.append(["BlockRemoved", hashes[first:]])
+            self.pending.append(
+                {"type": "BlockRemoved", "block_hashes": hashes[first:], "medium": "GPU"}
+            )
 
     def cleared(self) -> None:
-        self.pending.append(["AllBlocksCleared"])
+        self.pending.append({"type": "AllBlocksCleared"})
 
     async def flush(self) -> None:
         if not self.pending:

@@ -123,6 +123,15 @@ def generate_result(request: Request, *, elapsed_s: float, after: str) -> dict[s
 
 
 async def generate(http: HttpRequest, engine: Engine, kv: Kv) -> Response:
+    """Errors before the answer starts in the native shape, {"error": {"message"}}."""
+    try:
+        return await _generate(http, engine, kv)
+    except SimError as error:
+        error.native = True
+        raise
+
+
+async def _generate(http: HttpRequest, engine: Engine, kv: Kv) -> Response:
     body = await parse(http, GenerateBody)
     prompts = body.prompts()
     if body.batched and body.stream:
@@ -157,5 +166,5 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     async for _ in progress(engine, request):
         chunk = _result(engine, request, body, after)
-        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"

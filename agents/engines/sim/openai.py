@@ -97,7 +97,9 @@ class Shape:
         fail: str | None = None,
         marked: bool = False,
     ) -> None:
-        self.chat, self.served, self.report_cache = chat, served, report_cache
+        self.chat, self.report_cache = chat, report_cache
+        # SGLang checks no `model`: it echoes what it was asked for
+        self.served = body.model if body is not None and body.model else served
         # SGLang's answers carry the request's id (`meta_info.id`): the rid, when it is given
         self.id = rid or f"{'chatcmpl' if chat else 'cmpl'}-{time.time_ns():x}"
         self.created = int(time.time())
@@ -154,25 +156,36 @@ class Shape:
     def choice(
         self, text: str, finish: str | None, *, streaming: bool, first: bool
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        """A choice as SGLang 0.5.23 shapes it: every chat delta and message carries
+        `reasoning_content` (null), a message no `tool_calls` key unless it calls one."""
+        body: dict[str, Any] = {"index": 0}
         if not self.chat:
             body["text"] = text
         elif streaming:
-            body["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+            body["delta"] = {"reasoning_content": None}
+            if first:
+                body["delta"]["role"] = "assistant"
+            if first or text or finish is None:
+                body["delta"]["content"] = text
         else:
-            body["message"] = {"role": "assistant", "content": text, "tool_calls": None}
-        body["matched_stop"] = None
+            body["message"] = {"role": "assistant", "content": text, "reasoning_content": None}
+        body.update(logprobs=None, finish_reason=finish, matched_stop=None)
         return body
 
-    def usage(self, request: Request) -> dict[str, Any]:
+    def usage(self, request: Request, details: bool = True) -> dict[str, Any]:
         prompt, completion = len(request.prompt), request.generated
-        details = {"cached_tokens": request.cached} if self.report_cache else None
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt,
-            "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": details,
+            "completion_tokens": completion,
+            "prompt_tokens_details": (
+                {"cached_tokens": request.cached} if self.report_cache else None
+            ),
+            "reasoning_tokens": 0,
         }
+        if details:
+            usage["completion_tokens_details"] = None
+        return usage
 
 
 async def chat(
@@ -230,33 +243,46 @@ async def _answer(
     answer = shape.head(streaming=False)
     answer["choices"] = [shape.whole(request, _reason(request), engine.faults.shift)]
     answer["usage"] = shape.usage(request)
+    versions = [{"version": "default", "start": 0, "end": request.generated}]
+    answer["metadata"] = {"weight_version": "default", "weight_versions": versions}
     return JSONResponse(answer)
 
 
 async def _stream(
     engine: Engine, request: Request, shape: Shape, usage: bool
 ) -> AsyncIterator[bytes]:
+    """Chat: a first chunk with the role, content chunks, then the finish reason in a chunk
+    of its own. Completions: text chunks each with `"usage": null`, the finish reason on the
+    last. Then, when asked, the usage in a chunk with no choices."""
     sent = 0
-    async for count in progress(engine, request):
-        if not sent and shape.chat:  # SGLang's first chunk: the role, no content yet
-            chunk = shape.head(streaming=True)
-            chunk["choices"] = [shape.choice("", None, streaming=True, first=True)]
-            yield _event(chunk)
-        text, sent = shape.text(request, sent, count), count
+    if shape.chat:  # SGLang's first chunk: the role, no content yet
         chunk = shape.head(streaming=True)
-        chunk["choices"] = [shape.choice(text, _reason(request), streaming=True, first=False)]
+        chunk["choices"] = [shape.choice("", None, streaming=True, first=True)]
+        yield _event(chunk)
+    async for count in progress(engine, request):
+        reason = None if shape.chat else _reason(request)
+        if count > sent or reason is not None:
+            text, sent = shape.text(request, sent, count), count
+            chunk = shape.head(streaming=True)
+            chunk["choices"] = [shape.choice(text, reason, streaming=True, first=False)]
+            if not shape.chat:
+                chunk["usage"] = None
+            yield _event(chunk)
+    if shape.chat:
+        chunk = shape.head(streaming=True)
+        chunk["choices"] = [shape.choice("", _reason(request), streaming=True, first=False)]
         yield _event(chunk)
     if usage:
         chunk = shape.head(streaming=True)
         chunk["choices"] = []
-        chunk["usage"] = shape.usage(request)
+        chunk["usage"] = shape.usage(request, details=shape.chat)
         yield _event(chunk)
     yield b"data: [DONE]\n\n"
 
 
 def _reason(request: Request) -> str | None:
-    return request.finish if request.finish in ("length", "abort") else None
+    return request.finish if request.finish in ("length", "abort", "stop") else None
 
 
 def _event(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"

@@ -42,6 +42,7 @@ class Request:
     max_new_tokens: int
     arrived: float
     prefilled: bool = False  # PD decode: the KV cache came from a prefill server
+    streaming: bool = False  # its answer is streamed (metrics' `is_streaming`)
     output: list[int] = field(default_factory=list)
     generated: int = 0
     cached: int = 0  # prompt tokens found in the cache when first admitted

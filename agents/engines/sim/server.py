@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import os
 import time
@@ -99,13 +100,13 @@ class Simulator:
 
     def app(self) -> Starlette:
         routes = [
-            Route("/health", self.health),
+            Route("/ready", self.ready_check),
+            Route("/health", self.health_generate),
             Route("/health_generate", self.health_generate),
             Route("/model_info", self.model_info),
             Route("/get_model_info", self.model_info),
             Route("/server_info", self.server_info),
             Route("/get_server_info", self.server_info),
-            Route("/get_load", self.load),
             Route("/v1/loads", self.load),
             Route("/v1/models", self.models),
             Route(
@@ -162,15 +163,19 @@ class Simulator:
             c.fail_marker,
         )  # fmt: skip
 
-    async def health(self, _request: HttpRequest) -> Response:
-        if not self.ready:
-            return Response(status_code=503)
-        await self.engine.until_unhung()  # a hung engine answers nothing
-        return Response(status_code=200)
+    async def ready_check(self, _request: HttpRequest) -> Response:
+        """SGLang's cheap check: 503 while starting, then 200. It asks nothing of the
+        scheduler, so a hung engine still answers it (its /v1/loads and /health do not)."""
+        return Response(status_code=200 if self.ready else 503)
 
     async def health_generate(self, _request: HttpRequest) -> Response:
-        if not self.ready or self.engine.role != "unified":
-            return Response(status_code=200 if self.ready else 503)
+        """`/health` and `/health_generate` both run a one-token generation on SGLang
+        0.5.23: 503 while starting, and nothing while the engine is hung."""
+        if not self.ready:
+            return Response(status_code=503)
+        await self.engine.until_unhung()
+        if self.engine.role != "unified":
+            return Response(status_code=200)
         try:
             probe = self.engine.new_request([1], 1)
         except InjectedError:
@@ -194,37 +199,39 @@ class Simulator:
         )
 
     async def server_info(self, _request: HttpRequest) -> Response:
+        """The flags flat; at the top level the version, the KV pool and the KV events'
+        publisher; `internal_states` the flags again with memory and throughput (no
+        capacity there, as on SGLang 0.5.23)."""
         info = self.config.server_info()
-        info["internal_states"] = [self._state()]
-        info["version"] = VERSION
+        state = {**info, "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity":
+                 self.engine.cost.max_total_tokens}, "last_gen_throughput":
+                 self.engine.gen_throughput}  # fmt: skip
+        info.update(version=VERSION, max_total_num_tokens=self.engine.cost.max_total_tokens,
+                    max_req_input_len=self.config.context_length - 6,
+                    kv_events=self._kv_events_info(), internal_states=[state])  # fmt: skip
         return JSONResponse(info)
 
-    def _state(self) -> dict[str, object]:
-        engine = self.engine
-        return {
-            "dp_rank": 0,
-            "num_running_reqs": len(engine.running),
-            "num_waiting_reqs": len(engine.waiting),
-            "num_used_tokens": engine.used_tokens,
-            "token_usage": engine.used_tokens / engine.cost.max_total_tokens,
-            "max_total_num_tokens": engine.cost.max_total_tokens,
-            "cache_tokens": engine.cache.size,
-        }
+    def _kv_events_info(self) -> dict[str, object] | None:
+        events = self.config.kv_events_config
+        if events is None:
+            return None
+        host, _, port = events.endpoint.rpartition(":")
+        return {"publisher": events.publisher, "endpoint_host": host.rpartition("//")[2],
+                "endpoint_port_base": int(port) if port.isdigit() else None,
+                "topic": events.topic, "block_size": self.config.page_size,
+                "dp_size": self.config.dp_size}  # fmt: skip
 
     async def load(self, _request: HttpRequest) -> Response:
-        engine = self.engine
-        pending = engine.pending_tokens
+        """SGLang's `/v1/loads`: asked of the scheduler, so a hung engine does not answer."""
+        await self.engine.until_unhung()
         return JSONResponse(
-            [
-                {
-                    "dp_rank": 0,
-                    "num_reqs": len(engine.running) + len(engine.waiting),
-                    "num_waiting_reqs": len(engine.waiting),
-                    "num_tokens": engine.used_tokens,
-                    "num_pending_tokens": pending,
-                    "ts_tic": time.time(),
-                }
-            ]
+            {
+                "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
+                "version": VERSION,
+                "accelerator": None,
+                "num_accelerators": 1,
+                "loads": [self.metrics.load(self.config.role)],
+            }
         )
 
     async def models(self, _request: HttpRequest) -> Response:
@@ -249,8 +256,11 @@ class Simulator:
         try:
             self.engine.flush()
         except EngineBusy:
-            return PlainTextResponse("Cache not flushed: requests are running.", status_code=400)
-        return PlainTextResponse("Cache flushed.")
+            return PlainTextResponse("Flush cache failed.", status_code=400)
+        return PlainTextResponse(
+            "Cache flushed.\nPlease check backend logs for more details. (When there are "
+            "running or waiting requests, the operation will not be performed.)\n"
+        )
 
     async def abort_request(self, request: HttpRequest) -> Response:
         body = await parse(request, _Abort)

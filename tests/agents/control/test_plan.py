@@ -12,6 +12,7 @@ from agents.engines.gpus import Gpu
 from agents.errors import SnapshotInvalid
 
 BACKENDS = backends()
+CPU_BACKENDS = backends(cpu=True)  # a node without GPUs (no NVML): SGLang on its CPU
 
 
 def engine(name: str, gpus: list[int], port: int, backend: str = "sim") -> pb.Engine:
@@ -70,7 +71,8 @@ def snapshot(
 
 
 def specs(snap: pb.Snapshot, nvml: list[Gpu] | None = None, region: str = "r1") -> list[str]:
-    found = engine_specs(snap, region=region, node="n1", nvml=nvml, backends=BACKENDS)
+    kinds = BACKENDS if nvml is not None else CPU_BACKENDS
+    found = engine_specs(snap, region=region, node="n1", nvml=nvml, backends=kinds)
     return [f"{s.id}:{s.backend}:{list(s.gpu_indexes)}" for s in found]
 
 
@@ -90,7 +92,7 @@ def test_the_node_runs_its_engines_and_probes_the_region_external_ones() -> None
         (snapshot(engine("a", [0], 30000), engine("b", [0], 30001)), None, "GPU 0 is given to"),
         (snapshot(engine("a", [5], 30000)), None, r"no GPU \[5\]"),
         (snapshot(engine("a", [0], 30000), engine("b", [1], 30000)), None, "want port 30000"),
-        (snapshot(engine("a", [0], 30000, backend="sglang")), None, "NVML finds none"),
+        (snapshot(engine("a", [0, 1], 30000, backend="sglang"), tp=2), None, "on its CPU"),
         (snapshot(engine("a", [0], 30000, backend="tpu")), None, "no backend named 'tpu'"),
         (snapshot(engine("a", [0], 30000), args={"bogus": 1}), None, "no flag --bogus"),
         (snapshot(engine("a", [1], 30000)), [Gpu(0, "H100", 80, "nvml")], r"no GPU \[1\]"),
@@ -101,6 +103,11 @@ def test_a_plan_this_node_cannot_run_is_refused(
 ) -> None:
     with pytest.raises(SnapshotInvalid, match=message):
         specs(snap, nvml)
+
+
+def test_sglang_runs_on_the_cpu_of_a_node_without_gpus() -> None:
+    found = specs(snapshot(engine("a", [0], 30000, backend="sglang")))
+    assert found[0] == "a/unified-0:sglang:[0]"
 
 
 def test_a_snapshot_of_another_region_is_refused() -> None:

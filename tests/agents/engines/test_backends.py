@@ -7,15 +7,18 @@ read in November 2026); kept here so that the project's tests depend on the proj
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from agents.engines.backends import SglangBackend, SimBackend
+from agents.engines import sglang_env
+from agents.engines.backends import CPU_KV_TOKENS, SglangBackend, SimBackend
 from agents.engines.base import EngineSpec
 from agents.errors import SnapshotInvalid
 
 DOCUMENTED_FLAGS = frozenset({
-    "--api-key", "--chunked-prefill-size", "--context-length",
+    "--api-key", "--chunked-prefill-size", "--context-length", "--device",
     "--disaggregation-bootstrap-port", "--disaggregation-mode",
     "--disaggregation-transfer-backend", "--dp-size", "--enable-cache-report",
     "--enable-metrics", "--host", "--kv-events-config", "--max-running-requests",
@@ -98,6 +101,41 @@ def test_engine_args_may_not_take_over_what_meridian_sets() -> None:
         SglangBackend().validate(spec(engine_args=(("port", 1),)))
     with pytest.raises(SnapshotInvalid, match="needs 2 GPUs"):
         SglangBackend().validate(spec(gpu_indexes=(0,)))
+
+
+def test_on_a_node_without_gpus_sglang_runs_on_the_cpu_with_the_kernel_stand_in() -> None:
+    """This interpreter has no sgl_kernel at all: the stand-in is put first on the engine's
+    path, and the status says so and why."""
+    backend = SglangBackend(python=sys.executable, cpu=True)
+    cpu = spec(tp_size=1, gpu_indexes=(0,), engine_args=())
+    backend.validate(cpu)
+    launch = backend.launch(cpu)
+    flags = flag_values(launch.argv)
+    assert flags["--device"] == "cpu"
+    assert flags["--max-total-tokens"] == str(CPU_KV_TOKENS)  # bounded, unless asked
+    assert set(flags) <= documented_flags()
+    assert "CUDA_VISIBLE_DEVICES" not in launch.env
+    assert launch.env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert launch.env["HF_HUB_OFFLINE"] == "1"
+    assert launch.env["PYTHONPATH"] == str(sglang_env.CPU_KERNEL_DIR)
+    assert any("stand-in" in n and "sgl_kernel" in n for n in launch.notes), launch.notes
+    asked = backend.launch(spec(tp_size=1, engine_args=(("max-total-tokens", 4096),)))
+    assert flag_values(asked.argv)["--max-total-tokens"] == "4096"
+    with pytest.raises(SnapshotInvalid, match="on its CPU"):
+        backend.validate(spec())  # tp 2
+
+
+def test_the_kernel_stand_in_imports_and_refuses_every_kernel() -> None:
+    code = (
+        "import sgl_kernel; assert sgl_kernel.MERIDIAN_STAND_IN\n"
+        "from sgl_kernel import fused_experts_cpu\n"
+        "try:\n    fused_experts_cpu(1)\nexcept NotImplementedError as e:\n    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={"PYTHONPATH": str(sglang_env.CPU_KERNEL_DIR)},
+    )  # fmt: skip
+    assert "fused_experts_cpu" in done.stdout
 
 
 def test_the_sim_launcher_takes_the_same_settings_and_refuses_flags_it_lacks() -> None:

@@ -77,5 +77,5 @@ async def region_of(
 async def sim_load(url: str) -> int:
     """Requests an engine holds, running or waiting, as it says itself."""
     async with httpx.AsyncClient(timeout=5) as http:
-        ranks = (await http.get(f"{url}/get_load")).json()
-    return sum(int(r["num_reqs"]) for r in ranks)
+        ranks = (await http.get(f"{url}/v1/loads")).json()["loads"]
+    return sum(int(r["num_running_reqs"]) + int(r["num_waiting_reqs"]) for r in ranks)

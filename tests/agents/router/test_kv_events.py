@@ -1,5 +1,6 @@
-"""The KV-event subscription keeps the exact index as the engine says: the pages it stored
-match a request's tokens page for page, and what it evicted, cleared or lost is taken out."""
+"""The KV-event subscription keeps the exact index as the engine says (SGLang 0.5.23's events:
+maps tagged by `type`, a run of pages an event): the pages it stored match a request's tokens
+page for page, and what it evicted, cleared or lost is taken out."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ PAGE = 4
 WORKER = WorkerSpec("w0", "m", "d", "unified", "http://127.0.0.1:30000", None, None, 32000)
 
 
-def _stored(tokens: list[int], start_page: int = 0) -> list[list[object]]:
-    """BlockStored events for the tokens' whole pages, chained as an engine chains them."""
+def _stored(tokens: list[int], start_page: int = 0, run: int = 2) -> list[dict[str, object]]:
+    """BlockStored events for the tokens' whole pages, chained as an engine chains them, in
+    runs of `run` pages an event."""
     hashes = page_hashes(tokens, PAGE, len(tokens))
     return [
-        ["BlockStored", [hashes[i]], hashes[i - 1] if i else None,
-         tokens[i * PAGE : (i + 1) * PAGE], PAGE, None]
-        for i in range(start_page, len(hashes))
+        {"type": "BlockStored", "block_hashes": hashes[i : i + run],
+         "parent_block_hash": hashes[i - 1] if i else None,
+         "token_ids": tokens[i * PAGE : min(i + run, len(hashes)) * PAGE],
+         "block_size": PAGE, "lora_id": None, "medium": "GPU"}
+        for i in range(start_page, len(hashes), run)
     ]  # fmt: skip
 
 
@@ -45,9 +49,9 @@ def test_evicted_and_cleared_blocks_leave_the_index() -> None:
     prompt = list(range(100, 116))
     subscription.apply(0, _stored(prompt))
     hashes = page_hashes(prompt, PAGE, len(prompt))
-    subscription.apply(1, [["BlockRemoved", hashes[2:]]])
+    subscription.apply(1, [{"type": "BlockRemoved", "block_hashes": hashes[2:]}])
     assert _matched(index, prompt) == 8
-    subscription.apply(2, [["AllBlocksCleared"]])
+    subscription.apply(2, [{"type": "AllBlocksCleared"}])
     assert _matched(index, prompt) == 0
 
 
@@ -58,6 +62,7 @@ def test_a_gap_in_the_sequence_clears_what_may_be_stale() -> None:
     subscription.apply(0, _stored(prompt))
     subscription.apply(5, [])  # events 1-4 were lost: they may have evicted anything
     assert _matched(index, prompt) == 0
+    assert subscription.missed  # the engine is to be flushed to hear it whole again
 
 
 def test_a_block_whose_parent_was_never_seen_is_not_guessed_at() -> None:
@@ -66,3 +71,8 @@ def test_a_block_whose_parent_was_never_seen_is_not_guessed_at() -> None:
     prompt = list(range(100, 116))
     subscription.apply(0, _stored(prompt, start_page=2))  # pages 0-1 were stored earlier
     assert _matched(index, prompt) == 0
+    assert subscription.missed
+    # the flush that follows: the engine clears, then what it stores is heard from the root
+    subscription.apply(1, [{"type": "AllBlocksCleared"}, *_stored(prompt, run=3)])
+    assert not subscription.missed
+    assert _matched(index, prompt) == 16

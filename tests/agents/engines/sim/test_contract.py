@@ -1,4 +1,5 @@
-"""The simulator speaks SGLang's HTTP API (../shared/SGLANG_API.md), as a real child process."""
+"""The simulator speaks SGLang 0.5.23's HTTP API, as a real child process: what it alone can
+show (faults, PD hand-over, its scheduler). test_conformance.py holds it to the real server."""
 
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ from meridian.procs import free_port
 from tests.agents.sim_kit import Sim, running_sim, sse
 
 JSON = {"content-type": "application/json"}
+# (a labelled series shows once it has a value, as SGLang's: no abort here, so no
+# num_aborted_requests_total)
 METRICS = [
     "sglang:prompt_tokens_total",
     "sglang:generation_tokens_total",
     "sglang:cached_tokens_total",
     "sglang:num_requests_total",
-    "sglang:num_aborted_requests_total",
     "sglang:time_to_first_token_seconds_bucket",
     "sglang:inter_token_latency_seconds_bucket",
-    "sglang:time_per_output_token_seconds_bucket",
+    "sglang:request_time_per_output_token_seconds_bucket",
     "sglang:e2e_request_latency_seconds_bucket",
     "sglang:queue_time_seconds_bucket",
     "sglang:num_running_reqs",
@@ -32,7 +34,6 @@ METRICS = [
     "sglang:cache_hit_rate",
     "sglang:max_total_num_tokens",
     "sglang:num_decode_transfer_queue_reqs",
-    "sglang:kv_transfer_latency_ms",
 ]
 
 
@@ -55,15 +56,18 @@ async def test_info_endpoints_describe_a_local_model_directory(sim: Sim) -> None
             assert server["served_model_name"] == "llama-8b"
             assert server["tp_size"] == 1
             assert server["disaggregation_mode"] == "null"
-            assert server["internal_states"][0]["dp_rank"] == 0
+            assert server["max_total_num_tokens"] > 0  # at the top level, as 0.5.23 has it
+            assert "max_total_num_tokens" not in server["internal_states"][0]
             assert server["version"]
         models = (await client.get("/v1/models")).json()
         assert models["object"] == "list"
         assert models["data"][0]["id"] == "llama-8b"
         assert models["data"][0]["max_model_len"] == 131072
-        for path in ("/get_load", "/v1/loads"):
-            load = (await client.get(path)).json()
-            assert set(load[0]) >= {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
+        loads = (await client.get("/v1/loads")).json()
+        assert set(loads["loads"][0]) >= {"dp_rank", "num_running_reqs", "num_waiting_reqs",
+                                          "num_used_tokens", "max_total_num_tokens"}  # fmt: skip
+        assert (await client.get("/get_load")).status_code == 404  # gone in 0.5.23
+        assert (await client.get("/ready")).status_code == 200
         assert (await client.get("/health_generate")).status_code == 200
 
 
@@ -119,8 +123,11 @@ async def test_chat_streams_chunks_with_usage_and_reads_max_completion_tokens(si
     assert events[-1] == "[DONE]"
     content, usage = events[:-2], events[-2]
     assert all(c["object"] == "chat.completion.chunk" for c in content)
-    assert content[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # SGLang's
-    assert [c["choices"][0]["finish_reason"] for c in content] == [None, None, None, "length"]
+    first = {"role": "assistant", "content": "", "reasoning_content": None}  # as SGLang's
+    assert content[0]["choices"][0]["delta"] == first
+    # the finish reason in a chunk of its own, its delta empty
+    assert [c["choices"][0]["finish_reason"] for c in content] == [None] * 4 + ["length"]
+    assert content[-1]["choices"][0]["delta"] == {"reasoning_content": None}
     assert usage["choices"] == []
     assert usage["usage"]["completion_tokens"] == 3
     assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 3
@@ -139,6 +146,7 @@ async def test_completions_answer_in_openai_shape(sim: Sim) -> None:
     assert answer["choices"][0]["finish_reason"] == "length"
     assert answer["usage"]["completion_tokens"] == 5
     assert [e["object"] for e in events[:-1]] == ["text_completion"] * 5
+    assert all(e["usage"] is None for e in events[:-1])
     streamed = "".join(e["choices"][0]["text"] for e in events[:-1])
     assert streamed == answer["choices"][0]["text"]
 
@@ -149,12 +157,15 @@ async def test_bad_requests_get_sglang_errors(sim: Sim) -> None:
         no_messages = await client.post("/v1/chat/completions", json={"model": "x", "messages": []})
         both = await client.post("/generate", json={"text": "a", "input_ids": [1]})
         negative = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": -1})
-    for response in (not_json, no_messages, both, negative):
+    for response in (not_json, no_messages, negative):
         assert response.status_code == 400
         error = response.json()
         assert error["object"] == "error"
         assert error["code"] == 400
         assert error["message"]
+    assert both.status_code == 400
+    assert set(both.json()) == {"error"}  # /generate's own shape
+    assert both.json()["error"]["message"]
 
 
 async def test_metrics_use_sglang_names_and_labels(sim: Sim) -> None:
@@ -186,7 +197,8 @@ async def test_flush_cache_forgets_prefixes_and_refuses_while_busy() -> None:
         after = (await client.post("/generate", json=body)).json()
     assert refused.status_code == 400
     assert flushed.status_code == 200
-    assert flushed.text == "Cache flushed."
+    assert flushed.text.startswith("Cache flushed.")
+    assert refused.text == "Flush cache failed."
     assert after["meta_info"]["cached_tokens"] == 0
 
 
@@ -204,13 +216,14 @@ async def test_a_full_batch_queues_the_rest() -> None:
         body = {"text": "wait your turn", "sampling_params": {"max_new_tokens": 10}}
         calls = [asyncio.create_task(client.post("/generate", json=body)) for _ in range(3)]
         for _ in range(100):  # until all three have arrived and the scheduler took one
-            load = (await client.get("/get_load")).json()[0]
-            if load["num_reqs"] == 3 and load["num_waiting_reqs"] < 3:
-                break
+            load = (await client.get("/v1/loads")).json()["loads"][0]
+            if load["num_running_reqs"] + load["num_waiting_reqs"] == 3:
+                if load["num_waiting_reqs"] < 3:
+                    break
             await asyncio.sleep(0.02)
         answers = await asyncio.gather(*calls)
     assert load["num_waiting_reqs"] == 2
-    assert load["num_reqs"] == 3
+    assert load["num_running_reqs"] == 1
     assert all(a.status_code == 200 for a in answers)
 
 
@@ -222,6 +235,9 @@ async def test_faults_by_admin_endpoint() -> None:
         await client.post("/sim/faults", json={"error_rate": 0.0, "hang": True})
         with pytest.raises(httpx.ReadTimeout):
             await client.get("/health")
+        with pytest.raises(httpx.ReadTimeout):  # asked of the scheduler, as SGLang's
+            await client.get("/v1/loads")
+        assert (await client.get("/ready")).status_code == 200  # asks nothing of it
         stuck = asyncio.create_task(client.post("/generate", json=body, timeout=10))
         await asyncio.sleep(0.3)
         assert not stuck.done()
@@ -279,11 +295,12 @@ async def test_prefill_and_decode_hand_over_the_kv_cache() -> None:
     assert local.json()["meta_info"]["cached_tokens"] == 0
     assert partial.status_code == 400
     assert 'engine_type="decode"' in metrics
+    assert "sglang:kv_transfer_latency_ms_bucket{" in metrics  # registered in PD mode only
 
 
 async def _until_running(client: httpx.AsyncClient) -> None:
     for _ in range(100):
-        if (await client.get("/get_load")).json()[0]["num_reqs"] > 0:
+        if (await client.get("/v1/loads")).json()["loads"][0]["num_running_reqs"] > 0:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("no request started")
@@ -315,7 +332,7 @@ async def test_kv_events_are_published_over_zmq_in_sglang_format() -> None:
                 body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
                 assert (await client.post("/generate", json=body, headers=JSON)).status_code == 200
                 assert (await client.post("/flush_cache")).status_code == 200
-            stored: list[list[Any]] = []
+            stored: list[dict[str, Any]] = []
             cleared = False
             seqs = []
             while not cleared:
@@ -326,23 +343,23 @@ async def test_kv_events_are_published_over_zmq_in_sglang_format() -> None:
                 assert isinstance(ts, float)
                 assert dp_rank == 0
                 for event in events:
-                    if event[0] == "BlockStored":
+                    if event["type"] == "BlockStored":
                         stored.append(event)
-                    cleared = cleared or event[0] == "AllBlocksCleared"
+                    cleared = cleared or event["type"] == "AllBlocksCleared"
     finally:
         socket.close(linger=0)
         context.term()
     assert seqs == sorted(seqs)
-    # The prompt's two whole pages, then (prompt + 2 generated = 12 tokens) a third.
-    pages = [e[3] for e in stored]
-    assert pages[:2] == [ids[0:4], ids[4:8]]
-    assert len(pages) == 3
-    assert pages[2][:2] == ids[8:10]
-    first, second, third = stored
-    assert first[2] is None  # the root's page has no parent
-    assert second[2] == first[1][0]
-    assert third[2] == second[1][0]
-    assert all(e[4] == 4 for e in stored)
+    # The prompt's two whole pages in one event, then (prompt + 2 generated = 12 tokens) a
+    # third: a hash a page
+    first, second = stored
+    assert first["token_ids"] == ids[0:8]
+    assert len(first["block_hashes"]) == 2
+    assert first["parent_block_hash"] is None  # the root's page has no parent
+    assert second["token_ids"][:2] == ids[8:10]
+    assert len(second["block_hashes"]) == 1
+    assert second["parent_block_hash"] == first["block_hashes"][-1]
+    assert all(e["block_size"] == 4 and e["medium"] == "GPU" for e in stored)
 
 
 async def test_an_answer_continued_from_its_first_tokens_goes_on_as_the_whole_did(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import sys
 from pathlib import Path
 
 import httpx
 
+from agents.engines import metrics
 from meridian.procs import free_port, stop_child
 from tests.agents.sim_kit import Sim, running_sim, sse
 
@@ -18,9 +18,7 @@ from tests.agents.sim_kit import Sim, running_sim, sse
 async def _served(sim: Sim) -> float:
     async with sim.client() as client:
         text = (await client.get("/metrics")).text
-    found = re.search(r'^sglang:num_requests_total\{model_name="llama"\} (\S+)$', text, re.M)
-    assert found, "no request counter"
-    return float(found.group(1))
+    return metrics.parse(text).requests  # summed over its labels (streamed or not)
 
 
 async def test_router_routes_generate_and_streamed_chat_to_both_simulators(tmp_path: Path) -> None:

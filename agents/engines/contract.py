@@ -1,0 +1,94 @@
+"""What the agent reads from an SGLang engine, as SGLang 0.5.23 answers (and the simulator,
+held to it by tests/agents/engines/test_conformance.py): one reader per answer, pure.
+
+- `GET /ready`: the cheap readiness check (503 while starting or draining, then 200).
+  `/health` runs a one-token generation on 0.5.23 (a second or more): used rarely.
+- `GET /v1/loads`: `{version, loads: [{dp_rank, num_running_reqs, num_waiting_reqs,
+  num_waiting_uncached_tokens, num_used_tokens, max_total_num_tokens, gen_throughput,
+  ...}]}`, one entry per DP rank. `/get_load` is gone (404) since 0.5.2x: servers without
+  `/v1/loads` are not supported.
+- `GET /server_info`: the flags flat, and at the top level `version`,
+  `max_total_num_tokens` and `kv_events` (the publisher's config); `internal_states` holds
+  no capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+READY = "/ready"
+HEALTH = "/health"  # generates: seconds, not milliseconds
+LOADS = "/v1/loads"
+SERVER_INFO = "/server_info"
+METRICS = "/metrics"
+
+
+@dataclass(frozen=True)
+class LoadReading:
+    """One `/v1/loads` answer, summed over DP ranks."""
+
+    running: int
+    waiting: int
+    used_tokens: int
+    pending_tokens: int  # prompt tokens waiting for prefill that the cache does not hold
+    max_total_tokens: int
+    step_s: float  # seconds a token of each running answer takes now; 0 while idle
+    version: str
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def read_loads(document: Any) -> LoadReading:
+    """Raises ValueError when it is not a `/v1/loads` answer."""
+    if not isinstance(document, dict) or not isinstance(document.get("loads"), list):
+        raise ValueError("not a /v1/loads answer (no `loads` list)")
+    ranks = [r for r in document["loads"] if isinstance(r, dict)]
+    running = sum(_int(r.get("num_running_reqs")) for r in ranks)
+    throughput = sum(_float(r.get("gen_throughput")) for r in ranks)
+    return LoadReading(
+        running=running,
+        waiting=sum(_int(r.get("num_waiting_reqs")) for r in ranks),
+        used_tokens=sum(_int(r.get("num_used_tokens")) for r in ranks),
+        pending_tokens=sum(_int(r.get("num_waiting_uncached_tokens")) for r in ranks),
+        max_total_tokens=sum(_int(r.get("max_total_num_tokens")) for r in ranks),
+        # SGLang's gen_throughput is tokens a second over its last decode log interval, for
+        # all running answers together: one answer's token takes running / throughput
+        step_s=running / throughput if running > 0 and throughput > 0 else 0.0,
+        version=str(document.get("version") or ""),
+    )
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    max_total_tokens: int  # the KV pool (all DP ranks); 0 when it does not say
+    page_size: int
+    tokenizer_path: str | None
+    version: str
+    kv_events: bool
+
+
+def read_server_info(info: Any) -> ServerInfo:
+    if not isinstance(info, dict):
+        raise ValueError("not a /server_info answer")
+    path = info.get("tokenizer_path") or info.get("model_path")
+    events = info.get("kv_events") or info.get("kv_events_config")
+    return ServerInfo(
+        max_total_tokens=_int(info.get("max_total_num_tokens")),
+        page_size=max(1, _int(info.get("page_size")) or 1),
+        tokenizer_path=str(path) if path else None,
+        version=str(info.get("version") or ""),
+        kv_events=bool(events),
+    )
