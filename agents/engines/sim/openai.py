@@ -255,11 +255,11 @@ async def _stream(
     of its own. Completions: text chunks each with `"usage": null`, the finish reason on the
     last. Then, when asked, the usage in a chunk with no choices."""
     sent = 0
-    if shape.chat:  # SGLang's first chunk: the role, no content yet
-        chunk = shape.head(streaming=True)
-        chunk["choices"] = [shape.choice("", None, streaming=True, first=True)]
-        yield _event(chunk)
     async for count in progress(engine, request):
+        if not sent and shape.chat:  # with the first token, SGLang's role chunk (no content)
+            chunk = shape.head(streaming=True)
+            chunk["choices"] = [shape.choice("", None, streaming=True, first=True)]
+            yield _event(chunk)
         reason = None if shape.chat else _reason(request)
         if count > sent or reason is not None:
             text, sent = shape.text(request, sent, count), count

@@ -13,6 +13,8 @@ import httpx
 import openai
 import pytest
 
+from agents.engines import metrics as engine_metrics
+
 from meridian.procs import stop_child
 from tests.agents.gateway.kit import OPERATOR, region_of, sim_load
 from tests.controlplane.push.kit import eventually
@@ -299,11 +301,7 @@ async def test_a_worker_killed_mid_traffic_is_ejected_retried_around_and_used_ag
             metrics = (await http.get(f"{victim}/metrics")).text
     assert codes
     assert set(codes) == {200}
-    served_again = [
-        line for line in metrics.splitlines() if line.startswith("sglang:num_requests_total")
-    ]
-    assert served_again
-    assert float(served_again[0].split()[-1]) > 0
+    assert engine_metrics.parse(metrics).requests > 0  # served again
 
 
 async def test_the_operator_and_marked_tenants_see_the_route_and_only_the_operator_reads_status(
@@ -415,11 +413,7 @@ async def test_a_disaggregated_deployment_answers_through_its_pair_and_prefills_
     assert streamed.text.rstrip().endswith("data: [DONE]")
     assert json.loads(streamed.headers["x-meridian-route"])["pd"] == "disaggregated"
     # The prefill engine computed the two long prompts, and nothing else.
-    served = [
-        line for line in prefill_metrics.splitlines()
-        if line.startswith("sglang:num_requests_total")
-    ]  # fmt: skip
-    assert float(served[0].split()[-1]) == 2
+    assert engine_metrics.parse(prefill_metrics).requests == 2
     assert status["router"]["pd_choices"] == {"disaggregated": 2, "local": 2}
 
 

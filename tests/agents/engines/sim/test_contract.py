@@ -217,9 +217,9 @@ async def test_a_full_batch_queues_the_rest() -> None:
         calls = [asyncio.create_task(client.post("/generate", json=body)) for _ in range(3)]
         for _ in range(100):  # until all three have arrived and the scheduler took one
             load = (await client.get("/v1/loads")).json()["loads"][0]
-            if load["num_running_reqs"] + load["num_waiting_reqs"] == 3:
-                if load["num_waiting_reqs"] < 3:
-                    break
+            arrived = load["num_running_reqs"] + load["num_waiting_reqs"]
+            if arrived == 3 and load["num_waiting_reqs"] < 3:
+                break
             await asyncio.sleep(0.02)
         answers = await asyncio.gather(*calls)
     assert load["num_waiting_reqs"] == 2
