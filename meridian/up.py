@@ -34,8 +34,15 @@ from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
 from controlplane.db.provision import database_url
 from controlplane.settings import Settings
+from meridian import real_engines
 from meridian import reaper as reaper_env
-from meridian.local_agents import await_engines, local_nodes, print_engines, start_agents
+from meridian.local_agents import (
+    ENGINES_TIMEOUT_S,
+    await_engines,
+    local_nodes,
+    print_engines,
+    start_agents,
+)
 from meridian.local_fleet import (
     describe,
     first_client,
@@ -93,13 +100,19 @@ def check_ports(settings: Settings, fleet: Path) -> None:
 
 
 async def run_local_fleet(
-    settings: Settings, fleet: Path, console: Console, *, browser: bool = True
+    settings: Settings,
+    fleet: Path,
+    console: Console,
+    *,
+    browser: bool = True,
+    engines_timeout_s: float = ENGINES_TIMEOUT_S,
 ) -> None:
     check_ports(settings, fleet)
     token = admin_token(settings)
     reaper = await start_reaper()
     try:
-        await _run(settings, fleet, console, token, reaper, browser=browser)
+        await _run(settings, fleet, console, token, reaper, browser=browser,
+                   engines_timeout_s=engines_timeout_s)  # fmt: skip
     finally:
         if reaper.stdin is not None:  # all stopped: the reaper finds nothing left, and ends
             reaper.stdin.close()
@@ -135,6 +148,7 @@ async def _run(
     reaper: asyncio.subprocess.Process,
     *,
     browser: bool,
+    engines_timeout_s: float,
 ) -> None:
     api = f"http://{settings.host}:{settings.port}"
     async with AsyncExitStack() as stack:
@@ -180,7 +194,7 @@ async def _run(
             log_dir=settings.data_dir / "logs",
         )
         console.print(f"[green]✓[/] {len(agents)} agent(s) started; waiting for their engines")
-        statuses = await await_engines(console, agents)
+        statuses = await await_engines(console, agents, engines_timeout_s)
         print_engines(console, agents, statuses)
         out = settings.data_dir / "local-fleet.json"
         doc = await describe(
@@ -257,18 +271,32 @@ def _exit(code: int) -> str:
 @click.option(
     "--fleet",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=EXAMPLE_FLEET,
+    default=None,
+    help=f"fleet document to apply [{EXAMPLE_FLEET.relative_to(EXAMPLE_FLEET.parents[1])}]",
+)
+@click.option(
+    "--engines",
+    type=click.Choice(["sim", "sglang"]),
+    default="sim",
     show_default=True,
-    help="fleet document to apply",
+    help="sim: simulated engines; sglang: the real SGLang on this machine's CPU serving a "
+    "tiny model made here (default fleet examples/fleet-sglang.yaml; SGLang's environment "
+    "is installed once, about 11 GB)",
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="REST port [8400]")
 @click.option(
     "--no-browser", is_flag=True, help="do not open the status page in a browser (it is printed)"
 )
-def up_command(fleet: Path, port: int | None, no_browser: bool) -> None:
+def up_command(fleet: Path | None, engines: str, port: int | None, no_browser: bool) -> None:
     """Run a local fleet: PostgreSQL, the control plane, the fleet applied, agents and engines."""
     settings = Settings().with_overrides(port=port)
     console = Console()
+    timeout_s = ENGINES_TIMEOUT_S
+    if engines == "sglang":
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        fleet = real_engines.prepare(settings.data_dir, fleet or real_engines.SGLANG_FLEET, console)
+        timeout_s = real_engines.ENGINES_TIMEOUT_S
+    fleet = fleet or EXAMPLE_FLEET
 
     async def main() -> None:
         task = asyncio.current_task()
@@ -278,7 +306,9 @@ def up_command(fleet: Path, port: int | None, no_browser: bool) -> None:
         # interactive inherits SIGINT ignored, and would not stop on it
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
-        await run_local_fleet(settings, fleet, console, browser=not no_browser)
+        await run_local_fleet(
+            settings, fleet, console, browser=not no_browser, engines_timeout_s=timeout_s
+        )
 
     try:
         asyncio.run(main())

@@ -55,3 +55,13 @@ ensure_venv() {
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 }
+
+# ensure_sglang: the real SGLang, in its own environment keyed by its version (outside the
+# clone: ~/.cache/meridian/sglang-<version>, or $MERIDIAN_SGLANG_HOME), installed once (about
+# 11 GB, 4 to 6 minutes) and reused. The version is named in agents/engines/sglang_env.py.
+ensure_sglang() {
+  local started=$SECONDS
+  log "SGLang in its own environment ($("$VENV/bin/python" -c 'from agents.engines.sglang_env import SGLANG_VERSION as v, env_dir; print(v, "at", env_dir())'))"
+  "$VENV/bin/meridian" engines sglang-env --install >/dev/null
+  log "SGLang ready ($((SECONDS - started)) s)"
+}

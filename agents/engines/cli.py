@@ -11,6 +11,8 @@ from rich.console import Console
 
 from agents.engines import sglang_env, tiny_model
 
+LOG_EVERY_S = 20.0
+
 
 @click.group("engines")
 def engines() -> None:
@@ -47,21 +49,34 @@ def sglang_env_command(home: Path | None, install: bool) -> None:
                 f"SGLang {sglang_env.SGLANG_VERSION} is not installed at {directory}: "
                 "run `meridian engines sglang-env --install`"
             )
-        _install(directory)
+        install_env(directory)
     click.echo(sglang_env.python_of(directory))
 
 
 sglang_env_command.help = (sglang_env_command.help or "") % sglang_env.SGLANG_VERSION
 
 
-def _install(directory: Path) -> None:
+def install_env(directory: Path) -> None:
+    """pip's progress on one live line in a terminal; elsewhere (CI's log) a line every
+    `LOG_EVERY_S` seconds."""
     console = Console(stderr=True)
-    started = time.monotonic()
-    with console.status(f"installing sglang=={sglang_env.SGLANG_VERSION} into {directory}") as s:
+    started = last_said = time.monotonic()
+    what = f"installing sglang=={sglang_env.SGLANG_VERSION} into {directory}"
+    with console.status(what) as status:
+        if not console.is_terminal:
+            console.print(what)
 
         def on_line(line: str) -> None:
-            if line.startswith(("Collecting", "Installing", "Downloading", "Successfully")):
-                s.update(f"[{time.monotonic() - started:4.0f} s] {line[:100]}")
+            nonlocal last_said
+            if not line.startswith(("Collecting", "Installing", "Downloading", "Successfully")):
+                return
+            now = time.monotonic()
+            said = f"[{now - started:4.0f} s] {line[:100]}"
+            if console.is_terminal:
+                status.update(said)
+            elif now - last_said >= LOG_EVERY_S:
+                console.print(said)
+                last_said = now
 
         try:
             sglang_env.install(directory, on_line)

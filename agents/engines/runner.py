@@ -24,7 +24,7 @@ import httpx
 
 from agents.engines import contract, metrics, ports
 from agents.engines.base import Backend, EngineSpec, Launch
-from agents.engines.children import Adopted, PidFile, kill_group
+from agents.engines.children import Adopted, PidFile, kill_group, kill_leader
 from agents.errors import AgentError
 from agents.settings import AgentSettings
 
@@ -320,7 +320,9 @@ class EngineRunner:
         if process is None:
             return
         if not self._exited():
-            kill_group(process.pid, signal.SIGTERM)
+            # SIGTERM to the engine alone: SGLang's server then stops its scheduler and
+            # detokenizer itself (signalled too, they die first and it reports a crash)
+            kill_leader(process.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(process.wait(), self.settings.stop_grace_s)
             except TimeoutError:
@@ -328,6 +330,7 @@ class EngineRunner:
                 kill_group(process.pid, signal.SIGKILL)
                 await process.wait()
             self.last_exit = process.returncode
+        kill_group(process.pid, signal.SIGKILL)  # whatever of its group is left
         await asyncio.to_thread(self.pidfile.remove)
 
 

@@ -107,7 +107,8 @@ class Router:
         ]  # fmt: skip
 
     def status(self) -> dict[str, object]:
-        """What the router has learned of each worker, and its PD choices."""
+        """What the router has learned of each worker, what its engine said of its load at
+        the last poll, and its PD choices."""
         return {
             "pd_choices": dict(self.pd_choices),
             "workers": {
@@ -117,10 +118,20 @@ class Router:
                     "prefill_tokens_per_s": round(v.prefill_tokens_per_s),
                     "decode_step_ms": round(v.decode_step_s * 1000, 2),
                     "learned": v.learned,
+                    "engine": self._polled(v.worker_id),
                 }
                 for v in self.views.values()
             },
         }
+
+    def _polled(self, worker_id: str) -> dict[str, object] | None:
+        entry = self.table.get(worker_id)
+        if entry is None or not entry.polls:
+            return None
+        load = entry.load
+        return {"running": load.running, "waiting": load.waiting,
+                "pending_tokens": load.pending_tokens, "kv_used_tokens": load.used_tokens,
+                "kv_capacity": load.max_total_tokens, "polls": entry.polls}  # fmt: skip
 
     def tokens_per_byte(self, model: str) -> float:
         seen = self._bytes.get(model)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import prometheus_client
 import uvicorn
 from pydantic import ValidationError
 
@@ -80,6 +81,7 @@ def sim_command(**options: Any) -> None:
 
 
 async def serve(config: SimConfig) -> None:
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # SGLang publishes no `_created` series
     simulator = Simulator(config)
     servers = [_server(simulator.app(), config.host, config.port, lifespan="on")]
     if config.role == "prefill":

@@ -109,6 +109,7 @@ class Simulator:
             Route("/get_server_info", self.server_info),
             Route("/v1/loads", self.load),
             Route("/v1/models", self.models),
+            Route("/v1/models/{model:path}", self.model),
             Route(
                 "/generate",
                 self._inference(lambda r: native.generate(r, self.engine, self.kv)),
@@ -121,7 +122,8 @@ class Simulator:
             Route("/metrics", self.prometheus),
             Route("/sim/faults", self._guard(self.faults), methods=["GET", "POST"]),
         ]
-        return Starlette(routes=routes, lifespan=self.lifespan)
+        return Starlette(routes=routes, lifespan=self.lifespan,
+                         exception_handlers={404: _not_found})  # fmt: skip
 
     def _guard(
         self, handler: Callable[[HttpRequest], Awaitable[Response]]
@@ -189,10 +191,12 @@ class Simulator:
         return JSONResponse(
             {
                 "model_path": path,
+                "served_model_name": self.config.served_model_name,
                 "tokenizer_path": path,
                 "is_generation": True,
                 "preferred_sampling_params": None,
                 "weight_version": "default",
+                "disaggregation_mode": self.config.disaggregation_mode,
                 "model_type": "llama",
                 "architectures": ["LlamaForCausalLM"],
             }
@@ -234,23 +238,22 @@ class Simulator:
             }
         )
 
-    async def models(self, _request: HttpRequest) -> Response:
+    def _model_card(self) -> dict[str, object]:
         c = self.config
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": c.served_model_name,
-                        "object": "model",
-                        "created": int(self.started),
-                        "owned_by": "sglang",
-                        "root": c.served_model_name,
-                        "max_model_len": c.context_length,
-                    }
-                ],
-            }
-        )
+        return {"id": c.served_model_name, "object": "model", "created": int(self.started),
+                "owned_by": "sglang", "root": c.served_model_name, "parent": None,
+                "max_model_len": c.context_length}  # fmt: skip
+
+    async def models(self, _request: HttpRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: HttpRequest) -> Response:
+        name = request.path_params["model"]
+        if name != self.config.served_model_name:
+            error = {"message": f"The model '{name}' does not exist", "param": "model",
+                     "type": "invalid_request_error", "code": "model_not_found"}  # fmt: skip
+            return JSONResponse({"error": error}, status_code=404)
+        return JSONResponse(self._model_card())
 
     async def flush_cache(self, _request: HttpRequest) -> Response:
         try:
@@ -307,6 +310,10 @@ class _Abort(BaseModel):
     model_config = ConfigDict(extra="allow")
     rid: str | None = None
     abort_all: bool = False
+
+
+async def _not_found(_request: HttpRequest, _error: Exception) -> Response:
+    return JSONResponse({"detail": "Not Found"}, status_code=404)  # as SGLang's FastAPI
 
 
 def crash() -> None:

@@ -1,0 +1,243 @@
+"""One probe set, sent alike to the real SGLang and to the simulator: each answer reduced to
+its shape (status, JSON keys and value types, SSE frames, KV event records, metric families
+and their labels), so that the two can be compared key by key."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import msgpack
+import zmq
+import zmq.asyncio
+from prometheus_client.parser import text_string_to_metric_families
+
+Shape = Any
+JSON = {"content-type": "application/json"}
+
+
+def shape(value: Any) -> Shape:
+    """A JSON value's structure: keys kept, values replaced by their type; a list by the
+    shape of its first item."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "str"
+    return "null"
+
+
+def differences(real: Shape, sim: Shape, path: str = "") -> list[str]:
+    """Where the simulator's shape departs from the real one's, one line each."""
+    if isinstance(real, dict) and isinstance(sim, dict):
+        out = [f"{path}.{k}: only the real server has it" for k in real if k not in sim]
+        out += [f"{path}.{k}: only the simulator has it" for k in sim if k not in real]
+        for k in real:
+            if k in sim:
+                out += differences(real[k], sim[k], f"{path}.{k}")
+        return out
+    if isinstance(real, list) and isinstance(sim, list):
+        if real and sim:
+            return differences(real[0], sim[0], f"{path}[]")
+        return []  # an empty list says nothing of its items
+    if real != sim:
+        return [f"{path}: real {_kind(real)}, simulator {_kind(sim)}"]
+    return []
+
+
+def _kind(value: Shape) -> str:
+    return type(value).__name__ if isinstance(value, dict | list) else str(value)
+
+
+def _answer(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body: Shape = shape(response.json()) if response.content else "empty"
+    except ValueError:
+        body = "text"
+    return {"status": response.status_code, "body": body}
+
+
+def frames(text: str) -> Shape:
+    """An SSE stream's frames as shapes, runs of one shape counted once."""
+    out: list[Shape] = []
+    for line in text.splitlines():
+        if not line.startswith("data: "):
+            continue
+        data = line.removeprefix("data: ")
+        one = "[DONE]" if data == "[DONE]" else shape(json.loads(data))
+        if not out or out[-1] != one:
+            out.append(one)
+    return out
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hello, how are you?"}],
+        "max_tokens": 8, "temperature": 0, "ignore_eos": True}  # fmt: skip
+COMPLETION = {"model": "tiny", "prompt": "The quick brown fox jumps over the lazy dog.",
+              "max_tokens": 8, "temperature": 0, "ignore_eos": True}  # fmt: skip
+GENERATE = {
+    "text": "The quick brown fox jumps over the lazy dog.",
+    "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+}
+LONG = {"text": "a long one", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+USAGE = {"stream": True, "stream_options": {"include_usage": True}}
+
+
+async def http_probes(http: httpx.AsyncClient) -> dict[str, Any]:
+    """Every endpoint the agent, the router and sglang-router use, and their errors."""
+    out: dict[str, Any] = {}
+    gets = {"ready": "/ready", "model_info": "/model_info", "server_info": "/server_info",
+            "loads": "/v1/loads", "models": "/v1/models", "model_unknown": "/v1/models/nope",
+            "get_load (gone)": "/get_load", "unknown path": "/no_such_route"}  # fmt: skip
+    for name, path in gets.items():
+        out[name] = _answer(await http.get(path))
+    out["health"] = _answer(await http.get("/health", timeout=60))
+    posts: dict[str, tuple[str, Any]] = {
+        "generate": ("/generate", GENERATE),
+        "generate: max_new_tokens -1": (
+            "/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}),
+        "generate: no input": ("/generate", {"sampling_params": {"max_new_tokens": 1}}),
+        "chat": ("/v1/chat/completions", CHAT),
+        "chat: unknown model": ("/v1/chat/completions", {**CHAT, "model": "nope"}),
+        "chat: no messages": ("/v1/chat/completions", {"model": "tiny"}),
+        "completions": ("/v1/completions", COMPLETION),
+    }  # fmt: skip
+    for name, (path, body) in posts.items():
+        out[name] = _answer(await http.post(path, json=body))
+    bad = await http.post("/v1/chat/completions", content=b"{nope", headers=JSON)
+    out["chat: bad JSON"] = _answer(bad)
+    streams = {"generate stream": ("/generate", {**GENERATE, "stream": True}),
+               "chat stream": ("/v1/chat/completions", {**CHAT, **USAGE}),
+               "completions stream": ("/v1/completions", {**COMPLETION, **USAGE})}  # fmt: skip
+    for name, (path, body) in streams.items():
+        answer = await http.post(path, json=body)
+        out[name] = {"status": answer.status_code, "frames": frames(answer.text)}
+    out.update(await _busy(http))
+    out["flush idle"] = {"status": (await http.post("/flush_cache")).status_code}
+    return out
+
+
+async def _busy(http: httpx.AsyncClient) -> dict[str, Any]:
+    """While a long request runs: the load counts it, a flush is refused; then it is aborted
+    by its rid and ends as SGLang ends an aborted request."""
+    running = asyncio.create_task(http.post("/generate", json={**LONG, "rid": "long-1"}))
+    loads: Shape = None
+    for _ in range(200):
+        answer = (await http.get("/v1/loads")).json()
+        if answer["loads"][0]["num_running_reqs"] > 0:
+            loads = answer["loads"][0]["num_running_reqs"]
+            break
+        await asyncio.sleep(0.05)
+    flush = await http.post("/flush_cache")
+    abort = await http.post("/abort_request", json={"rid": "long-1"})
+    aborted = await running
+    reason = aborted.json()["meta_info"]["finish_reason"]
+    return {
+        "loads while busy": {"running": loads},
+        "flush busy": {"status": flush.status_code, "text": flush.text},
+        "abort": {"status": abort.status_code},
+        "aborted generate": {
+            "status": aborted.status_code,
+            "reason": shape(reason),
+            "type": reason["type"],
+            "message": reason["message"],
+        },
+    }
+
+
+ORCHESTRATOR_FAMILIES = (
+    "prompt_tokens", "generation_tokens", "cached_tokens", "num_requests",
+    "num_aborted_requests", "time_to_first_token_seconds", "inter_token_latency_seconds",
+    "e2e_request_latency_seconds", "queue_time_seconds", "request_time_per_output_token_seconds",
+    "num_running_reqs", "num_queue_reqs", "num_used_tokens", "token_usage", "gen_throughput",
+    "cache_hit_rate", "max_total_num_tokens", "utilization", "kv_used_tokens",
+    "kv_available_tokens",
+)  # fmt: skip
+
+
+def metric_families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """`sglang:` families by name (without the prefix): their type and label names."""
+    out: dict[str, tuple[str, frozenset[str]]] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith("sglang:"):
+            continue
+        labels: set[str] = set()
+        for sample in family.samples:
+            labels |= set(sample.labels) - {"le", "quantile"}
+        out[family.name.removeprefix("sglang:")] = (family.type, frozenset(labels))
+    return out
+
+
+async def kv_event_probe(
+    http: httpx.AsyncClient, endpoint: str, context: zmq.asyncio.Context
+) -> dict[str, Any]:
+    """Subscribe, make the engine store, evict nothing, then clear: each event type's record
+    shape, and the frames' own."""
+    socket = context.socket(zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+    socket.connect(endpoint)
+    seen: dict[str, Shape] = {}
+    frame: Shape = None
+    try:
+        send = _sender(http, {"input_ids": list(range(20, 60)),
+                              "sampling_params": {"max_new_tokens": 4}})  # fmt: skip
+        for _ in range(100):  # ZMQ's slow joiner: until something comes through
+            await send()
+            if await socket.poll(300):
+                break
+        await send()
+        await _flushed(http)
+        while await socket.poll(1500):
+            topic, seq, payload = await socket.recv_multipart()
+            ts, events, rank = msgpack.unpackb(payload)
+            frame = [shape(topic.decode()), len(seq), shape(ts), shape(rank)]
+            for event in events:
+                seen.setdefault(str(event.get("type")), shape(event))
+    finally:
+        socket.close(linger=0)
+    return {"frame": frame, "events": seen}
+
+
+def _sender(http: httpx.AsyncClient, body: dict[str, Any]) -> Callable[[], Awaitable[None]]:
+    async def send() -> None:
+        answer = await http.post("/generate", json=body)
+        assert answer.status_code == 200, answer.text
+
+    return send
+
+
+async def _flushed(http: httpx.AsyncClient) -> None:
+    for _ in range(100):
+        if (await http.post("/flush_cache")).status_code == 200:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the engine never flushed its cache")
+
+
+async def startup_states(
+    url: str, process: asyncio.subprocess.Process, within_s: float
+) -> list[str]:
+    """`/ready` from launch to ready: `closed` while the port refuses, then each status, runs
+    counted once."""
+    states: list[str] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    async with httpx.AsyncClient(timeout=2) as http:
+        while loop.time() < deadline and process.returncode is None:
+            try:
+                state = str((await http.get(f"{url}/ready")).status_code)
+            except httpx.TransportError:
+                state = "closed"
+            if not states or states[-1] != state:
+                states.append(state)
+            if state == "200":
+                return states
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"not ready within {within_s} s: {states}")
