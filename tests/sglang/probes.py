@@ -36,7 +36,17 @@ def shape(value: Any) -> Shape:
 
 
 def differences(real: Shape, sim: Shape, path: str = "") -> list[str]:
-    """Where the simulator's shape departs from the real one's, one line each."""
+    """Where the simulator's shape departs from the real one's, one line each. An SSE
+    stream's frames are compared frame by frame, in order."""
+    if path.endswith(".frames") and isinstance(real, list) and isinstance(sim, list):
+        out = (
+            []
+            if len(real) == len(sim)
+            else [f"{path}: real {len(real)} kinds of frame in turn, simulator {len(sim)}"]
+        )
+        for n, (one, other) in enumerate(zip(real, sim, strict=False)):
+            out += differences(one, other, f"{path}[{n}]")
+        return out
     if isinstance(real, dict) and isinstance(sim, dict):
         out = [f"{path}.{k}: only the real server has it" for k in real if k not in sim]
         out += [f"{path}.{k}: only the simulator has it" for k in sim if k not in real]
@@ -57,11 +67,32 @@ def _kind(value: Shape) -> str:
     return type(value).__name__ if isinstance(value, dict | list) else str(value)
 
 
-def _answer(response: httpx.Response) -> dict[str, Any]:
+# What is read of /server_info (by Meridian's poller and by sglang-router): the rest of its
+# 550 keys are SGLang's own settings, which the simulator has no use for
+SERVER_INFO_READ = ("version", "max_total_num_tokens", "max_req_input_len", "kv_events",
+                    "kv_events_config", "page_size", "tokenizer_path", "model_path",
+                    "served_model_name", "tp_size", "dp_size", "disaggregation_mode",
+                    "context_length", "internal_states")  # fmt: skip
+INTERNAL_STATE_READ = ("last_gen_throughput", "memory_usage")
+MODEL_INFO_READ = ("model_path", "tokenizer_path", "served_model_name", "is_generation",
+                   "preferred_sampling_params", "weight_version", "model_type", "architectures",
+                   "disaggregation_mode")  # fmt: skip
+
+
+def _answer(response: httpx.Response, read: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Its status and body's shape; with `read`, only those keys of the body."""
     try:
-        body: Shape = shape(response.json()) if response.content else "empty"
+        document = response.json() if response.content else "empty"
     except ValueError:
-        body = "text"
+        document = "text"
+    if read and isinstance(document, dict):
+        document = {k: v for k, v in document.items() if k in read}
+        states = document.get("internal_states")
+        if isinstance(states, list):
+            document["internal_states"] = [
+                {k: v for k, v in state.items() if k in INTERNAL_STATE_READ} for state in states
+            ]
+    body = document if isinstance(document, str) else shape(document)
     return {"status": response.status_code, "body": body}
 
 
@@ -93,11 +124,15 @@ USAGE = {"stream": True, "stream_options": {"include_usage": True}}
 async def http_probes(http: httpx.AsyncClient) -> dict[str, Any]:
     """Every endpoint the agent, the router and sglang-router use, and their errors."""
     out: dict[str, Any] = {}
+    # once before the probes, so that the prompt probed is partly cached on both (SGLang's
+    # `cached_tokens_details` is null with nothing cached) and both have decoded
+    assert (await http.post("/generate", json=GENERATE)).status_code == 200
     gets = {"ready": "/ready", "model_info": "/model_info", "server_info": "/server_info",
             "loads": "/v1/loads", "models": "/v1/models", "model_unknown": "/v1/models/nope",
             "get_load (gone)": "/get_load", "unknown path": "/no_such_route"}  # fmt: skip
+    reads = {"server_info": SERVER_INFO_READ, "model_info": MODEL_INFO_READ}
     for name, path in gets.items():
-        out[name] = _answer(await http.get(path))
+        out[name] = _answer(await http.get(path), reads.get(name, ()))
     out["health"] = _answer(await http.get("/health", timeout=60))
     posts: dict[str, tuple[str, Any]] = {
         "generate": ("/generate", GENERATE),

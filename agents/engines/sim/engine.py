@@ -95,6 +95,9 @@ class Engine:
         self.generated_total = 0
         self.gen_throughput = 0.0  # tokens a second over the last DECODE_LOG_INTERVAL steps
         self.busy_s = 0.0  # the steps' time: what its GPU would have worked
+        self.decode_moments = [0.0] * 6  # as SGLang's scheduler sums them (/v1/loads)
+        self.prefill_busy_us = 0
+        self.prefill_uncached_total = 0
         self._log_steps, self._log_at, self._log_generated = 0, 0.0, 0
         self._pool_generated = 0  # generated tokens held outside the cache
         self._deadline = 0.0
@@ -282,7 +285,9 @@ class Engine:
         request.node = node
 
     async def _prefill(self, batch: list[tuple[Request, int]]) -> None:
-        await self._step(self.cost.prefill(sum(take for _, take in batch)))
+        tokens = sum(take for _, take in batch)
+        self.prefill_busy_us += int(await self._step(self.cost.prefill(tokens)) * 1e6)
+        self.prefill_uncached_total += tokens
         for request, take in batch:
             if request.done:
                 continue
@@ -313,11 +318,18 @@ class Engine:
         context = sum(r.context for r in batch)
         decayed = self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, decayed)
-        await self._step(self.cost.decode_step(len(batch), context))
+        step_s = await self._step(self.cost.decode_step(len(batch), context))
+        before = self.generated_total
         for request in batch:
             if not request.done:
                 self._advance(request)
         self._log_decode()
+        # SGLang's decode moments (/v1/loads): steps, and the sums of batch, step time (us),
+        # batch squared, batch times step time, and tokens generated
+        size, step_us = float(len(batch)), step_s * 1e6
+        for i, value in enumerate((1.0, size, step_us, size * size, size * step_us,
+                                   float(self.generated_total - before))):  # fmt: skip
+            self.decode_moments[i] += value
 
     def _log_decode(self) -> None:
         """gen_throughput as SGLang's scheduler logs it: the tokens generated over the last
@@ -347,9 +359,10 @@ class Engine:
             self.new_token_ratio = INIT_NEW_TOKEN_RATIO
             self.cache.evict(self.held_tokens + len(self.decoding) - self.capacity)
 
-    async def _step(self, seconds: float) -> None:
+    async def _step(self, seconds: float) -> float:
         """Steps keep time against a deadline, so the timer's lateness does not add up; after
-        an idle spell (or a lag of more than CATCH_UP_S) the deadline starts again from now."""
+        an idle spell (or a lag of more than CATCH_UP_S) the deadline starts again from now.
+        The step's (simulated) busy time."""
         now = self.now()
         if now - self._deadline > CATCH_UP_S:
             self._deadline = now
@@ -358,6 +371,7 @@ class Engine:
         self._deadline += busy
         await self._sleep(self._deadline - now)
         await self._unhung.wait()
+        return busy
 
     def _advance(self, request: Request) -> None:
         request.generated += 1

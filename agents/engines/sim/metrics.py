@@ -166,9 +166,9 @@ class Metrics(Observer):
             "gen_throughput": round(engine.gen_throughput, 2),
             "cache_hit_rate": round(hit, 4),
             "utilization": 1.0 if running else 0.0,
-            "total_prefill_uncached_tokens": self._prompt_total - self._cached_total,
-            "total_prefill_busy_us": int(engine.busy_s * 1e6),
-            "decode_moments": None,
+            "total_prefill_uncached_tokens": engine.prefill_uncached_total,
+            "total_prefill_busy_us": engine.prefill_busy_us,
+            "decode_moments": list(engine.decode_moments) if engine.decode_moments[0] else None,
             "memory": {"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0,
                        "token_capacity": capacity},
             "disaggregation": {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -105,21 +106,51 @@ def logprob_info(
     }
 
 
-def generate_result(request: Request, *, elapsed_s: float, after: str) -> dict[str, Any]:
-    """`after`: the prompt's text, which the answer's follows."""
+def generate_result(
+    request: Request, *, elapsed_s: float, after: str, frame: str = "whole"
+) -> dict[str, Any]:
+    """`after`: the prompt's text, which the answer's follows. `frame`: "whole" (an answer,
+    or a stream's last frame), "first" or "middle" (a stream's), whose meta_info SGLang
+    0.5.23 shapes apart: the first carries when it was sent, the last its latencies."""
     ids = request.output[: request.generated]
-    return {
-        "text": tokens.decode(ids, after),
-        "output_ids": ids,
-        "meta_info": {
-            "id": request.rid,
-            "finish_reason": finish_reason(request),
-            "prompt_tokens": len(request.prompt),
-            "completion_tokens": request.generated,
-            "cached_tokens": request.cached,
-            "e2e_latency": elapsed_s,
-        },
+    now = time.time()
+    queued = (request.admitted or request.arrived) - request.arrived
+    meta: dict[str, Any] = {
+        "id": request.rid,
+        "finish_reason": finish_reason(request),
+        "prompt_tokens": len(request.prompt),
+        "weight_version": "default",
+        "num_retractions": 0,
+        "storage_prefetch_wait": 0.0,
+        "storage_staging_wait": 0.0,
+        "forward_entry_time": now - elapsed_s + queued,
+        "prefill_finished_time": now - elapsed_s + queued,
+        "queue_time": queued,
+        "reasoning_tokens": 0,
+        "completion_tokens": request.generated,
+        "cached_tokens": request.cached,
     }
+    if frame == "whole":
+        meta["weight_versions"] = [{"version": "default", "start": 0, "end": request.generated}]
+    details = {"device": request.cached, "host": 0} if request.cached else None
+    meta.update(cached_tokens_details=details, dp_rank=None)
+    if frame == "whole":
+        first = request.first_token_at
+        meta.update(
+            e2e_latency=elapsed_s,
+            request_received_ts=now - elapsed_s,
+            first_token_latency=(first - request.arrived) if first is not None else None,
+            api_server_dispatch_finish_ts=now - elapsed_s,
+        )
+    if frame != "middle":
+        meta["response_sent_to_client_ts"] = now
+    if frame == "whole":
+        decode_s = elapsed_s - (meta["first_token_latency"] or 0.0)
+        meta.update(
+            request_finished_ts=now,
+            decode_throughput=request.generated / decode_s if decode_s > 0 else 0.0,
+        )
+    return {"text": tokens.decode(ids, after), "output_ids": ids, "meta_info": meta}
 
 
 async def generate(http: HttpRequest, engine: Engine, kv: Kv) -> Response:
@@ -153,8 +184,11 @@ async def _generate(http: HttpRequest, engine: Engine, kv: Kv) -> Response:
     return JSONResponse(results if body.batched else results[0])
 
 
-def _result(engine: Engine, request: Request, body: GenerateBody, after: str) -> dict[str, Any]:
-    result = generate_result(request, elapsed_s=engine.now() - request.arrived, after=after)
+def _result(
+    engine: Engine, request: Request, body: GenerateBody, after: str, frame: str = "whole"
+) -> dict[str, Any]:
+    elapsed_s = engine.now() - request.arrived
+    result = generate_result(request, elapsed_s=elapsed_s, after=after, frame=frame)
     if body.return_logprob:
         shift = engine.faults.shift
         result["meta_info"].update(logprob_info(request, body, shift, engine.noise))
@@ -164,7 +198,9 @@ def _result(engine: Engine, request: Request, body: GenerateBody, after: str) ->
 async def _stream(
     engine: Engine, request: Request, body: GenerateBody, after: str
 ) -> AsyncIterator[bytes]:
+    frame = "first"
     async for _ in progress(engine, request):
-        chunk = _result(engine, request, body, after)
+        chunk = _result(engine, request, body, after, "whole" if request.done else frame)
+        frame = "middle"
         yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"

@@ -207,9 +207,13 @@ class Simulator:
         publisher; `internal_states` the flags again with memory and throughput (no
         capacity there, as on SGLang 0.5.23)."""
         info = self.config.server_info()
-        state = {**info, "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity":
-                 self.engine.cost.max_total_tokens}, "last_gen_throughput":
-                 self.engine.gen_throughput}  # fmt: skip
+        graph = dict.fromkeys(("prefill", "decode", "target_verify", "draft_prefill",
+                               "draft_decode", "draft_extend"), 0.0)  # fmt: skip
+        memory = {"weight": 0.0, "kvcache": 0.0, "startup_available": 0.0, "graph": graph,
+                  "token_capacity": self.engine.cost.max_total_tokens,
+                  "token_capacity_swa": None}  # fmt: skip
+        state = {**info, "memory_usage": memory,
+                 "last_gen_throughput": self.engine.gen_throughput}  # fmt: skip
         info.update(version=VERSION, max_total_num_tokens=self.engine.cost.max_total_tokens,
                     max_req_input_len=self.config.context_length - 6,
                     kv_events=self._kv_events_info(), internal_states=[state])  # fmt: skip
@@ -259,7 +263,7 @@ class Simulator:
         try:
             self.engine.flush()
         except EngineBusy:
-            return PlainTextResponse("Flush cache failed.", status_code=400)
+            return PlainTextResponse("Flush cache failed.\n", status_code=400)
         return PlainTextResponse(
             "Cache flushed.\nPlease check backend logs for more details. (When there are "
             "running or waiting requests, the operation will not be performed.)\n"
