@@ -198,7 +198,7 @@ async def test_flush_cache_forgets_prefixes_and_refuses_while_busy() -> None:
     assert refused.status_code == 400
     assert flushed.status_code == 200
     assert flushed.text.startswith("Cache flushed.")
-    assert refused.text == "Flush cache failed."
+    assert refused.text == "Flush cache failed.\n"
     assert after["meta_info"]["cached_tokens"] == 0
 
 
