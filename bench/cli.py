@@ -11,6 +11,7 @@ import click
 
 from bench import (
     escalation,
+    fidelity,
     migration,
     overhead,
     overload,
@@ -102,6 +103,29 @@ def propagation_command(
     )
     try:
         asyncio.run(run(options))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@bench.command("fidelity")
+@click.option("--requests", type=click.IntRange(8, 10_000), default=48, show_default=True,
+              help="requests at each concurrency level")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the figures as JSON here")  # fmt: skip
+def fidelity_command(requests: int, out: Path | None) -> None:
+    """The simulator beside the real SGLang: one workload, two engines of each, one router.
+
+    Needs SGLang's environment (`meridian engines sglang-env --install`).
+    """
+    from agents.engines import sglang_env
+
+    if not sglang_env.installed(sglang_env.env_dir()):
+        raise click.ClickException(
+            "SGLang is not installed: run `meridian engines sglang-env --install` first"
+        )
+    root = _scratch("fidelity")
+    try:
+        asyncio.run(fidelity.run(fidelity.Options(root, requests, out)))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

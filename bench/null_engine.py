@@ -59,7 +59,8 @@ def _json(data: object) -> web.Response:
 def app() -> web.Application:
     path = str(MODEL_DIR)
     info = {"model_path": path, "tokenizer_path": path, "served_model_name": MODEL,
-            "version": "null", "max_total_num_tokens": 100_000, "internal_states": [{}]}  # fmt: skip
+            "version": "null", "max_total_num_tokens": 100_000,
+            "internal_states": [{}]}  # fmt: skip
     model = {"model_path": path, "tokenizer_path": path, "is_generation": True,
              "model_type": "llama", "architectures": ["LlamaForCausalLM"]}  # fmt: skip
     models = {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "null"}]}
