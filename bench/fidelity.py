@@ -9,7 +9,9 @@ each level: TTFT and inter-token latency (p50, p90), the prefix hit rate (the en
 `cached_tokens` over prompt tokens), and queueing (the engines' running and waiting requests,
 polled from `/v1/loads` every 100 ms).
 
-Both KV pools are the same size (65,536 tokens), so that they fill alike. Timing cannot agree:
+Both KV pools are the same size (65,536 tokens), so that they fill alike, and both count
+tokens with the tiny model's tokenizer (the simulator started with `--model-path` at it), so
+that a prompt is as many tokens on either. Timing cannot agree:
 the simulator is calibrated to SGLang serving Llama-3.1-8B on an H100, the real engine here
 is a CPU serving a two-layer model. Hit rates and queueing should; the report says where they
 do not, and by how much.
@@ -161,7 +163,7 @@ async def _level(
 
 async def _start_real(stack: AsyncExitStack, root: Path, count: int) -> list[Sim]:
     python = sglang_env.python_of(sglang_env.env_dir())
-    model = tiny_model.write(root / "tiny-model")
+    model = tiny_model.write(root.parent / "tiny-model")
     backend = SglangBackend(str(python), cpu=True)
     engines = []
     for i in range(count):
@@ -188,9 +190,11 @@ async def _measure(console: Console, name: str, options: Options) -> list[dict[s
     root.mkdir(parents=True, exist_ok=True)
     async with AsyncExitStack() as stack:
         with console.status(f"starting two {name} engines and a region"):
-            if name == "sim":
+            if name == "sim":  # counting tokens with the tiny model's tokenizer, as SGLang
+                model = tiny_model.write(options.root / "tiny-model")
                 engines = await start_sims(stack, 2, max_total_tokens=KV_TOKENS,
-                                           stream_interval=1, log_dir=root)  # fmt: skip
+                                           stream_interval=1, log_dir=root,
+                                           extra=("--model-path", str(model)))  # fmt: skip
             else:
                 engines = await _start_real(stack, root, 2)
             region = await start_region(stack, root, engines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from pathlib import Path
 
 from agents.engines import sglang_env
 from agents.engines.base import Backend, EngineSpec, Launch, check_owned, flags, gpu_env
@@ -135,7 +136,12 @@ class SimBackend(Backend):
             )
 
     def launch(self, spec: EngineSpec) -> Launch:
+        """A model source that is a local model directory (the tiny model) is the
+        simulator's tokenizer too, so that it counts tokens as SGLang serving it does."""
         argv = [self.python, "-m", "meridian", "sim", *_served_flags(spec), *flags(spec.args)]
+        source = Path(spec.model_source) if spec.model_source else None
+        if source is not None and (source / "tokenizer.json").is_file():
+            argv += ["--model-path", str(source)]
         return Launch(argv, gpu_env(spec))
 
 

@@ -42,6 +42,7 @@ from agents.router.router import Router
 from agents.workers.table import NOT_SERVING, WorkerEntry
 
 log = logging.getLogger(__name__)
+IDLE_S = 3.0  # a connection idle this long is closed here, before the engine drops it
 Http = aiohttp.ClientSession
 EVERY_S = 5.0
 TIMEOUT_S = 5.0
@@ -92,7 +93,10 @@ class Prober:
         }
 
     async def run(self) -> None:
-        async with aiohttp.ClientSession(timeout=self._timeout) as http:
+        # uvicorn (SGLang's server) drops a connection idle for 5 s, and a canary comes every
+        # few seconds: one reused as it is dropped fails; keep none idle that long
+        connector = aiohttp.TCPConnector(keepalive_timeout=IDLE_S)
+        async with aiohttp.ClientSession(connector=connector, timeout=self._timeout) as http:
             while True:
                 # a worker that just failed one is asked again at once, not a period later
                 await asyncio.sleep(min(CONFIRM_S, self.every_s) if self._suspects

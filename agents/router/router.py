@@ -248,7 +248,6 @@ class Router:
         load = chosen.entry.load
         ahead = round(view.queued_work(load.pending_tokens))
         busy = chosen.busy  # before this request counts
-        view.sent(request.prompt_tokens, uncached)
         view.count_dispatch(
             self.clock(), placed=not prefilled_elsewhere and places(chosen, request)
         )

@@ -4,9 +4,10 @@ against the KV-cache events an engine publishes, which name token ids, not text.
 Loaded from the directory the engine reports as its `tokenizer_path` (its `/server_info`),
 off the event loop, once per directory. A real engine's directory holds a Hugging Face
 `tokenizer.json` and a `tokenizer_config.json` with the chat template, which is rendered as
-the engine renders it (Jinja, sandboxed). Meridian's simulator counts tokens its own way
-(words the vocabulary lacks get stable hashed ids), so for it the simulator's tokenizer is
-used, as its `/server_info` version says.
+the engine renders it (Jinja, sandboxed). Meridian's simulator, with its shipped model
+directory, counts tokens its own way (words the vocabulary lacks get stable hashed ids), so
+for it the simulator's tokenizer is used; a simulator given another model directory counts
+with that one's, as SGLang does.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ class HfTokenizer:
 def load(tokenizer_path: str | None, version: str) -> PromptTokenizer | None:
     """The tokenizer an engine uses, or None when it cannot be had here (the router then
     matches prompts approximately). Reads files: call it off the event loop."""
-    if version.endswith(SIMULATOR_VERSION_SUFFIX):
+    from agents.engines.sim import tokens  # the simulator's own word tokens, when it uses them
+
+    if version.endswith(SIMULATOR_VERSION_SUFFIX) and tokens.bundled(tokenizer_path):
         return SimTokenizer()
     if not tokenizer_path or not (Path(tokenizer_path) / "tokenizer.json").is_file():
         return None

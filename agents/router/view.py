@@ -49,7 +49,6 @@ class WorkerView:
     breaker: Breaker = field(default_factory=Breaker)
     mismatch: tuple[float, int] | None = None  # the audit's: since when, and the least excess
     learned: int = 0  # observations behind the two rates
-    uncached_share: float = 1.0  # of the prompt tokens sent here, the share not cached there
     mean_output: float = 128.0  # tokens an answer sent here is expected to take
     answer_share: float = 1.0  # of a request's max_tokens, the share its answer takes
     batch_step_s: float = 0.0  # the engine's time per token of each running answer, as it
@@ -344,11 +343,6 @@ class WorkerView:
         if load.waiting <= 0 or load.running <= 0:
             return 0.0
         return (load.waiting + self.sent_since_poll) / load.running
-
-    def sent(self, prompt_tokens: int, uncached_tokens: int) -> None:
-        if prompt_tokens > 0:
-            share = uncached_tokens / prompt_tokens
-            self.uncached_share += LEARN_ALPHA * (share - self.uncached_share)
 
     def queued_work(self, pending_tokens: int) -> float:
         """Prefill tokens ahead of a new request here: the engine's waiting uncached prompt

@@ -104,7 +104,8 @@ class KvEventSubscriber:
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=RESYNC_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        connector = aiohttp.TCPConnector(force_close=True)  # seldom used: none kept idle
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             try:
                 while True:
                     await self._reconcile()
@@ -200,7 +201,7 @@ class KvEventSubscriber:
                 try:
                     _, events, *_ = msgpack.unpackb(payload)
                     subscription.apply(int.from_bytes(seq, "big"), events)
-                except (ValueError, TypeError, IndexError, msgpack.UnpackException) as error:
+                except (ValueError, TypeError, LookupError, msgpack.UnpackException) as error:
                     log.warning("a kv event of %s could not be read: %s", worker.id, error)
         finally:
             with contextlib.suppress(Exception):

@@ -154,9 +154,21 @@ async def http_probes(http: httpx.AsyncClient) -> dict[str, Any]:
     for name, (path, body) in streams.items():
         answer = await http.post(path, json=body)
         out[name] = {"status": answer.status_code, "frames": frames(answer.text)}
+    out["prompt tokens"] = await _prompt_tokens(http)
     out.update(await _busy(http))
     out["flush idle"] = {"status": (await http.post("/flush_cache")).status_code}
     return out
+
+
+async def _prompt_tokens(http: httpx.AsyncClient) -> dict[str, Any]:
+    """The same prompts counted: the simulator, given the model's directory, tokenizes and
+    renders the chat template as SGLang does."""
+    chat = (await http.post("/v1/chat/completions", json=CHAT)).json()
+    completion = (await http.post("/v1/completions", json=COMPLETION)).json()
+    generated = (await http.post("/generate", json=GENERATE)).json()
+    return {"chat": chat["usage"]["prompt_tokens"],
+            "completions": completion["usage"]["prompt_tokens"],
+            "generate": generated["meta_info"]["prompt_tokens"]}  # fmt: skip
 
 
 async def _busy(http: httpx.AsyncClient) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import prometheus_client
 import uvicorn
 from pydantic import ValidationError
 
+from agents.engines.sim import tokens
 from agents.engines.sim.config import SimConfig
 from agents.engines.sim.server import Simulator, bootstrap_app
 
@@ -25,7 +26,8 @@ SHUTDOWN_GRACE_S = 5
 @click.option("--model", "--served-model-name", "served_model_name", required=True,
               help="the model name it serves")  # fmt: skip
 @click.option("--model-path", type=click.Path(path_type=Path), default=None,
-              help="reported as model_path; default: the bundled tokenizer directory")  # fmt: skip
+              help="reported as model_path, and its tokenizer counts the tokens (the tiny "
+              "model's, say); default: the bundled word-level one")  # fmt: skip
 @click.option("--tp-size", "--tp", "tp_size", type=int, default=1)
 @click.option("--dp-size", "--dp", "dp_size", type=int, default=1)
 @click.option("--mem-fraction-static", type=float, default=0.88)
@@ -82,6 +84,7 @@ def sim_command(**options: Any) -> None:
 
 async def serve(config: SimConfig) -> None:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # SGLang publishes no `_created` series
+    tokens.use(config.model_path)  # its tokenizer, when it is not the shipped one
     simulator = Simulator(config)
     servers = [_server(simulator.app(), config.host, config.port, lifespan="on")]
     if config.role == "prefill":

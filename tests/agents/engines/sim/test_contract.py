@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from agents.engines import tiny_model
+from agents.router.tokens import HfTokenizer
 from meridian.procs import free_port
 from tests.agents.sim_kit import Sim, running_sim, sse
 
@@ -400,3 +402,17 @@ async def test_an_answer_continued_from_its_first_tokens_goes_on_as_the_whole_di
         rest = (await client.post("/generate", json={"input_ids": ids + first["output_ids"][:3],
                 "sampling_params": {"max_new_tokens": 5}})).json()  # fmt: skip
         assert first["output_ids"][:3] + rest["output_ids"] == first["output_ids"]
+
+
+async def test_given_a_model_directory_it_counts_with_that_tokenizer(tmp_path: Path) -> None:
+    """Started at the tiny model (as SGLang serving it would be), the simulator tokenizes and
+    renders the chat template with that directory's tokenizer, as the router does for it."""
+    model = tiny_model.write(tmp_path / "tiny")
+    messages = [{"role": "user", "content": "Hello, how are you? Tell me about the river."}]
+    expected = len(HfTokenizer(model).chat(messages))
+    async with running_sim("--model-path", str(model)) as sim, sim.client() as client:
+        chat = {"model": "llama", "messages": messages, "max_tokens": 4}
+        answer = (await client.post("/v1/chat/completions", json=chat)).json()
+        info = (await client.get("/server_info")).json()
+    assert answer["usage"]["prompt_tokens"] == expected
+    assert info["tokenizer_path"] == str(model)
