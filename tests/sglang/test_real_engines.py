@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 from collections.abc import AsyncIterator
 from typing import Any
@@ -143,7 +144,10 @@ async def test_kv_events_send_a_shared_prefix_to_the_engine_that_holds_it(
             {"role": "user", "content": f"{shared}. {question}"}]}  # fmt: skip
         answer = await http.post(url, json=body, headers=region.headers(debug=True))
         assert answer.status_code == 200, answer.text
+        asked.append(answer.headers["x-request-id"])
         return route(answer), answer.json()["usage"]
+
+    asked: list[str] = []
 
     def matched(decided: dict[str, Any]) -> int:
         chosen = next(c for c in decided["candidates"] if c["worker"] == decided["worker"])
@@ -151,14 +155,29 @@ async def test_kv_events_send_a_shared_prefix_to_the_engine_that_holds_it(
 
     async with httpx.AsyncClient(timeout=60) as http:
         first, first_usage = await ask(http, "What did he see?")
-        await asyncio.sleep(0.5)  # its BlockStored events land
+        # its BlockStored events land; and a receipt is kept a second at most
+        await asyncio.sleep(1.2)
         second, usage = await ask(http, "Where did he go?")
+        receipt = await _receipt(region, asked[-1])
     # new but for the chat template's head, which earlier requests left in both caches
     assert matched(first) < first_usage["prompt_tokens"] // 10
     assert second["worker"] == first["worker"]
     # the router knew the prefix was there from the engine's own events, and it was
     assert matched(second) > first_usage["prompt_tokens"] // 2
     assert usage["prompt_tokens_details"]["cached_tokens"] > first_usage["prompt_tokens"] // 2
+    # and the route's receipt, on the control plane's status, says so
+    said = re.search(r"(\d+) of (\d+) tokens cached", receipt["reason"])
+    assert said is not None, receipt
+    assert int(said[1]) == matched(second)
+
+
+async def _receipt(region: RealRegion, request_id: str) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        receipts = (await region.admin("GET", "/v1/status")).get("receipts", [])
+        return next((r for r in receipts if r["request_id"] == request_id), None)
+
+    found: dict[str, Any] = await eventually(probe, within_s=30, every_s=0.5)
+    return found
 
 
 async def test_the_canary_scores_both_engines_by_teacher_forced_logprobs(
