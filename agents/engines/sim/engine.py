@@ -42,12 +42,12 @@ from agents.engines.sim.request import (
     Observer,
     Request,
 )
+from agents.engines.sim.stats import StepStats
 
 CATCH_UP_S = 0.05
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLang's defaults (schedule_conservativeness 1.0)
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
-DECODE_LOG_INTERVAL = 40  # decode steps between SGLang's decode stats (gen_throughput)
 Role = Literal["unified", "prefill", "decode"]
 
 
@@ -92,13 +92,8 @@ class Engine:
         self._unhung = asyncio.Event()
         self._unhung.set()
         self._ids = itertools.count()
-        self.generated_total = 0
-        self.gen_throughput = 0.0  # tokens a second over the last DECODE_LOG_INTERVAL steps
+        self.stats = StepStats()
         self.busy_s = 0.0  # the steps' time: what its GPU would have worked
-        self.decode_moments = [0.0] * 6  # as SGLang's scheduler sums them (/v1/loads)
-        self.prefill_busy_us = 0
-        self.prefill_uncached_total = 0
-        self._log_steps, self._log_at, self._log_generated = 0, 0.0, 0
         self._pool_generated = 0  # generated tokens held outside the cache
         self._deadline = 0.0
 
@@ -189,7 +184,7 @@ class Engine:
             await self.cache.listener.flush()  # the last step's KV-cache events, if published
             if not self.waiting and not self.running:
                 await self._wake.wait()
-                self._log_steps, self._log_at = 0, self.now()  # an idle spell is not decode
+                self.stats.idle(self.now())
                 continue
             batch = self._prefill_batch()
             if batch:
@@ -286,8 +281,7 @@ class Engine:
 
     async def _prefill(self, batch: list[tuple[Request, int]]) -> None:
         tokens = sum(take for _, take in batch)
-        self.prefill_busy_us += int(await self._step(self.cost.prefill(tokens)) * 1e6)
-        self.prefill_uncached_total += tokens
+        self.stats.prefilled(tokens, await self._step(self.cost.prefill(tokens)))
         for request, take in batch:
             if request.done:
                 continue
@@ -319,29 +313,12 @@ class Engine:
         decayed = self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, decayed)
         step_s = await self._step(self.cost.decode_step(len(batch), context))
-        before = self.generated_total
+        before = self.stats.generated_total
         for request in batch:
             if not request.done:
                 self._advance(request)
-        self._log_decode()
-        # SGLang's decode moments (/v1/loads): steps, and the sums of batch, step time (us),
-        # batch squared, batch times step time, and tokens generated
-        size, step_us = float(len(batch)), step_s * 1e6
-        for i, value in enumerate((1.0, size, step_us, size * size, size * step_us,
-                                   float(self.generated_total - before))):  # fmt: skip
-            self.decode_moments[i] += value
-
-    def _log_decode(self) -> None:
-        """gen_throughput as SGLang's scheduler logs it: the tokens generated over the last
-        DECODE_LOG_INTERVAL decode steps (prefill steps among them count in the time)."""
-        self._log_steps += 1
-        if self._log_steps < DECODE_LOG_INTERVAL:
-            return
-        now = self.now()
-        if now > self._log_at:
-            tokens = self.generated_total - self._log_generated
-            self.gen_throughput = tokens / (now - self._log_at)
-        self._log_steps, self._log_at, self._log_generated = 0, now, self.generated_total
+        generated = self.stats.generated_total - before
+        self.stats.decoded(len(batch), step_s, generated, self.now())
 
     def _make_room(self, tokens: int) -> None:
         """Room for the decode batch's next tokens: evict unused prefixes, then retract the
@@ -375,7 +352,7 @@ class Engine:
 
     def _advance(self, request: Request) -> None:
         request.generated += 1
-        self.generated_total += 1
+        self.stats.generated_total += 1
         request.fresh += 1
         self._pool_generated += 1
         self.cache.capacity -= 1

@@ -55,7 +55,7 @@ class Metrics(Observer):
             "num_queue_reqs": lambda: len(self._engine().waiting),
             "num_used_tokens": lambda: self._engine().used_tokens,
             "token_usage": self._token_usage,
-            "gen_throughput": lambda: self._engine().gen_throughput,
+            "gen_throughput": lambda: self._engine().stats.gen_throughput,
             "cache_hit_rate": lambda: self._cached_total / max(1, self._prompt_total),
             "max_total_num_tokens": lambda: self._engine().cost.max_total_tokens,
             "utilization": lambda: 1.0 if self._engine().running else 0.0,
@@ -150,6 +150,7 @@ class Metrics(Observer):
             uncached += len(chunked.prompt) - chunked.computed
         capacity = engine.cost.max_total_tokens
         running = len(engine.running)
+        moments = engine.stats.decode_moments
         return {
             "timestamp": time.time(),
             "dp_rank": 0,
@@ -163,12 +164,12 @@ class Metrics(Observer):
             "max_total_num_tokens": capacity,
             "max_running_requests": engine.max_running,
             "token_usage": round(engine.used_tokens / max(1, capacity), 4),
-            "gen_throughput": round(engine.gen_throughput, 2),
+            "gen_throughput": round(engine.stats.gen_throughput, 2),
             "cache_hit_rate": round(hit, 4),
             "utilization": 1.0 if running else 0.0,
-            "total_prefill_uncached_tokens": engine.prefill_uncached_total,
-            "total_prefill_busy_us": engine.prefill_busy_us,
-            "decode_moments": list(engine.decode_moments) if engine.decode_moments[0] else None,
+            "total_prefill_uncached_tokens": engine.stats.prefill_uncached_total,
+            "total_prefill_busy_us": engine.stats.prefill_busy_us,
+            "decode_moments": list(moments) if moments[0] else None,
             "memory": {"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0,
                        "token_capacity": capacity},
             "disaggregation": {

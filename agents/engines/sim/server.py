@@ -213,7 +213,7 @@ class Simulator:
                   "token_capacity": self.engine.cost.max_total_tokens,
                   "token_capacity_swa": None}  # fmt: skip
         state = {**info, "memory_usage": memory,
-                 "last_gen_throughput": self.engine.gen_throughput}  # fmt: skip
+                 "last_gen_throughput": self.engine.stats.gen_throughput}  # fmt: skip
         info.update(version=VERSION, max_total_num_tokens=self.engine.cost.max_total_tokens,
                     max_req_input_len=self.config.context_length - 6,
                     kv_events=self._kv_events_info(), internal_states=[state])  # fmt: skip
