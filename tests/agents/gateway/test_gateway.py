@@ -14,7 +14,6 @@ import openai
 import pytest
 
 from agents.engines import metrics as engine_metrics
-
 from meridian.procs import stop_child
 from tests.agents.gateway.kit import OPERATOR, region_of, sim_load
 from tests.controlplane.push.kit import eventually
