@@ -5,7 +5,7 @@ held to it by tests/agents/engines/test_conformance.py): one reader per answer, 
   `/health` runs a one-token generation on 0.5.23 (a second or more): used rarely.
 - `GET /v1/loads`: `{version, loads: [{dp_rank, num_running_reqs, num_waiting_reqs,
   num_waiting_uncached_tokens, num_used_tokens, max_total_num_tokens, gen_throughput,
-  ...}]}`, one entry per DP rank. `/get_load` is gone (404) since 0.5.2x: servers without
+  ...}]}`, one entry per DP rank. `/get_load` is gone (404) on 0.5.23: servers without
   `/v1/loads` are not supported.
 - `GET /server_info`: the flags flat, and at the top level `version`,
   `max_total_num_tokens` and `kv_events` (the publisher's config); `internal_states` holds
