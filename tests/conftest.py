@@ -100,6 +100,14 @@ async def database_url(postgres: Credentials) -> AsyncIterator[str]:
         yield url
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def module_database_url(postgres: Credentials) -> AsyncIterator[str]:
+    """A database of its own for a whole module, migrated to head: for a module whose
+    processes start once for all its tests (the real SGLang's)."""
+    async with _scratch_database(postgres, "module", TEMPLATE) as url:
+        yield url
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def waved_database_url(database_url: str) -> str:
     """A database of its own, migrated, where changes roll out by the default policy."""

@@ -20,19 +20,15 @@ import pytest
 import pytest_asyncio
 
 from agents.engines import sglang_env
-from tests.conftest import TEMPLATE, _scratch_database
 from tests.controlplane.push.kit import eventually
 from tests.sglang.kit import MODEL, REGION, RealRegion, real_region, route
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def region(
-    postgres: Any, tmp_path_factory: pytest.TempPathFactory
+    module_database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[RealRegion]:
-    async with (
-        _scratch_database(postgres, "sglang", TEMPLATE) as url,
-        real_region(url, tmp_path_factory.mktemp("real-sglang")) as found,
-    ):
+    async with real_region(module_database_url, tmp_path_factory.mktemp("real-sglang")) as found:
         yield found
 
 
