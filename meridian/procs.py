@@ -24,11 +24,21 @@ import httpx
 STOP_GRACE_S = 10.0
 
 
+_HANDED_OUT: set[int] = set()  # ports this process was given, perhaps not bound yet
+
+
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on loopback that nothing listens on right now, and that this process has
+    not been given before: a port handed out and not yet bound is free to the kernel, which
+    would give it again (a test's agent port, then its control plane's)."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no loopback port that this process was not given already")
 
 
 def port_in_use(host: str, port: int) -> bool:

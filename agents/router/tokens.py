@@ -70,7 +70,8 @@ def load(tokenizer_path: str | None, version: str) -> PromptTokenizer | None:
     matches prompts approximately). Reads files: call it off the event loop."""
     from agents.engines.sim import tokens  # the simulator's own word tokens, when it uses them
 
-    if version.endswith(SIMULATOR_VERSION_SUFFIX) and tokens.bundled(tokenizer_path):
+    simulated = version.endswith(SIMULATOR_VERSION_SUFFIX)
+    if simulated and (tokenizer_path is None or tokens.bundled(tokenizer_path)):
         return SimTokenizer()
     if not tokenizer_path or not (Path(tokenizer_path) / "tokenizer.json").is_file():
         return None
