@@ -70,29 +70,6 @@ def parse(text: str) -> Counters:
     )
 
 
-def decode_step(text: str) -> float | None:
-    """Seconds a token of each running answer takes (prefill steps between decode steps
-    count), from the scheduler's gauges: the running requests over the tokens a second
-    they generate (`gen_throughput`, over SGLang's last decode-log
-    interval); None while nothing runs. A line scan of two gauges, summed over ranks."""
-    running = throughput = 0.0
-    for line in text.splitlines():
-        if line.startswith("sglang:num_running_reqs"):
-            running += _value(line)
-        elif line.startswith("sglang:gen_throughput"):
-            throughput += _value(line)
-    if running <= 0 or throughput <= 0:
-        return None
-    return running / throughput
-
-
-def _value(line: str) -> float:
-    try:
-        return float(line.rsplit(" ", 1)[1])
-    except (IndexError, ValueError):
-        return 0.0
-
-
 def quantile(buckets: dict[float, float], q: float) -> float:
     """As PromQL's histogram_quantile: linear within the bucket that holds the rank."""
     ordered = sorted(buckets.items())

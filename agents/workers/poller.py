@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 
 from agents.engines import contract
-from agents.workers.table import EngineInfo, EngineLoad, WorkerEntry, WorkerTable
+from agents.workers.table import EngineLoad, WorkerEntry, WorkerTable
 
 log = logging.getLogger(__name__)
 FAIL_AFTER = 2  # polls in a row without an answer
@@ -44,7 +44,8 @@ class LoadPoller:
         try:
             reading = contract.read_loads(await _get_json(http, entry.spec.url + contract.LOADS))
             if entry.info is None:
-                self.table.described(entry.spec.id, await _info(http, entry.spec.url))
+                info = await _get_json(http, entry.spec.url + contract.SERVER_INFO)
+                self.table.described(entry.spec.id, contract.read_server_info(info))
             load = EngineLoad(
                 running=reading.running,
                 waiting=reading.waiting,
@@ -64,14 +65,3 @@ async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
         if response.status != 200:
             raise ValueError(f"{url}: {response.status}")
         return orjson.loads(await response.read())
-
-
-async def _info(http: aiohttp.ClientSession, url: str) -> EngineInfo:
-    info = contract.read_server_info(await _get_json(http, url + contract.SERVER_INFO))
-    return EngineInfo(
-        max_total_tokens=info.max_total_tokens,
-        page_size=info.page_size,
-        tokenizer_path=info.tokenizer_path,
-        version=info.version,
-        kv_events=info.kv_events,
-    )

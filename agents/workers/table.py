@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from agents.control.compile import WorkerSpec
+from agents.engines.contract import ServerInfo
 
 # Engine states (the supervisor's) under which a local engine takes no new work.
 NOT_SERVING = frozenset({"starting", "draining", "stopped", "crash_loop", "unhealthy"})
@@ -35,17 +36,6 @@ class EngineLoad:
         return self.used_tokens / self.max_total_tokens if self.max_total_tokens else 0.0
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the engine says of itself once (`/server_info`)."""
-
-    max_total_tokens: int  # the KV pool, summed over DP ranks; 0 when it does not say
-    page_size: int
-    tokenizer_path: str | None
-    version: str
-    kv_events: bool
-
-
 @dataclass
 class WorkerEntry:
     spec: WorkerSpec
@@ -54,7 +44,7 @@ class WorkerEntry:
     engine_state: str | None = None  # the supervisor's, for engines of this node
     load: EngineLoad = field(default_factory=EngineLoad)
     polls: int = 0  # answered polls, so the router can tell fresh load from old
-    info: EngineInfo | None = None
+    info: ServerInfo | None = None  # what it says of itself once (`/server_info`)
     quarantined: bool = False  # the quality guard's: it answers wrong (agents/quality)
 
     @property
@@ -121,7 +111,7 @@ class WorkerTable:
             entry.polls += 1
         self.changed()
 
-    def described(self, worker_id: str, info: EngineInfo) -> None:
+    def described(self, worker_id: str, info: ServerInfo) -> None:
         entry = self.entries.get(worker_id)
         if entry is not None:
             entry.info = info

@@ -23,7 +23,7 @@ from agents.engines.children import kill_group, kill_leader
 from meridian.procs import free_port, stop_child
 from tests.agents.agent_kit import AgentProc, running_agent
 from tests.controlplane.conftest import Server, start_server
-from tests.controlplane.push.kit import ADMIN, bootstrap_token, eventually
+from tests.controlplane.push.kit import ADMIN, admin, bootstrap_token, eventually
 
 MODEL = "tiny-llama"
 REGION = "local"
@@ -76,11 +76,7 @@ class RealRegion:
         return self.agent.url
 
     async def admin(self, method: str, path: str, body: Any = None) -> Any:
-        headers = {**ADMIN, "If-Match": "*"} if method in ("PATCH", "PUT", "DELETE") else ADMIN
-        async with httpx.AsyncClient(base_url=self.cp.url, headers=headers, timeout=30) as http:
-            response = await http.request(method, path, json=body)
-            assert response.status_code < 300, response.text
-            return response.json() if response.content else None
+        return await admin(self.cp.url, method, path, body)
 
     async def engines(self) -> list[dict[str, Any]]:
         engines: list[dict[str, Any]] = (await self.agent.status())["engines"]

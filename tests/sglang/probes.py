@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -233,13 +232,11 @@ async def kv_event_probe(
     seen: dict[str, Shape] = {}
     frame: Shape = None
     try:
-        send = _sender(http, {"input_ids": list(range(20, 60)),
-                              "sampling_params": {"max_new_tokens": 4}})  # fmt: skip
         for _ in range(100):  # ZMQ's slow joiner: until something comes through
-            await send()
+            await _store(http)
             if await socket.poll(300):
                 break
-        await send()
+        await _store(http)
         await _flushed(http)
         while await socket.poll(1500):
             topic, seq, payload = await socket.recv_multipart()
@@ -252,12 +249,11 @@ async def kv_event_probe(
     return {"frame": frame, "events": seen}
 
 
-def _sender(http: httpx.AsyncClient, body: dict[str, Any]) -> Callable[[], Awaitable[None]]:
-    async def send() -> None:
-        answer = await http.post("/generate", json=body)
-        assert answer.status_code == 200, answer.text
-
-    return send
+async def _store(http: httpx.AsyncClient) -> None:
+    """A generation whose prompt and answer the engine's cache stores."""
+    body = {"input_ids": list(range(20, 60)), "sampling_params": {"max_new_tokens": 4}}
+    answer = await http.post("/generate", json=body)
+    assert answer.status_code == 200, answer.text
 
 
 async def _flushed(http: httpx.AsyncClient) -> None:

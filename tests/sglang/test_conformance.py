@@ -28,7 +28,6 @@ KNOWN: dict[str, str] = {}
 # routing keys, host memory, HTTP and process counters, startup memory). Nothing in Meridian
 # reads them; the families an orchestrator reads (probes.ORCHESTRATOR_FAMILIES) are compared
 # name by name and label by label.
-REAL_ONLY_FAMILIES_ALLOWED = True
 STARTUP_S = 30 * 60  # the real engine's first start may compile and cache on a busy machine
 
 

@@ -113,7 +113,6 @@ async def test_load_polling_sees_the_engines_running_requests(region: RealRegion
         tokens = await asyncio.gather(*calls)
     assert tokens == [300] * 6
     assert sum(seen.values()) >= 2, seen  # both engines polled busy, or one with several
-    assert max(seen.values()) >= 1, seen
 
 
 async def _subscribed(region: RealRegion) -> dict[str, int]:

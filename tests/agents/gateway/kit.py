@@ -14,7 +14,7 @@ import httpx
 from meridian.procs import stop_child
 from tests.agents.agent_kit import AgentProc, engines_ready, running_agent
 from tests.controlplane.conftest import Server, start_server
-from tests.controlplane.push.kit import ADMIN, bootstrap_token, eventually, seed
+from tests.controlplane.push.kit import admin, bootstrap_token, eventually, seed
 
 OPERATOR = "operator-token-0123456789"
 
@@ -30,11 +30,7 @@ class Region:
         return f"{self.agent.url}/v1"
 
     async def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        headers = {**ADMIN, "If-Match": "*"} if method in ("PATCH", "PUT", "DELETE") else ADMIN
-        async with httpx.AsyncClient(base_url=self.cp.url, headers=headers, timeout=30) as http:
-            response = await http.request(method, path, json=body)
-            assert response.status_code < 300, response.text
-            return response.json() if response.content else None
+        return await admin(self.cp.url, method, path, body)
 
     async def api_key(self, tenant: str) -> str:
         return str((await self.admin("POST", "/v1/api-keys", {"tenant": tenant}))["key"])

@@ -47,6 +47,15 @@ async def patch(url: str, path: str, body: dict[str, Any]) -> Any:
         return response.json()
 
 
+async def admin(url: str, method: str, path: str, body: Any = None) -> Any:
+    """One admin API call as the admin (`If-Match: *` on writes): its JSON, if any."""
+    headers = {**ADMIN, "If-Match": "*"} if method in ("PATCH", "PUT", "DELETE") else ADMIN
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+        response = await http.request(method, path, json=body)
+        assert response.status_code < 300, response.text
+        return response.json() if response.content else None
+
+
 async def eventually(probe: Any, *, within_s: float = 10.0, every_s: float = 0.2) -> Any:
     """Poll `probe()` until it returns something truthy; fail after `within_s`."""
     async with asyncio.timeout(within_s):
