@@ -55,8 +55,11 @@ class Agent:
         self.backends = backends(cpu=self.nvml is None, sglang_python=settings.sglang_python)
         self.table = WorkerTable()
         self.router = Router(self.table)
+        # /agent/* always needs a token: a tenant must not read which worker served whom
         token = settings.operator_token
-        self.operator_token = token.get_secret_value() if token is not None else None
+        self.operator_token = (
+            token.get_secret_value() if token is not None else self.store.operator_token()
+        )
         endpoint = settings.trace_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         self.tracing = (
             Tracing(endpoint, settings.trace_sample, settings.region, settings.node)

@@ -43,16 +43,14 @@ VERSION = importlib.metadata.version("meridian")
 def build_app(
     gateway: Gateway,
     status: Callable[[], dict[str, Any]],
-    operator_token: str | None,
+    operator_token: str,
     state: Callable[[], list[Metric]] = list,
 ) -> web.Application:
     async def healthz(_request: web.Request) -> web.Response:
         return _json({"status": "ok"})
 
     def refused(request: web.Request) -> web.Response | None:
-        if operator_token is not None and not same_secret(
-            bearer(request.headers.get("Authorization")), operator_token
-        ):
+        if not same_secret(bearer(request.headers.get("Authorization")), operator_token):
             error: GatewayError = Unauthenticated("/agent/* needs the operator token")
             return error.response({})
         return None

@@ -63,8 +63,9 @@ class AgentSettings(BaseSettings):
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
     operator_token: SecretStr | None = Field(
         default=None,
-        description="guards /agent/* and lets its holder ask for x-meridian-route; required "
-        "when the port listens beyond loopback",
+        description="guards /agent/* and /metrics and lets its holder ask for "
+        "x-meridian-route; required when the port listens beyond loopback; unset on loopback: "
+        "the agent makes one in its data directory (operator-token)",
     )
     load_poll_s: float = Field(default=0.2, gt=0, le=60, description="workers' /v1/loads")
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)

@@ -144,6 +144,11 @@ class Demo:
     fleet_file: Path | None = None  # read again for the control plane's pid, which changes
     outage: Outage = field(default_factory=Outage)
 
+    @property
+    def operator(self) -> dict[str, str]:
+        """The agents' operator token (the local fleet's admin token), for /agent/status."""
+        return {"Authorization": f"Bearer {self.fleet.get('admin_token', '')}"}
+
     def url(self, region: str) -> str:
         return str(next(r["gateway_url"] for r in self.fleet["regions"] if r["name"] == region))
 
@@ -239,7 +244,8 @@ class Demo:
         self.outage.back_after_s = time.monotonic() - killed
 
     async def _set_faults(self, http: httpx.AsyncClient, error_rate: float) -> None:
-        status = (await http.get(f"{self.url(self.target)}/agent/status")).json()
+        status = (await http.get(f"{self.url(self.target)}/agent/status",
+                                 headers=self.operator)).json()  # fmt: skip
         for engine in status["engines"]:
             with contextlib.suppress(httpx.HTTPError):
                 await http.post(f"{engine['url']}/sim/faults", json={"error_rate": error_rate})
@@ -249,7 +255,8 @@ class Demo:
         counts: dict[tuple[str, ...], int] = {}
         for region in self.fleet["regions"]:
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                status = (await http.get(f"{region['gateway_url']}/agent/status")).json()
+                status = (await http.get(f"{region['gateway_url']}/agent/status",
+                                         headers=self.operator)).json()  # fmt: skip
                 for c in status["escalation"]["counts"]:
                     key = (region["name"], c["direction"], c["peer"], c["reason"])
                     counts[key] = int(c["count"])

@@ -91,6 +91,7 @@ async def start_agents(
             "--port", str(node.port),
         ]  # fmt: skip
         env = dict(os.environ)
+        env["MERIDIAN_AGENT_OPERATOR_TOKEN"] = admin_token  # one token for the local fleet
         if not await asyncio.to_thread((node_dir / "identity.json").exists):
             token = await _bootstrap_token(api, admin_token, node.region)
             env["MERIDIAN_AGENT_BOOTSTRAP_TOKEN"] = token
@@ -113,7 +114,10 @@ async def _bootstrap_token(api: str, admin_token: str, region: str) -> str:
 
 
 async def await_engines(
-    console: Console, agents: list[RunningAgent], timeout_s: float = ENGINES_TIMEOUT_S
+    console: Console,
+    agents: list[RunningAgent],
+    admin_token: str,
+    timeout_s: float = ENGINES_TIMEOUT_S,
 ) -> dict[str, dict[str, Any]]:
     """Show each node's engines coming up; the last status of every agent."""
     statuses: dict[str, dict[str, Any]] = {}
@@ -121,7 +125,8 @@ async def await_engines(
                TextColumn("engines ready"), TimeElapsedColumn())  # fmt: skip
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    async with httpx.AsyncClient(timeout=2) as client:
+    headers = {"Authorization": f"Bearer {admin_token}"}  # the agents' operator token here
+    async with httpx.AsyncClient(timeout=2, headers=headers) as client:
         with Progress(*columns, console=console, transient=True) as progress:
             tasks = {
                 a.node.name: progress.add_task(f"{a.node.region} / {a.node.name}", total=None)

@@ -194,7 +194,7 @@ async def _run(
             log_dir=settings.data_dir / "logs",
         )
         console.print(f"[green]✓[/] {len(agents)} agent(s) started; waiting for their engines")
-        statuses = await await_engines(console, agents, engines_timeout_s)
+        statuses = await await_engines(console, agents, token, engines_timeout_s)
         print_engines(console, agents, statuses)
         out = settings.data_dir / "local-fleet.json"
         doc = await describe(
@@ -214,7 +214,9 @@ async def _run(
         table.add_row("API docs", f"{api}/docs")
         table.add_row("agents (gRPC)", f"{settings.host}:{settings.grpc_port}")
         for agent in agents:
-            table.add_row(f"agent {agent.node.name}", f"{agent.node.url}/agent/status")
+            table.add_row(
+                f"agent {agent.node.name}", f"{agent.node.url}/agent/status (with the admin token)"
+            )
         table.add_row("logs", str(settings.data_dir / "logs"))
         console.print(table)
         console.print(f"[bold]admin token[/] (also in {settings.data_dir / 'admin-token'}):")

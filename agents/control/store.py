@@ -1,5 +1,6 @@
-"""What an agent keeps on disk: its identity, the last good snapshot and its models' canaries
-(agents/quality/prober.py), written atomically.
+"""What an agent keeps on disk: its identity, the last good snapshot, its models' canaries
+(agents/quality/prober.py) and the operator token it made itself when given none, written
+atomically.
 
 A write goes to a temporary file in the same directory, is flushed to the disk, and then
 renamed over the old file, so a crash leaves either the old snapshot or the new one, never
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,9 +39,24 @@ class Store:
         self.snapshot_path = data_dir / "snapshot.pb"
         self.identity_path = data_dir / "identity.json"
         self.canaries_path = data_dir / "canaries.json"
+        self.operator_token_path = data_dir / "operator-token"
 
     def prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def operator_token(self) -> str:
+        """The token that guards /agent/* when the settings give none: made once, kept
+        readable by its owner only, the same after a restart."""
+        try:
+            token = self.operator_token_path.read_text().strip()
+        except FileNotFoundError:
+            token = ""
+        if len(token) < 16:
+            self.prepare()
+            token = secrets.token_urlsafe(32)
+            _write_atomically(self.operator_token_path, token.encode() + b"\n", mode=0o600)
+            log.info("the operator token for /agent/* is in %s", self.operator_token_path)
+        return token
 
     def load_snapshot(self) -> pb.Snapshot | None:
         try:

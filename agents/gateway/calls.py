@@ -94,7 +94,7 @@ class EngineCalls:
                     raise Retry(worker.id, f"answered {upstream.status}")
                 since = flight.arrived if flight.caller.came_from is not None else None
                 if inference.stream and upstream.status == 200:
-                    track = _EngineTrack(self, ticket, inference, rid)
+                    track = _EngineTrack(self, ticket, inference, rid, flight.tenant.name)
                     return await relay_stream(flight, upstream, track, headers, since)
                 try:
                     data = await upstream.read()
@@ -105,7 +105,9 @@ class EngineCalls:
             self._finished(ticket, inference, usage)
             if self.quality is not None and upstream.status == 200:
                 # read once the answer is on its way: the client does not wait for it
-                asyncio.get_running_loop().call_soon(self._observe, worker.id, rid, data, inference)
+                asyncio.get_running_loop().call_soon(
+                    self._observe, worker.id, rid, data, inference, flight.tenant.name
+                )
         if 400 <= upstream.status < 500:
             raise EngineRefused(upstream.status, engine_message(data))
         out = relayed_headers(upstream.headers)
@@ -188,9 +190,12 @@ class EngineCalls:
             raise Retry(pd.worker_id, "the prefill worker failed")
         return await decode
 
-    def _observe(self, worker: str, rid: str, data: bytes, inference: Inference) -> None:
+    def _observe(
+        self, worker: str, rid: str, data: bytes, inference: Inference, tenant: str
+    ) -> None:
         if self.quality is not None:
-            self.quality.observe(worker, rid, answers.from_body(data, inference), inference)
+            answer = answers.from_body(data, inference)
+            self.quality.observe(worker, rid, answer, inference, tenant)
 
     def _finished(self, ticket: Ticket, inference: Inference, usage: Usage) -> None:
         self.router.finished(
@@ -269,6 +274,7 @@ class _EngineTrack:
     ticket: Ticket
     inference: Inference
     rid: str
+    tenant: str
 
     @property
     def name(self) -> str:
@@ -289,7 +295,7 @@ class _EngineTrack:
         quality = self.calls.quality
         if quality is not None:
             answer = answers.from_transcript(transcript, self.inference)
-            quality.observe(self.ticket.worker_id, self.rid, answer, self.inference)
+            quality.observe(self.ticket.worker_id, self.rid, answer, self.inference, self.tenant)
 
 
 @dataclass

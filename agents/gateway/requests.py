@@ -74,6 +74,7 @@ class Inference:
     text: str | None = None  # a completion's prompt, likewise
     key_is_tokens: bool = False  # the client sent token ids: the key is them
     max_new: int | None = None  # the answer's most tokens, when the request sets them
+    stops: bool = False  # the request gives stop sequences (the quality guard)
     json_wanted: bool = False  # response_format: a JSON object or schema (the quality guard)
     # the tools offered: name -> its parameters' JSON schema, or None (the quality guard)
     tools: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
@@ -140,6 +141,8 @@ def _parsed(
         assert isinstance(params, schema.GenerateParams)
         key = _native_key(params)
         max_new = params.sampling_params.max_new_tokens if params.sampling_params else None
+    sampling = params.sampling_params if isinstance(params, schema.GenerateParams) else params
+    stops = bool(getattr(sampling, "stop", None))
     options = getattr(params, "stream_options", None)
     source = body.get("prompt") if path == "/v1/completions" else body.get("text")
     text = source if isinstance(source, str) else None
@@ -148,7 +151,7 @@ def _parsed(
     inference = Inference(
         path, raw, model.name, params.stream, key, bool(options and options.include_usage),
         "stream_options" in body, native, messages=messages, text=text,
-        key_is_tokens=messages is None and text is None, max_new=max_new,
+        key_is_tokens=messages is None and text is None, max_new=max_new, stops=stops,
         json_wanted=_json_wanted(body.get("response_format")), tools=_tools(body),
         needs=needs,
     )  # fmt: skip

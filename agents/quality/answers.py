@@ -23,14 +23,15 @@ def from_body(data: bytes, inference: Inference) -> Answer | None:
         meta = doc.get("meta_info") or {}
         finish = meta.get("finish_reason") or {}
         reason = finish.get("type") if isinstance(finish, dict) else None
-        return Answer(str(doc.get("text") or ""), reason)
+        return Answer(str(doc.get("text") or ""), reason, cap=inference.max_new,
+                      stops=inference.stops)  # fmt: skip
     choices = doc.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None
     choice = choices[0]
     reason = choice.get("finish_reason")
     if inference.messages is None:
-        return Answer(str(choice.get("text") or ""), reason)
+        return _answer(str(choice.get("text") or ""), reason, [], inference)
     message = choice.get("message") or {}
     calls = [(str(c.get("function", {}).get("name") or ""),
               str(c.get("function", {}).get("arguments") or ""))
@@ -44,7 +45,8 @@ def from_transcript(transcript: Transcript, inference: Inference) -> Answer:
         meta = (transcript.last or {}).get("meta_info") or {}
         finish = meta.get("finish_reason") or {}
         reason = finish.get("type") if isinstance(finish, dict) else None
-        return Answer(str((transcript.last or {}).get("text") or ""), reason)
+        return Answer(str((transcript.last or {}).get("text") or ""), reason,
+                      cap=inference.max_new, stops=inference.stops)  # fmt: skip
     calls = [(name, arguments) for name, arguments in transcript.calls.values()]
     return _answer(text, transcript.finish_reason, calls, inference)
 
@@ -52,7 +54,8 @@ def from_transcript(transcript: Transcript, inference: Inference) -> Answer:
 def _answer(
     text: str, reason: str | None, calls: list[tuple[str, str]], inference: Inference
 ) -> Answer:
-    return Answer(text, reason, calls, inference.json_wanted, inference.tools)
+    return Answer(text, reason, calls, inference.json_wanted, inference.tools,
+                  inference.max_new, inference.stops)  # fmt: skip
 
 
 def prompt_text(inference: Inference) -> str:

@@ -6,17 +6,25 @@ decided against the other workers of the same model (`agents/quality/peers.py`),
 is normal differs by model and workload: a model may well end most answers on the length cap
 of a workload that asks for long ones, or answer in a script the prompt does not use.
 
+Each judges only answers whose request could have had a good one: what the client asked for
+itself is never held against the worker (a tenant could otherwise make any worker look bad).
+
 - `repetition`: the text is mostly one short pattern over and over (`!!!!`, a token or a
   few repeated): it compresses to under `REPEAT_RATIO` of its length (natural text of any
   language compresses to about a third or more; a long run of one pattern to a few percent);
-- `length`: the answer ended on its length cap;
-- `empty`: no text and no tool call;
+- `length`: the answer ended on its length cap, where the client set none or one of
+  `LENGTH_JUDGED_FROM` tokens or more (a smaller cap is the client's choice, and an answer it
+  cut says nothing of the worker);
+- `empty`: no text and no tool call, where the client let the answer have `EMPTY_JUDGED_FROM`
+  tokens or more and set no stop sequence (`max_tokens` 0 or 1, or a stop the answer begins
+  with, make an empty answer the right one);
 - `foreign`: most of its characters lie in Unicode blocks the prompt does not use (128
   code points a block; ASCII answers to any prompt are never foreign, and the check is only
   made for answers that are not ASCII);
 - `invalid`: an answer asked for as JSON (`response_format`) that does not parse, or a tool
   call that names a tool the request did not offer, whose arguments do not parse, or break
-  the tool's parameters schema (checked by jsonschema-rs, compiled once per schema).
+  the tool's parameters schema (checked by jsonschema-rs, compiled once per schema); an
+  answer cut by its length cap is not judged (JSON cut short does not parse).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ import orjson
 REPEAT_MIN_CHARS = 64  # shorter texts are not judged for repetition
 REPEAT_RATIO = 0.12  # compressed / raw below this: one pattern over and over
 FOREIGN_SHARE = 0.5  # of the non-space characters, outside the prompt's blocks
+LENGTH_JUDGED_FROM = 256  # a client's cap below this: an answer it cut is not judged
+EMPTY_JUDGED_FROM = 16  # a client's cap below this: an empty answer is not judged
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 DETECTORS = ("repetition", "length", "empty", "foreign", "invalid")
 
@@ -48,6 +58,8 @@ class Answer:
     json_wanted: bool = False  # response_format json_object or json_schema
     # the tools offered: name -> its parameters' JSON schema, or None
     tools_offered: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+    cap: int | None = None  # the most tokens the client let the answer have, if it said
+    stops: bool = False  # the client gave stop sequences
 
 
 def suspect(answer: Answer, prompt: str | Callable[[], str]) -> frozenset[str]:
@@ -57,15 +69,21 @@ def suspect(answer: Answer, prompt: str | Callable[[], str]) -> frozenset[str]:
     found = []
     if len(text) >= REPEAT_MIN_CHARS and _ratio(text) < REPEAT_RATIO:
         found.append("repetition")
-    if answer.finish_reason == "length":
+    cap, cut = answer.cap, answer.finish_reason == "length"
+    if cut and (cap is None or cap >= LENGTH_JUDGED_FROM):
         found.append("length")
-    if not text.strip() and not answer.tool_calls:
+    if (
+        not text.strip()
+        and not answer.tool_calls
+        and (cap is None or cap >= EMPTY_JUDGED_FROM)
+        and not answer.stops
+    ):
         found.append("empty")
     if not text.isascii():
         asked = prompt if isinstance(prompt, str) else prompt()
         if _foreign_share(text, asked) > FOREIGN_SHARE:
             found.append("foreign")
-    if _invalid(answer):
+    if not cut and _invalid(answer):
         found.append("invalid")
     return frozenset(found)
 

@@ -1,10 +1,14 @@
 """Quarantine: which workers the region routes around because of what they say, and why.
 No I/O; the agent feeds it findings and canary verdicts and reads its events.
 
-- A worker is quarantined when a detector fails against its peers (`peers.Finding`) or it
-  fails `FAILS_IN_ROW` canaries in a row. It stays up and keeps getting canaries; after
-  `PASSES_IN_ROW` passes in a row it is readmitted, with its answers' record cleared (what
-  it said before is not held against it again).
+- A worker is quarantined when it fails `FAILS_IN_ROW` canaries in a row, or a detector
+  fails against its peers (`peers.Finding`) while its canaries do not pass. It stays up and
+  keeps getting canaries; after `PASSES_IN_ROW` passes in a row it is readmitted, and the
+  answers' records of its model's workers all start anew (what it said before is not held
+  against it again, and its peers' records hold nothing it is not compared with).
+- The canaries are the ground truth: no tenant controls them. A worker whose last canary
+  passed is never quarantined on its answers alone (a tenant can make answers look bad); it
+  is alerted on, once, until a review finds nothing against it.
 - The last worker of a model in the region that is not quarantined is never quarantined:
   the region would have nothing to serve the model with. An alert is raised instead, and
   the region's fallback rules decide whether its requests go to a peer.
@@ -35,6 +39,7 @@ class Event:
     peers_figure: float  # the peers' share, or the least score that passes
     examples: tuple[str, ...] = ()
     at: float = 0.0
+    note: str = ""  # why it is what it is, where that is not plain (the agent's status)
 
 
 @dataclass
@@ -45,6 +50,12 @@ class _Worker:
     fails: int = 0
     passes: int = 0
     slow: bool = False  # alerted on for its latency, until it is back within bounds
+    suspected: bool = False  # alerted on for its answers while its canaries pass
+
+    @property
+    def held(self) -> bool:
+        """Quarantined or alerted on now."""
+        return self.quarantined or self.alerted or self.suspected
 
 
 @dataclass
@@ -68,9 +79,24 @@ class Guard:
         return frozenset(w for w, s in self.workers.items() if s.quarantined)
 
     def findings(self, found: Iterable[Finding], now: float) -> None:
+        """A review's findings: each worker's failed detectors (all of them, each review)."""
+        named = set()
         for f in found:
-            self._fail(f.worker, Event("quarantined", f.worker, "", f.detector, f.share,
-                                       f.peers_share, f.examples, now))  # fmt: skip
+            named.add(f.worker)
+            event = Event("quarantined", f.worker, "", f.detector, f.share, f.peers_share,
+                          f.examples, now)  # fmt: skip
+            state = self.workers.get(f.worker)
+            if state is not None and state.passes > 0:  # its last canary passed
+                if not state.suspected and not state.quarantined:
+                    state.suspected = True
+                    note = "its canaries pass: alerted on, not quarantined on answers alone"
+                    self.events.append(replace(event, kind="alert", model=state.model,
+                                               note=note))  # fmt: skip
+                continue
+            self._fail(f.worker, event)
+        for worker, state in self.workers.items():
+            if worker not in named:
+                state.suspected = False
 
     def canary(self, name: str, verdicts: Iterable[Verdict], now: float) -> None:
         for v in verdicts:
@@ -121,7 +147,8 @@ class Guard:
     def _readmit(self, worker: str, check: str, verdict: Verdict, now: float) -> None:
         state = self.workers[worker]
         state.quarantined = state.alerted = False
-        state.fails = state.passes = 0
-        self.book.forget(w for w in self.workers if w != worker)  # its record starts anew
+        state.fails = 0  # its passes stand: its canaries pass
+        # its model's records start anew: its own, and its peers' it is compared with
+        self.book.forget(w for w, s in self.workers.items() if s.model != state.model)
         self.events.append(Event("readmitted", worker, state.model, check, verdict.score,
                                  verdict.bound, (), now))  # fmt: skip

@@ -10,6 +10,14 @@ with one flagged and one clean answer added, so that clean peers still leave roo
 chance), and twice the peers' rate. The bound is the peers' own: a workload where every
 worker ends half its answers on the length cap fails none of them.
 
+The evidence must be spread over several tenants and prompts: a tenant can make answers look
+bad (and its prompts' shared prefix sends them all to one worker). So a worker that fails is
+judged twice more: once with the tenant that gave most of its flagged answers left out, and
+once with the prompt prefix (the first `PREFIX_BYTES` of the prompt) that gave most left out,
+all their answers on both sides (the worker's and its peers'). It fails only if it still
+fails both times, with `MIN_FLAGGED` flagged answers left: one tenant's answers, or one
+prefix's, are never enough, however many.
+
 A worker with no peer of its kind in the region is never judged here: the control plane
 compares it with the same model elsewhere, and canaries with its references.
 """
@@ -17,9 +25,10 @@ compares it with the same model elsewhere, and canaries with its references.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from agents.quality.detectors import DETECTORS
 
@@ -28,6 +37,19 @@ MIN_ANSWERS = 10
 MIN_FLAGGED = 5
 Z = 4.0
 EXAMPLES = 3  # request ids kept as evidence, per worker and detector
+PREFIX_BYTES = 1024  # of the prompt as the prefix index keys it: a prompt's prefix
+
+
+class Source(NamedTuple):
+    """Where an answer's request came from: its tenant and its prompt's prefix (a hash)."""
+
+    tenant: str
+    prefix: int
+
+
+class _Seen(NamedTuple):
+    flags: frozenset[str]
+    source: Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,15 +67,15 @@ class Finding:
 
 @dataclass
 class _Record:
-    flags: deque[frozenset[str]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    flags: deque[_Seen] = field(default_factory=lambda: deque(maxlen=WINDOW))
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DETECTORS, 0))
     examples: dict[str, deque[str]] = field(default_factory=dict)
 
-    def add(self, flags: frozenset[str], request_id: str) -> None:
+    def add(self, flags: frozenset[str], request_id: str, source: Source) -> None:
         if len(self.flags) == WINDOW:
-            for name in self.flags[0]:
+            for name in self.flags[0].flags:
                 self.counts[name] -= 1
-        self.flags.append(flags)
+        self.flags.append(_Seen(flags, source))
         for name in flags:
             self.counts[name] += 1
             self.examples.setdefault(name, deque(maxlen=EXAMPLES)).append(request_id)
@@ -63,12 +85,12 @@ class Book:
     def __init__(self) -> None:
         self._records: dict[str, _Record] = {}
 
-    def record(self, worker: str, flags: frozenset[str], request_id: str) -> None:
-        """One ended answer of `worker`, and the detectors it tripped."""
+    def record(self, worker: str, flags: frozenset[str], request_id: str, source: Source) -> None:
+        """One ended answer of `worker`, the detectors it tripped, and where it came from."""
         record = self._records.get(worker)
         if record is None:
             record = self._records[worker] = _Record()
-        record.add(flags, request_id)
+        record.add(flags, request_id, source)
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop the workers no longer in the snapshot."""
@@ -114,11 +136,39 @@ class Book:
                 continue
             peers_flagged = sum(self._records[p].counts[name] for p in peers)
             share = flagged / n
-            if share > bound(peers_flagged, peers_n, n):
+            if share > bound(peers_flagged, peers_n, n) and self._spread(worker, peers, name):
                 found.append(Finding(worker, name, round(share, 4), n,
                                      round(peers_flagged / peers_n, 4), peers_n,
                                      tuple(mine.examples.get(name, ()))))  # fmt: skip
         return found
+
+    def _spread(self, worker: str, peers: list[str], detector: str) -> bool:
+        """The worker still fails `detector` with the tenant, and then the prefix, that gave
+        most of its flagged answers left out (their answers on both sides)."""
+        mine = self._records[worker].flags
+        theirs = [seen for p in peers for seen in self._records[p].flags]
+        for part in (0, 1):  # Source.tenant, Source.prefix
+            top = Counter(s.source[part] for s in mine if detector in s.flags).most_common(1)
+            if not top:
+                return False
+            out = top[0][0]
+            n, flagged = _count(mine, detector, part, out)
+            peers_n, peers_flagged = _count(theirs, detector, part, out)
+            if peers_n < MIN_ANSWERS or flagged < MIN_FLAGGED:
+                return False
+            if flagged / n <= bound(peers_flagged, peers_n, n):
+                return False
+        return True
+
+
+def _count(seen: Iterable[_Seen], detector: str, part: int, out: object) -> tuple[int, int]:
+    """Answers, and those `detector` flagged, of sources other than `out` (by `part`)."""
+    n = flagged = 0
+    for s in seen:
+        if s.source[part] != out:
+            n += 1
+            flagged += detector in s.flags
+    return n, flagged
 
 
 def bound(peers_flagged: int, peers_n: int, n: int) -> float:

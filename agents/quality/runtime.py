@@ -20,6 +20,7 @@ from agents.quality.answers import prompt_text
 from agents.quality.canary import Canary, Verdict
 from agents.quality.detectors import DETECTORS, Answer, suspect
 from agents.quality.guard import Event, Guard
+from agents.quality.peers import PREFIX_BYTES, Source
 from agents.router.view import WorkerView
 from agents.workers.table import WorkerTable
 
@@ -47,13 +48,19 @@ class Quality:
         self.scores: dict[tuple[str, str], tuple[str, dict[str, float]]] = {}
 
     def observe(
-        self, worker: str, request_id: str, answer: Answer | None, inference: Inference
+        self,
+        worker: str,
+        request_id: str,
+        answer: Answer | None,
+        inference: Inference,
+        tenant: str,
     ) -> None:
-        """One ended answer of `worker`."""
+        """One ended answer of `worker`, to a request of `tenant`'s."""
         if answer is None:
             return
         flags = suspect(answer, lambda: prompt_text(inference))
-        self.guard.book.record(worker, flags, request_id)
+        source = Source(tenant, hash(inference.key[:PREFIX_BYTES]))
+        self.guard.book.record(worker, flags, request_id, source)
 
     def canary(self, model: str, canary: Canary, verdicts: list[Verdict]) -> None:
         """A round of one canary on the model's workers that had room for it."""
@@ -83,9 +90,10 @@ class Quality:
             self.unsent.append(event)
             self.counts[(event.model, event.worker, event.kind, event.check)] += 1
             log.warning(
-                "quality: %s %s (%s): %s %.3g against its peers' %.3g; e.g. %s",
+                "quality: %s %s (%s): %s %.3g against its peers' %.3g; e.g. %s%s",
                 event.worker, event.kind, event.model, event.check, event.figure,
                 event.peers_figure, ", ".join(event.examples) or "-",
+                f" ({event.note})" if event.note else "",
             )  # fmt: skip
         del self.unsent[:-RECENT]
 
@@ -118,8 +126,7 @@ class Quality:
                 out[event.worker] = event
         states = self.guard.workers
         return {w: e for w, e in out.items()
-                if w in states and (states[w].quarantined or states[w].alerted)
-                and e.kind != "readmitted"}  # fmt: skip
+                if w in states and e.kind != "readmitted" and states[w].held}  # fmt: skip
 
     def unreliable(self) -> set[str]:
         """Workers that are no reference for others: quarantined, or alerted on as their

@@ -54,6 +54,7 @@ class AgentProc:
             reap_strays(self.data_dir / "engines", set())
 
 
+OPERATOR = "agent-kit-operator-token"  # an agent's operator token, unless a test gives one
 STARTED: set[AgentProc] = set()  # stopped after each test by tests/conftest.py, if still up
 
 
@@ -83,14 +84,15 @@ async def start_agent(
     args += ["--port", str(port)] + (["--bootstrap-token", token] if token else [])
     args += ["--node", node] if node else []
     env = {**os.environ, **FAST, **(env or {})}
-    if operator is not None:
+    if operator != "":  # "": none given (the agent makes its own)
+        operator = operator or OPERATOR
         env["MERIDIAN_AGENT_OPERATOR_TOKEN"] = operator
     if host != "127.0.0.1":
         env["MERIDIAN_AGENT_HOST"] = host
     process = await asyncio.create_subprocess_exec(
         *(inside or []), sys.executable, "-m", "meridian", "agent", "run", *args, env=env
     )
-    agent = AgentProc(process, f"http://{host}:{port}", operator, data_dir)
+    agent = AgentProc(process, f"http://{host}:{port}", operator or None, data_dir)
     STARTED.add(agent)
     try:
         await wait_ready(agent.url, process, 10, path="/healthz", what="the agent")

@@ -42,6 +42,8 @@ MODEL = "llama"
 KEY = "sk-inproc-test-key-0123456789"
 OPERATOR = "operator-token-0123456789"
 TENANT = Tenant("acme", "standard", None, 1000.0, 60000.0)  # 1,000 tokens a second
+OTHER_KEY = "sk-inproc-other-key-0123456789"
+OTHER = Tenant("beta", "standard", None, 1000.0, 60000.0)  # a second tenant
 
 
 @dataclass
@@ -84,8 +86,11 @@ def region_config(name: str, engines: list[str], **changes: object) -> RegionCon
         models={MODEL: ModelConfig(MODEL, 4096, frozenset())},
         routes={MODEL: RouteConfig(MODEL, "cost", CostParams(), None, None, None, 64)},
         workers=workers,
-        keys={hashlib.sha256(KEY.encode()).hexdigest(): ApiKey(TENANT, "sk-inpro", None)},
-        tenants={TENANT.name: TENANT},
+        keys={
+            hashlib.sha256(KEY.encode()).hexdigest(): ApiKey(TENANT, "sk-inpro", None),
+            hashlib.sha256(OTHER_KEY.encode()).hexdigest(): ApiKey(OTHER, "sk-inpro", None),
+        },
+        tenants={TENANT.name: TENANT, OTHER.name: OTHER},
     )
     return replace(config, **changes)  # type: ignore[arg-type]
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import orjson
 
-from tests.agents.gateway.inproc import KEY, MODEL, Local, local_gateway, region_config
+from tests.agents.gateway.inproc import KEY, MODEL, OTHER_KEY, Local, local_gateway, region_config
 from tests.agents.sim_kit import Sim, running_sim
 
-AUTH = {"Authorization": f"Bearer {KEY}"}
+AUTHS = [{"Authorization": f"Bearer {key}"} for key in (KEY, OTHER_KEY)]
 
 
 def _garbled(text: str) -> bool:
@@ -24,11 +25,12 @@ def _garbled(text: str) -> bool:
 
 
 async def _ask(http: httpx.AsyncClient, url: str, i: int) -> str:
-    """One chat, streamed every other time: the answer's text."""
+    """One chat, streamed every other time, from two tenants in turn: the answer's text."""
     asked = [{"role": "user", "content": f"question {i}: a river"}]
     body: dict[str, Any] = {"model": MODEL, "max_tokens": 24, "stream": i % 2 == 1,
                             "messages": asked}  # fmt: skip
-    answer = await http.post(f"{url}/v1/chat/completions", json=body, headers=AUTH)
+    auth = AUTHS[i // 2 % 2]
+    answer = await http.post(f"{url}/v1/chat/completions", json=body, headers=auth)
     assert answer.status_code == 200, answer.text
     if not body["stream"]:
         return str(answer.json()["choices"][0]["message"]["content"])
@@ -85,3 +87,45 @@ async def test_workers_slower_for_their_hardware_or_their_load_are_not_quarantin
         assert not any(e.quarantined for e in region.gateway.router.table.entries.values())
         served = region.gateway.quality.guard.book.totals(["r-w0", "r-w1", "r-w2"])[0]
         assert served == 60  # every answer was judged
+
+
+async def test_a_tenants_bad_looking_answers_take_no_healthy_worker_out() -> None:
+    """Issue 40's attack: after ordinary traffic from two tenants, one tenant sends requests
+    under one long prefix (so the router sends them all to the worker that caches it) whose
+    answers look bad by its own doing: `max_tokens` 0 (empty), 1 (cut on length), and a
+    prompt that breaks the JSON it asks for (a marker every engine here fails). All three
+    healthy workers stay in rotation."""
+    async with AsyncExitStack() as stack:
+        sims = [await stack.enter_async_context(running_sim("--fail-marker", "BREAK",
+                                                            model=MODEL))
+                for _ in range(3)]  # fmt: skip
+        config = region_config("r", [s.url for s in sims])
+        unbounded = {h: replace(k, tenant=replace(k.tenant, tokens_per_minute=None))
+                     for h, k in config.keys.items()}  # fmt: skip
+        config = replace(config, keys=unbounded)
+        region = await stack.enter_async_context(local_gateway(config))
+        async with httpx.AsyncClient(timeout=30) as http:
+            for first in range(0, 40, 4):
+                await asyncio.gather(*(_ask(http, region.url, i) for i in range(first, first + 4)))
+            prefix = " ".join(f"word{i % 97}" for i in range(1200))
+            attacks: list[dict[str, Any]] = [
+                {"max_tokens": 0}, {"max_tokens": 1},
+                {"max_tokens": 40, "response_format": {"type": "json_object"}, "marked": True},
+            ]  # fmt: skip
+            for i in range(90):
+                attack = dict(attacks[i % 3])
+                tail = " BREAK:json" if attack.pop("marked", False) else ""
+                asked = [{"role": "user", "content": f"{prefix} question {i}{tail}"}]
+                body = {"model": MODEL, "messages": asked, **attack}
+                answer = await http.post(f"{region.url}/v1/chat/completions", json=body,
+                                         headers=AUTHS[0])  # fmt: skip
+                assert answer.status_code == 200, answer.text
+            await asyncio.sleep(0.5)  # a review or two
+        quality = region.gateway.quality
+        assert not any(e.quarantined for e in region.gateway.router.table.entries.values())
+        assert [e for e in quality.recent if e.kind == "quarantined"] == []
+        # the attack did land on one worker: without the rules, enough to quarantine it
+        _, flagged = quality.guard.book.totals(["r-w0", "r-w1", "r-w2"])
+        most = max(quality.guard.book.totals([w])[1]["invalid"] for w in ("r-w0", "r-w1", "r-w2"))
+        assert most >= 20, flagged
+        assert flagged["empty"] == flagged["length"] == 0  # what the client asked for

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from agents.control.compile import WorkerSpec
 from agents.quality.canary import Verdict
+from agents.quality.detectors import DETECTORS
 from agents.quality.guard import FAILS_IN_ROW, PASSES_IN_ROW, Guard
-from agents.quality.peers import Finding
+from agents.quality.peers import Finding, Source
 from agents.quality.runtime import Quality
 from agents.router.view import WorkerView
 from agents.workers.table import WorkerTable
@@ -100,3 +101,39 @@ def test_a_worker_far_slower_than_its_peers_at_the_same_batch_is_alerted_on_not_
     views["c"].decode_step_s = 0.2
     quality.review()
     assert [e.check for e in quality.recent] == ["latency", "latency"]  # a new episode
+
+
+def test_a_worker_whose_canaries_pass_is_alerted_on_not_quarantined() -> None:
+    """Answers a tenant can shape never outweigh the canaries no tenant controls."""
+    guard = Guard()
+    guard.set_workers(MODELS)
+    guard.canary("river", [_verdict("a", True), _verdict("c", True)], now=1.0)
+    for now in (2.0, 3.0):  # found at two reviews: alerted on once
+        guard.findings([_finding("c")], now=now)
+    assert guard.quarantined == frozenset()
+    (event,) = guard.events
+    assert (event.kind, event.worker, event.check) == ("alert", "c", "repetition")
+    assert "canaries pass" in event.note
+    guard.findings([], now=4.0)  # the evidence is gone; a new finding alerts anew
+    guard.findings([_finding("c")], now=5.0)
+    assert [e.kind for e in guard.events] == ["alert", "alert"]
+    guard.canary("river", [_verdict("c", False)], now=6.0)  # its canary fails now
+    guard.findings([_finding("c")], now=7.0)
+    assert guard.quarantined == {"c"}
+
+
+def test_readmission_starts_every_peers_record_anew() -> None:
+    """What a readmitted worker's peers were flagged for while it was out (a tenant's
+    answers, say) is not held against them once it is back."""
+    guard = Guard()
+    guard.set_workers(MODELS)
+    for w in MODELS:
+        guard.book.record(w, frozenset({"empty"}), f"{w}-1", Source("t", 1))
+    guard.canary("river", [_verdict("b", False)], now=1.0)
+    guard.canary("river", [_verdict("b", False)], now=2.0)
+    assert guard.quarantined == {"b"}
+    for i in range(PASSES_IN_ROW):
+        guard.canary("river", [_verdict("b", True)], now=3.0 + i)
+    assert guard.quarantined == frozenset()
+    assert guard.book.totals(["a", "b", "c"]) == (0, dict.fromkeys(DETECTORS, 0))
+    assert guard.book.totals(["q"])[0] == 1  # another model's: kept
