@@ -35,11 +35,13 @@ class Arrival:
             claim = assertion.verify(signed, config, body=body, request_id=rid, seen=seen)
             self.escalations.received(claim.origin, claim.reason)
             served.came_from, served.insider, served.tenant = claim.origin, True, claim.tenant.name
-            return Caller(claim.tenant, claim.origin, claim.debug, claim.waited_s)
-        tenant, insider = auth.caller(request.headers.get("Authorization"), config,
-                                      self.operator_token)  # fmt: skip
+            scope = f"{claim.origin}/{claim.tenant.name}"  # the peer's word: its tenant
+            return Caller(claim.tenant, scope, claim.origin, claim.debug, claim.waited_s)
+        tenant, insider, scope = auth.caller(request.headers.get("Authorization"), config,
+                                             self.operator_token)  # fmt: skip
         served.insider, served.tenant = insider, tenant.name
-        return Caller(tenant, debug=insider and request.headers.get("x-meridian-debug") == "1")
+        debug = insider and request.headers.get("x-meridian-debug") == "1"
+        return Caller(tenant, scope, debug=debug)
 
     def parse(
         self,

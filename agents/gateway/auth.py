@@ -24,16 +24,19 @@ def bearer(header: str | None) -> str | None:
 
 def authenticate(
     header: str | None, config: RegionConfig, clock: Callable[[], float] = time.time
-) -> Tenant:
+) -> tuple[Tenant, str]:
+    """The tenant a key names, and the key's hash (what a caller's private memory is keyed
+    by: a tiered conversation's, say)."""
     token = bearer(header)
     if token is None:
         raise Unauthenticated("an API key is required: Authorization: Bearer <key>")
-    key = config.keys.get(hashlib.sha256(token.encode()).hexdigest())
+    hashed = hashlib.sha256(token.encode()).hexdigest()
+    key = config.keys.get(hashed)
     if key is None:
         raise Unauthenticated("the API key is not valid in this region")
     if key.expires_at is not None and key.expires_at <= clock():
         raise Unauthenticated(f"the API key {key.prefix} has expired")
-    return admissible(key.tenant, config)
+    return admissible(key.tenant, config), hashed
 
 
 def admissible(tenant: Tenant, config: RegionConfig) -> Tenant:
@@ -49,13 +52,13 @@ def admissible(tenant: Tenant, config: RegionConfig) -> Tenant:
 
 def caller(
     header: str | None, config: RegionConfig, operator_token: str | None
-) -> tuple[Tenant, bool]:
-    """The tenant a key names (or the operator, by its token), and whether it may see the
-    fleet's inside."""
+) -> tuple[Tenant, bool, str]:
+    """The tenant a key names (or the operator, by its token), whether it may see the
+    fleet's inside, and its scope: its key's hash (the operator's: "operator")."""
     if operator_token and same_secret(bearer(header), operator_token):
-        return OPERATOR, True
-    tenant = authenticate(header, config)
-    return tenant, tenant.debug_routes
+        return OPERATOR, True, "operator"
+    tenant, hashed = authenticate(header, config)
+    return tenant, tenant.debug_routes, hashed
 
 
 def same_secret(given: str | None, expected: str) -> bool:

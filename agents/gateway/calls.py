@@ -62,7 +62,7 @@ class EngineCalls:
         """One worker's (or PD pair's) go at the request: its answer relayed, or Retry (it
         failed before the client saw a byte of it) or Cut (after) raised."""
         chosen, prefill = decision.ranked[0], decision.prefill
-        worker, inference, rid = chosen.worker, flight.inference, flight.id
+        worker, inference, rid = chosen.worker, flight.inference, flight.rid
         if decision.pd is not None:
             self.router.pd_choices[decision.pd] += 1
         stream = flight.stream
@@ -94,7 +94,7 @@ class EngineCalls:
                     raise Retry(worker.id, f"answered {upstream.status}")
                 since = flight.arrived if flight.caller.came_from is not None else None
                 if inference.stream and upstream.status == 200:
-                    track = _EngineTrack(self, ticket, inference, rid, flight.tenant.name)
+                    track = _EngineTrack(self, ticket, inference, flight.id, flight.tenant.name)
                     return await relay_stream(flight, upstream, track, headers, since)
                 try:
                     data = await upstream.read()
@@ -106,7 +106,7 @@ class EngineCalls:
             if self.quality is not None and upstream.status == 200:
                 # read once the answer is on its way: the client does not wait for it
                 asyncio.get_running_loop().call_soon(
-                    self._observe, worker.id, rid, data, inference, flight.tenant.name
+                    self._observe, worker.id, flight.id, data, inference, flight.tenant.name
                 )
         if 400 <= upstream.status < 500:
             raise EngineRefused(upstream.status, engine_message(data))
@@ -130,7 +130,7 @@ class EngineCalls:
     ) -> _Prefill:
         """PD: the same body to the prefill worker, with the bootstrap fields SGLang expects;
         its answer is read and dropped (the client gets the decode worker's)."""
-        worker, inference, request_id = prefill.worker, flight.inference, flight.id
+        worker, inference, request_id = prefill.worker, flight.inference, flight.rid
         room = secrets.randbits(63)
         fields = (
             b'"bootstrap_host":' + orjson.dumps(worker.host)

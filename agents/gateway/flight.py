@@ -8,6 +8,7 @@ one (a retry, a migration, the receipt) has it without a long list of parameters
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -31,6 +32,7 @@ class Caller:
     """Who asks: the tenant, and what the request's way here says of it."""
 
     tenant: Tenant
+    scope: str  # what its private memory is keyed by: its API key (a hash of it)
     came_from: str | None = None  # the peer region that escalated it here
     debug: bool = False  # the route receipt goes back in x-meridian-route
     waited_s: float = 0.0  # what the client waited before it came here (a peer's word)
@@ -89,6 +91,13 @@ class Flight:
     upstream: Answer | None = None  # the answer being relayed to the client
     answer: tuple[web.StreamResponse, Usage] | None = None  # what the client got
     tier: TierChoice | None = None  # a tiered route's request: its tier, and why
+    rid: str = ""  # the engine's id for it: the gateway's own, never only what a client chose
+
+    def __post_init__(self) -> None:
+        # a client's X-Request-ID is its to choose, and another tenant may choose the same:
+        # the engine's rid (which /abort_request names) gets a part no client chooses
+        if not self.rid:
+            self.rid = f"{self.id}.{os.urandom(6).hex()}"
 
     @property
     def tenant(self) -> Tenant:

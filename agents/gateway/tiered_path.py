@@ -49,7 +49,7 @@ class TieredPath:
         assert route is not None
         choice = await self.tiers.choose(
             route, flight.tenant, flight.tenant is OPERATOR, inference,
-            flight.route_request.prompt_tokens, config.models,
+            flight.route_request.prompt_tokens, config.models, flight.caller.scope,
         )  # fmt: skip
         flight.tier = choice
         choice.streamed = inference.stream

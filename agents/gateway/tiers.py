@@ -5,9 +5,10 @@ from the cheapest to the strongest. The tier is chosen, in this order:
    did never goes below its floor (`tier_floor`). The operator's requests are tiered.
 2. **Difficulty.** The route's table scores the request (agents/router/tiers.py), or an
    external classifier does within its time budget; past it, the table's score stands.
-3. **The conversation.** A chat keeps the tier its conversation reached (keyed by its
-   messages before the last exchange), so that tiering does not throw its cache away; a
-   harder turn still moves it up.
+3. **The conversation.** A chat keeps the tier its conversation reached (keyed by its API
+   key and its messages before the last exchange), so that tiering does not throw its
+   cache away; a harder turn still moves it up. Another key's identical conversation is
+   another conversation: nothing one caller sees depends on another's traffic.
 4. **Capacity** (agents/gateway/service.py `choose`). When the tier's pool would break its
    SLO, the request moves to the next tier down (for tenants that opted in, above their
    floor), else up. A tenant that did not opt in is never moved down.
@@ -137,8 +138,10 @@ class Tiers:
         inference: Inference,
         prompt_tokens: int,
         models: Mapping[str, ModelConfig],
+        scope: str,
     ) -> TierChoice:
-        """The tier a request starts on (capacity may move it later)."""
+        """The tier a request starts on (capacity may move it later); `scope`: whose
+        conversations it may continue (its API key's)."""
         doc = inference.doc
         able = tuple(i for i, m in enumerate(route.tiers) if _able(models[m], inference))
         able = able or (len(route.tiers) - 1,)
@@ -170,7 +173,7 @@ class Tiers:
         choice.buffers = route.cascade is not None and route.cascade.buffer_streams
         choice.wants_usage = inference.wants_usage
         if inference.messages is not None and route.conversation_ttl_s > 0:
-            before, choice.remember = _conversation(inference.messages)
+            before, choice.remember = _conversation(scope, inference.messages)
             held = self._held(before, route)
             if held is not None and held > choice.index:
                 choice.index, choice.why, choice.detail = held, "conversation", ""
@@ -260,10 +263,11 @@ def _able(model: ModelConfig, inference: Inference) -> bool:
     return inference.needs <= model.capabilities
 
 
-def _conversation(messages: list[Any]) -> tuple[bytes | None, bytes]:
+def _conversation(scope: str, messages: list[Any]) -> tuple[bytes | None, bytes]:
     """The key of the conversation this chat continues (its messages before the last
-    exchange: what the previous turn sent), and this turn's key (all its messages)."""
-    digest = hashlib.blake2b(digest_size=16)
+    exchange: what the previous turn sent), and this turn's key (all its messages), both
+    within `scope` (the caller's API key): no caller continues, or learns of, another's."""
+    digest = hashlib.blake2b(scope.encode() + b"\0", digest_size=16)
     before = None
     for i, message in enumerate(messages):
         if i == len(messages) - 2 and i > 0:

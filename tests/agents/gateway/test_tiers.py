@@ -42,7 +42,9 @@ ROUTE = "chat-auto"
 OPTED = Tenant("acme", "standard", None, None, None, tiering=True)
 PLAIN = Tenant("plain", "standard", None, None, None)
 FLOORED = Tenant("floored", "standard", None, None, None, tiering=True, tier_floor="large")
-KEYS = {t.name: f"sk-tiers-{t.name}-0123456789" for t in (OPTED, PLAIN, FLOORED)}
+BETA = Tenant("beta", "standard", None, None, None, tiering=True)  # opted in, like acme
+TENANTS = (OPTED, PLAIN, FLOORED, BETA)
+KEYS = {t.name: f"sk-tiers-{t.name}-0123456789" for t in TENANTS}
 EASY = "What is the capital of France?"
 HARD = "```python\ndef solve(xs):\n    return sorted(xs)\n```\nMake this faster and prove it."
 MARK = "weak"  # the cheap engines' --fail-marker
@@ -63,8 +65,8 @@ def _config(small: list[Sim], large: list[Sim], **changes: Any) -> RegionConfig:
                 for m in ("small", "large")},
         workers=workers,
         keys={hashlib.sha256(KEYS[t.name].encode()).hexdigest(): ApiKey(t, t.name[:8], None)
-              for t in (OPTED, PLAIN, FLOORED)},
-        tenants={t.name: t for t in (OPTED, PLAIN, FLOORED)},
+              for t in TENANTS},
+        tenants={t.name: t for t in TENANTS},
         tiered={ROUTE: TieredRouteConfig(ROUTE, ("small", "large"), default_table(2))},
     )  # fmt: skip
     return replace(config, **changes)
@@ -254,6 +256,30 @@ async def test_a_conversation_stays_on_its_tier_and_goes_up_when_a_turn_is_harde
         said = harder.json()["choices"][0]["message"]["content"]
         talk += [{"role": "assistant", "content": said}, {"role": "user", "content": "ok"}]
         assert _tier(await _chat(http, region, OPTED, talk)) == ("large", "conversation")
+
+
+async def test_two_tenants_identical_conversations_never_share_a_tier_decision() -> None:
+    """Issue 40: acme sends the first turn of beta's conversation, asking for effort; beta's
+    next turn is not moved up by it (poisoning), and which tier beta gets, and why, does not
+    tell acme whether its guess of beta's words was right (an oracle)."""
+    async with _region() as (region, _, _), httpx.AsyncClient(timeout=30) as http:
+        mine = await _chat(http, region, BETA, EASY)
+        assert _tier(mine)[0] == "small"
+        said = mine.json()["choices"][0]["message"]["content"]
+        # acme guesses beta's first turn exactly, with effort: its own answer is large
+        guess = await _chat(http, region, OPTED, EASY, reasoning_effort="high")
+        assert _tier(guess)[0] == "large"
+        turns = [{"role": "user", "content": EASY}, {"role": "assistant", "content": said},
+                 {"role": "user", "content": "and of Spain?"}]  # fmt: skip
+        assert _tier(await _chat(http, region, BETA, turns))[0] == "small"
+        # acme's follow-up of the same words gets its own conversation's tier (large: it
+        # asked for effort), and beta's identical one its own (small): the same either way
+        said = guess.json()["choices"][0]["message"]["content"]
+        acme_turns = [*turns[:1], {"role": "assistant", "content": said}, turns[2]]
+        assert _tier(await _chat(http, region, OPTED, acme_turns)) == ("large", "conversation")
+        beta_first = _tier(await _chat(http, region, BETA, acme_turns))
+        assert beta_first == _tier(await _chat(http, region, BETA, acme_turns))
+        assert beta_first[1] != "conversation"  # beta never sent acme's answer as its own
 
 
 @contextlib.asynccontextmanager
