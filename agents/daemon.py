@@ -71,7 +71,9 @@ class Agent:
             operator_token=self.operator_token,
             connect_timeout_s=settings.upstream_connect_timeout_s,
             tracing=self.tracing,
-            limits=Limits(settings.max_body_bytes, settings.body_timeout_s),
+            limits=Limits(
+                settings.max_body_bytes, settings.body_timeout_s, settings.client_stall_s
+            ),
             quality_guard=settings.quality_guard,
         )
         self.supervisor = Supervisor(

@@ -32,6 +32,7 @@ from agents.gateway.errors import (
     Unauthenticated,
 )
 from agents.gateway.relay import new_id
+from agents.gateway.requests import LIMITS
 from agents.gateway.service import Gateway
 from agents.metrics import CONTENT_TYPE, render
 from agents.router.router import DECISIONS_KEPT
@@ -95,6 +96,7 @@ def build_app(
         return error.response(headers)
 
     app = web.Application(client_max_size=gateway.limits.max_body_bytes)
+    app[LIMITS] = gateway.limits
     app.router.add_post("/v1/chat/completions", gateway.infer)
     app.router.add_post("/v1/completions", gateway.infer)
     app.router.add_post("/generate", gateway.infer)

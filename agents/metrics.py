@@ -56,6 +56,7 @@ class Served:
     came_from: str = ""  # the region that escalated it here
     migrated: str = ""  # where its stream was carried on, and why: "a → b (broke); ..."
     insider: bool = False  # a peer region, the operator or a tenant marked to see routes
+    client_stalled: bool = False  # its client stopped reading: the stream was cut
 
 
 Counts = dict[float, int]

@@ -86,6 +86,13 @@ class AgentSettings(BaseSettings):
     body_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="a body slower than this is answered 408"
     )
+    client_stall_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="a stream whose client reads nothing this long (its socket's buffer full) "
+        "is cut, its engine request aborted and its slot freed",
+    )
     header_timeout_s: float = Field(
         default=15.0,
         gt=0,

@@ -68,7 +68,7 @@ class EngineCalls:
         stream = flight.stream
         given = stream.continuation.body if stream and stream.continuation else None
         with self.dispatch(chosen, flight.route_request, rid, bool(prefill)) as slot:
-            ticket = slot.ticket
+            ticket, slot.batch = slot.ticket, inference.batch
             sent_headers = upstream_headers(rid) + flight.served.trace
             if prefill is not None:
                 slot.prefill = self._prefill(prefill, flight, sent_headers, given)
@@ -220,9 +220,13 @@ class EngineCalls:
         self.admission.notify(ticket.model)
         return broke and serving
 
-    def _abort_later(self, worker_url: str, rid: str) -> None:
+    def _abort_later(self, worker_url: str, rid: str, batch: int = 1) -> None:
+        """Tell the engine to stop the request: a batch's each prompt (SGLang names them
+        `<rid>_<i>`)."""
         if rid:
-            self.in_background(self._abort(worker_url, rid))
+            rids = [rid] if batch == 1 else [f"{rid}_{i}" for i in range(batch)]
+            for one in rids:
+                self.in_background(self._abort(worker_url, one))
 
     def in_background(self, call: Coroutine[Any, Any, bool]) -> asyncio.Task[bool]:
         task = asyncio.get_running_loop().create_task(call)
@@ -245,11 +249,12 @@ class EngineCalls:
 class _Slot(Held):
     """A worker's in-flight slot (the router's ticket) for one request; see `dispatch`."""
 
-    __slots__ = ("calls", "prefill", "rid", "sent", "ticket", "url")
+    __slots__ = ("batch", "calls", "prefill", "rid", "sent", "ticket", "url")
 
     def __init__(self, calls: EngineCalls, ticket: Ticket, url: str, rid: str) -> None:
         super().__init__()
         self.calls, self.ticket, self.url, self.rid = calls, ticket, url, rid
+        self.batch = 1  # prompts, for a completions batch
         self.sent = False  # the request may have reached the engine
         self.prefill: _Prefill | None = None  # a PD request's prefill half
 
@@ -262,7 +267,7 @@ class _Slot(Held):
         self.calls.router.abandoned(ticket)
         self.calls.admission.notify(ticket.model)
         if self.sent:
-            self.calls._abort_later(self.url, self.rid)
+            self.calls._abort_later(self.url, self.rid, self.batch)
 
 
 @dataclass

@@ -118,6 +118,15 @@ class UpstreamFailed(GatewayError):
     status, code, kind, title = 502, "upstream_failed", "api_error", "The engine failed"
 
 
+class ToolChoiceUnmet(GatewayError):
+    """The request forced a tool call (`tool_choice` "required" or a named function) and the
+    engine's whole answer, not cut by its length cap, made none, or called another: it is not
+    passed off as an answer that meets the request."""
+
+    status, code, kind = 502, "tool_choice_unmet", "api_error"
+    title = "The answer did not make the tool call the request forced"
+
+
 class EngineRefused(GatewayError):
     """The engine answered 4xx: its reason, in the gateway's shape (SGLang's own is not
     OpenAI's)."""

@@ -95,9 +95,13 @@ class Flight:
 
     def __post_init__(self) -> None:
         # a client's X-Request-ID is its to choose, and another tenant may choose the same:
-        # the engine's rid (which /abort_request names) gets a part no client chooses
+        # the engine's rid (which /abort_request names) gets a part no client chooses; a
+        # peer region's (signed) request keeps the rid it made, so that a stream carried on
+        # there keeps its one id
         if not self.rid:
-            self.rid = f"{self.id}.{os.urandom(6).hex()}"
+            came = self.caller.came_from is not None
+            # within the 128 characters an X-Request-ID may have, for a peer's sake
+            self.rid = self.id if came else f"{self.id[:115]}.{os.urandom(6).hex()}"
 
     @property
     def tenant(self) -> Tenant:

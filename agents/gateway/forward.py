@@ -140,11 +140,11 @@ class Forwarder:
             waited_ms = (self.clock() - flight.arrived) * 1000
             signed = assertion.sign(
                 config.signer, origin=config.region, audience=peer.region, tenant=tenant,
-                request_id=flight.id, reason=reason, body=body, debug=flight.caller.debug,
+                request_id=flight.rid, reason=reason, body=body, debug=flight.caller.debug,
                 waited_ms=waited_ms,
             )  # fmt: skip
             sent = (
-                upstream_headers(flight.id) + trace + f"{assertion.HEADER}: {signed}\r\n".encode()
+                upstream_headers(flight.rid) + trace + f"{assertion.HEADER}: {signed}\r\n".encode()
             )
             with self.escalations.sending(peer.region, reason):
                 refused = await self._try(flight, outcome, peer, body, sent, why, headers)

@@ -4,6 +4,7 @@ found by a substring search, and drops it when the client did not ask for it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Awaitable
@@ -12,6 +13,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+
+from agents.gateway.requests import LIMITS
 
 USAGE = b'"usage"'
 HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date",
@@ -156,14 +159,30 @@ class Broken(Exception):
 
 
 class ClientGone(Exception):
-    """The client closed its connection."""
+    """The client closed its connection, or stopped reading (`stalled`)."""
+
+    def __init__(self, why: str, stalled: bool = False) -> None:
+        super().__init__(why)
+        self.stalled = stalled
 
 
-async def to_client(write: Awaitable[object]) -> None:
+async def to_client(write: Awaitable[object], request: web.Request | None = None) -> None:
+    """A write to the client; given its `request`, bounded when the client has fallen
+    behind (its socket's send buffer holds bytes already): a client that reads nothing for
+    `client_stall_s` is taken to be gone, so that it holds no slot as long as it likes. A
+    client that keeps up costs one look at the buffer."""
+    transport = request.transport if request is not None else None
     try:
-        await write
+        if transport is None or not transport.get_write_buffer_size():
+            await write
+            return
+        bound = request.app[LIMITS].client_stall_s  # type: ignore[union-attr]
+        async with asyncio.timeout(bound):
+            await write
     except ConnectionResetError as error:  # aiohttp's ClientConnectionResetError is one
         raise ClientGone(str(error)) from None
+    except TimeoutError:
+        raise ClientGone(f"the client read nothing for {bound:g} s", stalled=True) from None
 
 
 def stream_error(message: str, code: str = "upstream_failed") -> bytes:

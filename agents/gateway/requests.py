@@ -36,6 +36,10 @@ class Limits:
 
     max_body_bytes: int = 16 * 1024 * 1024
     body_timeout_s: float = 30.0  # from the head to the body's last byte
+    client_stall_s: float = 30.0  # a stream whose client reads nothing this long is cut
+
+
+LIMITS = web.AppKey("limits", Limits)  # on the agent's app: what relays read of them
 
 
 DEFAULT_LIMITS = Limits()
@@ -75,6 +79,8 @@ class Inference:
     key_is_tokens: bool = False  # the client sent token ids: the key is them
     max_new: int | None = None  # the answer's most tokens, when the request sets them
     stops: bool = False  # the request gives stop sequences (the quality guard)
+    tool_forced: str | None = None  # tool_choice forces a call: "*" (required) or the name
+    batch: int = 1  # prompts: a completions batch is a request per prompt in the engine
     json_wanted: bool = False  # response_format: a JSON object or schema (the quality guard)
     # the tools offered: name -> its parameters' JSON schema, or None (the quality guard)
     tools: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
@@ -129,16 +135,21 @@ def _parsed(
 ) -> Inference:
     params = schema.checked(path, body)
     messages = None
+    batch = 1
     needs: frozenset[str] = frozenset()
     if isinstance(params, schema.ChatParams):
         key, needs = _chat_key(body, model, params)
         messages = body["messages"]
         max_new = _first(params.max_completion_tokens, params.max_tokens)
+        forced = _forced(params) if params.tools else None
     elif isinstance(params, schema.CompletionParams):
+        forced = None
         key = _prompt_key(params.prompt)
+        batch = _batch(params.prompt)
         max_new = params.max_tokens
     else:
         assert isinstance(params, schema.GenerateParams)
+        forced = None
         key = _native_key(params)
         max_new = params.sampling_params.max_new_tokens if params.sampling_params else None
     sampling = params.sampling_params if isinstance(params, schema.GenerateParams) else params
@@ -153,9 +164,21 @@ def _parsed(
         "stream_options" in body, native, messages=messages, text=text,
         key_is_tokens=messages is None and text is None, max_new=max_new, stops=stops,
         json_wanted=_json_wanted(body.get("response_format")), tools=_tools(body),
-        needs=needs,
+        needs=needs, tool_forced=forced, batch=batch,
     )  # fmt: skip
     return inference
+
+
+def _forced(params: schema.ChatParams) -> str | None:
+    """The tool call tool_choice forces: "*" for any ("required"), or the function named."""
+    choice = params.tool_choice
+    if choice == "required":
+        return "*"
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        return name if isinstance(name, str) else None
+    return None
 
 
 def _tiers_model(tiered: TieredRouteConfig, config: RegionConfig) -> ModelConfig:
@@ -267,6 +290,13 @@ def _prompt_key(prompt: str | list[str] | list[int] | list[list[int]]) -> bytes:
     if isinstance(first, list):
         return _ids(first)
     return _ids(prompt)  # type: ignore[arg-type]
+
+
+def _batch(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+    """How many prompts: a list of texts, or of token lists, is a batch."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return len(prompt)
+    return 1
 
 
 def _native_key(params: schema.GenerateParams) -> bytes:

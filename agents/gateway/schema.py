@@ -23,9 +23,11 @@ MAX_N = 1  # one choice a request: the router prices one answer (send n requests
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
-Texts = Annotated[list[str], Field(min_length=1)]
+MAX_BATCH = 64  # prompts in one completions request (SGLang serves them as a batch)
+Texts = Annotated[list[str], Field(min_length=1, max_length=MAX_BATCH)]
 Tokens = Annotated[int, Field(ge=0)]
-Stop = str | Annotated[list[str], Field(max_length=4)]
+MAX_STOPS = 4
+Stop = str | Annotated[list[str], Field(max_length=MAX_STOPS)]
 
 
 class _Params(BaseModel):
@@ -76,7 +78,12 @@ class ChatParams(_Sampling):
 
 
 class CompletionParams(_Sampling):
-    prompt: str | Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    prompt: (
+        str
+        | Texts
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH)]
+    )
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool | None = None
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
@@ -145,12 +152,18 @@ def checked(path: str, body: dict[str, Any]) -> _Params:
     try:
         params = PARAMS[path].model_validate(body)
     except ValidationError as error:
-        first = error.errors(include_url=False, include_input=False)[0]
+        errors = error.errors(include_url=False, include_input=False)
+        # of a union's members, the one of the value's own type says what is wrong with it
+        # (a list of 5 stop strings is too long, not "not a string")
+        first = next((e for e in errors if e["loc"][0] == errors[0]["loc"][0]
+                      and not e["type"].endswith("_type")), errors[0])  # fmt: skip
         # a union's members report under their types' names: the field is what is named
         param = ".".join(str(part) for part in first["loc"] if not _union_member(part))
         message = f"{param}: {first['msg']}"
         if first["loc"][-1] in ("n", "best_of") and first["type"] == "less_than_equal":
             message = f"{param}: one choice a request here; send n requests for n choices"
+        elif param.endswith("stop") and first["type"] == "too_long":
+            message = f"{param}: up to {MAX_STOPS} stop sequences (as OpenAI allows)"
         raise BadRequest(message, param=param) from None
     if isinstance(params, ChatParams) and params.top_logprobs and not params.logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")

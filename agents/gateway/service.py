@@ -51,6 +51,7 @@ from agents.gateway.errors import (
     Overloaded,
     QueueFull,
     QuotaExceeded,
+    ToolChoiceUnmet,
     UnsupportedMediaType,
     UpstreamFailed,
 )
@@ -64,6 +65,8 @@ from agents.gateway.tiered_path import TieredPath
 from agents.gateway.tiers import Tiers
 from agents.gateway.upstream import Upstream
 from agents.metrics import OPERATIONS, RequestMetrics, Served
+from agents.quality import answers
+from agents.quality.detectors import unmet_tool_choice
 from agents.quality.runtime import Quality
 from agents.router.audit import audit
 from agents.router.decision import Decision
@@ -192,6 +195,8 @@ class Gateway(Arrival, TieredPath):
             self._fault(request_id, served, error)
             response, error_type = InternalError().response(headers), InternalError.code
         served.first_at = response.get(FIRST_AT)
+        if served.client_stalled:
+            error_type = "client_stalled"  # counted as such: it was cut, not answered
         code = error_type or ("ok" if response.status < 400 else f"http_{response.status}")
         self.answered[served.model, code] += 1
         now = self.clock()
@@ -238,7 +243,21 @@ class Gateway(Arrival, TieredPath):
                 charge.used = usage.prompt_tokens + (usage.completion_tokens or 0)
         served.prompt_tokens, served.cached_tokens = usage.prompt_tokens, usage.cached_tokens
         served.completion_tokens = usage.completion_tokens
+        if flight.inference.tool_forced is not None:
+            self.forced_call_made(flight, response)
         return response
+
+    def forced_call_made(self, flight: Flight, response: web.StreamResponse) -> None:
+        """A whole answer to a request whose tool_choice forced a call is passed on only if
+        it made that call (or its length cap cut it): never as one that meets the request.
+        (A stream's answer went out as it came; the quality guard judges it.)"""
+        if not isinstance(response, web.Response) or response.status != 200:
+            return
+        answer = answers.from_body(response.body, flight.inference)  # type: ignore[arg-type]
+        if answer is not None and answer.finish_reason != "length" and unmet_tool_choice(answer):
+            forced = flight.inference.tool_forced
+            wanted = "a tool call" if forced == "*" else f"a call of {forced}"
+            raise ToolChoiceUnmet(f"tool_choice asked for {wanted}; the model answered without it")
 
     def admit(self, flight: Flight) -> Charge:
         """The tenant's quota: held until the answer settles it. A peer's request was counted

@@ -8,6 +8,7 @@ nothing happened); after it, Cut (the answer is carried on, or ends with an erro
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Protocol
 
@@ -30,6 +31,8 @@ from agents.gateway.relay import (
     write_quietly,
 )
 from agents.gateway.upstream import Answer, UpstreamError
+
+log = logging.getLogger(__name__)
 
 
 class Track(Protocol):
@@ -81,11 +84,17 @@ async def relay_stream(
             if carried is not None:
                 data = carried.rewrite(data, inference.native)
             stream.transcript.add(data)
-            await to_client(stream.response.write(data))
+            await to_client(stream.response.write(data), flight.http)
             track.progressed(data.count(EVENT_END))
         rest = meter.rest()
-    except ClientGone:  # what the answer held is given back by its holder
+    except ClientGone as gone:  # what the answer held is given back by its holder
         assert stream is not None  # only writes to the client raise it
+        if gone.stalled:  # it held the slot reading nothing: cut, and said so
+            flight.served.client_stalled = True
+            log.info("request %s: %s; its stream is cut", flight.id, gone,
+                     extra={"request_id": flight.id})  # fmt: skip
+            if flight.http.transport is not None:
+                flight.http.transport.close()
         return stream.response, meter.usage
     except UpstreamError as error:
         broke = track.failed(first)

@@ -55,7 +55,7 @@ def _answer(
     text: str, reason: str | None, calls: list[tuple[str, str]], inference: Inference
 ) -> Answer:
     return Answer(text, reason, calls, inference.json_wanted, inference.tools,
-                  inference.max_new, inference.stops)  # fmt: skip
+                  inference.max_new, inference.stops, inference.tool_forced)  # fmt: skip
 
 
 def prompt_text(inference: Inference) -> str:

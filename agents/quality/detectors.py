@@ -23,7 +23,8 @@ itself is never held against the worker (a tenant could otherwise make any worke
   made for answers that are not ASCII);
 - `invalid`: an answer asked for as JSON (`response_format`) that does not parse, or a tool
   call that names a tool the request did not offer, whose arguments do not parse, or break
-  the tool's parameters schema (checked by jsonschema-rs, compiled once per schema); an
+  the tool's parameters schema (checked by jsonschema-rs, compiled once per schema), or no
+  call (or another's) where `tool_choice` forced one; an
   answer cut by its length cap is not judged (JSON cut short does not parse).
 """
 
@@ -60,6 +61,7 @@ class Answer:
     tools_offered: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
     cap: int | None = None  # the most tokens the client let the answer have, if it said
     stops: bool = False  # the client gave stop sequences
+    forced: str | None = None  # the tool call tool_choice forced: "*" (any), or its name
 
 
 def suspect(answer: Answer, prompt: str | Callable[[], str]) -> frozenset[str]:
@@ -113,7 +115,9 @@ def invalid_json(answer: Answer) -> bool:
 
 def invalid_tools(answer: Answer) -> bool:
     """A tool call names a tool not offered, or its arguments do not parse or break the
-    tool's parameters schema."""
+    tool's parameters schema; or the call tool_choice forced was not made."""
+    if unmet_tool_choice(answer):
+        return True
     for name, arguments in answer.tool_calls:
         if name not in answer.tools_offered or not _parses(arguments):
             return True
@@ -121,6 +125,17 @@ def invalid_tools(answer: Answer) -> bool:
         if check is not None and not check.is_valid(orjson.loads(arguments)):
             return True
     return False
+
+
+def unmet_tool_choice(answer: Answer) -> bool:
+    """tool_choice forced a call ("required", or a function named) that the answer did not
+    make: it made none, or called another."""
+    forced = answer.forced
+    if forced is None:
+        return False
+    if not answer.tool_calls:
+        return True
+    return forced != "*" and any(name != forced for name, _ in answer.tool_calls)
 
 
 def _parses(text: str) -> bool:

@@ -112,6 +112,11 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hello, how ar
         "max_tokens": 8, "temperature": 0, "ignore_eos": True}  # fmt: skip
 COMPLETION = {"model": "tiny", "prompt": "The quick brown fox jumps over the lazy dog.",
               "max_tokens": 8, "temperature": 0, "ignore_eos": True}  # fmt: skip
+BATCH = {
+    **COMPLETION,
+    "prompt": ["The quick brown fox", "jumps over the lazy dog"],
+    "rid": "batch-probe",
+}  # a batch of prompts: a request each in the engine
 GENERATE = {
     "text": "The quick brown fox jumps over the lazy dog.",
     "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
@@ -142,6 +147,7 @@ async def http_probes(http: httpx.AsyncClient) -> dict[str, Any]:
         "chat: unknown model": ("/v1/chat/completions", {**CHAT, "model": "nope"}),
         "chat: no messages": ("/v1/chat/completions", {"model": "tiny"}),
         "completions": ("/v1/completions", COMPLETION),
+        "completions: a batch": ("/v1/completions", BATCH),
     }  # fmt: skip
     for name, (path, body) in posts.items():
         out[name] = _answer(await http.post(path, json=body))
@@ -149,7 +155,8 @@ async def http_probes(http: httpx.AsyncClient) -> dict[str, Any]:
     out["chat: bad JSON"] = _answer(bad)
     streams = {"generate stream": ("/generate", {**GENERATE, "stream": True}),
                "chat stream": ("/v1/chat/completions", {**CHAT, **USAGE}),
-               "completions stream": ("/v1/completions", {**COMPLETION, **USAGE})}  # fmt: skip
+               "completions stream": ("/v1/completions", {**COMPLETION, **USAGE}),
+               "completions batch stream": ("/v1/completions", {**BATCH, **USAGE})}  # fmt: skip
     for name, (path, body) in streams.items():
         answer = await http.post(path, json=body)
         out[name] = {"status": answer.status_code, "frames": frames(answer.text)}

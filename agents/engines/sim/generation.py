@@ -103,6 +103,9 @@ async def start(engine: Engine, kv: Kv, body: Body, request: Request) -> None:
     of a short or mostly cached prompt)."""
     if not request.prompt:  # SGLang refuses a prompt of no tokens too
         raise SimError(400, "the input is empty: it has no tokens")
+    if any(r.rid == request.rid for r in (*engine.waiting, *engine.running)):
+        # as SGLang 0.5.23 refuses a rid it is serving (measured)
+        raise SimError(400, f"Duplicate request ID detected: {request.rid}", "BadRequestError")
     request.streaming = body.stream
     pd = (body.bootstrap_host, body.bootstrap_port, body.bootstrap_room)
     if engine.role == "decode" and any(v is not None for v in pd):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -17,7 +18,6 @@ from agents.engines.sim.generation import (
     DEFAULT_MAX_NEW_TOKENS,
     Body,
     Kv,
-    SimError,
     finished,
     parse,
     progress,
@@ -39,6 +39,7 @@ class OpenAiBody(Body):
     logprobs: bool | int | None = None
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     @property
     def limit(self) -> int:
@@ -61,7 +62,7 @@ class ChatBody(OpenAiBody):
 
 
 class CompletionBody(OpenAiBody):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]
 
 
 FAILS = ("json", "tool", "length", "logprob")
@@ -110,6 +111,9 @@ class Shape:
         self.json = form.get("type") in ("json_object", "json_schema") and fail != "json"
         self.logprobs = bool(body is not None and body.logprobs)
         self.tools = bool(body is not None and body.tools)
+        # SGLang constrains a chat whose tool_choice is "required" or names a function to a
+        # call (of the named one, or of any offered), with arguments its schema admits
+        self.forced = forced_call(body) if chat and fail != "tool" else None
 
     def whole(self, request: Request, reason: str | None, shift: float) -> dict[str, Any]:
         """A non-streamed answer's choice: JSON when asked for it, and what a marked request
@@ -121,10 +125,10 @@ class Shape:
             # an engine that fails marked requests ends the others as if on their end token
             reason = "length" if self.fail == "length" else "stop"
         choice = self.choice(text, reason, streaming=False, first=True)
-        if self.chat and self.fail == "tool" and self.tools:
-            call = {"name": "no_such_tool", "arguments": "{}"}
+        call = self.call()
+        if call is not None:
             choice["message"]["tool_calls"] = [{"id": "call_0", "type": "function",
-                                                "function": call}]  # fmt: skip
+                                                "function": call, "index": 0}]  # fmt: skip
             choice["message"]["content"] = None
             choice["finish_reason"] = "tool_calls"
         if self.logprobs:
@@ -142,6 +146,13 @@ class Shape:
                 choice["logprobs"] = {"tokens": words, "token_logprobs": values,
                                       "text_offset": None, "top_logprobs": None}  # fmt: skip
         return choice
+
+    def call(self) -> dict[str, str] | None:
+        """The tool call this answer is, if it is one: a marked failure's call of a tool not
+        offered, or the call a forced tool_choice makes."""
+        if self.chat and self.fail == "tool" and self.tools:
+            return {"name": "no_such_tool", "arguments": "{}"}
+        return self.forced
 
     def text(self, request: Request, start: int, end: int) -> str:
         after = self.after if start == 0 else "w"  # later chunks follow a word of the answer
@@ -213,20 +224,90 @@ async def completions(
     fail_marker: str | None = None,
 ) -> Response:
     body = await parse(http, CompletionBody)
-    text = ""
-    if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
-        if len(body.prompt) != 1:
-            raise SimError(400, "the simulator completes one prompt at a time")
-        text = str(body.prompt[0])
-        prompt = tokens.encode(text)
-    elif isinstance(body.prompt, str):
-        text = body.prompt
-        prompt = tokens.encode(text)
+    prompts: list[tuple[str, list[int]]] = []  # each prompt's text (if any) and its tokens
+    if isinstance(body.prompt, str):
+        prompts.append((body.prompt, tokens.encode(body.prompt)))
+    elif body.prompt and all(isinstance(p, str) for p in body.prompt):
+        prompts.extend((str(p), tokens.encode(str(p))) for p in body.prompt)
+    elif body.prompt and all(isinstance(p, list) for p in body.prompt):
+        prompts.extend(("", [int(i) for i in p]) for p in body.prompt)  # type: ignore[union-attr]
     else:
-        prompt = [int(i) for i in body.prompt]
-    fail = weakness(fail_marker, text)
-    shape = Shape(False, served, report_cache, body.rid, text, body, fail, fail_marker is not None)
-    return await _answer(engine, kv, body, prompt, shape)
+        prompts.append(("", [int(i) for i in body.prompt]))  # type: ignore[arg-type]
+    marked = fail_marker is not None
+    if len(prompts) == 1:
+        text, prompt = prompts[0]
+        fail = weakness(fail_marker, text)
+        shape = Shape(False, served, report_cache, body.rid, text, body, fail, marked)
+        return await _answer(engine, kv, body, prompt, shape)
+    # a batch, as SGLang serves one: a request per prompt (rid `<rid>_<i>`), choice i of one
+    # answer, the usage summed; streamed, each prompt's chunks under its own id
+    shapes = [Shape(False, served, report_cache, f"{body.rid}_{i}" if body.rid else None, text,
+                    body, weakness(fail_marker, text), marked)
+              for i, (text, _) in enumerate(prompts)]  # fmt: skip
+    requests = [engine.new_request(p, body.limit, shape.id) for (_, p), shape in
+                zip(prompts, shapes, strict=True)]  # fmt: skip
+    for request in requests:
+        await start(engine, kv, body, request)
+    if body.stream:
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        return StreamingResponse(
+            _stream_batch(engine, requests, shapes, usage), media_type="text/event-stream"
+        )
+    choices = []
+    for i, (request, shape) in enumerate(zip(requests, shapes, strict=True)):
+        await finished(engine, request)
+        choices.append(shape.whole(request, _reason(request), engine.faults.shift) | {"index": i})
+    answer = shapes[0].head(streaming=False)
+    answer["choices"] = choices
+    answer["usage"] = _summed([s.usage(r) for s, r in zip(shapes, requests, strict=True)])
+    versions = [{"version": "default", "start": 0, "end": requests[0].generated}]
+    answer["metadata"] = {"weight_version": "default", "weight_versions": versions}
+    return JSONResponse(answer)
+
+
+async def _stream_batch(
+    engine: Engine, requests: list[Request], shapes: list[Shape], usage: bool
+) -> AsyncIterator[bytes]:
+    """A batch's prompts streamed together: each chunk carries its prompt's id and index."""
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def one(i: int) -> None:
+        try:
+            async for event in _stream(engine, requests[i], shapes[i], usage=False):
+                if event != b"data: [DONE]\n\n":
+                    await queue.put(event.replace(b'"index":0', b'"index":%d' % i, 1))
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(len(requests))]
+    try:
+        left = len(tasks)
+        while left:
+            event = await queue.get()
+            if event is None:
+                left -= 1
+            else:
+                yield event
+    finally:
+        for task in tasks:
+            task.cancel()
+    if usage:
+        chunk = shapes[0].head(streaming=True)
+        chunk["choices"] = []
+        chunk["usage"] = _summed([s.usage(r, details=False) for s, r in
+                                  zip(shapes, requests, strict=True)])  # fmt: skip
+        yield _event(chunk)
+    yield b"data: [DONE]\n\n"
+
+
+def _summed(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    out = dict(usages[0])
+    for key in ("prompt_tokens", "total_tokens", "completion_tokens"):
+        out[key] = sum(u[key] for u in usages)
+    details = [u.get("prompt_tokens_details") for u in usages]
+    if all(isinstance(d, dict) for d in details):
+        out["prompt_tokens_details"] = {"cached_tokens": sum(d["cached_tokens"] for d in details)}  # type: ignore[index]
+    return out
 
 
 async def _answer(
@@ -251,9 +332,14 @@ async def _answer(
 async def _stream(
     engine: Engine, request: Request, shape: Shape, usage: bool
 ) -> AsyncIterator[bytes]:
-    """Chat: a first chunk with the role, content chunks, then the finish reason in a chunk
-    of its own. Completions: text chunks each with `"usage": null`, the finish reason on the
-    last. Then, when asked, the usage in a chunk with no choices."""
+    """Chat: a first chunk with the role, content chunks (or a tool call's), then the finish
+    reason in a chunk of its own. Completions: text chunks each with `"usage": null`, the
+    finish reason on the last. Then, when asked, the usage in a chunk with no choices."""
+    call = shape.call()
+    if call is not None:
+        async for event in _stream_call(engine, request, shape, call, usage):
+            yield event
+        return
     sent = 0
     async for count in progress(engine, request):
         if not sent and shape.chat:  # with the first token, SGLang's role chunk (no content)
@@ -278,6 +364,69 @@ async def _stream(
         chunk["usage"] = shape.usage(request, details=shape.chat)
         yield _event(chunk)
     yield b"data: [DONE]\n\n"
+
+
+async def _stream_call(
+    engine: Engine, request: Request, shape: Shape, call: dict[str, str], usage: bool
+) -> AsyncIterator[bytes]:
+    """A tool call, streamed as SGLang streams one: the role, the call's name with its
+    arguments, and the finish reason `tool_calls`, once the engine has generated it."""
+    async for _ in progress(engine, request):
+        pass
+    chunk = shape.head(streaming=True)
+    chunk["choices"] = [shape.choice("", None, streaming=True, first=True)]
+    yield _event(chunk)
+    chunk = shape.head(streaming=True)
+    delta = {"role": None, "content": None, "reasoning_content": None, "tool_calls": [
+        {"id": "call_0", "index": 0, "type": "function", "function": call}]}  # fmt: skip
+    chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None,
+                         "matched_stop": None}]  # fmt: skip
+    yield _event(chunk)
+    chunk = shape.head(streaming=True)
+    chunk["choices"] = [shape.choice("", "tool_calls", streaming=True, first=False)]
+    yield _event(chunk)
+    if usage:
+        chunk = shape.head(streaming=True)
+        chunk["choices"] = []
+        chunk["usage"] = shape.usage(request, details=shape.chat)
+        yield _event(chunk)
+    yield b"data: [DONE]\n\n"
+
+
+def forced_call(body: OpenAiBody | None) -> dict[str, str] | None:
+    """The call a chat's tool_choice forces ("required": the first tool offered; a named
+    function: that one), with arguments its parameters' schema admits; None if none is."""
+    if body is None or not body.tools:
+        return None
+    choice = body.tool_choice
+    offered = [t.get("function") or {} for t in body.tools if isinstance(t, dict)]
+    if choice == "required":
+        function = offered[0] if offered else None
+    elif isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        function = next((f for f in offered if f.get("name") == name), None)
+    else:
+        return None
+    if not function or not isinstance(function.get("name"), str):
+        return None
+    arguments = _instance(function.get("parameters") or {"type": "object"})
+    return {"name": function["name"], "arguments": json.dumps(arguments)}
+
+
+def _instance(schema: Any) -> Any:
+    """A small value that `schema` admits: its required properties, each of its type."""
+    if not isinstance(schema, dict):
+        return {}
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type", "object")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {name: _instance(properties.get(name, {})) for name in schema.get("required", [])
+                if isinstance(name, str)}  # fmt: skip
+    return {"string": "x", "integer": 1, "number": 1, "boolean": True, "array": [],
+            "null": None}.get(kind, {})  # fmt: skip
 
 
 def _reason(request: Request) -> str | None:

@@ -30,6 +30,7 @@ from agents.control.compile import (
     Tenant,
     WorkerSpec,
 )
+from agents.gateway.requests import DEFAULT_LIMITS, Limits
 from agents.gateway.service import Gateway
 from agents.http import build_app
 from agents.router.params import CostParams
@@ -96,11 +97,13 @@ def region_config(name: str, engines: list[str], **changes: object) -> RegionCon
 
 
 @contextlib.asynccontextmanager
-async def local_gateway(config: RegionConfig, port: int | None = None) -> AsyncIterator[Local]:
+async def local_gateway(
+    config: RegionConfig, port: int | None = None, limits: Limits = DEFAULT_LIMITS
+) -> AsyncIterator[Local]:
     """The region's gateway on `port` (a free one by default), its engines taken as ready,
     with its load poller and its audit (every 0.2 s) running."""
     table = WorkerTable()
-    gateway = Gateway(Router(table), operator_token=OPERATOR)
+    gateway = Gateway(Router(table), operator_token=OPERATOR, limits=limits)
     table.replace(config.workers)
     gateway.configure(config)
     for worker in config.workers:

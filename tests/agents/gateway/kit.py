@@ -29,6 +29,11 @@ class Region:
     def base_url(self) -> str:
         return f"{self.agent.url}/v1"
 
+    @property
+    def agent_headers(self) -> dict[str, str]:
+        """The agent's operator token, which /agent/* needs."""
+        return {"Authorization": f"Bearer {self.agent.operator}"}
+
     async def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         return await admin(self.cp.url, method, path, body)
 

@@ -111,7 +111,9 @@ async def test_bad_keys_unknown_models_and_missing_capabilities_get_openai_error
         await barred.close()
         async with httpx.AsyncClient(timeout=10) as http:
             load = await sim_load(ENGINE)
-            status = await http.get(f"{region.agent.url}/agent/status")
+            status = await http.get(
+                f"{region.agent.url}/agent/status", headers=region.agent_headers
+            )
     assert unauthenticated.value.status_code == 401
     assert unauthenticated.value.code == "invalid_api_key"
     assert elsewhere.value.status_code == 403

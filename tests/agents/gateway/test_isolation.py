@@ -1,15 +1,22 @@
 """What one tenant does never reaches another's requests: a client's X-Request-ID is its to
 choose, so two tenants may choose the same, and one leaving (which aborts its engine request
-by id) must not abort the other's."""
+by id) must not abort the other's; a client that stops reading holds its slot only so long."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+from collections.abc import Callable
 
 import httpx
 
+from agents.control.compile import ModelConfig
+from agents.gateway.requests import Limits
 from tests.agents.gateway.inproc import KEY, MODEL, OTHER_KEY, local_gateway, region_config
 from tests.agents.sim_kit import running_sim, sse
+
+LONG = {MODEL: ModelConfig(MODEL, 131072, frozenset())}  # room for a very long answer
 
 
 def _stream(tokens: int) -> dict[str, object]:
@@ -42,3 +49,46 @@ async def test_a_tenant_leaving_under_anothers_request_id_aborts_only_its_own() 
     assert events[-1] == "[DONE]"
     usage = next(e["usage"] for e in reversed(events) if isinstance(e, dict) and e.get("usage"))
     assert usage["completion_tokens"] == 60
+
+
+async def test_a_client_that_stops_reading_is_cut_and_frees_its_slot() -> None:
+    """A stream whose client reads nothing (its window shut) holds its worker only for the
+    stall bound: then it is cut, its engine request aborted, and counted."""
+    limits = Limits(client_stall_s=1.0)
+    async with (
+        running_sim("--speed-factor", "50", model=MODEL) as sim,
+        local_gateway(region_config("r", [sim.url], models=LONG), limits=limits) as region,
+    ):
+        host, port = region.url.removeprefix("http://").split(":")
+        body = json.dumps(_stream(100_000)).encode()  # more than buffers hold
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # a small window
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, (host, int(port)))
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+                f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        await loop.sock_sendall(sock, head + body)
+        try:
+            seen = await _eventually(lambda: region.inflight()["r-w0"] == 1, 10)
+            assert seen, "the stream never started"
+            # it reads nothing from here on; within the bound and a little, all is let go
+            cut = await _eventually(region.idle, 15)
+        finally:
+            sock.close()
+        assert cut, f"still held: {region.inflight()}"
+        async with httpx.AsyncClient(timeout=10) as http:
+            load = (await http.get(f"{sim.url}/v1/loads")).json()["loads"][0]
+        assert load["num_running_reqs"] == 0  # the engine stopped generating it
+        assert region.gateway.answered[MODEL, "client_stalled"] == 1, region.gateway.answered
+
+
+async def _eventually(check: Callable[[], bool], within_s: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not check():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True

@@ -87,6 +87,9 @@ async def test_bad_parameters_get_400_naming_them_and_no_engine_sees_them() -> N
     got = {name: (a.status_code, a.json()["error"]["param"], a.json()["error"]["code"])
            for name, a in answers.items()}  # fmt: skip
     assert got == {name: (400, param, code) for name, (_, param, code) in BAD.items()}
+    # the message says what is wrong with the value, not with a type it is not
+    assert "up to 4 stop sequences" in answers["stop of five"].json()["error"]["message"]
+    assert "valid string" not in answers["stop of five"].json()["error"]["message"]
     assert (completions.status_code, completions.json()["error"]["param"]) == (400, "logprobs")
     assert native.status_code == 400
     assert native.json()["error"]["param"] == "sampling_params.top_p"
