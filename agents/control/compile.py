@@ -84,6 +84,9 @@ class Tenant:
     quota_tokens_per_minute: int | None = None
     tiering: bool = False  # its tiered requests may go to a cheaper tier
     tier_floor: str | None = None  # a model below which they never go
+    max_concurrency: float | None = None  # this node's share of its limit of requests at once
+    quota_concurrency: int | None = None  # the global limit, which leases share
+    weight: float = 1.0  # in fair admission
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,11 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
             ),
             tiering=grant.tiering,
             tier_floor=grant.tier_floor if grant.HasField("tier_floor") else None,
+            max_concurrency=_node_share(grant, "max_concurrency", nodes),
+            quota_concurrency=(
+                grant.max_concurrency if grant.HasField("max_concurrency") else None
+            ),
+            weight=grant.weight or 1.0,
         )
         tenants[tenant.name] = tenant
         for key in grant.api_keys:

@@ -9,6 +9,24 @@ no worker serving at all is answered 503 with Retry-After. Nothing waits without
 A request waits at least as long as the oldest one sent to its worker that has not started
 there, and as the requests the engine holds back take to start: requests queue here, where
 they can be shed when their SLO passes, not in an engine's queue, where they cannot.
+
+Fair between tenants. Every request of a model holds a place of its tenant's (from its
+admission until it ends, `hold`); a tenant's fair share of the model here is the places held,
+in proportion to the weights of the tenants holding any. While tenants hold unequally
+(one is over its share):
+
+- a tenant under its share is admitted on the room the engine itself would give it (SGLang
+  keeps room for a share of each running answer's rest, `RESERVE_RATIO`), not on room for
+  every answer there to finish: another tenant's long answers, reserved in full, would
+  otherwise shut it out for minutes, and should room run short it is theirs the engine
+  retracts first;
+- a tenant over its share is not admitted while one under its share waits for the model:
+  freed room goes to the one under first; past its SLO it is refused 429 `tenant_share`;
+- when the queue is full, a tenant under its share may still queue up to its share of it;
+  one over its share is refused `tenant_share`.
+
+A tenant alone, or tenants holding alike, are admitted as before: fairness costs nothing
+until it has something to decide.
 """
 
 from __future__ import annotations
@@ -20,12 +38,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agents.control.compile import RouteConfig
-from agents.gateway.errors import NoHealthyWorker, Overloaded, QueueFull
+from agents.control.compile import RouteConfig, Tenant
+from agents.gateway.errors import NoHealthyWorker, Overloaded, QueueFull, TenantShare
+from agents.held import Held
 from agents.router.decision import Decision
 from agents.router.params import CostParams
 from agents.router.policies import RouteRequest
 from agents.router.router import Router
+from agents.router.view import RESERVE_RATIO
 
 DEFAULT_WAIT_S = 10.0  # the longest wait of a model without an SLO
 RECHECK_S = 0.05  # a waiting request is placed again at least this often
@@ -49,10 +69,81 @@ class EscalateOver:
     queue_depth: int | None  # requests of the model waiting here
 
 
+class Places(Held):
+    """A request's place among its tenant's on a model, held until it ends."""
+
+    __slots__ = ("fair", "model", "tenant")
+
+    def __init__(self, fair: Fairness, model: str, tenant: Tenant) -> None:
+        super().__init__()
+        self.fair, self.model, self.tenant = fair, model, tenant
+        fair.take(model, tenant)
+
+    def release(self, error: BaseException | None) -> None:
+        self.fair.give(self.model, self.tenant.name)
+
+
+class Fairness:
+    """Each model's places by tenant, and the tenants' weights; what each tenant's fair
+    share is, and who waits."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, dict[str, int]] = {}  # model: tenant: places
+        self.weight: dict[str, dict[str, float]] = {}  # model: tenant: weight, while held
+        self.total_weight: dict[str, float] = {}
+        self.waiting: dict[str, dict[str, int]] = {}  # model: tenant: requests queued
+
+    def take(self, model: str, tenant: Tenant) -> None:
+        held = self.held.setdefault(model, {})
+        n = held.get(tenant.name, 0)
+        if not n:
+            self.weight.setdefault(model, {})[tenant.name] = tenant.weight
+            self.total_weight[model] = self.total_weight.get(model, 0.0) + tenant.weight
+        held[tenant.name] = n + 1
+
+    def give(self, model: str, tenant: str) -> None:
+        held = self.held[model]
+        held[tenant] -= 1
+        if not held[tenant]:
+            del held[tenant]
+            weight = self.weight[model].pop(tenant)
+            self.total_weight[model] -= weight
+            if not held:
+                del self.held[model], self.weight[model], self.total_weight[model]
+
+    def standing(self, model: str, tenant: str) -> int:
+        """-1 under its fair share, 1 over it, 0 even (alone, or all alike)."""
+        held = self.held.get(model)
+        if held is None or len(held) < 2:
+            return 0
+        places = held.get(tenant, 0)
+        share = sum(held.values()) * self.weight[model].get(tenant, 1.0) / self.total_weight[model]
+        if places < share - 0.5:
+            return -1
+        return 1 if places > share + 0.5 else 0
+
+    def queue_share(self, model: str, tenant: str, max_queue: int) -> float:
+        weights = self.weight.get(model, {})
+        total = self.total_weight.get(model, 0.0)
+        return max(1.0, max_queue * weights.get(tenant, 1.0) / total) if total else max_queue
+
+    def under_waiting(self, model: str) -> bool:
+        """A tenant under its share waits for the model."""
+        return any(n and self.standing(model, t) < 0
+                   for t, n in self.waiting.get(model, {}).items())  # fmt: skip
+
+    def queued(self, model: str, tenant: str, by: int) -> None:
+        waiting = self.waiting.setdefault(model, {})
+        waiting[tenant] = waiting.get(tenant, 0) + by
+        if not waiting[tenant]:
+            del waiting[tenant]
+
+
 class Admission:
     def __init__(self, router: Router, clock: Callable[[], float] = time.monotonic) -> None:
         self.router = router
         self.clock = clock
+        self.fair = Fairness()
         self.waiting: dict[str, int] = {}
         self._full_at: dict[str, float] = {}
         self._events: dict[str, asyncio.Event] = {}
@@ -79,6 +170,10 @@ class Admission:
         rate *= math.exp(-(now - at) / RATE_S)
         return waiting / rate if waiting and rate > 1 / RATE_S else 0.0
 
+    def hold(self, model: str, tenant: Tenant) -> Places:
+        """The request's place among its tenant's on `model`, held by `with` until it ends."""
+        return Places(self.fair, model, tenant)
+
     async def place(
         self,
         route: RouteConfig,
@@ -86,19 +181,27 @@ class Admission:
         exclude: set[str],
         since: float,
         escalate: EscalateOver | None = None,
+        tenant: str = "",
     ) -> Decision:
-        """The decision to act on; raises QueueFull, Overloaded or NoHealthyWorker, and
-        Escalate when `escalate` is given and passed. A request that fits here never
-        escalates."""
+        """The decision to act on; raises QueueFull, Overloaded, TenantShare or
+        NoHealthyWorker, and Escalate when `escalate` is given and passed. A request that fits
+        here never escalates."""
         slo = route.slo_ttft_s
         deadline = since + (slo if slo is not None else DEFAULT_WAIT_S)
         queued = False
+        fair, model = self.fair, route.model
         try:
             while True:
                 request.full = self.clock() - self._full_at.get(route.model, -FULL_S) < FULL_S
                 decision = self.router.route(route, request, exclude)
                 now = self.clock()
-                if decision.ranked and _fits(decision, route, request, since, now):
+                standing = fair.standing(model, tenant)
+                ratio = RESERVE_RATIO if standing < 0 else 1.0
+                if (
+                    decision.ranked
+                    and _fits(decision, route, request, since, now, ratio)
+                    and not (standing > 0 and fair.under_waiting(model))
+                ):
                     self._admitted(route.model, now)
                     return decision
                 if not decision.ranked and not decision.vetoed:
@@ -114,15 +217,18 @@ class Admission:
                     ahead = 0.0 if queued else self._drain_s(route.model, waiting, now)
                     _check_escalation(escalate, decision, waiting, now - since + ahead, queued)
                 if not queued:
-                    if self.waiting.get(route.model, 0) >= route.max_queue:
-                        raise QueueFull(
-                            f"{route.model} has {route.max_queue} requests waiting already",
-                            retry_after_s=_retry_s(slo),
-                        )
+                    self._may_queue(route, tenant, standing)
                     self.waiting[route.model] = self.waiting.get(route.model, 0) + 1
+                    fair.queued(model, tenant, 1)
                     queued = True
                 self._full_at[route.model] = now
                 left = deadline - self.clock()
+                if left <= 0 and standing > 0:
+                    raise TenantShare(
+                        f"{model} is saturated here and tenant {tenant} holds more than its "
+                        "fair share of it; others' requests go first",
+                        retry_after_s=_retry_s(slo),
+                    )
                 if left <= 0:
                     raise Overloaded(
                         f"no worker of {route.model} could start it within "
@@ -135,6 +241,25 @@ class Admission:
         finally:
             if queued:
                 self.waiting[route.model] -= 1
+                fair.queued(model, tenant, -1)
+
+    def _may_queue(self, route: RouteConfig, tenant: str, standing: int) -> None:
+        """A full queue takes no more, but from a tenant under its fair share, up to its
+        share of the queue."""
+        model, waiting = route.model, self.waiting.get(route.model, 0)
+        if waiting < route.max_queue:
+            return
+        mine = self.fair.waiting.get(model, {}).get(tenant, 0)
+        if standing < 0 and mine < self.fair.queue_share(model, tenant, route.max_queue):
+            return
+        retry = _retry_s(route.slo_ttft_s)
+        if standing > 0:
+            raise TenantShare(
+                f"{model}'s queue is full and tenant {tenant} holds more than its fair share "
+                "of it", retry_after_s=retry,
+            )  # fmt: skip
+        raise QueueFull(f"{model} has {route.max_queue} requests waiting already",
+                        retry_after_s=retry)  # fmt: skip
 
 
 def _check_escalation(
@@ -154,8 +279,15 @@ def _check_escalation(
 
 
 def _fits(
-    decision: Decision, route: RouteConfig, request: RouteRequest, since: float, now: float
+    decision: Decision,
+    route: RouteConfig,
+    request: RouteRequest,
+    since: float,
+    now: float,
+    ratio: float = 1.0,
 ) -> bool:
+    """`ratio`: of each running answer's rest, the room kept for it (1: every answer there
+    finishes; RESERVE_RATIO: as the engine itself admits)."""
     slo = route.slo_ttft_s
     predicted = decision.best_ttft_s
     if slo is None or predicted is None:
@@ -170,7 +302,7 @@ def _fits(
     view, load, params = best.view, best.entry.load, route.params
     uncached = max(0, request.prompt_tokens - best.matched_tokens)
     answer = view.answer(request.max_new)
-    held, room = view.held_wait(load, now), view.room_wait(uncached, load, now, answer, 1.0)
+    held, room = view.held_wait(load, now), view.room_wait(uncached, load, now, answer, ratio)
     # what the model misses (a step it has not learned, answers that run long) it misses
     # again: the prediction is scaled by how late first bytes have lately come here
     wait = max(predicted, view.head_age(now), held, room)

@@ -24,6 +24,9 @@ class Tally:
     admitted_tokens: float = 0.0
     refused_tokens: float = 0.0
     refused_by_reason: dict[str, float] = field(default_factory=dict)
+    concurrent: int = 0  # its requests under way here now
+    peak_concurrent: int = 0  # the most at once since the last report
+    refused_concurrent: float = 0.0  # refused for its limit of requests under way
 
     def refused(self, reason: str, tokens: int = 0, *, quota: bool = False) -> None:
         self.refused_by_reason[reason] = self.refused_by_reason.get(reason, 0.0) + 1
@@ -33,7 +36,12 @@ class Tally:
 
     def copy(self) -> Tally:
         return Tally(self.admitted_requests, self.refused_requests, self.admitted_tokens,
-                     self.refused_tokens, dict(self.refused_by_reason))  # fmt: skip
+                     self.refused_tokens, dict(self.refused_by_reason), self.concurrent,
+                     self.peak_concurrent, self.refused_concurrent)  # fmt: skip
+
+    def began(self) -> None:
+        self.concurrent += 1
+        self.peak_concurrent = max(self.peak_concurrent, self.concurrent)
 
 
 class DemandMeter:
@@ -77,6 +85,10 @@ class DemandMeter:
                 delta = count - before.refused_by_reason.get(reason, 0.0)
                 if delta > 0:
                     told.refused_by_reason[reason] = delta * 60 / span
-            if moved or told.refused_by_reason:
+            # of its limit of requests under way: the most it held, and what it was refused
+            told.peak_concurrent = tally.peak_concurrent
+            told.refused_concurrent = max(0.0, tally.refused_concurrent - before.refused_concurrent)
+            self.tallies[tenant].peak_concurrent = self.tallies[tenant].concurrent
+            if moved or told.refused_by_reason or told.peak_concurrent:
                 demand.tenants.append(told)
         return demand

@@ -100,6 +100,21 @@ class QuotaExceeded(GatewayError):
     status, code, kind, title = 429, "quota_exceeded", "rate_limit_error", "Quota exceeded"
 
 
+class TenantConcurrency(GatewayError):
+    """The tenant has as many requests under way as its limit allows (this node's share)."""
+
+    status, code, kind = 429, "tenant_concurrency", "rate_limit_error"
+    title = "Too many requests under way at once"
+
+
+class TenantShare(GatewayError):
+    """The model's workers here are saturated and the tenant holds more than its fair share
+    of them: others' requests go first."""
+
+    status, code, kind = 429, "tenant_share", "rate_limit_error"
+    title = "Over its fair share of a saturated model"
+
+
 class QueueFull(GatewayError):
     status, code, kind, title = 429, "queue_full", "rate_limit_error", "Model is at capacity"
 

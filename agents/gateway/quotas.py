@@ -12,6 +12,11 @@ failed, and the estimate for one whose use is not known). A bucket may go below 
 a request used beyond its estimate; the next request waits for the refill. Levels survive a
 new snapshot and a new lease.
 
+A tenant's requests under way at once are limited the same way: the node's share of its
+global limit (leased by demand, else static), counted from admission until the request
+ends, by the same `with`; past it, 429 `tenant_concurrency`. At least one request is always
+allowed here.
+
 A bucket holds `BURST_S` seconds of its rate (at least one request): short enough that the
 fleet, whose shares sum to the quota, admits at most a few percent over it in any minute;
 a client that sends a burst is paced, as OpenAI's own limits pace it.
@@ -28,7 +33,7 @@ from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.control.compile import Tenant
 from agents.gateway.demand import DemandMeter
-from agents.gateway.errors import QuotaExceeded
+from agents.gateway.errors import QuotaExceeded, TenantConcurrency
 from agents.held import Held
 
 BURST_S = 2.0
@@ -72,6 +77,8 @@ class Lease:
     quota_requests_per_minute: int | None
     quota_tokens_per_minute: int | None
     expires_at: float  # on the gateway's clock
+    concurrent_requests: float | None = None
+    quota_concurrent_requests: int | None = None
 
 
 class Quotas:
@@ -94,6 +101,8 @@ class Quotas:
                 _opt(lease, "quota_requests_per_minute"),
                 _opt(lease, "quota_tokens_per_minute"),
                 expires,
+                lease.concurrent_requests if lease.HasField("concurrent_requests") else None,
+                _opt(lease, "quota_concurrent_requests"),
             )
         for held in self.leases.values():
             held.expires_at = expires
@@ -117,6 +126,21 @@ class Quotas:
                 tokens = lease.tokens_per_minute  # fmt: skip
         return requests, tokens
 
+    def concurrency(self, tenant: Tenant, now: float) -> float | None:
+        """This node's share of the tenant's limit of requests under way, now (at least 1)."""
+        share = tenant.max_concurrency
+        if share is None:
+            return None
+        lease = self.leases.get(tenant.name)
+        if (
+            lease is not None
+            and lease.expires_at > now
+            and lease.concurrent_requests is not None
+            and lease.quota_concurrent_requests == tenant.quota_concurrency
+        ):
+            share = lease.concurrent_requests
+        return max(1.0, share)
+
     def _bucket(
         self, buckets: dict[str, Bucket], tenant: str, per_minute: float, now: float
     ) -> Bucket:
@@ -138,6 +162,15 @@ class Quotas:
         rpm, tpm = self.shares(tenant, now)
         requests = tokens = None
         tally = self.demand.tally(tenant.name)
+        limit = self.concurrency(tenant, now)
+        if limit is not None and tally.concurrent + 1 > limit:
+            tally.refused("tenant_concurrency")
+            tally.refused_concurrent += 1
+            raise TenantConcurrency(
+                f"tenant {tenant.name} has {tally.concurrent} requests under way here, its "
+                f"share ({limit:g}) of its limit of {tenant.quota_concurrency} at once",
+                retry_after_s=1,
+            )
         if rpm is not None:
             requests = self._bucket(self._requests, tenant.name, rpm, now)
             if requests.level < 1:
@@ -155,6 +188,7 @@ class Quotas:
             tokens.level -= prompt_tokens
         tally.admitted_requests += 1
         tally.admitted_tokens += prompt_tokens
+        tally.began()
         return Charge(self, tenant, prompt_tokens)
 
     def _refused(self, tenant: Tenant, what: str, retry_after_s: int) -> QuotaExceeded:
@@ -192,6 +226,7 @@ class Quotas:
         now = self.clock()
         return {t: {"requests_per_minute": lease.requests_per_minute,
                     "tokens_per_minute": lease.tokens_per_minute,
+                    "concurrent_requests": lease.concurrent_requests,
                     "expires_in_s": round(lease.expires_at - now, 3)}
                 for t, lease in sorted(self.leases.items())}  # fmt: skip
 
@@ -223,6 +258,7 @@ class Charge(Held):
     def release(self, error: BaseException | None) -> None:
         if self.quotas is None:
             return
+        self.quotas.demand.tally(self.tenant.name).concurrent -= 1
         if error is not None:
             self.quotas.settle(self.tenant, self.estimated, 0)  # failed: only the request counts
         elif self.used is not None:

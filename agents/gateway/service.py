@@ -51,6 +51,8 @@ from agents.gateway.errors import (
     Overloaded,
     QueueFull,
     QuotaExceeded,
+    TenantConcurrency,
+    TenantShare,
     ToolChoiceUnmet,
     UnsupportedMediaType,
     UpstreamFailed,
@@ -184,7 +186,7 @@ class Gateway(Arrival, TieredPath):
             if (
                 error.status in (429, 503)
                 and served.tenant
-                and not isinstance(error, QuotaExceeded)
+                and not isinstance(error, QuotaExceeded | TenantConcurrency)
             ):
                 self.quotas.demand.tally(served.tenant).refused(error.code)  # the quota's: there
             response, error_type = error.response(headers), error.code
@@ -235,7 +237,7 @@ class Gateway(Arrival, TieredPath):
         if flight.inference.tiered is not None:
             await self.tier(flight)
         # everything above only reads; from here on what is taken is held by `with`
-        with self.admit(flight) as charge:
+        with self.admit(flight) as charge, self.admission.hold(flight.model.name, flight.tenant):
             response, usage = await self.serve(flight)
             if flight.tier is not None:
                 response, usage = await self.cascade(flight, response, usage)
@@ -314,15 +316,17 @@ class Gateway(Arrival, TieredPath):
             if may_fail_over and await self.escalate(flight, "failure", failed.message):
                 return None
             raise failed
-        place = self.admission.place
+        place, tenant = self.admission.place, flight.tenant.name
         try:
-            return await place(route, flight.route_request, flight.tried, flight.since, over)
+            return await place(route, flight.route_request, flight.tried, flight.since, over,
+                               tenant)  # fmt: skip
         except Escalate as why:
             if await self.escalate(flight, "overload", why.why):
                 return None
             # no peer took it: it waits here, as it would without a rule
-            return await place(route, flight.route_request, flight.tried, flight.since)
-        except (QueueFull, Overloaded) as error:
+            return await place(route, flight.route_request, flight.tried, flight.since,
+                               tenant=tenant)  # fmt: skip
+        except (QueueFull, Overloaded, TenantShare) as error:
             if "overload" in triggers and await self.escalate(flight, "overload", error.message):
                 return None
             raise

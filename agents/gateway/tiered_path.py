@@ -18,6 +18,7 @@ from agents.gateway.errors import (
     GatewayError,
     NoHealthyWorker,
     QueueFull,
+    TenantShare,
 )
 from agents.gateway.flight import OPERATOR, Flight
 from agents.gateway.relay import Usage
@@ -116,9 +117,10 @@ class TieredPath:
             over = EscalateOver(route.slo_ttft_s, None) if route.slo_ttft_s else None
             try:
                 decision = await self.admission.place(
-                    route, flight.route_request, flight.tried, flight.since, over
-                )
-            except (Escalate, QueueFull, NoHealthyWorker) as why:
+                    route, flight.route_request, flight.tried, flight.since, over,
+                    flight.tenant.name,
+                )  # fmt: skip
+            except (Escalate, QueueFull, TenantShare, NoHealthyWorker) as why:
                 full.append(f"{route.model}: {why}")
                 continue
             if index != start:

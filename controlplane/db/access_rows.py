@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, DateTime, ForeignKey, Integer, String
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -23,6 +23,8 @@ class TenantRow(NamedRow):
     disabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     tiering: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     tier_floor: Mapped[str | None] = mapped_column(String(63))  # a model's name
+    max_concurrency: Mapped[int | None] = mapped_column(Integer)
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
 
 
 class ApiKeyRow(NamedRow):

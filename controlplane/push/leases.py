@@ -131,7 +131,7 @@ class LeaseFeed:
 
 def _lease(tenant: str, lease: dict[str, Any], quota: dict[str, Any]) -> pb.Lease:
     out = pb.Lease(tenant=tenant)
-    for dim in ("requests_per_minute", "tokens_per_minute"):
+    for dim in ("requests_per_minute", "tokens_per_minute", "concurrent_requests"):
         if lease.get(dim) is not None:
             setattr(out, dim, float(lease[dim]))
         if quota.get(dim) is not None:

@@ -309,6 +309,7 @@ def demand_of(node: str, region: str, demand: pb.Demand) -> NodeDemand:
     for t in demand.tenants:
         reasons = dict(t.refused_by_reason)
         tenants[t.tenant] = TenantDemand(
-            t.admitted_requests, t.refused_requests, t.admitted_tokens, t.refused_tokens, reasons
-        )
+            t.admitted_requests, t.refused_requests, t.admitted_tokens, t.refused_tokens, reasons,
+            t.peak_concurrent, t.refused_concurrent,
+        )  # fmt: skip
     return NodeDemand(node, region, datetime.now(UTC), tenants)

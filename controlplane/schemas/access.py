@@ -10,6 +10,8 @@ from pydantic import Field
 from controlplane.domain import Role
 from controlplane.schemas.common import Meta, Name, Slug, Spec, Unique
 
+DEFAULT_MAX_CONCURRENCY = 256  # a tenant's requests under way at once, unless its spec says
+
 
 class TenantSpec(Spec):
     tier: Slug = "standard"
@@ -33,6 +35,20 @@ class TenantSpec(Spec):
     )
     tier_floor: Name | None = Field(
         default=None, description="a model below which its tiered requests never go"
+    )
+    max_concurrency: int | None = Field(
+        default=DEFAULT_MAX_CONCURRENCY,
+        ge=1,
+        le=1_000_000,
+        description="its requests under way at once, fleet-wide (shared by the agents by "
+        "demand, as the quotas are); past it, 429 tenant_concurrency. null: no limit",
+    )
+    weight: float = Field(
+        default=1.0,
+        ge=0.01,
+        le=100.0,
+        description="its weight in fair admission: when a model's workers in a region are "
+        "saturated, each tenant with requests for it gets slots and queue in proportion",
     )
 
 

@@ -334,6 +334,9 @@ def tenant_grants(state: FleetState, region: str, index: FleetIndex) -> list[Ten
                 disabled=tenant.disabled,
                 tiering=tenant.tiering,
                 tier_floor=tenant.tier_floor,
+                max_concurrency=tenant.max_concurrency,
+                max_concurrency_share=exact_share(tenant.max_concurrency, weights, region),
+                weight=tenant.weight,
             )
         )
     return grants

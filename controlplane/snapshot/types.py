@@ -226,6 +226,9 @@ class TenantGrant(Frozen):
     quota_tokens_per_minute: int | None = None
     tiering: bool = False  # its requests to tiered routes may go to a cheaper tier
     tier_floor: str | None = None  # a model below which they never go
+    max_concurrency: int | None = None  # requests under way at once, fleet-wide (leased)
+    max_concurrency_share: float | None = None  # the region's exact share of it
+    weight: float = 1.0  # in fair admission
 
 
 class RegionSnapshot(Frozen):

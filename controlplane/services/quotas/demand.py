@@ -21,7 +21,8 @@ from controlplane.db.engine import Database
 from controlplane.db.quota_rows import QuotaDemandRow
 
 log = logging.getLogger(__name__)
-FIELDS = ("admitted_requests", "refused_requests", "admitted_tokens", "refused_tokens")
+FIELDS = ("admitted_requests", "refused_requests", "admitted_tokens", "refused_tokens",
+          "peak_concurrent", "refused_concurrent")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,14 @@ class TenantDemand:
     admitted_tokens: float = 0.0
     refused_tokens: float = 0.0
     refused_by_reason: dict[str, float] = field(default_factory=dict)
+    peak_concurrent: float = 0.0  # its most requests under way at once, over the window
+    refused_concurrent: float = 0.0  # refused for its limit of them, in the window
+
+    @property
+    def wants_concurrent(self) -> float:
+        """Of its limit of requests under way: what it held at most, and one more for each
+        it had to refuse."""
+        return self.peak_concurrent + self.refused_concurrent
 
     @property
     def wants_requests(self) -> float:
@@ -51,7 +60,7 @@ class TenantDemand:
     def from_json(cls, doc: dict[str, Any]) -> TenantDemand:
         rates = [float(doc.get(f) or 0.0) for f in FIELDS]
         reasons = {str(k): float(v) for k, v in (doc.get("refused_by_reason") or {}).items()}
-        return cls(rates[0], rates[1], rates[2], rates[3], reasons)
+        return cls(rates[0], rates[1], rates[2], rates[3], reasons, rates[4], rates[5])
 
 
 @dataclass(frozen=True)

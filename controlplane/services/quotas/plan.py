@@ -25,7 +25,7 @@ from controlplane.services.quotas.demand import NodeDemand
 from controlplane.snapshot import FleetState
 from controlplane.snapshot.shares import region_shares
 
-DIMENSIONS = ("requests_per_minute", "tokens_per_minute")
+DIMENSIONS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
 MARGIN = timedelta(seconds=2)
 
 TenantLeases = dict[str, Any]  # {"quota": {...}, "reserved": {...}, "leases": {node: {...}}}
@@ -51,7 +51,8 @@ def plan(
     split_over = _static(state)
     for name, tenant in sorted(state.tenants.items()):
         quotas = {"requests_per_minute": tenant.requests_per_minute,
-                  "tokens_per_minute": tenant.tokens_per_minute}  # fmt: skip
+                  "tokens_per_minute": tenant.tokens_per_minute,
+                  "concurrent_requests": tenant.max_concurrency}  # fmt: skip
         if tenant.disabled or all(q is None for q in quotas.values()):
             continue
         regions = region_shares(state, name)  # region -> its part of the quota, 0 to 1
@@ -117,4 +118,6 @@ def _want(demand: NodeDemand, tenant: str, dim: str) -> float:
     told = demand.tenants.get(tenant)
     if told is None:
         return 0.0
+    if dim == "concurrent_requests":
+        return told.wants_concurrent
     return told.wants_requests if dim == "requests_per_minute" else told.wants_tokens

@@ -39,9 +39,11 @@ def _view(tenant: TenantRow, demand: dict[str, NodeDemand], row: QuotaLeaseRow |
         if told is None:
             continue
         region = regions.setdefault(node.region, {"requests_per_minute": 0.0,
-                                                  "tokens_per_minute": 0.0})  # fmt: skip
+                                                  "tokens_per_minute": 0.0,
+                                                  "peak_concurrent": 0.0})  # fmt: skip
         region["requests_per_minute"] += told.admitted_requests
         region["tokens_per_minute"] += told.admitted_tokens
+        region["peak_concurrent"] += told.peak_concurrent
         for reason, rate in told.refused_by_reason.items():
             refused[reason] = refused.get(reason, 0.0) + rate
     data = row.data if row is not None else {}
@@ -49,7 +51,8 @@ def _view(tenant: TenantRow, demand: dict[str, NodeDemand], row: QuotaLeaseRow |
     return {
         "tenant": tenant.name,
         "quota": {"requests_per_minute": tenant.requests_per_minute,
-                  "tokens_per_minute": tenant.tokens_per_minute},
+                  "tokens_per_minute": tenant.tokens_per_minute,
+                  "concurrent_requests": tenant.max_concurrency},
         "admitted": {
             "requests_per_minute": _round(sum(r["requests_per_minute"] for r in regions.values())),
             "tokens_per_minute": _round(sum(r["tokens_per_minute"] for r in regions.values())),

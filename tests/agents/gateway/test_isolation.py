@@ -5,14 +5,18 @@ by id) must not abort the other's; a client that stops reading holds its slot on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from dataclasses import replace
 
 import httpx
 
-from agents.control.compile import ModelConfig
+from agents.control.compile import ModelConfig, RouteConfig
 from agents.gateway.requests import Limits
+from agents.router.params import CostParams
 from tests.agents.gateway.inproc import KEY, MODEL, OTHER_KEY, local_gateway, region_config
 from tests.agents.sim_kit import running_sim, sse
 
@@ -92,3 +96,63 @@ async def _eventually(check: Callable[[], bool], within_s: float) -> bool:
             return False
         await asyncio.sleep(0.1)
     return True
+
+
+async def test_a_tenants_long_streams_leave_another_tenant_served() -> None:
+    """Issue 40: acme opens ten streams asking for 100,000 tokens each (five of its clients
+    never read); eurobank, whose only region this is, is still served, where before every
+    one of its requests was refused `overloaded` (the streams' answers, reserved in full,
+    left no room). acme's eleventh request, over its share, waits behind eurobank's."""
+    async with AsyncExitStack() as stack:
+        sims = [await stack.enter_async_context(running_sim(model=MODEL)) for _ in range(2)]
+        config = region_config("r", [s.url for s in sims], models=LONG,
+                               routes={MODEL: RouteConfig(MODEL, "cost", CostParams(), 0.6,
+                                                          0.05, None, 128)})  # fmt: skip
+        config = replace(config, keys={h: replace(k, tenant=replace(
+            k.tenant, tokens_per_minute=None)) for h, k in config.keys.items()})  # fmt: skip
+        region = await stack.enter_async_context(local_gateway(config))
+        http = await stack.enter_async_context(httpx.AsyncClient(base_url=region.url, timeout=600))
+
+        async def eurobank() -> int:
+            body = {"model": MODEL, "max_tokens": 16,
+                    "messages": [{"role": "user", "content": "hello there"}]}  # fmt: skip
+            answer = await http.post("/v1/chat/completions", json=body,
+                                     headers={"Authorization": f"Bearer {OTHER_KEY}"})  # fmt: skip
+            return answer.status_code
+
+        async def reading() -> None:
+            acme = {"Authorization": f"Bearer {KEY}"}
+            body = _stream(100_000)
+            async with http.stream("POST", "/v1/chat/completions", json=body, headers=acme) as a:
+                async for _ in a.aiter_bytes():
+                    pass
+
+        assert [await eurobank() for _ in range(3)] == [200] * 3
+        streams = [asyncio.create_task(reading()) for _ in range(5)]
+        silent = [await stack.enter_async_context(_never_reading(region.url)) for _ in range(5)]
+        assert len(silent) == 5
+        await _eventually(lambda: sum(region.inflight().values()) == 10, 10)
+        during = [await eurobank() for _ in range(8)]
+        for task in streams:
+            task.cancel()
+    assert during == [200] * 8
+
+
+@contextlib.asynccontextmanager
+async def _never_reading(url: str) -> AsyncIterator[socket.socket]:
+    """acme's stream from a client that sends its request and reads nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(_stream(100_000)).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (host, int(port)))
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    await loop.sock_sendall(sock, head + body)
+    try:
+        yield sock
+    finally:
+        sock.close()

@@ -8,7 +8,7 @@ import pytest
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.control.compile import Tenant
-from agents.gateway.errors import QuotaExceeded
+from agents.gateway.errors import QuotaExceeded, TenantConcurrency
 from agents.gateway.quotas import Quotas, duration
 
 
@@ -109,3 +109,29 @@ def test_demand_is_what_was_admitted_and_refused_over_the_last_seconds() -> None
     now[0] += 10
     quotas.demand.report()
     assert not quotas.demand.report().tenants  # nothing in the last seconds
+
+
+def test_requests_under_way_at_once_stop_at_the_nodes_share_of_the_limit() -> None:
+    """Each admitted request holds one of the tenant's places until its `with` ends; past
+    this node's share of the limit (its lease, of the limit it is a share of), 429
+    tenant_concurrency, counted for the demand the leases follow."""
+    quotas = Quotas(clock=lambda: 0.0)
+    tenant = Tenant("t", "standard", None, None, None, max_concurrency=2.5,
+                    quota_concurrency=10)  # fmt: skip
+    first, second = quotas.admit(tenant, 1), quotas.admit(tenant, 1)
+    with first, second, pytest.raises(TenantConcurrency) as refused:
+        quotas.admit(tenant, 1)
+    assert refused.value.code == "tenant_concurrency"
+    assert refused.value.status == 429
+    with quotas.admit(tenant, 1):  # both ended: room again
+        pass
+    quotas.take_leases(pb.Leases(ttl_s=10, set=[pb.Lease(
+        tenant="t", concurrent_requests=4.0, quota_concurrent_requests=10)]))  # fmt: skip
+    held = [quotas.admit(tenant, 1) for _ in range(4)]
+    with pytest.raises(TenantConcurrency):
+        quotas.admit(tenant, 1)
+    for charge in held:
+        charge.__exit__(None, None, None)
+    told = {t.tenant: t for t in quotas.demand.report().tenants}["t"]
+    assert told.peak_concurrent == 4
+    assert told.refused_concurrent == 2

@@ -130,3 +130,20 @@ def test_static_shares_split_each_region_over_its_nodes_and_sum_to_the_quota() -
     demand = {"us-east-1": _demand("us-east-1", "us-east", acme=6000)}
     leases = plan(state, demand, {"us-east-1", "us-east-2"}, {}, {}, NOW, TIMING)["acme"]
     assert leases["reserved"]["requests_per_minute"] == pytest.approx(static["us-east-2"])
+
+
+def test_a_tenants_limit_of_requests_under_way_is_leased_by_demand() -> None:
+    """The default limit (256 at once, fleet-wide) goes to the agents by the most each held
+    and what each refused for it; it sums to the limit."""
+    state = state_from(example())
+    nodes = {"us-east-1": "us-east", "us-west-1": "us-west", "eu-west-1": "eu-west"}
+    demand = {n: NodeDemand(n, r, NOW, {"acme": TenantDemand(peak_concurrent=10.0)})
+              for n, r in nodes.items()}  # fmt: skip
+    demand["us-east-1"] = NodeDemand("us-east-1", "us-east", NOW, {
+        "acme": TenantDemand(peak_concurrent=150.0, refused_concurrent=60.0)})  # fmt: skip
+    leases = plan(state, demand, set(nodes), {}, {}, NOW, TIMING)["acme"]
+    assert leases["quota"]["concurrent_requests"] == 256
+    held = {n: lease["concurrent_requests"] for n, lease in leases["leases"].items()}
+    assert sum(held.values()) == pytest.approx(256)
+    assert held["us-east-1"] > 180  # it wants 210 of the 230 wanted
+    assert held["us-west-1"] >= 10

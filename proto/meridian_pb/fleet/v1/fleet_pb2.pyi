@@ -1007,6 +1007,8 @@ class TenantDemand(_message.Message):
     ADMITTED_TOKENS_FIELD_NUMBER: _builtins.int
     REFUSED_TOKENS_FIELD_NUMBER: _builtins.int
     REFUSED_BY_REASON_FIELD_NUMBER: _builtins.int
+    PEAK_CONCURRENT_FIELD_NUMBER: _builtins.int
+    REFUSED_CONCURRENT_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     admitted_requests: _builtins.float
     refused_requests: _builtins.float
@@ -1015,6 +1017,11 @@ class TenantDemand(_message.Message):
     """Tokens the admitted requests used (their estimate while they run)."""
     refused_tokens: _builtins.float
     """Prompt tokens of the requests refused for the quota."""
+    peak_concurrent: _builtins.float
+    """Its most requests under way at once over the window, and its refusals for its limit of
+    them (tenant_concurrency) in the window: what it wants of that limit.
+    """
+    refused_concurrent: _builtins.float
     @_builtins.property
     def refused_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Every refusal of the tenant's requests, by its code (quota_requests, quota_tokens,
@@ -1030,10 +1037,12 @@ class TenantDemand(_message.Message):
         admitted_tokens: _builtins.float = ...,
         refused_tokens: _builtins.float = ...,
         refused_by_reason: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        peak_concurrent: _builtins.float = ...,
+        refused_concurrent: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_requests", b"admitted_requests", "admitted_tokens", b"admitted_tokens", "refused_by_reason", b"refused_by_reason", "refused_requests", b"refused_requests", "refused_tokens", b"refused_tokens", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_requests", b"admitted_requests", "admitted_tokens", b"admitted_tokens", "peak_concurrent", b"peak_concurrent", "refused_by_reason", b"refused_by_reason", "refused_concurrent", b"refused_concurrent", "refused_requests", b"refused_requests", "refused_tokens", b"refused_tokens", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1085,6 +1094,8 @@ class Lease(_message.Message):
     TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
     QUOTA_REQUESTS_PER_MINUTE_FIELD_NUMBER: _builtins.int
     QUOTA_TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    CONCURRENT_REQUESTS_FIELD_NUMBER: _builtins.int
+    QUOTA_CONCURRENT_REQUESTS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     requests_per_minute: _builtins.float
     """This agent's share, per minute; unset where the tenant has no such quota."""
@@ -1094,6 +1105,9 @@ class Lease(_message.Message):
     quota just changed) is not used.
     """
     quota_tokens_per_minute: _builtins.int
+    concurrent_requests: _builtins.float
+    """This agent's share of the tenant's requests under way at once, and the limit it is of."""
+    quota_concurrent_requests: _builtins.int
     def __init__(
         self,
         *,
@@ -1102,11 +1116,17 @@ class Lease(_message.Message):
         tokens_per_minute: _builtins.float | None = ...,
         quota_requests_per_minute: _builtins.int | None = ...,
         quota_tokens_per_minute: _builtins.int | None = ...,
+        concurrent_requests: _builtins.float | None = ...,
+        quota_concurrent_requests: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_concurrent_requests", b"_concurrent_requests", "_quota_concurrent_requests", b"_quota_concurrent_requests", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "concurrent_requests", b"concurrent_requests", "quota_concurrent_requests", b"quota_concurrent_requests", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "tenant", b"tenant", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_concurrent_requests", b"_concurrent_requests", "_quota_concurrent_requests", b"_quota_concurrent_requests", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "concurrent_requests", b"concurrent_requests", "quota_concurrent_requests", b"quota_concurrent_requests", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "tenant", b"tenant", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__concurrent_requests: _TypeAlias = _typing.Literal["concurrent_requests"]  # noqa: Y015
+    _WhichOneofArgType__concurrent_requests: _TypeAlias = _typing.Literal["_concurrent_requests", b"_concurrent_requests"]  # noqa: Y015
+    _WhichOneofReturnType__quota_concurrent_requests: _TypeAlias = _typing.Literal["quota_concurrent_requests"]  # noqa: Y015
+    _WhichOneofArgType__quota_concurrent_requests: _TypeAlias = _typing.Literal["_quota_concurrent_requests", b"_quota_concurrent_requests"]  # noqa: Y015
     _WhichOneofReturnType__quota_requests_per_minute: _TypeAlias = _typing.Literal["quota_requests_per_minute"]  # noqa: Y015
     _WhichOneofArgType__quota_requests_per_minute: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute"]  # noqa: Y015
     _WhichOneofReturnType__quota_tokens_per_minute: _TypeAlias = _typing.Literal["quota_tokens_per_minute"]  # noqa: Y015
@@ -1115,6 +1135,10 @@ class Lease(_message.Message):
     _WhichOneofArgType__requests_per_minute: _TypeAlias = _typing.Literal["_requests_per_minute", b"_requests_per_minute"]  # noqa: Y015
     _WhichOneofReturnType__tokens_per_minute: _TypeAlias = _typing.Literal["tokens_per_minute"]  # noqa: Y015
     _WhichOneofArgType__tokens_per_minute: _TypeAlias = _typing.Literal["_tokens_per_minute", b"_tokens_per_minute"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrent_requests) -> _WhichOneofReturnType__concurrent_requests | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quota_concurrent_requests) -> _WhichOneofReturnType__quota_concurrent_requests | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__quota_requests_per_minute) -> _WhichOneofReturnType__quota_requests_per_minute | None: ...
     @_typing.overload
@@ -1970,6 +1994,9 @@ class TenantGrant(_message.Message):
     QUOTA_TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
     TIERING_FIELD_NUMBER: _builtins.int
     TIER_FLOOR_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENCY_SHARE_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tier: _builtins.str
     requests_per_minute: _builtins.int
@@ -1991,6 +2018,14 @@ class TenantGrant(_message.Message):
     """Its requests to a tiered route may go to a cheaper tier; else the strongest."""
     tier_floor: _builtins.str
     """A model below which its tiered requests never go."""
+    max_concurrency: _builtins.int
+    """Its global limit of requests under way at once (leased as the quotas are); unset: none."""
+    max_concurrency_share: _builtins.float
+    """The region's exact share of it (a fraction of the limit, by capacity)."""
+    weight: _builtins.float
+    """Its weight in fair admission: a saturated model's slots go to the tenants with demand in
+    proportion to it. 0: 1.
+    """
     @_builtins.property
     def allowed_jurisdictions(self) -> Global___Jurisdictions:
         """Unset: any jurisdiction."""
@@ -2014,11 +2049,18 @@ class TenantGrant(_message.Message):
         quota_tokens_per_minute: _builtins.int | None = ...,
         tiering: _builtins.bool = ...,
         tier_floor: _builtins.str | None = ...,
+        max_concurrency: _builtins.int | None = ...,
+        max_concurrency_share: _builtins.float | None = ...,
+        weight: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier_floor", b"tier_floor", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier_floor", b"tier_floor", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "disabled", b"disabled", "name", b"name", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tier_floor", b"tier_floor", "tiering", b"tiering", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "disabled", b"disabled", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "name", b"name", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tier_floor", b"tier_floor", "tiering", b"tiering", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_concurrency: _TypeAlias = _typing.Literal["max_concurrency"]  # noqa: Y015
+    _WhichOneofArgType__max_concurrency: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency"]  # noqa: Y015
+    _WhichOneofReturnType__max_concurrency_share: _TypeAlias = _typing.Literal["max_concurrency_share"]  # noqa: Y015
+    _WhichOneofArgType__max_concurrency_share: _TypeAlias = _typing.Literal["_max_concurrency_share", b"_max_concurrency_share"]  # noqa: Y015
     _WhichOneofReturnType__quota_requests_per_minute: _TypeAlias = _typing.Literal["quota_requests_per_minute"]  # noqa: Y015
     _WhichOneofArgType__quota_requests_per_minute: _TypeAlias = _typing.Literal["_quota_requests_per_minute", b"_quota_requests_per_minute"]  # noqa: Y015
     _WhichOneofReturnType__quota_tokens_per_minute: _TypeAlias = _typing.Literal["quota_tokens_per_minute"]  # noqa: Y015
@@ -2033,6 +2075,10 @@ class TenantGrant(_message.Message):
     _WhichOneofArgType__tokens_per_minute: _TypeAlias = _typing.Literal["_tokens_per_minute", b"_tokens_per_minute"]  # noqa: Y015
     _WhichOneofReturnType__tokens_per_minute_share: _TypeAlias = _typing.Literal["tokens_per_minute_share"]  # noqa: Y015
     _WhichOneofArgType__tokens_per_minute_share: _TypeAlias = _typing.Literal["_tokens_per_minute_share", b"_tokens_per_minute_share"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_concurrency) -> _WhichOneofReturnType__max_concurrency | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_concurrency_share) -> _WhichOneofReturnType__max_concurrency_share | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__quota_requests_per_minute) -> _WhichOneofReturnType__quota_requests_per_minute | None: ...
     @_typing.overload

@@ -1,0 +1,47 @@
+"""Fair shares between tenants on a saturated model, as admission weighs them (the pure part;
+the outcome over real engines: test_isolation.py)."""
+
+from __future__ import annotations
+
+from agents.control.compile import Tenant
+from agents.gateway.admission import Fairness
+
+
+def _tenant(name: str, weight: float = 1.0) -> Tenant:
+    return Tenant(name, "standard", None, None, None, weight=weight)
+
+
+def test_shares_follow_the_places_held_and_the_weights() -> None:
+    fair = Fairness()
+    acme, bank = _tenant("acme"), _tenant("bank", weight=3.0)
+    assert fair.standing("llama", "acme") == 0  # nobody holds anything: nothing to decide
+    for _ in range(10):
+        fair.take("llama", acme)
+    assert fair.standing("llama", "acme") == 0  # alone: as before
+    fair.take("llama", bank)
+    assert (fair.standing("llama", "acme"), fair.standing("llama", "bank")) == (1, -1)
+    # weights: bank's share of 14 places is three quarters; acme's 10 of them is over its 3.5
+    for _ in range(3):
+        fair.take("llama", bank)
+    assert (fair.standing("llama", "acme"), fair.standing("llama", "bank")) == (1, -1)
+    assert fair.queue_share("llama", "bank", 128) == 96
+    assert fair.queue_share("llama", "acme", 128) == 32
+    fair.queued("llama", "bank", 1)
+    assert fair.under_waiting("llama")
+    fair.queued("llama", "bank", -1)
+    assert not fair.under_waiting("llama")
+    for _ in range(10):
+        fair.give("llama", "acme")
+    for _ in range(4):
+        fair.give("llama", "bank")
+    assert fair.held == {}  # all given back: nothing kept
+    assert fair.total_weight == {}
+
+
+def test_tenants_holding_alike_are_even() -> None:
+    fair = Fairness()
+    for name in ("a", "b", "c"):
+        for _ in range(4):
+            fair.take("qwen", _tenant(name))
+    assert {fair.standing("qwen", n) for n in ("a", "b", "c")} == {0}
+    assert fair.standing("llama", "a") == 0  # another model: its own places
