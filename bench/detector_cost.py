@@ -14,7 +14,7 @@ from agents.engines.sim import tokens
 from agents.gateway.requests import Inference
 from agents.quality.answers import from_body
 from agents.quality.detectors import Answer, suspect
-from agents.quality.peers import Book
+from agents.quality.peers import PREFIX_BYTES, Book, Source
 from bench.harness import MODEL
 
 PROMPTS = (
@@ -50,7 +50,9 @@ def detector_cost(number: int = 2000) -> dict[str, Any]:
     for name, (answer, prompt, chunks) in cases.items():
 
         def once(answer: Answer = answer, prompt: str = prompt) -> None:
-            book.record("w", suspect(answer, lambda: prompt), "rid")
+            key = prompt.encode()  # the source: its tenant and its prompt's prefix, hashed
+            book.record("w", suspect(answer, lambda: prompt), "rid",
+                        Source("t", hash(key[:PREFIX_BYTES])))  # fmt: skip
 
         _time(out, name, once, chunks, number)
     # a non-streamed answer is parsed once more to be read (its bytes are on their way)
@@ -74,7 +76,8 @@ def detector_cost(number: int = 2000) -> dict[str, Any]:
     )
 
     def whole() -> None:
-        book.record("w", suspect(from_body(body, inference) or Answer(""), PROMPTS[0]), "rid")
+        flags = suspect(from_body(body, inference) or Answer(""), PROMPTS[0])
+        book.record("w", flags, "rid", Source("t", hash(inference.key[:PREFIX_BYTES])))
 
     _time(out, "256 tokens, a whole body parsed", whole, 256, number)
     out["worst_per_chunk_us"] = max(v["per_chunk_us"] for v in out.values()

@@ -41,7 +41,7 @@ async def classifier_cost(reqs: list[Req], number: int = 3) -> dict[str, Any]:
         for inference in parsed:
             began = time.perf_counter_ns()
             choice = await tiers.choose(route, tenant, False, inference, len(inference.key) // 4,
-                                        models)  # fmt: skip
+                                        models, "sk-hash")  # fmt: skip
             assert inference.doc is not None
             orjson.dumps(inference.doc | {"model": choice.model})
             out.append((time.perf_counter_ns() - began) / 1000)
