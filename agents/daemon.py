@@ -37,7 +37,7 @@ from agents.metrics import state_families
 from agents.quality.prober import Prober
 from agents.router.router import Router
 from agents.settings import AgentSettings
-from agents.telemetry import TelemetryWindow, add_quality, add_tiers
+from agents.telemetry import TelemetryWindow, add_quality, add_tenant_answers, add_tiers
 from agents.tracing import Tracing
 from agents.workers.kv_events import KvEventSubscriber
 from agents.workers.poller import LoadPoller
@@ -256,6 +256,7 @@ class Agent:
             self.gateway.metrics.latency_totals(),
         )
         add_quality(telemetry, self.gateway.quality)
+        add_tenant_answers(telemetry, self.gateway.by_tenant)
         add_tiers(telemetry, self.gateway.tiers)
         return telemetry
 

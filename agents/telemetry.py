@@ -169,6 +169,29 @@ def add_quality(telemetry: pb.Telemetry, quality: Quality) -> None:
         ))  # fmt: skip
 
 
+TENANTS_TOLD = 16  # per model: the tenants with the most answers that were not "ok"
+
+
+def add_tenant_answers(
+    telemetry: pb.Telemetry, by_tenant: Mapping[tuple[str, str, str], int]
+) -> None:
+    """Per model, the tenants with the most answers that were not "ok", since the start."""
+    models: dict[str, dict[str, dict[str, int]]] = {}  # model: tenant: code: count
+    for (model, tenant, code), count in by_tenant.items():
+        models.setdefault(model, {}).setdefault(tenant, {})[code] = count
+    for answers in telemetry.answers:
+        tenants = models.get(answers.model, {})
+        bad = {t: sum(n for c, n in codes.items() if c != "ok") for t, codes in tenants.items()}
+        for tenant in sorted((t for t, n in bad.items() if n), key=lambda t: -bad[t])[
+            :TENANTS_TOLD
+        ]:
+            codes = tenants[tenant]
+            answers.tenants.append(pb.TenantAnswers(
+                tenant=tenant, total=sum(codes.values()),
+                by_code={c: n for c, n in codes.items() if c != "ok"},
+            ))  # fmt: skip
+
+
 def add_tiers(telemetry: pb.Telemetry, tiers: Tiers) -> None:
     """The tiered routes' counts since the agent started."""
     telemetry.tiers.extend(

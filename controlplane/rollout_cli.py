@@ -86,10 +86,12 @@ def show(console: Console, doc: dict[str, Any]) -> None:
         f"[bold]{row['state']}[/] {row['reason']}",
         highlight=False,
     )
-    waves = Table("wave", "targets", "bake", "status")
+    waves = Table("wave", "targets", "judged models", "bake", "status")
     for wave in row["waves"]:
-        waves.add_row(wave["name"], ", ".join(wave["targets"]), f"{wave['bake_s']:g} s",
-                      wave["status"])  # fmt: skip
+        models = wave.get("models")
+        judged = "all" if models is None else ", ".join(models) or "none"
+        waves.add_row(wave["name"], ", ".join(wave["targets"]), judged,
+                      f"{wave['bake_s']:g} s", wave["status"])  # fmt: skip
     console.print(waves)
     if row["checks"]:
         checks = Table("check", "model", "verdict", "figure")

@@ -116,6 +116,9 @@ class Gateway(Arrival, TieredPath):
         self.rejections: Counter[tuple[str, str]] = Counter()  # (model, code)
         self.faults: Counter[str] = Counter()  # requests failed by a fault of ours, by model
         self.answered: Counter[tuple[str, str]] = Counter()  # (model, "ok" or the error's code)
+        # (model, tenant, code): the same per tenant, so that a rollout's checks can leave out
+        # the tenant that gave the most refusals or errors
+        self.by_tenant: Counter[tuple[str, str, str]] = Counter()
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (model, policy, choice)
         self.receipts = Receipts()
         self.created = int(time.time())  # the models' `created`: when this gateway started
@@ -201,6 +204,8 @@ class Gateway(Arrival, TieredPath):
             error_type = "client_stalled"  # counted as such: it was cut, not answered
         code = error_type or ("ok" if response.status < 400 else f"http_{response.status}")
         self.answered[served.model, code] += 1
+        if served.tenant:
+            self.by_tenant[served.model, served.tenant, code] += 1
         now = self.clock()
         self.metrics.answered(request.path, response.status, started, now, served, error_type)
         self.receipts.note(request_id, response.status, started, now, served, error_type)

@@ -30,10 +30,19 @@ POLICY = {
 }
 
 
+IDLE = "mistral-7b-instruct"  # a model nobody calls, as most of a real fleet's are at any hour
+IDLE_DEPLOYMENT = {"name": "mistral-us-east", "model": IDLE, "region": "us-east",
+                   "backend": "sim", "replicas": 1}  # fmt: skip
+
+
 def _waves(doc: dict[str, Any]) -> None:
     doc["rollout_policies"] = [POLICY]
     for tenant in doc["tenants"]:  # no tenant's own quota in the way of the traffic
         tenant["requests_per_minute"] = 1_000_000
+    doc["models"].append({"name": IDLE, "source": "mistralai/Mistral-7B-Instruct-v0.3",
+                          "context_length": 32768, "capabilities": ["chat", "completion"],
+                          "min_gpu_memory_gb": 16})  # fmt: skip
+    doc["deployments"].append(IDLE_DEPLOYMENT)
 
 
 class Traffic:
@@ -207,8 +216,23 @@ async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every
             sorted(REGIONS), good
         )
         assert all(c["verdict"] == "pass" for c in row["checks"]), row["checks"]
+        # the idle model is not what it changed: nothing waited for its traffic
+        assert {c["model"] for c in row["checks"]} <= {LLAMA, None}, row["checks"]
+        assert all(w["models"] == [LLAMA] for w in row["waves"]), row["waves"]
         seen = load.since(mark)
         assert all(seen[r]["ok"] > 0 and list(seen[r]) == ["ok"] for r in REGIONS), seen
+
+        # 5. A change to the idle model's deployment: judged by its engines and nacks (it has
+        # no traffic on either side, and says so), and complete with no operator.
+        idle = await apply(
+            fleet, deployments=[{**IDLE_DEPLOYMENT, "engine_args": {"max-running-requests": 64}}]
+        )
+        row = (await ended(fleet, idle, within_s=60))["rollout"]
+        assert row["state"] == "complete", row
+        assert [w["models"] for w in row["waves"]] == [[IDLE]], row["waves"]
+        verdicts = {(c["check"], c["model"]): c["verdict"] for c in row["checks"]}
+        assert verdicts == {("nack", None): "pass", ("engines", None): "pass",
+                            ("traffic", IDLE): "pass"}, row["checks"]  # fmt: skip
 
 
 async def test_operators_pause_resume_promote_and_abort_while_revocation_goes_everywhere(

@@ -89,6 +89,7 @@ class RolloutDriver:
         policy = RolloutPolicySpec.model_validate(row.policy)
         regions = affected(state, intents.get(row.base), intents[row.revision])
         waves = plan(policy, state, regions)
+        changed = regions  # region: the models whose desired state it changes
         row.waves = [w.model_dump() for w in waves]
         if not waves:
             await self._finish(session, row, "no region's snapshot changes")
@@ -101,8 +102,10 @@ class RolloutDriver:
             for n, r in readings.items()
             if n in earlier
         }
-        log.info("rollout %s of revision %s: %d waves over %s", row.id, row.revision,
-                 len(waves), ", ".join(regions))  # fmt: skip
+        said = "; ".join(f"{r}: {', '.join(m) or 'no model'}" for r, m in changed.items())
+        log.info("rollout %s of revision %s: %d waves; it changes %s", row.id, row.revision,
+                 len(waves), said)  # fmt: skip
+        await audit(session, "begin", row, {"changes": changed})
         return await self._advance(session, row, 0, readings, now)
 
     async def _advance(
@@ -120,7 +123,8 @@ class RolloutDriver:
         row.wave, row.wave_started_at, row.updated_at = index, now, now
         row.at_wave = {n: r.as_json() for n, r in readings.items()}
         row.checks = []
-        detail = {"wave": wave.name, "targets": wave.targets, "intent": row.revision}
+        detail = {"wave": wave.name, "targets": wave.targets, "intent": row.revision,
+                  "models": wave.models}  # fmt: skip
         row.pushed_revision = await bump(session, "wave", row, detail)
         return row.pushed_revision
 
@@ -156,8 +160,11 @@ class RolloutDriver:
         served = {d.model for d in intent.deployments.values() if d.region in regions} & {
             d.model for d in (base.deployments.values() if base else []) if d.region in regions
         }
+        # only the models the change alters in the regions done are judged on their traffic
+        named = [w.models for w in waves[: row.wave + 1]]
+        judged = None if None in named else {m for models in named for m in models or ()}
         checks = judge_nodes(policy.checks, views, at_wave)
-        checks += judge_traffic(policy.checks, sides, served)
+        checks += judge_traffic(policy.checks, sides, served, judged)
         row.checks, row.updated_at = [c.as_json() for c in checks], now
         failed = [c for c in checks if c.verdict == "fail"]
         if failed:

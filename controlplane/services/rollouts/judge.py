@@ -7,6 +7,12 @@ what happened in between, whichever heartbeats the leader happened to read. When
 target is updated (the last wave, or a fleet of one), the baseline is the same targets'
 minutes before the rollout began. A side with too few answers is not judged: the check
 says "wait", never "pass".
+
+One tenant's traffic never rolls a change back: agents report, per model, the tenants with
+the most answers that were not "ok", and a rate check that fails is judged again with the
+tenant that gave the most of what it counts left out on both sides (its answers and its
+bad ones); it fails only if it fails both times, so the evidence must come from more than
+one tenant.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from typing import Any, Literal, TypeVar
 from controlplane.schemas.rollout import RolloutChecks
 
 ERRORS = frozenset({"internal_error", "upstream_failed", "no_healthy_worker", "not_ready"})
-REFUSALS = frozenset({"queue_full", "overloaded"})  # not quota_exceeded: a tenant's own
+# not quota_exceeded, tenant_concurrency or tenant_share: a tenant's own limits, and its
+# requests over its fair share of a saturated model (agents/gateway/admission.py)
+REFUSALS = frozenset({"queue_full", "overloaded"})
 Verdict = Literal["pass", "fail", "wait"]
 K = TypeVar("K", str, float)
 
@@ -30,6 +38,8 @@ class Counts:
     escalated: int = 0
     ttft: dict[float, int] = field(default_factory=dict)  # cumulative, by upper bound
     itl: dict[float, int] = field(default_factory=dict)
+    # the tenants that had answers that were not "ok": tenant: {"": answers, code: count}
+    tenants: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def answers(self) -> int:
@@ -45,6 +55,17 @@ class Counts:
         self.codes = _plus(self.codes, other.codes)
         self.ttft, self.itl = _plus(self.ttft, other.ttft), _plus(self.itl, other.itl)
         self.escalated += other.escalated
+        for tenant, codes in other.tenants.items():
+            self.tenants[tenant] = _plus(self.tenants.get(tenant, {}), codes)
+
+    def without(self, tenant: str) -> Counts:
+        """These counts with one tenant's answers left out."""
+        theirs = self.tenants.get(tenant, {})
+        codes = {c: max(0, n - theirs.get(c, 0)) for c, n in self.codes.items()}
+        left = self.answers - theirs.get("", 0)
+        codes["ok"] = max(0, codes.get("ok", 0) - max(0, sum(codes.values()) - left))
+        others = {t: c for t, c in self.tenants.items() if t != tenant}
+        return Counts(codes, self.escalated, self.ttft, self.itl, others)
 
     def minus(self, then: Counts) -> Counts:
         """What happened since `then`; all of it when a counter went back (a restart)."""
@@ -56,11 +77,14 @@ class Counts:
         )
         if went_back:
             return self
+        tenants = {t: {c: n for c, n in _plus(codes, then.tenants.get(t, {}), -1).items() if n > 0}
+                   for t, codes in self.tenants.items()}  # fmt: skip
         return Counts(
             _plus(self.codes, then.codes, -1),
             self.escalated - then.escalated,
             _plus(self.ttft, then.ttft, -1),
             _plus(self.itl, then.itl, -1),
+            {t: c for t, c in tenants.items() if c},
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -70,6 +94,7 @@ class Counts:
             "escalated": self.escalated,
             "ttft": [[str(le), n] for le, n in sorted(self.ttft.items())],
             "itl": [[str(le), n] for le, n in sorted(self.itl.items())],
+            "tenants": self.tenants,
         }
 
     @classmethod
@@ -79,7 +104,9 @@ class Counts:
             int(doc.get("escalated", 0)),
             {float(le): int(n) for le, n in doc.get("ttft", [])},
             {float(le): int(n) for le, n in doc.get("itl", [])},
-        )
+            {t: {c: int(n) for c, n in codes.items()}
+             for t, codes in (doc.get("tenants") or {}).items()},
+        )  # fmt: skip
 
 
 def _plus(a: dict[K, int], b: dict[K, int], sign: int = 1) -> dict[K, int]:
@@ -110,9 +137,12 @@ class Reading:
             ttft, itl = ({float(le): int(n) for le, n in zip(h.get("le", []), h.get("count", []),
                                                                strict=False)}
                          for h in histograms)  # fmt: skip
+            tenants = {str(t.get("tenant", "")): {"": int(t.get("total") or 0)} | {
+                c: int(n) for c, n in (t.get("by_code") or {}).items()}
+                for t in answers.get("tenants") or []}  # fmt: skip
             models[answers["model"]] = Counts(
                 {k: int(v) for k, v in (answers.get("total_by_code") or {}).items()},
-                int(answers.get("escalated_total") or 0), ttft, itl,
+                int(answers.get("escalated_total") or 0), ttft, itl, tenants,
             )  # fmt: skip
         engines = list(doc.get("engines", []))
         return cls(models, {e["id"]: int(e.get("restarts") or 0) for e in engines}, engines)
@@ -176,14 +206,27 @@ class Sides:
     slo_ms: dict[str, tuple[int | None, int | None]]  # per model: TTFT, ITL
 
 
-def judge_traffic(limits: RolloutChecks, sides: Sides, served: set[str]) -> list[Check]:
+def judge_traffic(
+    limits: RolloutChecks, sides: Sides, served: set[str], judged: set[str] | None = None
+) -> list[Check]:
     """Per model the updated targets serve, and any other they answered enough for (a model
     new here, or answers given before the model was known, under ""): too few answers is
-    "wait". A model they neither serve nor answered enough for is not waited on."""
+    "wait". A model they neither serve nor answered enough for is not waited on.
+
+    `judged`: the models the change alters (None: all). Another model is not judged: the
+    change does not touch it. A changed model with no traffic on either side, updated or
+    not, is judged by the checks that need none (nacks, engines), and the verdict says so;
+    one with traffic on one side only waits."""
     checks = []
     answered = {m for m, c in sides.updated.items() if c.answers >= limits.min_requests}
     for model in sorted(served | answered):
+        if judged is not None and model not in judged:
+            continue
         new = sides.updated.get(model, Counts())
+        if judged is not None and _idle(limits, sides, model):
+            figure = "no traffic on either side: judged by its nacks and engines"
+            checks.append(Check("traffic", "pass", figure, model))
+            continue
         base, label = _baseline(limits, sides, model)
         checks.append(_rate("errors", model, new, base, label, limits, Counts.errors,
                             limits.error_rate))  # fmt: skip
@@ -203,6 +246,14 @@ def judge_traffic(limits: RolloutChecks, sides: Sides, served: set[str]) -> list
     return checks
 
 
+def _idle(limits: RolloutChecks, sides: Sides, model: str) -> bool:
+    """No side, updated or not yet updated, had enough answers of the model to judge by."""
+    return all(
+        side.get(model, Counts()).answers < limits.min_requests
+        for side in (sides.updated, sides.baseline)
+    )
+
+
 def _baseline(limits: RolloutChecks, sides: Sides, model: str) -> tuple[Counts | None, str]:
     same = sides.baseline.get(model)
     if same is not None and same.answers >= limits.min_requests:
@@ -219,11 +270,21 @@ def _rate(
 ) -> Check:  # fmt: skip
     if new.answers < limits.min_requests:
         return Check(name, "wait", f"{new.answers} of {limits.min_requests} answers", model)
-    share = count(new) / new.answers
-    base_share = count(base) / base.answers if base is not None else 0.0
-    figure = f"{share:.1%} vs {base_share:.1%} ({label}) of {new.answers} answers"
-    bad = share > base_share + margin and share > 2 * base_share
+    bad, figure = _worse(new, base, count, margin)
+    figure += f" ({label}) of {new.answers} answers"
+    if bad and new.tenants:  # again without the tenant that gave the most: never one alone
+        top = max(new.tenants, key=lambda t: count(Counts(new.tenants[t])))
+        left = new.without(top)
+        bad, again = _worse(left, base.without(top) if base is not None else None, count, margin)
+        figure += f"; without {top}, the most of them: {again}"
     return Check(name, "fail" if bad else "pass", figure, model)
+
+
+def _worse(new: Counts, base: Counts | None, count: Any, margin: float) -> tuple[bool, str]:
+    share = count(new) / new.answers if new.answers else 0.0
+    base_share = count(base) / base.answers if base is not None and base.answers else 0.0
+    bad = share > base_share + margin and share > 2 * base_share
+    return bad, f"{share:.1%} vs {base_share:.1%}"
 
 
 def _latency(

@@ -14,6 +14,7 @@ from tests.controlplane.fleet import example
 from tests.controlplane.snapshot.test_compiler import state_from
 
 LLAMA = "llama-3.1-8b-instruct"
+QWEN = "qwen2.5-32b-instruct"
 
 
 def _edited(edit: Any) -> tuple[Intent, Intent, Any]:
@@ -32,14 +33,37 @@ def _policy(doc: dict[str, Any], name: str, **changes: Any) -> None:
 
 def test_a_change_touches_only_the_regions_whose_snapshot_it_alters() -> None:
     base, new, state = _edited(lambda d: _policy(d, "llama-eu-west", slo_ttft_ms=700))
-    assert affected(state, base, new) == ["eu-west"]
+    assert affected(state, base, new) == {"eu-west": [LLAMA]}
     base, new, state = _edited(lambda d: _policy(d, "llama-default", max_inflight=4))
-    assert affected(state, base, new) == ["us-east", "us-west"]  # eu-west has its own
+    # eu-west has its own policy; and only llama's part of each region changes
+    assert affected(state, base, new) == {"us-east": [LLAMA], "us-west": [LLAMA]}
+
+
+def test_the_models_a_change_alters_are_named_per_region() -> None:
+    """A deployment's change alters its model where it runs, and where peers escalate to it
+    (their fallback chains name the models a peer serves); a model's, it everywhere."""
+
+    def replicas(doc: dict[str, Any]) -> None:
+        for deployment in doc["deployments"]:
+            if deployment["name"] == "qwen-us-east":
+                deployment["engine_args"] = {"mem-fraction-static": 0.8}
+
+    base, new, state = _edited(replicas)
+    assert affected(state, base, new) == {"us-east": [QWEN]}
+
+    def context(doc: dict[str, Any]) -> None:
+        for model in doc["models"]:
+            if model["name"] == LLAMA:
+                model["context_length"] = 4096
+
+    base, new, state = _edited(context)
+    assert affected(state, base, new) == {r: [LLAMA] for r in ("eu-west", "us-east", "us-west")}
 
 
 def test_the_waves_start_small_and_end_with_every_region() -> None:
     _, _, state = _edited(lambda d: None)
-    waves = plan(RolloutPolicySpec(), state, ["eu-west", "us-east", "us-west"])
+    everywhere = {"eu-west": [LLAMA], "us-east": [LLAMA, QWEN], "us-west": [LLAMA]}
+    waves = plan(RolloutPolicySpec(), state, everywhere)
     # us-west has the fewest GPUs (1), then eu-west (2), then us-east (5)
     assert [w.targets for w in waves] == [
         ["region:us-west"],
@@ -47,9 +71,10 @@ def test_the_waves_start_small_and_end_with_every_region() -> None:
         ["region:us-east"],
     ]
     assert all(w.bake_s == 60 for w in waves)
+    assert [w.models for w in waves] == [[LLAMA], [LLAMA], [LLAMA, QWEN]]
     named = RolloutPolicySpec(canary_region="us-east", bake_s=5,
                               waves=[WaveSpec(regions=["eu-west"], bake_s=1)])  # fmt: skip
-    waves = plan(named, state, ["eu-west", "us-east", "us-west"])
+    waves = plan(named, state, everywhere)
     assert [(w.targets, w.bake_s) for w in waves] == [
         (["region:us-east"], 5),
         (["region:eu-west"], 1),
@@ -61,7 +86,7 @@ def test_a_region_of_several_nodes_starts_with_one_node() -> None:
     doc = example()
     doc["nodes"].append({**doc["nodes"][1], "name": "us-west-2", "hostname": "127.0.0.9"})
     state = state_from(doc)
-    waves = plan(RolloutPolicySpec(), state, ["us-west"])
+    waves = plan(RolloutPolicySpec(), state, {"us-west": [LLAMA]})
     assert [w.targets for w in waves] == [["node:us-west-1"], ["region:us-west"]]
 
 
@@ -154,3 +179,47 @@ def test_counts_since_a_heartbeat_survive_an_agent_restart() -> None:
     )
     assert restarted.minus(then)[LLAMA].codes == {"ok": 7}
     assert quantile({0.1: 50, 0.2: 100, float("inf"): 100}, 0.5) == 0.1
+
+
+def test_only_the_models_a_change_alters_are_judged_and_an_idle_one_by_its_engines() -> None:
+    """Issue 40: a change to llama's policy is not held up by qwen's silence; a changed model
+    with no traffic on either side passes on its nacks and engines (said so); one with
+    traffic on one side only waits."""
+    limits = RolloutChecks()
+    busy = Sides({LLAMA: _counts(500)}, {LLAMA: _counts(500)}, {}, {})
+    checks = judge_traffic(limits, busy, {LLAMA, QWEN}, judged={LLAMA})
+    assert {c.model for c in checks} == {LLAMA}
+    assert {c.verdict for c in checks} == {"pass"}
+    idle = judge_traffic(limits, busy, {LLAMA, QWEN}, judged={QWEN})
+    assert [(c.check, c.model, c.verdict) for c in idle] == [("traffic", QWEN, "pass")]
+    assert "nacks and engines" in idle[0].figure
+    one_side = Sides({QWEN: _counts(3)}, {QWEN: _counts(500)}, {}, {})
+    waiting = judge_traffic(limits, one_side, {QWEN}, judged={QWEN})
+    assert {c.verdict for c in waiting} == {"wait"}
+
+
+def test_one_tenants_refusals_or_errors_never_roll_a_change_back() -> None:
+    """Issue 40: refusals that one tenant's own load brings (acme's long streams during the
+    bake) are left out with it; the same share spread over tenants still fails."""
+    limits = RolloutChecks()
+    one = _counts(100, queue_full=60)
+    one.tenants = {"acme": {"": 70, "queue_full": 58}, "beta": {"": 30, "queue_full": 2}}
+    sides = Sides({LLAMA: one}, {LLAMA: _counts(100, queue_full=5)}, {}, {})
+    (refusals,) = [c for c in judge_traffic(limits, sides, {LLAMA}) if c.check == "refusals"]
+    assert refusals.verdict == "pass", refusals.figure
+    assert "without acme" in refusals.figure
+    spread = _counts(100, queue_full=60)
+    spread.tenants = {"acme": {"": 40, "queue_full": 24}, "beta": {"": 30, "queue_full": 18},
+                      "gamma": {"": 30, "queue_full": 18}}  # fmt: skip
+    sides = Sides({LLAMA: spread}, {LLAMA: _counts(100, queue_full=5)}, {}, {})
+    (refusals,) = [c for c in judge_traffic(limits, sides, {LLAMA}) if c.check == "refusals"]
+    assert refusals.verdict == "fail", refusals.figure
+
+
+def test_tenants_counts_are_taken_since_a_heartbeat() -> None:
+    then = Counts({"ok": 10, "queue_full": 2}, tenants={"acme": {"": 5, "queue_full": 2}})
+    tenants = {"acme": {"": 12, "queue_full": 9}, "beta": {"": 3, "overloaded": 1}}
+    now = Counts({"ok": 20, "queue_full": 9}, tenants=tenants)
+    since = now.minus(then)
+    assert since.tenants == {"acme": {"": 7, "queue_full": 7}, "beta": {"": 3, "overloaded": 1}}
+    assert Counts.from_json(since.as_json()).tenants == since.tenants

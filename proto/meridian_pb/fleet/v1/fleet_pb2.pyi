@@ -695,6 +695,7 @@ class ModelAnswers(_message.Message):
     ESCALATED_TOTAL_FIELD_NUMBER: _builtins.int
     TTFT_FIELD_NUMBER: _builtins.int
     ITL_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     per_second: _builtins.float
     """Answers a second, whatever their status."""
@@ -717,6 +718,13 @@ class ModelAnswers(_message.Message):
     def ttft(self) -> Global___Histogram: ...
     @_builtins.property
     def itl(self) -> Global___Histogram: ...
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantAnswers]:
+        """The tenants with the most answers that were not "ok" (at most 16), each with its
+        answers and those by code, since the gateway started: a rollout's checks leave out the
+        tenant that gave the most, so that one tenant's traffic never rolls a change back.
+        """
+
     def __init__(
         self,
         *,
@@ -727,14 +735,63 @@ class ModelAnswers(_message.Message):
         escalated_total: _builtins.int = ...,
         ttft: Global___Histogram | None = ...,
         itl: Global___Histogram | None = ...,
+        tenants: _abc.Iterable[Global___TenantAnswers] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl", b"itl", "ttft", b"ttft"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "total_by_code", b"total_by_code", "ttft", b"ttft"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "tenants", b"tenants", "total_by_code", b"total_by_code", "ttft", b"ttft"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelAnswers: _TypeAlias = ModelAnswers  # noqa: Y015
+
+@_typing.final
+class TenantAnswers(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ByCodeEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    BY_CODE_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    total: _builtins.int
+    @_builtins.property
+    def by_code(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Its answers that were not "ok", by code."""
+
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        total: _builtins.int = ...,
+        by_code: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by_code", b"by_code", "tenant", b"tenant", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantAnswers: _TypeAlias = TenantAnswers  # noqa: Y015
 
 @_typing.final
 class Histogram(_message.Message):

@@ -1,0 +1,31 @@
+"""What the heartbeat tells of each model's answers per tenant: the tenants with the most
+answers that were not "ok", so that a rollout's checks can leave out the one that gave the
+most (controlplane/services/rollouts/judge.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+
+from agents.telemetry import TENANTS_TOLD, add_tenant_answers
+
+
+def test_the_tenants_with_the_most_answers_not_ok_are_told_per_model() -> None:
+    by_tenant: Counter[tuple[str, str, str]] = Counter()
+    by_tenant["llama", "acme", "ok"] = 40
+    by_tenant["llama", "acme", "queue_full"] = 30
+    by_tenant["llama", "beta", "ok"] = 100  # nothing went wrong for beta: not told
+    for i in range(TENANTS_TOLD + 4):
+        by_tenant["llama", f"t{i}", "overloaded"] = i + 1
+    by_tenant["qwen", "acme", "internal_error"] = 2
+    telemetry = pb.Telemetry(answers=[pb.ModelAnswers(model="llama"),
+                                      pb.ModelAnswers(model="qwen")])  # fmt: skip
+    add_tenant_answers(telemetry, by_tenant)
+    llama, qwen = telemetry.answers
+    told = {t.tenant: (t.total, dict(t.by_code)) for t in llama.tenants}
+    assert len(told) == TENANTS_TOLD
+    assert told["acme"] == (70, {"queue_full": 30})
+    assert "beta" not in told
+    assert "t0" not in told  # the fewest
+    assert [(t.tenant, dict(t.by_code)) for t in qwen.tenants] == [("acme", {"internal_error": 2})]
