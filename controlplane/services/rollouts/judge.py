@@ -12,7 +12,8 @@ One tenant's traffic never rolls a change back: agents report, per model, the te
 the most answers that were not "ok", and a rate check that fails is judged again with the
 tenant that gave the most of what it counts left out on both sides (its answers and its
 bad ones); it fails only if it fails both times, so the evidence must come from more than
-one tenant.
+one tenant. Where the others had too few answers to judge by (a fleet that one tenant's
+traffic is all of), that tenant's answers are the evidence.
 """
 
 from __future__ import annotations
@@ -275,8 +276,10 @@ def _rate(
     if bad and new.tenants:  # again without the tenant that gave the most: never one alone
         top = max(new.tenants, key=lambda t: count(Counts(new.tenants[t])))
         left = new.without(top)
-        bad, again = _worse(left, base.without(top) if base is not None else None, count, margin)
-        figure += f"; without {top}, the most of them: {again}"
+        if left.answers >= limits.min_requests:  # others were served here: judge by theirs
+            base_left = base.without(top) if base is not None else None
+            bad, again = _worse(left, base_left, count, margin)
+            figure += f"; without {top}, the most of them: {again}"
     return Check(name, "fail" if bad else "pass", figure, model)
 
 

@@ -223,3 +223,12 @@ def test_tenants_counts_are_taken_since_a_heartbeat() -> None:
     since = now.minus(then)
     assert since.tenants == {"acme": {"": 7, "queue_full": 7}, "beta": {"": 3, "overloaded": 1}}
     assert Counts.from_json(since.as_json()).tenants == since.tenants
+
+
+def test_where_one_tenant_is_all_the_traffic_its_answers_are_the_evidence() -> None:
+    limits = RolloutChecks()
+    alone = _counts(40, queue_full=60)
+    alone.tenants = {"acme": {"": 100, "queue_full": 60}}
+    sides = Sides({LLAMA: alone}, {LLAMA: _counts(100)}, {}, {})
+    (refusals,) = [c for c in judge_traffic(limits, sides, {LLAMA}) if c.check == "refusals"]
+    assert refusals.verdict == "fail", refusals.figure
