@@ -316,15 +316,18 @@ def revocation_command(regions: int, rounds: int, out: Path | None) -> None:
 @click.option("--good", type=click.IntRange(1, 200), default=20, show_default=True,
               help="good changes, each waited to its end")  # fmt: skip
 @click.option("--revocations", type=click.IntRange(1, 200), default=20, show_default=True)
+@click.option("--repeat", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="runs of each harmful change: containment must hold every time")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def rollout_command(
-    bake: float, baseline: float, good: int, revocations: int, out: Path | None
+    bake: float, baseline: float, good: int, revocations: int, repeat: int, out: Path | None
 ) -> None:
     """Harmful changes caught at the canary and rolled back, good ones rolled everywhere, and
     key revocation while a rollout is paused, on three regions under steady traffic."""
     root = _scratch("rollout")
     options = rollout.Options(bake_s=bake, baseline_s=baseline, good=good,
-                              revocations=revocations, out=out, root=root)  # fmt: skip
+                              revocations=revocations, repeat=repeat, out=out,
+                              root=root)  # fmt: skip
     try:
         asyncio.run(rollout.run(options))
     finally:

@@ -7,12 +7,15 @@ region, then one region, then the rest) with a shorter bake. In one run:
 
 - **baseline**: no change, for `--baseline` seconds: the share of requests that fail or miss
   the SLO without any change;
-- **harmful changes**, each applied to every region in one revision: engines that crash as
-  they start, engines 30 times slower (TTFT past the SLO), admission limits so low that most
-  requests get 429. For each: the regions that ever held it, the time from the write to the
-  rollback decided and to the rollback in force on every agent that held it, and the share of
-  the fleet's requests that saw the harm (failed, refused other than by quota, or missed the
-  SLO) over the change's minutes, less the baseline's share;
+- **harmful changes**, each applied to every region in one revision, `--repeat` times each
+  (containment must hold every time, not once): engines that crash as they start, engines
+  30 times slower (TTFT past the SLO), admission limits so low that most requests get 429, a
+  TTFT SLO of 1 ms. For each run: the regions that ever held it, the time from the write to
+  the rollback decided and to the rollback in force on every agent that held it, the share
+  of the fleet's requests that saw the harm (failed, refused other than by quota, or missed
+  the SLO) over the change's minutes, less the baseline's share, and the rollout's checks as
+  the leader judged them through the run (every half second: wave, state, each check's
+  verdict and figure), so that a run that was not contained can be read afterwards;
 - **good changes**: `--good` changes of the TTFT SLO, each waited to its end: the time from the
   write to the last region, and the rollbacks among them (false rollbacks);
 - **revocation during a paused rollout**: `--revocations` keys revoked while a rollout is
@@ -48,6 +51,7 @@ HARMFUL: dict[str, dict[str, Any]] = {
     "engines crash on start": {"deployments": {"crash-after-s": 0.5}},
     "engines 30x slower (TTFT past the SLO)": {"deployments": {"slow-factor": 30}},
     "admission limits: most requests 429": {"policy": {"max_inflight": 1, "max_queue": 0}},
+    "a TTFT SLO of 1 ms": {"policy": {"slo_ttft_ms": 1}},
 }
 
 
@@ -58,6 +62,7 @@ class Options:
     good: int = 20
     revocations: int = 20
     streams: int = 3  # concurrent streams into each region
+    repeat: int = 3  # runs of each harmful change
     out: Path | None = None
     root: Path = Path(".")
 
@@ -167,11 +172,12 @@ async def run(options: Options) -> dict[str, Any]:
                 result["baseline"] = {"bad_share": round(baseline, 4), "requests": counted}
                 result["harmful"] = []
                 for name, change in HARMFUL.items():
-                    with console.status(f"harmful: {name}"):
-                        result["harmful"].append(
-                            await _harmful(admin, load, name, change, baseline)
-                        )
-                    write_json(console, result, options.out)  # each part kept as measured
+                    for n in range(options.repeat):
+                        with console.status(f"harmful: {name} ({n + 1} of {options.repeat})"):
+                            result["harmful"].append(
+                                await _harmful(admin, load, name, change, baseline)
+                            )
+                        write_json(console, result, options.out)  # each part as measured
                 with console.status("good changes") as status:
                     result["good"] = await _good(admin, options.good, status)
                 write_json(console, result, options.out)
@@ -234,7 +240,12 @@ async def _harmful(admin: httpx.AsyncClient, load: Load, name: str, change: dict
     )  # fmt: skip
     written = time.monotonic()
     revision = await _write(admin, doc)
-    ended = await _ended(admin, revision)
+    timeline: list[dict[str, Any]] = []
+    watch = asyncio.create_task(_watch(admin, revision, written, timeline))
+    try:
+        ended = await _ended(admin, revision)
+    finally:
+        watch.cancel()
     decided = time.monotonic()
     row = ended["rollout"]
     held = [t for w in row["waves"] if w["status"] == "rolled_back" for t in w["targets"]]
@@ -252,7 +263,31 @@ async def _harmful(admin: httpx.AsyncClient, load: Load, name: str, change: dict
         "regions_held": len(held), "write_to_rollback_s": round(decided - written, 2),
         "write_to_rollback_in_force_s": round(in_force - written, 2),
         "harm_share": round(max(0.0, share - baseline), 4), "requests": counted,
+        "contained": len(held) <= GOALS["regions"] and share - baseline <= GOALS["harm_share"]
+        and row["state"] == "rolled_back"
+        and decided - written <= GOALS["rollback_s"],
+        "timeline": timeline,
     }  # fmt: skip
+
+
+async def _watch(
+    admin: httpx.AsyncClient, revision: int, since: float, timeline: list[dict[str, Any]]
+) -> None:
+    """The rollout's wave, state and checks every half second, when they change."""
+    last = None
+    while True:
+        try:
+            row = (await admin.get("/v1/rollouts")).json()["rollout"]
+        except (httpx.HTTPError, ValueError):
+            row = None
+        if row is not None and row["revision"] == revision:
+            seen = (row["wave"], row["state"], [(c["check"], c.get("model"), c["verdict"],
+                                                 c["figure"]) for c in row["checks"]])  # fmt: skip
+            if seen != last:
+                last = seen
+                timeline.append({"at_s": round(time.monotonic() - since, 2), "wave": row["wave"],
+                                 "state": row["state"], "checks": row["checks"]})  # fmt: skip
+        await asyncio.sleep(0.5)
 
 
 async def _rollback_revision(admin: httpx.AsyncClient, rollout: int) -> int | None:
@@ -327,6 +362,17 @@ def _report(console: Console, result: dict[str, Any]) -> None:
                       f"{h['write_to_rollback_s']:.1f}", f"{h['write_to_rollback_in_force_s']:.1f}",
                       f"{h['harm_share']:.2%} of {h['requests']}", h["reason"][:60])  # fmt: skip
     console.print(table)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for h in result["harmful"]:
+        runs.setdefault(h["change"], []).append(h)
+    for name, each in runs.items():
+        held = max(h["regions_held"] for h in each)
+        harm = max(h["harm_share"] for h in each)
+        slowest = max(h["write_to_rollback_s"] for h in each)
+        failed = sum(not h["contained"] for h in each)
+        console.print(f"{name}: {len(each)} runs, {failed} not contained; at worst "
+                      f"{held} regions held it, {harm:.2%} harmed, rolled back "
+                      f"{slowest:.1f} s after the write")  # fmt: skip
     good = result["good"]
     w = good["write_to_last_region"]
     took = f"write → complete p50 {w['p50_s']:.1f} s, max {w['max_s']:.1f} s" if w else "none"

@@ -245,7 +245,7 @@ async def test_a_rollout_goes_on_past_an_agent_its_leader_and_postgresql_killed(
             await http.get("/v1/audit-events", params={"kind": "rollout", "name": str(done["id"])})
         ).json()
     steps = [e["action"] for e in reversed(events["items"])]
-    assert steps == ["wave", "pause", "resume", "wave", "complete"], steps
+    assert steps == ["begin", "wave", "pause", "resume", "wave", "complete"], steps
     await _after(fleet, traffic, writes, "rollout through kill -9 of its leader and PostgreSQL")
 
 
