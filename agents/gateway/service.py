@@ -205,7 +205,7 @@ class Gateway(Arrival, TieredPath):
         code = error_type or ("ok" if response.status < 400 else f"http_{response.status}")
         self.answered[served.model, code] += 1
         if served.tenant:
-            self.by_tenant[served.model, served.tenant, code] += 1
+            self._by_tenant(served, code, started)
         now = self.clock()
         self.metrics.answered(request.path, response.status, started, now, served, error_type)
         self.receipts.note(request_id, response.status, started, now, served, error_type)
@@ -213,6 +213,20 @@ class Gateway(Arrival, TieredPath):
             region = self.config.region if self.config else None
             spans.finished(request.path, response.status, served, started, error_type, region)
         return response
+
+    def _by_tenant(self, served: Served, code: str, started: float) -> None:
+        """The answer counted for its tenant: its code, and, for a streamed one, that it was
+        timed and whether its first token came past the route's SLO (`@timed`,
+        `@slow_ttft`: a rollout's latency check leaves out the tenant with the most)."""
+        model, tenant = served.model, served.tenant
+        self.by_tenant[model, tenant, code] += 1
+        if served.first_at is None or code != "ok":
+            return
+        self.by_tenant[model, tenant, "@timed"] += 1
+        route = self.config.routes.get(model) if self.config is not None else None
+        slo = route.slo_ttft_s if route is not None else None
+        if slo is not None and served.first_at - started > slo:
+            self.by_tenant[model, tenant, "@slow_ttft"] += 1
 
     def _fault(self, request_id: str, served: Served, error: BaseException) -> None:
         """Logged once, with its traceback, and counted; what it held was given back on the

@@ -47,7 +47,11 @@ async def test_a_tenant_leaving_under_anothers_request_id_aborts_only_its_own() 
             async for _ in leaving.aiter_bytes():
                 break  # the first bytes, and gone: the gateway aborts its engine request
         answer = await victim
+        counted = dict(region.gateway.by_tenant)
     assert answer.status_code == 200
+    # each tenant's answers are counted as its own (a rollout's checks read them per tenant)
+    assert counted[MODEL, "beta", "ok"] == 1
+    assert counted[MODEL, "beta", "@timed"] == 1  # streamed: its first token was timed
     assert answer.headers["x-request-id"] == "order-42"
     events = await sse(answer)
     assert events[-1] == "[DONE]"

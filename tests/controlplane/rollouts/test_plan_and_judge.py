@@ -232,3 +232,28 @@ def test_where_one_tenant_is_all_the_traffic_its_answers_are_the_evidence() -> N
     sides = Sides({LLAMA: alone}, {LLAMA: _counts(100)}, {}, {})
     (refusals,) = [c for c in judge_traffic(limits, sides, {LLAMA}) if c.check == "refusals"]
     assert refusals.verdict == "fail", refusals.figure
+
+
+def test_one_tenants_slow_first_tokens_never_fail_the_latency_check() -> None:
+    """Issue 40: a tenant's huge prompts push TTFT p99 past the SLO on the canary; with that
+    tenant left out, the others' first tokens came in time: the change passes. The same
+    slowness spread over tenants still fails."""
+    limits = RolloutChecks(min_requests=20)
+    slo: dict[str, tuple[int | None, int | None]] = {LLAMA: (800, None)}
+    fast = Counts({"ok": 200}, 0, {0.1: 200, float("inf"): 200}, {})
+    # 200 timed: 190 under 0.1 s, 10 (acme's) between 2 and 3 s
+    slowed = Counts({"ok": 200}, 0, {0.1: 190, 2.0: 190, 3.0: 200, float("inf"): 200}, {})
+
+    def verdict(tenants: dict[str, dict[str, int]]) -> tuple[str, str]:
+        slowed.tenants = tenants
+        checks = judge_traffic(limits, Sides({LLAMA: slowed}, {LLAMA: fast}, {}, slo), {LLAMA})
+        check = next(c for c in checks if c.check == "ttft_p99")
+        return check.verdict, check.figure
+
+    one = verdict({"acme": {"": 30, "@timed": 30, "@slow_ttft": 10}})
+    assert one[0] == "pass", one
+    assert "without acme" in one[1]
+    spread = verdict({"acme": {"": 30, "@timed": 30, "@slow_ttft": 4},
+                      "beta": {"": 30, "@timed": 30, "@slow_ttft": 3},
+                      "gamma": {"": 30, "@timed": 30, "@slow_ttft": 3}})  # fmt: skip
+    assert spread[0] == "fail", spread
