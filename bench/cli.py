@@ -318,15 +318,19 @@ def revocation_command(regions: int, rounds: int, out: Path | None) -> None:
 @click.option("--revocations", type=click.IntRange(1, 200), default=20, show_default=True)
 @click.option("--repeat", type=click.IntRange(1, 100), default=3, show_default=True,
               help="runs of each harmful change: containment must hold every time")  # fmt: skip
+@click.option("--rps", type=click.FloatRange(0.1, 1000), default=None,
+              help="paced requests a second into each region instead of 3 streams each: "
+              "light load, where engines are mostly idle")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def rollout_command(
-    bake: float, baseline: float, good: int, revocations: int, repeat: int, out: Path | None
-) -> None:
+    bake: float, baseline: float, good: int, revocations: int, repeat: int,
+    rps: float | None, out: Path | None,
+) -> None:  # fmt: skip
     """Harmful changes caught at the canary and rolled back, good ones rolled everywhere, and
     key revocation while a rollout is paused, on three regions under steady traffic."""
     root = _scratch("rollout")
     options = rollout.Options(bake_s=bake, baseline_s=baseline, good=good,
-                              revocations=revocations, repeat=repeat, out=out,
+                              revocations=revocations, repeat=repeat, rps=rps, out=out,
                               root=root)  # fmt: skip
     try:
         asyncio.run(rollout.run(options))

@@ -13,7 +13,8 @@ region, then one region, then the rest) with a shorter bake. In one run:
   TTFT SLO of 1 ms. For each run: the regions that ever held it, the time from the write to
   the rollback decided and to the rollback in force on every agent that held it, the share
   of the fleet's requests that saw the harm (failed, refused other than by quota, or missed
-  the SLO) over the change's minutes, less the baseline's share, and the rollout's checks as
+  the SLO, or served by another region than the one asked) over the change's minutes, less
+  the baseline's share, and the rollout's checks as
   the leader judged them through the run (every half second: wave, state, each check's
   verdict and figure), so that a run that was not contained can be read afterwards;
 - **good changes**: `--good` changes of the TTFT SLO, each waited to its end: the time from the
@@ -62,6 +63,7 @@ class Options:
     good: int = 20
     revocations: int = 20
     streams: int = 3  # concurrent streams into each region
+    rps: float | None = None  # instead: requests a second into each region, paced (light load)
     repeat: int = 3  # runs of each harmful change
     out: Path | None = None
     root: Path = Path(".")
@@ -71,7 +73,7 @@ class Options:
 class Answer:
     at: float
     region: str
-    outcome: str  # ok | slow | refused | failed | quota
+    outcome: str  # ok | slow | elsewhere (a peer region served it) | refused | failed | quota
 
 
 @dataclass
@@ -80,31 +82,51 @@ class Load:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def stream(self, http: httpx.AsyncClient, region: str, url: str, key: str) -> None:
+        while not self.stop.is_set():
+            if await self.one(http, region, url, key) != "ok":
+                await asyncio.sleep(0.05)
+
+    async def paced(
+        self, http: httpx.AsyncClient, region: str, url: str, key: str, rps: float
+    ) -> None:
+        """`rps` requests a second, each in its own task, whatever the answers take: the
+        light, open load of a region that is mostly idle."""
+        tasks: set[asyncio.Task[str]] = set()
+        while not self.stop.is_set():
+            task = asyncio.create_task(self.one(http, region, url, key))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            await asyncio.sleep(1 / rps)
+        await asyncio.gather(*tasks)
+
+    async def one(self, http: httpx.AsyncClient, region: str, url: str, key: str) -> str:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "a short answer"}],
                 "max_tokens": 8, "stream": True}  # fmt: skip
-        headers = {"Authorization": f"Bearer {key}"}
-        while not self.stop.is_set():
-            started, first, outcome = time.monotonic(), None, "failed"
-            try:
-                async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
-                                       headers=headers) as response:  # fmt: skip
-                    if response.status_code == 429 or response.status_code == 503:
-                        text = (await response.aread()).decode()
-                        outcome = "quota" if "quota_exceeded" in text else "refused"
-                    elif response.status_code == 200:
-                        async for line in response.aiter_lines():
-                            if line.startswith("data: ") and first is None:
-                                first = time.monotonic()
-                            if line.startswith('data: {"error"'):
-                                break
-                            if line == "data: [DONE]":
-                                ttft_ms = ((first or started) - started) * 1000
-                                outcome = "ok" if ttft_ms <= SLO_TTFT_MS else "slow"
-            except httpx.HTTPError:
-                pass
-            self.answers.append(Answer(time.monotonic(), region, outcome))
-            if outcome != "ok":
-                await asyncio.sleep(0.05)
+        # the bench's tenant may see its routes: an answer a peer gave is served elsewhere
+        headers = {"Authorization": f"Bearer {key}", "x-meridian-debug": "1"}
+        started, first, outcome = time.monotonic(), None, "failed"
+        try:
+            async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                   headers=headers) as response:  # fmt: skip
+                if response.status_code == 429 or response.status_code == 503:
+                    text = (await response.aread()).decode()
+                    outcome = "quota" if "quota_exceeded" in text else "refused"
+                elif response.status_code == 200:
+                    route = response.headers.get("x-meridian-route", "")
+                    elsewhere = '"worker":"peer:' in route.replace(" ", "")
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: ") and first is None:
+                            first = time.monotonic()
+                        if line.startswith('data: {"error"'):
+                            break
+                        if line == "data: [DONE]":
+                            ttft_ms = ((first or started) - started) * 1000
+                            outcome = "ok" if ttft_ms <= SLO_TTFT_MS else "slow"
+                            outcome = "elsewhere" if elsewhere else outcome
+        except httpx.HTTPError:
+            pass
+        self.answers.append(Answer(time.monotonic(), region, outcome))
+        return outcome
 
     def bad_share(self, since: float, until: float) -> tuple[float, int]:
         window = [a for a in self.answers if since <= a.at <= until and a.outcome != "quota"]
@@ -128,7 +150,8 @@ def fleet_document(ports: dict[str, int], bake_s: float) -> dict[str, Any]:
         "routing_policies": [_policy({})],
         "fallback_rules": [{"name": f"{r}-out", "region": r,
                             "peers": [p for p in REGIONS if p != r]} for r in REGIONS],
-        "tenants": [{"name": "bench", "tier": "standard", "requests_per_minute": 10_000_000}],
+        "tenants": [{"name": "bench", "tier": "standard", "requests_per_minute": 10_000_000,
+                     "debug_routes": True}],
         "rollout_policies": [{"name": "default", "bake_s": bake_s,
                               "checks": {"min_requests": 10, "wait_for_traffic_s": 120}}],
     }  # fmt: skip
@@ -162,8 +185,10 @@ async def run(options: Options) -> dict[str, Any]:
             await _serving(gateways, key)
         load = Load()
         async with httpx.AsyncClient(timeout=60) as http:
-            streams = [asyncio.create_task(load.stream(http, r, u, key))
-                       for r, u in gateways.items() for _ in range(options.streams)]  # fmt: skip
+            rps, each = options.rps, options.streams
+            streams = [asyncio.create_task(load.paced(http, r, u, key, rps) if rps is not None
+                                           else load.stream(http, r, u, key))
+                       for r, u in gateways.items() for _ in range(1 if rps else each)]  # fmt: skip
             try:
                 with console.status("baseline: steady traffic, no change"):
                     start = time.monotonic()

@@ -66,11 +66,11 @@ class RolloutChecks(Spec):
         "baseline's by (and twice it)",
     )  # fmt: skip
     refusal_rate: float = Field(
-        default=0.10, ge=0, le=1,
-        description="429 and 503 other than a tenant's own quota: the same margin",
+        default=0.05, ge=0, le=1,
+        description="queue_full and overloaded (not a tenant's own limits): the same margin",
     )  # fmt: skip
     escalated_share: float = Field(
-        default=0.15, ge=0, le=1, description="answers sent to a peer: the same margin"
+        default=0.05, ge=0, le=1, description="answers sent to a peer: the same margin"
     )
     latency_ratio: float = Field(
         default=1.5, ge=1, le=100,

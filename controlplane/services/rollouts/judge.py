@@ -18,11 +18,13 @@ traffic is all of), that tenant's answers are the evidence.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from controlplane.schemas.rollout import RolloutChecks
 
+Z = 3.0  # standard errors past which a difference of shares is more than chance
 ERRORS = frozenset({"internal_error", "upstream_failed", "no_healthy_worker", "not_ready"})
 # not quota_exceeded, tenant_concurrency or tenant_share: a tenant's own limits, and its
 # requests over its fair share of a saturated model (agents/gateway/admission.py)
@@ -287,9 +289,17 @@ def _rate(
 
 
 def _worse(new: Counts, base: Counts | None, count: Any, margin: float) -> tuple[bool, str]:
-    share = count(new) / new.answers if new.answers else 0.0
-    base_share = count(base) / base.answers if base is not None and base.answers else 0.0
-    bad = share > base_share + margin and share > 2 * base_share
+    """The updated share past the baseline's by the margin, twice it, and more than chance
+    explains: `Z` standard errors of the difference of two shares (one flagged and one clean
+    answer added, so that two clean sides still leave room for chance; without a baseline,
+    as if it were the same size)."""
+    n, x = new.answers, count(new)
+    m, y = (base.answers, count(base)) if base is not None else (0, 0)
+    share = x / n if n else 0.0
+    base_share = y / m if m else 0.0
+    pooled = (x + y + 1) / (n + m + 2)
+    chance = Z * math.sqrt(pooled * (1 - pooled) * (1 / max(n, 1) + 1 / max(m or n, 1)))
+    bad = share > base_share + max(margin, chance) and share > 2 * base_share
     return bad, f"{share:.1%} vs {base_share:.1%}"
 
 
