@@ -321,21 +321,34 @@ def revocation_command(regions: int, rounds: int, out: Path | None) -> None:
 @click.option("--rps", type=click.FloatRange(0.1, 1000), default=None,
               help="paced requests a second into each region instead of 3 streams each: "
               "light load, where engines are mostly idle")  # fmt: skip
+@click.option("--check", "checks", multiple=True, metavar="NAME=VALUE",
+              help="a check of the rollout policy, e.g. escalated_share=0.15")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def rollout_command(
     bake: float, baseline: float, good: int, revocations: int, repeat: int,
-    rps: float | None, out: Path | None,
+    rps: float | None, checks: tuple[str, ...], out: Path | None,
 ) -> None:  # fmt: skip
     """Harmful changes caught at the canary and rolled back, good ones rolled everywhere, and
     key revocation while a rollout is paused, on three regions under steady traffic."""
     root = _scratch("rollout")
     options = rollout.Options(bake_s=bake, baseline_s=baseline, good=good,
                               revocations=revocations, repeat=repeat, rps=rps, out=out,
-                              root=root)  # fmt: skip
+                              checks=_settings(checks), root=root)  # fmt: skip
     try:
         asyncio.run(rollout.run(options))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _settings(pairs: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise click.BadParameter(f"{pair!r}: NAME=NUMBER", param_hint="--check") from None
+    return out
 
 
 @bench.command("quotas")

@@ -64,6 +64,7 @@ class Options:
     revocations: int = 20
     streams: int = 3  # concurrent streams into each region
     rps: float | None = None  # instead: requests a second into each region, paced (light load)
+    checks: dict[str, float] = field(default_factory=dict)  # the rollout policy's, if not default
     repeat: int = 3  # runs of each harmful change
     out: Path | None = None
     root: Path = Path(".")
@@ -135,7 +136,9 @@ class Load:
         return sum(a.outcome != "ok" for a in window) / len(window), len(window)
 
 
-def fleet_document(ports: dict[str, int], bake_s: float) -> dict[str, Any]:
+def fleet_document(
+    ports: dict[str, int], bake_s: float, checks: dict[str, float] | None = None
+) -> dict[str, Any]:
     return {
         "apiVersion": "meridian/v1",
         "clouds": [{"name": "local", "provider": "onprem"}],
@@ -153,7 +156,8 @@ def fleet_document(ports: dict[str, int], bake_s: float) -> dict[str, Any]:
         "tenants": [{"name": "bench", "tier": "standard", "requests_per_minute": 10_000_000,
                      "debug_routes": True}],
         "rollout_policies": [{"name": "default", "bake_s": bake_s,
-                              "checks": {"min_requests": 10, "wait_for_traffic_s": 120}}],
+                              "checks": {"min_requests": 10, "wait_for_traffic_s": 120,
+                                         **(checks or {})}}],
     }  # fmt: skip
 
 
@@ -175,7 +179,7 @@ async def run(options: Options) -> dict[str, Any]:
         with console.status("starting a control plane and three regions' agents and engines"):
             cp, admin = await start_control(stack, options.root)
             ports = {r: free_port() for r in REGIONS}
-            await apply(admin, fleet_document(ports, options.bake_s))
+            await apply(admin, fleet_document(ports, options.bake_s, options.checks))
             operator = secrets.token_urlsafe(24)
             for r in REGIONS:
                 await start_agent(stack, options.root, cp, admin, r, f"{r}-1", operator, ports[r],
