@@ -113,8 +113,8 @@ class Load:
                     text = (await response.aread()).decode()
                     outcome = "quota" if "quota_exceeded" in text else "refused"
                 elif response.status_code == 200:
-                    route = response.headers.get("x-meridian-route", "")
-                    elsewhere = '"worker":"peer:' in route.replace(" ", "")
+                    # an escalated answer's route receipt is {"escalated": {...}}
+                    elsewhere = '"escalated"' in response.headers.get("x-meridian-route", "")
                     async for line in response.aiter_lines():
                         if line.startswith("data: ") and first is None:
                             first = time.monotonic()
@@ -292,9 +292,11 @@ async def _harmful(admin: httpx.AsyncClient, load: Load, name: str, change: dict
         "regions_held": len(held), "write_to_rollback_s": round(decided - written, 2),
         "write_to_rollback_in_force_s": round(in_force - written, 2),
         "harm_share": round(max(0.0, share - baseline), 4), "requests": counted,
-        "contained": len(held) <= GOALS["regions"] and share - baseline <= GOALS["harm_share"]
-        and row["state"] == "rolled_back"
-        and decided - written <= GOALS["rollback_s"],
+        # held by one region at most and rolled back in time, or harming no one at this load
+        "contained": share - baseline <= GOALS["harm_share"] and (
+            (len(held) <= GOALS["regions"] and row["state"] == "rolled_back"
+             and decided - written <= GOALS["rollback_s"])
+            or share - baseline <= 0.0),
         "timeline": timeline,
     }  # fmt: skip
 
