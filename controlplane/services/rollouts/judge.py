@@ -6,7 +6,9 @@ gave, and the gateway's TTFT and ITL histograms; the difference between two hear
 what happened in between, whichever heartbeats the leader happened to read. When every
 target is updated (the last wave, or a fleet of one), the baseline is the same targets'
 minutes before the rollout began. A side with too few answers is not judged: the check
-says "wait", never "pass".
+says "wait", never "pass"; and a rate passes only once the evidence rules out a rise past
+its margin (within `Z_PASS` standard errors): at light traffic a wave waits for enough
+answers rather than passing a change that harms a few percent of them.
 
 One tenant's traffic never rolls a change back: agents report, per model, the tenants with
 the most answers that were not "ok", and a rate check that fails is judged again with the
@@ -25,6 +27,7 @@ from typing import Any, Literal, TypeVar
 from controlplane.schemas.rollout import RolloutChecks
 
 Z = 3.0  # standard errors past which a difference of shares is more than chance
+Z_PASS = 2.0  # standard errors within which a difference must stay under the margin to pass
 ERRORS = frozenset({"internal_error", "upstream_failed", "no_healthy_worker", "not_ready"})
 # not quota_exceeded, tenant_concurrency or tenant_share: a tenant's own limits, and its
 # requests over its fair share of a saturated model (agents/gateway/admission.py)
@@ -278,6 +281,9 @@ def _rate(
         return Check(name, "wait", f"{new.answers} of {limits.min_requests} answers", model)
     bad, figure = _worse(new, base, count, margin)
     figure += f" ({label}) of {new.answers} answers"
+    if not bad and not _ruled_out(new, base, count, margin):
+        # too little yet to rule out harm past the margin: wait for more, never pass
+        return Check(name, "wait", f"{figure}; too few yet to rule out {margin:.0%} more", model)
     if bad and new.tenants:  # again without the tenant that gave the most: never one alone
         top = max(new.tenants, key=lambda t: count(Counts(new.tenants[t])))
         left = new.without(top)
@@ -286,6 +292,17 @@ def _rate(
             bad, again = _worse(left, base_left, count, margin)
             figure += f"; without {top}, the most of them: {again}"
     return Check(name, "fail" if bad else "pass", figure, model)
+
+
+def _ruled_out(new: Counts, base: Counts | None, count: Any, margin: float) -> bool:
+    """The updated share is, beyond chance (`Z_PASS` standard errors), not past the
+    baseline's by the margin: what a wave must show to pass."""
+    n, x = new.answers, count(new)
+    m, y = (base.answers, count(base)) if base is not None else (0, 0)
+    share, base_share = x / max(n, 1), (y / m if m else 0.0)
+    pooled = (x + y + 1) / (n + m + 2)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / max(n, 1) + 1 / max(m or n, 1)))
+    return bool(share - base_share + Z_PASS * se <= margin)
 
 
 def _worse(new: Counts, base: Counts | None, count: Any, margin: float) -> tuple[bool, str]:

@@ -124,7 +124,7 @@ def test_what_the_targets_neither_serve_nor_answered_enough_for_is_not_waited_on
     """A good change waited on forever once its targets had counted a few answers given before
     the model was known (under ""): what they do not serve must show enough to be judged."""
     limits = RolloutChecks(min_requests=20)
-    sides = Sides({LLAMA: _counts(50), "": _counts(0), "other": _counts(3)}, {}, {}, {})
+    sides = Sides({LLAMA: _counts(300), "": _counts(0), "other": _counts(3)}, {}, {}, {})
     checks = judge_traffic(limits, sides, {LLAMA})
     assert {c.model for c in checks} == {LLAMA}
     assert {c.verdict for c in checks} == {"pass"}
@@ -135,15 +135,31 @@ def test_what_the_targets_neither_serve_nor_answered_enough_for_is_not_waited_on
 
 def test_refusals_are_judged_against_the_baseline_and_a_tenants_own_quota_is_not() -> None:
     limits = RolloutChecks(min_requests=20)
-    quota = Sides({LLAMA: _counts(50, quota_exceeded=50)}, {LLAMA: _counts(100)}, {}, {})
+    quota = Sides({LLAMA: _counts(300, quota_exceeded=300)}, {LLAMA: _counts(300)}, {}, {})
     # (no ITL check: these answers were not streamed past a first token)
     assert [c.verdict for c in judge_traffic(limits, quota, {LLAMA})] == ["pass"] * 4
     full = Sides({LLAMA: _counts(50, queue_full=50)}, {LLAMA: _counts(100)}, {}, {})
     failed = [c for c in judge_traffic(limits, full, {LLAMA}) if c.verdict == "fail"]
     assert [c.check for c in failed] == ["refusals"]
     assert failed[0].figure.startswith("50.0% vs 0.0% (targets not yet updated)")
-    busy = Sides({LLAMA: _counts(90, queue_full=10)}, {LLAMA: _counts(90, queue_full=10)}, {}, {})
+    busy = Sides({LLAMA: _counts(900, queue_full=100)}, {LLAMA: _counts(900, queue_full=100)},
+                 {}, {})  # fmt: skip
     assert {c.verdict for c in judge_traffic(limits, busy, {LLAMA})} == {"pass"}
+
+
+def test_a_few_answers_harmed_at_light_traffic_wait_and_never_pass() -> None:
+    """Issue 40: a 1 ms TTFT SLO escalated a few percent of a lightly loaded canary's answers
+    (5 of 82): too few to fail, and too many to rule out harm past the margin. The wave
+    waits for more; with the same share over many answers, it fails."""
+    limits = RolloutChecks()
+    light = Sides({LLAMA: _counts(77)}, {LLAMA: _counts(80)}, {}, {})
+    light.updated[LLAMA].escalated = 5
+    verdicts = {c.check: c.verdict for c in judge_traffic(limits, light, {LLAMA})}
+    assert verdicts["escalated"] == "wait"
+    heavy = Sides({LLAMA: _counts(900)}, {LLAMA: _counts(1000)}, {}, {})
+    heavy.updated[LLAMA].escalated = 80
+    verdicts = {c.check: c.verdict for c in judge_traffic(limits, heavy, {LLAMA})}
+    assert verdicts["escalated"] == "fail"
 
 
 def test_latency_fails_only_past_the_slo_and_the_baseline() -> None:
