@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,3 +264,24 @@ def _tier_families(
     for (route, signal), n in sorted(cascades.items()):
         cascaded.add_metric([route, signal], n)
     return [answered, moved, cascaded]
+
+
+def count_by_tenant(
+    counts: MutableMapping[tuple[str, str, str], int],  # a collections.Counter
+    served: Served,
+    code: str,
+    started: float,
+    routes: Mapping[str, Any],
+) -> None:
+    """An answer counted for its tenant: its code, and, for a streamed one served, that it
+    was timed and whether its first token came past its route's TTFT SLO (`@timed`,
+    `@slow_ttft`: a rollout's latency check leaves out the tenant with the most)."""
+    model, tenant = served.model, served.tenant
+    counts[model, tenant, code] += 1
+    if served.first_at is None or code != "ok":
+        return
+    counts[model, tenant, "@timed"] += 1
+    route = routes.get(model)
+    slo = route.slo_ttft_s if route is not None else None
+    if slo is not None and served.first_at - started > slo:
+        counts[model, tenant, "@slow_ttft"] += 1

@@ -53,11 +53,11 @@ from agents.gateway.errors import (
     QuotaExceeded,
     TenantConcurrency,
     TenantShare,
-    ToolChoiceUnmet,
     UnsupportedMediaType,
     UpstreamFailed,
 )
 from agents.gateway.flight import MAX_ATTEMPTS, OPERATOR, Flight
+from agents.gateway.forced import forced_call_made
 from agents.gateway.forward import Forwarder
 from agents.gateway.quotas import Charge, Quotas, uncharged
 from agents.gateway.receipts import Receipts
@@ -66,9 +66,7 @@ from agents.gateway.requests import DEFAULT_LIMITS, Limits, read_body
 from agents.gateway.tiered_path import TieredPath
 from agents.gateway.tiers import Tiers
 from agents.gateway.upstream import Upstream
-from agents.metrics import OPERATIONS, RequestMetrics, Served
-from agents.quality import answers
-from agents.quality.detectors import unmet_tool_choice
+from agents.metrics import OPERATIONS, RequestMetrics, Served, count_by_tenant
 from agents.quality.runtime import Quality
 from agents.router.audit import audit
 from agents.router.decision import Decision
@@ -205,7 +203,8 @@ class Gateway(Arrival, TieredPath):
         code = error_type or ("ok" if response.status < 400 else f"http_{response.status}")
         self.answered[served.model, code] += 1
         if served.tenant:
-            self._by_tenant(served, code, started)
+            routes = self.config.routes if self.config is not None else {}
+            count_by_tenant(self.by_tenant, served, code, started, routes)
         now = self.clock()
         self.metrics.answered(request.path, response.status, started, now, served, error_type)
         self.receipts.note(request_id, response.status, started, now, served, error_type)
@@ -213,20 +212,6 @@ class Gateway(Arrival, TieredPath):
             region = self.config.region if self.config else None
             spans.finished(request.path, response.status, served, started, error_type, region)
         return response
-
-    def _by_tenant(self, served: Served, code: str, started: float) -> None:
-        """The answer counted for its tenant: its code, and, for a streamed one, that it was
-        timed and whether its first token came past the route's SLO (`@timed`,
-        `@slow_ttft`: a rollout's latency check leaves out the tenant with the most)."""
-        model, tenant = served.model, served.tenant
-        self.by_tenant[model, tenant, code] += 1
-        if served.first_at is None or code != "ok":
-            return
-        self.by_tenant[model, tenant, "@timed"] += 1
-        route = self.config.routes.get(model) if self.config is not None else None
-        slo = route.slo_ttft_s if route is not None else None
-        if slo is not None and served.first_at - started > slo:
-            self.by_tenant[model, tenant, "@slow_ttft"] += 1
 
     def _fault(self, request_id: str, served: Served, error: BaseException) -> None:
         """Logged once, with its traceback, and counted; what it held was given back on the
@@ -265,20 +250,8 @@ class Gateway(Arrival, TieredPath):
         served.prompt_tokens, served.cached_tokens = usage.prompt_tokens, usage.cached_tokens
         served.completion_tokens = usage.completion_tokens
         if flight.inference.tool_forced is not None:
-            self.forced_call_made(flight, response)
+            forced_call_made(flight.inference, response)
         return response
-
-    def forced_call_made(self, flight: Flight, response: web.StreamResponse) -> None:
-        """A whole answer to a request whose tool_choice forced a call is passed on only if
-        it made that call (or its length cap cut it): never as one that meets the request.
-        (A stream's answer went out as it came; the quality guard judges it.)"""
-        if not isinstance(response, web.Response) or response.status != 200:
-            return
-        answer = answers.from_body(response.body, flight.inference)  # type: ignore[arg-type]
-        if answer is not None and answer.finish_reason != "length" and unmet_tool_choice(answer):
-            forced = flight.inference.tool_forced
-            wanted = "a tool call" if forced == "*" else f"a call of {forced}"
-            raise ToolChoiceUnmet(f"tool_choice asked for {wanted}; the model answered without it")
 
     def admit(self, flight: Flight) -> Charge:
         """The tenant's quota: held until the answer settles it. A peer's request was counted

@@ -24,6 +24,7 @@ from agents.engines.sim.generation import (
     start,
 )
 from agents.engines.sim.request import Request
+from agents.engines.sim.tool_calls import forced_call
 
 
 class StreamOptions(BaseModel):
@@ -113,7 +114,8 @@ class Shape:
         self.tools = bool(body is not None and body.tools)
         # SGLang constrains a chat whose tool_choice is "required" or names a function to a
         # call (of the named one, or of any offered), with arguments its schema admits
-        self.forced = forced_call(body) if chat and fail != "tool" else None
+        self.forced = (forced_call(body.tools, body.tool_choice)
+                       if body is not None and chat and fail != "tool" else None)  # fmt: skip
 
     def whole(self, request: Request, reason: str | None, shift: float) -> dict[str, Any]:
         """A non-streamed answer's choice: JSON when asked for it, and what a marked request
@@ -359,10 +361,7 @@ async def _stream(
         chunk["choices"] = [shape.choice("", _reason(request), streaming=True, first=False)]
         yield _event(chunk)
     if usage:
-        chunk = shape.head(streaming=True)
-        chunk["choices"] = []
-        chunk["usage"] = shape.usage(request, details=shape.chat)
-        yield _event(chunk)
+        yield _usage_event(shape, request)
     yield b"data: [DONE]\n\n"
 
 
@@ -386,47 +385,16 @@ async def _stream_call(
     chunk["choices"] = [shape.choice("", "tool_calls", streaming=True, first=False)]
     yield _event(chunk)
     if usage:
-        chunk = shape.head(streaming=True)
-        chunk["choices"] = []
-        chunk["usage"] = shape.usage(request, details=shape.chat)
-        yield _event(chunk)
+        yield _usage_event(shape, request)
     yield b"data: [DONE]\n\n"
 
 
-def forced_call(body: OpenAiBody | None) -> dict[str, str] | None:
-    """The call a chat's tool_choice forces ("required": the first tool offered; a named
-    function: that one), with arguments its parameters' schema admits; None if none is."""
-    if body is None or not body.tools:
-        return None
-    choice = body.tool_choice
-    offered = [t.get("function") or {} for t in body.tools if isinstance(t, dict)]
-    if choice == "required":
-        function = offered[0] if offered else None
-    elif isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        function = next((f for f in offered if f.get("name") == name), None)
-    else:
-        return None
-    if not function or not isinstance(function.get("name"), str):
-        return None
-    arguments = _instance(function.get("parameters") or {"type": "object"})
-    return {"name": function["name"], "arguments": json.dumps(arguments)}
-
-
-def _instance(schema: Any) -> Any:
-    """A small value that `schema` admits: its required properties, each of its type."""
-    if not isinstance(schema, dict):
-        return {}
-    if schema.get("enum"):
-        return schema["enum"][0]
-    kind = schema.get("type", "object")
-    kind = kind[0] if isinstance(kind, list) and kind else kind
-    if kind == "object":
-        properties = schema.get("properties") or {}
-        return {name: _instance(properties.get(name, {})) for name in schema.get("required", [])
-                if isinstance(name, str)}  # fmt: skip
-    return {"string": "x", "integer": 1, "number": 1, "boolean": True, "array": [],
-            "null": None}.get(kind, {})  # fmt: skip
+def _usage_event(shape: Shape, request: Request) -> bytes:
+    """The usage, in a chunk with no choices, when the client asked for it."""
+    chunk = shape.head(streaming=True)
+    chunk["choices"] = []
+    chunk["usage"] = shape.usage(request, details=shape.chat)
+    return _event(chunk)
 
 
 def _reason(request: Request) -> str | None:

@@ -25,15 +25,8 @@ from controlplane.services.placements import commit
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.rollouts import store
 from controlplane.services.rollouts.compose import Intent
-from controlplane.services.rollouts.judge import (
-    Check,
-    Counts,
-    Reading,
-    Sides,
-    judge_nodes,
-    judge_traffic,
-    total,
-)
+from controlplane.services.rollouts.counts import Counts, Reading, total
+from controlplane.services.rollouts.judge import Check, Sides, judge_nodes, judge_traffic
 from controlplane.services.rollouts.readings import (
     node_views,
     nodes_of,

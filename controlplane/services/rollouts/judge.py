@@ -21,175 +21,16 @@ traffic is all of), that tenant's answers are the evidence.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from controlplane.schemas.rollout import RolloutChecks
+from controlplane.services.rollouts.counts import REFUSALS, Counts, Reading, above, quantile
+
+Verdict = Literal["pass", "fail", "wait"]
 
 Z = 3.0  # standard errors past which a difference of shares is more than chance
 Z_PASS = 2.0  # standard errors within which a difference must stay under the margin to pass
-ERRORS = frozenset({"internal_error", "upstream_failed", "no_healthy_worker", "not_ready"})
-# not quota_exceeded, tenant_concurrency or tenant_share: a tenant's own limits, and its
-# requests over its fair share of a saturated model (agents/gateway/admission.py)
-REFUSALS = frozenset({"queue_full", "overloaded"})
-Verdict = Literal["pass", "fail", "wait"]
-K = TypeVar("K", str, float)
-
-
-@dataclass
-class Counts:
-    """What a node's gateway answered for one model, over some window."""
-
-    codes: dict[str, int] = field(default_factory=dict)
-    escalated: int = 0
-    ttft: dict[float, int] = field(default_factory=dict)  # cumulative, by upper bound
-    itl: dict[float, int] = field(default_factory=dict)
-    # the tenants that had answers that were not "ok": tenant: {"": answers, code: count}
-    tenants: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    @property
-    def answers(self) -> int:
-        return sum(self.codes.values())
-
-    def of(self, codes: frozenset[str]) -> int:
-        return sum(n for c, n in self.codes.items() if c in codes)
-
-    def errors(self) -> int:
-        return sum(n for c, n in self.codes.items() if c in ERRORS or _is_5xx(c))
-
-    def add(self, other: Counts) -> None:
-        self.codes = _plus(self.codes, other.codes)
-        self.ttft, self.itl = _plus(self.ttft, other.ttft), _plus(self.itl, other.itl)
-        self.escalated += other.escalated
-        for tenant, codes in other.tenants.items():
-            self.tenants[tenant] = _plus(self.tenants.get(tenant, {}), codes)
-
-    def without(self, tenant: str) -> Counts:
-        """These counts with one tenant's answers left out."""
-        theirs = self.tenants.get(tenant, {})
-        codes = {c: max(0, n - theirs.get(c, 0)) for c, n in self.codes.items()}
-        left = self.answers - theirs.get("", 0)
-        codes["ok"] = max(0, codes.get("ok", 0) - max(0, sum(codes.values()) - left))
-        others = {t: c for t, c in self.tenants.items() if t != tenant}
-        return Counts(codes, self.escalated, self.ttft, self.itl, others)
-
-    def minus(self, then: Counts) -> Counts:
-        """What happened since `then`; all of it when a counter went back (a restart)."""
-        went_back = (
-            self.escalated < then.escalated
-            or _went_back(self.codes, then.codes)
-            or _went_back(self.ttft, then.ttft)
-            or _went_back(self.itl, then.itl)
-        )
-        if went_back:
-            return self
-        tenants = {t: {c: n for c, n in _plus(codes, then.tenants.get(t, {}), -1).items() if n > 0}
-                   for t, codes in self.tenants.items()}  # fmt: skip
-        return Counts(
-            _plus(self.codes, then.codes, -1),
-            self.escalated - then.escalated,
-            _plus(self.ttft, then.ttft, -1),
-            _plus(self.itl, then.itl, -1),
-            {t: c for t, c in tenants.items() if c},
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        """JSON-ready: bounds as strings, as JSON has no infinity."""
-        return {
-            "codes": self.codes,
-            "escalated": self.escalated,
-            "ttft": [[str(le), n] for le, n in sorted(self.ttft.items())],
-            "itl": [[str(le), n] for le, n in sorted(self.itl.items())],
-            "tenants": self.tenants,
-        }
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Counts:
-        return cls(
-            {k: int(v) for k, v in doc.get("codes", {}).items()},
-            int(doc.get("escalated", 0)),
-            {float(le): int(n) for le, n in doc.get("ttft", [])},
-            {float(le): int(n) for le, n in doc.get("itl", [])},
-            {t: {c: int(n) for c, n in codes.items()}
-             for t, codes in (doc.get("tenants") or {}).items()},
-        )  # fmt: skip
-
-
-def _plus(a: dict[K, int], b: dict[K, int], sign: int = 1) -> dict[K, int]:
-    return {k: a.get(k, 0) + sign * b.get(k, 0) for k in a.keys() | b.keys()}
-
-
-def _went_back(now: dict[K, int], then: dict[K, int]) -> bool:
-    return any(now.get(k, 0) < n for k, n in then.items())
-
-
-def _is_5xx(code: str) -> bool:
-    return code.startswith("http_5")
-
-
-@dataclass
-class Reading:
-    """One node's heartbeat, as the checks need it: counts per model, engine restarts."""
-
-    models: dict[str, Counts] = field(default_factory=dict)
-    restarts: dict[str, int] = field(default_factory=dict)
-    engines: list[dict[str, Any]] = field(default_factory=list)
-
-    @classmethod
-    def from_telemetry(cls, doc: dict[str, Any]) -> Reading:
-        models = {}
-        for answers in doc.get("answers", []):
-            histograms = [answers.get(k) or {} for k in ("ttft", "itl")]
-            ttft, itl = ({float(le): int(n) for le, n in zip(h.get("le", []), h.get("count", []),
-                                                               strict=False)}
-                         for h in histograms)  # fmt: skip
-            tenants = {str(t.get("tenant", "")): {"": int(t.get("total") or 0)} | {
-                c: int(n) for c, n in (t.get("by_code") or {}).items()}
-                for t in answers.get("tenants") or []}  # fmt: skip
-            models[answers["model"]] = Counts(
-                {k: int(v) for k, v in (answers.get("total_by_code") or {}).items()},
-                int(answers.get("escalated_total") or 0), ttft, itl, tenants,
-            )  # fmt: skip
-        engines = list(doc.get("engines", []))
-        return cls(models, {e["id"]: int(e.get("restarts") or 0) for e in engines}, engines)
-
-    def as_json(self) -> dict[str, Any]:
-        return {"models": {m: c.as_json() for m, c in self.models.items()},
-                "restarts": self.restarts}  # fmt: skip
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Reading:
-        return cls({m: Counts.from_json(c) for m, c in doc.get("models", {}).items()},
-                   {k: int(v) for k, v in doc.get("restarts", {}).items()})  # fmt: skip
-
-    def minus(self, then: Reading | None) -> dict[str, Counts]:
-        if then is None:
-            return self.models
-        return {m: c.minus(then.models.get(m, Counts())) for m, c in self.models.items()}
-
-
-def total(windows: list[dict[str, Counts]]) -> dict[str, Counts]:
-    out: dict[str, Counts] = {}
-    for window in windows:
-        for model, counts in window.items():
-            out.setdefault(model, Counts()).add(counts)
-    return out
-
-
-def quantile(buckets: dict[float, int], q: float) -> float | None:
-    """Prometheus' histogram_quantile: linear within the bucket; None without observations."""
-    ordered = sorted(buckets.items())
-    if not ordered or ordered[-1][1] <= 0:
-        return None
-    rank, lower, below = q * ordered[-1][1], 0.0, 0
-    for le, count in ordered:
-        if count >= rank:
-            if le == float("inf"):
-                return lower
-            span = count - below
-            return lower + (le - lower) * ((rank - below) / span if span else 1.0)
-        lower, below = le, count
-    return lower
 
 
 @dataclass
@@ -355,22 +196,6 @@ def _latency_without_top(check: Check, new: Counts, slo_ms: int, limits: Rollout
     share = max(0.0, above(new.ttft, slo_ms / 1000) - slow[top]) / rest
     figure = f"{check.figure}; without {top}, the most of them: {share:.1%} past the SLO"
     return replace(check, verdict="fail" if share > 0.01 else "pass", figure=figure)
-
-
-def above(buckets: dict[float, int], bound: float) -> float:
-    """Observations of a cumulative histogram above `bound` (linear within its bucket)."""
-    ordered = sorted(buckets.items())
-    if not ordered:
-        return 0.0
-    total, lower, below = ordered[-1][1], 0.0, 0
-    for le, count in ordered:
-        if bound < le:
-            if le == float("inf"):
-                return float(total - below)
-            at = below + (count - below) * (bound - lower) / (le - lower)
-            return total - at
-        lower, below = le, count
-    return 0.0
 
 
 @dataclass

@@ -9,7 +9,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.db.agent_rows import NodeTelemetryRow, TelemetrySampleRow
 from controlplane.db.fleet_rows import NodeRow
-from controlplane.services.rollouts.judge import NodeView, Reading
+from controlplane.services.rollouts.counts import Reading
+from controlplane.services.rollouts.judge import NodeView
 from controlplane.snapshot import FleetState
 
 

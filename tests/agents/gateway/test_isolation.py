@@ -67,24 +67,12 @@ async def test_a_client_that_stops_reading_is_cut_and_frees_its_slot() -> None:
         running_sim("--speed-factor", "50", model=MODEL) as sim,
         local_gateway(region_config("r", [sim.url], models=LONG), limits=limits) as region,
     ):
-        host, port = region.url.removeprefix("http://").split(":")
-        body = json.dumps(_stream(100_000)).encode()  # more than buffers hold
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # a small window
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
-        await loop.sock_connect(sock, (host, int(port)))
-        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
-                f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
-        await loop.sock_sendall(sock, head + body)
-        try:
+        # a request of more than the buffers hold, whose client then reads nothing
+        async with _never_reading(region.url):
             seen = await _eventually(lambda: region.inflight()["r-w0"] == 1, 10)
             assert seen, "the stream never started"
-            # it reads nothing from here on; within the bound and a little, all is let go
+            # within the bound and a little, all is let go
             cut = await _eventually(region.idle, 15)
-        finally:
-            sock.close()
         assert cut, f"still held: {region.inflight()}"
         async with httpx.AsyncClient(timeout=10) as http:
             load = (await http.get(f"{sim.url}/v1/loads")).json()["loads"][0]

@@ -7,7 +7,8 @@ from typing import Any
 
 from controlplane.schemas.rollout import RolloutChecks, RolloutPolicySpec, WaveSpec
 from controlplane.services.rollouts.compose import Intent, compose, intent_doc
-from controlplane.services.rollouts.judge import Counts, Reading, Sides, judge_traffic, quantile
+from controlplane.services.rollouts.counts import Counts, Reading, quantile
+from controlplane.services.rollouts.judge import Sides, judge_traffic
 from controlplane.services.rollouts.waves import affected, plan
 from controlplane.snapshot import compile_region
 from tests.controlplane.fleet import example
