@@ -210,7 +210,7 @@ async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every
         mark = load.mark()
         doc = await ended(fleet, good, within_s=120)
         row = doc["rollout"]
-        assert row["state"] == "complete", row
+        assert row["state"] == "complete", (row["reason"], row["checks"])
         assert all(w["status"] == "done" for w in row["waves"]), row["waves"]
         assert {t["region"]: t["holds"] for t in doc["targets"]} == dict.fromkeys(
             sorted(REGIONS), good
@@ -228,7 +228,7 @@ async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every
             fleet, deployments=[{**IDLE_DEPLOYMENT, "engine_args": {"max-running-requests": 64}}]
         )
         row = (await ended(fleet, idle, within_s=60))["rollout"]
-        assert row["state"] == "complete", row
+        assert row["state"] == "complete", (row["reason"], row["checks"])
         assert [w["models"] for w in row["waves"]] == [[IDLE]], row["waves"]
         verdicts = {(c["check"], c["model"]): c["verdict"] for c in row["checks"]}
         assert verdicts == {("nack", None): "pass", ("engines", None): "pass",
