@@ -62,6 +62,16 @@ def differences(real: Shape, sim: Shape, path: str = "") -> list[str]:
     return []
 
 
+def merged(one: Shape, other: Shape) -> Shape:
+    """Two records' shapes as one: a field null in one and set in the other is set (a first
+    block's parent hash is null, the next one's a number; which arrives first is chance)."""
+    if one is None or one == "null":
+        return other if other is not None else one
+    if isinstance(one, dict) and isinstance(other, dict):
+        return {k: merged(one.get(k), other.get(k)) for k in one | other}
+    return one
+
+
 def _kind(value: Shape) -> str:
     return type(value).__name__ if isinstance(value, dict | list) else str(value)
 
@@ -250,7 +260,8 @@ async def kv_event_probe(
             ts, events, rank = msgpack.unpackb(payload)
             frame = [shape(topic.decode()), len(seq), shape(ts), shape(rank)]
             for event in events:
-                seen.setdefault(str(event.get("type")), shape(event))
+                kind = str(event.get("type"))
+                seen[kind] = merged(seen.get(kind), shape(event))
     finally:
         socket.close(linger=0)
     return {"frame": frame, "events": seen}
