@@ -57,6 +57,7 @@ class Served:
     migrated: str = ""  # where its stream was carried on, and why: "a → b (broke); ..."
     insider: bool = False  # a peer region, the operator or a tenant marked to see routes
     client_stalled: bool = False  # its client stopped reading: the stream was cut
+    crowded: bool = False  # it waited on another tenant's load (agents/gateway/admission.py)
 
 
 Counts = dict[float, int]
@@ -266,22 +267,44 @@ def _tier_families(
     return [answered, moved, cascaded]
 
 
+# refusals for want of room: those of a request crowded out by another tenant's load are
+# counted as "crowded" for the rollout's checks (the client still gets the refusal's own code)
+CROWDED_OUT = frozenset({"overloaded", "queue_full"})
+# per answer timed: counted, past the SLO, crowded, crowded and past the SLO
+TTFT_CODES = ("@timed", "@slow_ttft", "@crowded", "@crowded_slow")
+ITL_CODES = ("@itl_timed", "@slow_itl", "@crowded_itl", "@crowded_slow_itl")
+
+
 def count_by_tenant(
     counts: MutableMapping[tuple[str, str, str], int],  # a collections.Counter
     served: Served,
     code: str,
     started: float,
+    now: float,
     routes: Mapping[str, Any],
 ) -> None:
-    """An answer counted for its tenant: its code, and, for a streamed one served, that it
-    was timed and whether its first token came past its route's TTFT SLO (`@timed`,
-    `@slow_ttft`: a rollout's latency check leaves out the tenant with the most)."""
+    """An answer counted for its tenant: its code, and, for a streamed one served, that its
+    first token (`@timed`) and its time per output token (`@itl_timed`) were timed and
+    whether each came past its route's SLO (`@slow_ttft`, `@slow_itl`: a rollout's latency
+    checks leave out the tenant with the most), and whether it waited on another tenant's
+    load (`@crowded...`: left out)."""
     model, tenant = served.model, served.tenant
     counts[model, tenant, code] += 1
     if served.first_at is None or code != "ok":
         return
-    counts[model, tenant, "@timed"] += 1
     route = routes.get(model)
-    slo = route.slo_ttft_s if route is not None else None
-    if slo is not None and served.first_at - started > slo:
-        counts[model, tenant, "@slow_ttft"] += 1
+    ttft_slo, itl_slo = (route.slo_ttft_s, route.slo_itl_s) if route is not None else (None, None)
+    tokens = served.completion_tokens or 0
+    tpot = (now - served.first_at) / (tokens - 1) if tokens > 1 else None
+    for timed, slo, names in ((served.first_at - started, ttft_slo, TTFT_CODES),
+                              (tpot, itl_slo, ITL_CODES)):  # fmt: skip
+        if timed is None:
+            continue
+        slow = slo is not None and timed > slo
+        counts[model, tenant, names[0]] += 1
+        if slow:
+            counts[model, tenant, names[1]] += 1
+        if served.crowded:  # what it met was another tenant's load: a rollout leaves it out
+            counts[model, tenant, names[2]] += 1
+            if slow:
+                counts[model, tenant, names[3]] += 1

@@ -176,14 +176,14 @@ def add_tenant_answers(
     telemetry: pb.Telemetry, by_tenant: Mapping[tuple[str, str, str], int]
 ) -> None:
     """Per model, the tenants with the most answers that were not "ok" (or came past the
-    SLO), since the start: their answers, and those by code (with `@timed` and `@slow_ttft`:
-    streamed answers timed, and those whose first token came past the route's SLO)."""
+    SLO), since the start: their answers, and those by code (with `@timed`, `@slow_ttft` and
+    the rest of agents/metrics.py's TTFT_CODES and ITL_CODES)."""
     models: dict[str, dict[str, dict[str, int]]] = {}  # model: tenant: code: count
     for (model, tenant, code), count in by_tenant.items():
         models.setdefault(model, {}).setdefault(tenant, {})[code] = count
     for answers in telemetry.answers:
         tenants = models.get(answers.model, {})
-        bad = {t: sum(n for c, n in codes.items() if c not in ("ok", "@timed"))
+        bad = {t: sum(n for c, n in codes.items() if c not in ("ok", "@timed", "@itl_timed"))
                for t, codes in tenants.items()}  # fmt: skip
         told = sorted((t for t, n in bad.items() if n), key=lambda t: -bad[t])[:TENANTS_TOLD]
         for tenant in told:

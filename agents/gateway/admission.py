@@ -27,6 +27,11 @@ in proportion to the weights of the tenants holding any. While tenants hold uneq
 
 A tenant alone, or tenants holding alike, are admitted as before: fairness costs nothing
 until it has something to decide.
+
+A request that waited (or came while the model was full) while another tenant held well
+over its fair share is marked `crowded`: what it met was that tenant's load, and a
+rollout's checks leave it out (its refusal is counted as "crowded", its first token's time
+apart).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ DEFAULT_WAIT_S = 10.0  # the longest wait of a model without an SLO
 RECHECK_S = 0.05  # a waiting request is placed again at least this often
 FULL_S = 5.0  # a model is full for this long after a request of it last had to wait
 RATE_S = 5.0  # the window of a model's admission rate
+CROWDED_BY = 0.25  # another tenant's places over its fair share, of all held: it crowds
 
 
 class Escalate(Exception):
@@ -121,6 +127,17 @@ class Fairness:
         if places < share - 0.5:
             return -1
         return 1 if places > share + 0.5 else 0
+
+    def crowded(self, model: str, tenant: str) -> bool:
+        """Another tenant holds well over its fair share of the model: by `CROWDED_BY` of
+        the places held and at least two, not by the ups and downs of tenants alike."""
+        held = self.held.get(model)
+        if held is None or len(held) < 2:
+            return False
+        total, weights = sum(held.values()), self.weight[model]
+        excess = max(n - total * weights[t] / self.total_weight[model]
+                     for t, n in held.items() if t != tenant)  # fmt: skip
+        return excess >= max(2.0, CROWDED_BY * total)
 
     def queue_share(self, model: str, tenant: str, max_queue: int) -> float:
         weights = self.weight.get(model, {})
@@ -242,6 +259,8 @@ class Admission:
             if queued:
                 self.waiting[route.model] -= 1
                 fair.queued(model, tenant, -1)
+            if queued or request.full:
+                request.crowded = request.crowded or fair.crowded(model, tenant)
 
     def _may_queue(self, route: RouteConfig, tenant: str, standing: int) -> None:
         """A full queue takes no more, but from a tenant under its fair share, up to its

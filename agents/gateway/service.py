@@ -66,7 +66,7 @@ from agents.gateway.requests import DEFAULT_LIMITS, Limits, read_body
 from agents.gateway.tiered_path import TieredPath
 from agents.gateway.tiers import Tiers
 from agents.gateway.upstream import Upstream
-from agents.metrics import OPERATIONS, RequestMetrics, Served, count_by_tenant
+from agents.metrics import CROWDED_OUT, OPERATIONS, RequestMetrics, Served, count_by_tenant
 from agents.quality.runtime import Quality
 from agents.router.audit import audit
 from agents.router.decision import Decision
@@ -201,11 +201,13 @@ class Gateway(Arrival, TieredPath):
         if served.client_stalled:
             error_type = "client_stalled"  # counted as such: it was cut, not answered
         code = error_type or ("ok" if response.status < 400 else f"http_{response.status}")
+        if served.crowded and code in CROWDED_OUT:
+            code = "crowded"  # refused for another tenant's load, not the region's own
         self.answered[served.model, code] += 1
+        now = self.clock()
         if served.tenant:
             routes = self.config.routes if self.config is not None else {}
-            count_by_tenant(self.by_tenant, served, code, started, routes)
-        now = self.clock()
+            count_by_tenant(self.by_tenant, served, code, started, now, routes)
         self.metrics.answered(request.path, response.status, started, now, served, error_type)
         self.receipts.note(request_id, response.status, started, now, served, error_type)
         if served.span is not None and served.span.is_recording():
@@ -287,6 +289,7 @@ class Gateway(Arrival, TieredPath):
             await self.carrier.end(flight, error.message)
         finally:
             self.carrier.streams.discard(flight)
+            flight.served.crowded = flight.served.crowded or flight.route_request.crowded
         assert flight.answer is not None
         return flight.answer
 

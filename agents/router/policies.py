@@ -31,6 +31,9 @@ class RouteRequest:
     max_new: int | None = None  # the answer's most tokens (max_tokens), when it sets one
     now: float = 0.0  # the router's clock when it is routed
     full: bool = False  # requests of its model have lately waited in admission for room
+    # it waited (or the model was full) while another tenant held well over its fair share of
+    # the model here: what it met was that tenant's load (a rollout's checks leave it out)
+    crowded: bool = False
 
 
 @dataclass

@@ -72,9 +72,15 @@ class RolloutChecks(Spec):
     escalated_share: float = Field(
         default=0.05, ge=0, le=1, description="answers sent to a peer: the same margin"
     )
+    slo_miss_rate: float = Field(
+        default=0.05, ge=0, le=1,
+        description="streamed answers whose first token came past the route's TTFT SLO (not "
+        "those that waited on another tenant's load): the same margin",
+    )  # fmt: skip
     latency_ratio: float = Field(
         default=1.5, ge=1, le=100,
-        description="TTFT and ITL p99 fail past the route's SLO and this times the baseline's",
+        description="TTFT and ITL p99 of a route without that SLO fail past this times the "
+        "baseline's",
     )  # fmt: skip
     max_restarts: int = Field(
         default=2, ge=1, le=1000, description="engine restarts on an updated target in a wave"

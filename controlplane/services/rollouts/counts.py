@@ -25,6 +25,8 @@ class Counts:
     itl: dict[float, int] = field(default_factory=dict)
     # the tenants that had answers that were not "ok": tenant: {"": answers, code: count}
     tenants: dict[str, dict[str, int]] = field(default_factory=dict)
+    # the counts of tenants left out (`without`): what the histograms still hold of theirs
+    left_out: dict[str, int] = field(default_factory=dict)
 
     @property
     def answers(self) -> int:
@@ -50,7 +52,12 @@ class Counts:
         left = self.answers - theirs.get("", 0)
         codes["ok"] = max(0, codes.get("ok", 0) - max(0, sum(codes.values()) - left))
         others = {t: c for t, c in self.tenants.items() if t != tenant}
-        return Counts(codes, self.escalated, self.ttft, self.itl, others)
+        return Counts(codes, self.escalated, self.ttft, self.itl, others,
+                      _plus(self.left_out, theirs))  # fmt: skip
+
+    def tenants_count(self, code: str) -> int:
+        """A code's count over the tenants reported (and not left out)."""
+        return sum(codes.get(code, 0) for codes in self.tenants.values())
 
     def minus(self, then: Counts) -> Counts:
         """What happened since `then`; all of it when a counter went back (a restart)."""

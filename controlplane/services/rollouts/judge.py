@@ -16,12 +16,18 @@ tenant that gave the most of what it counts left out on both sides (its answers 
 bad ones); it fails only if it fails both times, so the evidence must come from more than
 one tenant. Where the others had too few answers to judge by (a fleet that one tenant's
 traffic is all of), that tenant's answers are the evidence.
+
+Nor does one tenant's load: a request that waited while another tenant held well over its
+fair share of the model (agents/gateway/admission.py) is counted apart by the agent, its
+refusal as "crowded" and its first token's time as `@crowded`; both are left out. TTFT with
+an SLO is judged as a rate, the share of timed answers past the SLO, like the others.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from controlplane.schemas.rollout import RolloutChecks
@@ -31,6 +37,7 @@ Verdict = Literal["pass", "fail", "wait"]
 
 Z = 3.0  # standard errors past which a difference of shares is more than chance
 Z_PASS = 2.0  # standard errors within which a difference must stay under the margin to pass
+TAIL = 5  # observations a latency quantile leaves above it, at the least
 
 
 @dataclass
@@ -82,17 +89,19 @@ def judge_traffic(
         checks.append(_rate("escalated", model, new, base, label, limits,
                             lambda c: c.escalated, limits.escalated_share))  # fmt: skip
         ttft_slo, itl_slo = sides.slo_ms.get(model, (None, None))
-        for name, timed, baseline, slo in (
-            ("ttft_p99", new.ttft, base.ttft if base else None, ttft_slo),
-            ("itl_p99", new.itl, base.itl if base else None, itl_slo),
-        ):
-            # Only streamed answers are timed: a model answered in whole only is judged on
-            # its rates once they have enough answers, not held up waiting for streams.
-            if max(timed.values(), default=0) or new.answers < limits.min_requests:
-                check = _latency(name, model, timed, baseline, slo, label, limits)
-                if check.verdict == "fail" and name == "ttft_p99" and slo is not None:
-                    check = _latency_without_top(check, new, slo, limits)
-                checks.append(check)
+        # Only streamed answers are timed: a model answered in whole only is judged on its
+        # rates once they have enough answers, not held up waiting for streams.
+        few = new.answers < limits.min_requests
+        for timed, slo in ((TTFT, ttft_slo), (ITL, itl_slo)):
+            kind, histogram = timed.histogram, getattr(new, timed.histogram)
+            if not (max(histogram.values(), default=0) or few):
+                continue
+            if slo is not None:
+                checks.append(_slo_misses(f"{kind}_slo", model, new, base, label, limits,
+                                          slo, timed))  # fmt: skip
+            else:
+                baseline = getattr(base, kind) if base is not None else None
+                checks.append(_latency(f"{kind}_p99", model, histogram, baseline, label, limits))
     return checks
 
 
@@ -114,45 +123,105 @@ def _baseline(limits: RolloutChecks, sides: Sides, model: str) -> tuple[Counts |
     return None, "no baseline"
 
 
+Count = Callable[[Counts], int]
+
+
+def _answers(counts: Counts) -> int:
+    return counts.answers
+
+
 def _rate(
     name: str, model: str, new: Counts, base: Counts | None, label: str,
-    limits: RolloutChecks, count: Any, margin: float,
+    limits: RolloutChecks, count: Count, margin: float, total: Count = _answers,
+    tenant_count: Callable[[dict[str, int]], int] | None = None, what: str = "answers",
 ) -> Check:  # fmt: skip
-    if new.answers < limits.min_requests:
-        return Check(name, "wait", f"{new.answers} of {limits.min_requests} answers", model)
-    bad, figure = _worse(new, base, count, margin)
-    figure += f" ({label}) of {new.answers} answers"
-    if not bad and not _ruled_out(new, base, count, margin):
+    """A share (`count` of `total`) against the baseline's. `tenant_count`: what a tenant's
+    reported codes give of `count` (default: `count` of its codes alone)."""
+    if total(new) < limits.min_requests:
+        return Check(name, "wait", f"{total(new)} of {limits.min_requests} {what}", model)
+    bad, figure = _worse(new, base, count, margin, total)
+    figure += f" ({label}) of {total(new)} {what}"
+    if not bad and not _ruled_out(new, base, count, margin, total):
         # too little yet to rule out harm past the margin: wait for more, never pass
         return Check(name, "wait", f"{figure}; too few yet to rule out {margin:.0%} more", model)
     if bad and new.tenants:  # again without the tenant that gave the most: never one alone
-        top = max(new.tenants, key=lambda t: count(Counts(new.tenants[t])))
+        of = tenant_count or (lambda codes: count(Counts(codes)))
+        top = max(new.tenants, key=lambda t: of(new.tenants[t]))
         left = new.without(top)
-        if left.answers >= limits.min_requests:  # others were served here: judge by theirs
+        if total(left) >= limits.min_requests:  # others were served here: judge by theirs
             base_left = base.without(top) if base is not None else None
-            bad, again = _worse(left, base_left, count, margin)
+            bad, again = _worse(left, base_left, count, margin, total)
             figure += f"; without {top}, the most of them: {again}"
     return Check(name, "fail" if bad else "pass", figure, model)
 
 
-def _ruled_out(new: Counts, base: Counts | None, count: Any, margin: float) -> bool:
+@dataclass(frozen=True)
+class Timed:
+    """A latency the agents time per streamed answer: its histogram, and its per-tenant
+    codes (agents/metrics.py): timed, past the SLO, crowded, crowded and past the SLO."""
+
+    histogram: str
+    timed: str
+    slow: str
+    crowded: str
+    crowded_slow: str
+
+    def total(self, counts: Counts) -> int:
+        """Answers timed, less those of tenants left out and those that waited on another
+        tenant's load (agents/gateway/admission.py: `crowded`)."""
+        timed = max(getattr(counts, self.histogram).values(), default=0)
+        timed -= counts.left_out.get(self.timed, 0) + counts.tenants_count(self.crowded)
+        return max(0, timed)
+
+    def past(self, slo_s: float) -> Count:
+        """Those past the SLO, less the same left out."""
+
+        def count(counts: Counts) -> int:
+            past = round(above(getattr(counts, self.histogram), slo_s))
+            past -= counts.left_out.get(self.slow, 0) + counts.tenants_count(self.crowded_slow)
+            return max(0, past)
+
+        return count
+
+    def tenant_past(self, codes: dict[str, int]) -> int:
+        return codes.get(self.slow, 0) - codes.get(self.crowded_slow, 0)
+
+
+TTFT = Timed("ttft", "@timed", "@slow_ttft", "@crowded", "@crowded_slow")
+ITL = Timed("itl", "@itl_timed", "@slow_itl", "@crowded_itl", "@crowded_slow_itl")
+
+
+def _slo_misses(
+    name: str, model: str, new: Counts, base: Counts | None, label: str,
+    limits: RolloutChecks, slo_ms: int, timed: Timed,
+) -> Check:  # fmt: skip
+    """The share of timed answers past the route's SLO, as a rate like the others."""
+    return _rate(name, model, new, base, label, limits, timed.past(slo_ms / 1000),
+                 limits.slo_miss_rate, timed.total, timed.tenant_past, "timed answers")  # fmt: skip
+
+
+def _ruled_out(
+    new: Counts, base: Counts | None, count: Count, margin: float, total: Count = _answers
+) -> bool:
     """The updated share is, beyond chance (`Z_PASS` standard errors), not past the
     baseline's by the margin: what a wave must show to pass."""
-    n, x = new.answers, count(new)
-    m, y = (base.answers, count(base)) if base is not None else (0, 0)
+    n, x = total(new), count(new)
+    m, y = (total(base), count(base)) if base is not None else (0, 0)
     share, base_share = x / max(n, 1), (y / m if m else 0.0)
     pooled = (x + y + 1) / (n + m + 2)
     se = math.sqrt(pooled * (1 - pooled) * (1 / max(n, 1) + 1 / max(m or n, 1)))
     return bool(share - base_share + Z_PASS * se <= margin)
 
 
-def _worse(new: Counts, base: Counts | None, count: Any, margin: float) -> tuple[bool, str]:
+def _worse(
+    new: Counts, base: Counts | None, count: Count, margin: float, total: Count = _answers
+) -> tuple[bool, str]:
     """The updated share past the baseline's by the margin, twice it, and more than chance
     explains: `Z` standard errors of the difference of two shares (one flagged and one clean
     answer added, so that two clean sides still leave room for chance; without a baseline,
     as if it were the same size)."""
-    n, x = new.answers, count(new)
-    m, y = (base.answers, count(base)) if base is not None else (0, 0)
+    n, x = total(new), count(new)
+    m, y = (total(base), count(base)) if base is not None else (0, 0)
     share = x / n if n else 0.0
     base_share = y / m if m else 0.0
     pooled = (x + y + 1) / (n + m + 2)
@@ -163,39 +232,23 @@ def _worse(new: Counts, base: Counts | None, count: Any, margin: float) -> tuple
 
 def _latency(
     name: str, model: str, new: dict[float, int], base: dict[float, int] | None,
-    slo_ms: int | None, label: str, limits: RolloutChecks,
+    label: str, limits: RolloutChecks,
 ) -> Check:  # fmt: skip
+    """A route without an SLO for it: a high quantile against the baseline's, the 99th where
+    at least `TAIL` observations lie above it, else the highest that leaves `TAIL` above (a
+    p99 of 35 answers is their slowest one, which one answer makes). Without a baseline it
+    is not judged."""
     observed = max(new.values(), default=0)
     if observed < limits.min_requests:
-        return Check(name, "wait", f"{observed} of {limits.min_requests} timed answers", model)
-    p99 = (quantile(new, 0.99) or 0.0) * 1000
-    if base is not None and max(base.values(), default=0) >= limits.min_requests:
-        base_p99: float | None = (quantile(base, 0.99) or 0.0) * 1000
-    else:
-        base_p99, label = None, "no baseline"
-    slo = f"SLO {slo_ms} ms" if slo_ms is not None else "no SLO"
-    shown = f"{base_p99:.0f} ms" if base_p99 is not None else "-"
-    figure = f"{p99:.0f} ms vs {shown} ({label}); {slo}"
-    over_slo = slo_ms is not None and p99 > slo_ms
-    worse = base_p99 is None or p99 > limits.latency_ratio * max(base_p99, 1.0)
-    return Check(name, "fail" if over_slo and worse else "pass", figure, model)
-
-
-def _latency_without_top(check: Check, new: Counts, slo_ms: int, limits: RolloutChecks) -> Check:
-    """A p99 past the SLO, judged again without the tenant whose first tokens came past it
-    most often (its huge prompts, say): the rest's p99 is past the SLO when more than 1% of
-    their timed answers are."""
-    slow = {t: c.get("@slow_ttft", 0) for t, c in new.tenants.items()}
-    if not slow or not max(slow.values()):
-        return check
-    top = max(slow, key=lambda t: slow[t])
-    observed = max(new.ttft.values(), default=0)
-    rest = observed - new.tenants[top].get("@timed", 0)
-    if rest < limits.min_requests:  # the others too few to judge by: its answers stand
-        return check
-    share = max(0.0, above(new.ttft, slo_ms / 1000) - slow[top]) / rest
-    figure = f"{check.figure}; without {top}, the most of them: {share:.1%} past the SLO"
-    return replace(check, verdict="fail" if share > 0.01 else "pass", figure=figure)
+        return Check(name, "wait", f"{observed} of {limits.min_requests} timed", model)
+    q = min(0.99, 1 - TAIL / observed)
+    p = (quantile(new, q) or 0.0) * 1000
+    if base is None or max(base.values(), default=0) < limits.min_requests:
+        return Check(name, "pass", f"p{q * 100:.0f} {p:.0f} ms (no baseline); no SLO", model)
+    base_p = (quantile(base, q) or 0.0) * 1000
+    figure = f"p{q * 100:.0f} {p:.0f} ms vs {base_p:.0f} ms ({label}) of {observed}; no SLO"
+    worse = p > limits.latency_ratio * max(base_p, 1.0)
+    return Check(name, "fail" if worse else "pass", figure, model)
 
 
 @dataclass

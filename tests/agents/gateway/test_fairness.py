@@ -45,3 +45,19 @@ def test_tenants_holding_alike_are_even() -> None:
             fair.take("qwen", _tenant(name))
     assert {fair.standing("qwen", n) for n in ("a", "b", "c")} == {0}
     assert fair.standing("llama", "a") == 0  # another model: its own places
+
+
+def test_a_request_is_crowded_only_by_another_tenant_well_over_its_share() -> None:
+    """What a rollout's checks leave out (issue 40 §3): a wait on another tenant's load, not
+    the ups and downs of tenants holding about alike, nor the request's own tenant."""
+    fair = Fairness()
+    acme, bank = _tenant("acme"), _tenant("bank")
+    for _ in range(10):
+        fair.take("llama", acme)
+    assert not fair.crowded("llama", "bank")  # acme alone: nobody to crowd
+    fair.take("llama", bank)
+    assert fair.crowded("llama", "bank")  # 10 of 11 places, its share 5.5
+    assert not fair.crowded("llama", "acme")  # bank is under its share: it crowds nobody
+    for _ in range(6):
+        fair.take("llama", bank)
+    assert not fair.crowded("llama", "bank")  # 10 against 7: 1.5 over, under a quarter
