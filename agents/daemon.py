@@ -256,7 +256,7 @@ class Agent:
             self.gateway.metrics.latency_totals(),
         )
         add_quality(telemetry, self.gateway.quality)
-        add_tenant_answers(telemetry, self.gateway.by_tenant)
+        add_tenant_answers(telemetry, self.gateway.by_tenant, self.gateway.by_load)
         add_tiers(telemetry, self.gateway.tiers)
         return telemetry
 

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ class Served:
     insider: bool = False  # a peer region, the operator or a tenant marked to see routes
     client_stalled: bool = False  # its client stopped reading: the stream was cut
     crowded: bool = False  # it waited on another tenant's load (agents/gateway/admission.py)
+    load: float = 0.0  # requests of its model in flight here per serving worker, when sent
 
 
 Counts = dict[float, int]
@@ -277,6 +279,7 @@ ITL_CODES = ("@itl_timed", "@slow_itl", "@crowded_itl", "@crowded_slow_itl")
 
 def count_by_tenant(
     counts: MutableMapping[tuple[str, str, str], int],  # a collections.Counter
+    by_load: MutableMapping[tuple[str, int, str], int],
     served: Served,
     code: str,
     started: float,
@@ -287,7 +290,8 @@ def count_by_tenant(
     first token (`@timed`) and its time per output token (`@itl_timed`) were timed and
     whether each came past its route's SLO (`@slow_ttft`, `@slow_itl`: a rollout's latency
     checks leave out the tenant with the most), and whether it waited on another tenant's
-    load (`@crowded...`: left out)."""
+    load (`@crowded...`: left out). And the same per model by the load it met (`by_load`:
+    model, band, "ttft_timed" ...), but for one crowded: a rollout compares like loads."""
     model, tenant = served.model, served.tenant
     counts[model, tenant, code] += 1
     if served.first_at is None or code != "ok":
@@ -296,8 +300,9 @@ def count_by_tenant(
     ttft_slo, itl_slo = (route.slo_ttft_s, route.slo_itl_s) if route is not None else (None, None)
     tokens = served.completion_tokens or 0
     tpot = (now - served.first_at) / (tokens - 1) if tokens > 1 else None
-    for timed, slo, names in ((served.first_at - started, ttft_slo, TTFT_CODES),
-                              (tpot, itl_slo, ITL_CODES)):  # fmt: skip
+    band = load_band(served.load)
+    for timed, slo, names, kind in ((served.first_at - started, ttft_slo, TTFT_CODES, "ttft"),
+                                    (tpot, itl_slo, ITL_CODES, "itl")):  # fmt: skip
         if timed is None:
             continue
         slow = slo is not None and timed > slo
@@ -308,3 +313,12 @@ def count_by_tenant(
             counts[model, tenant, names[2]] += 1
             if slow:
                 counts[model, tenant, names[3]] += 1
+            continue
+        by_load[model, band, f"{kind}_timed"] += 1
+        if slow:
+            by_load[model, band, f"{kind}_slow"] += 1
+
+
+def load_band(load: float) -> int:
+    """1, 2, 4, 8, ...: the least power of two at or over `load`."""
+    return 1 if load <= 1 else 1 << math.ceil(math.log2(load))

@@ -173,15 +173,23 @@ TENANTS_TOLD = 16  # per model: the tenants with the most answers that were not 
 
 
 def add_tenant_answers(
-    telemetry: pb.Telemetry, by_tenant: Mapping[tuple[str, str, str], int]
+    telemetry: pb.Telemetry,
+    by_tenant: Mapping[tuple[str, str, str], int],
+    by_load: Mapping[tuple[str, int, str], int],
 ) -> None:
     """Per model, the tenants with the most answers that were not "ok" (or came past the
     SLO), since the start: their answers, and those by code (with `@timed`, `@slow_ttft` and
-    the rest of agents/metrics.py's TTFT_CODES and ITL_CODES)."""
+    the rest of agents/metrics.py's TTFT_CODES and ITL_CODES); and the model's timed answers
+    by the load they met."""
     models: dict[str, dict[str, dict[str, int]]] = {}  # model: tenant: code: count
     for (model, tenant, code), count in by_tenant.items():
         models.setdefault(model, {}).setdefault(tenant, {})[code] = count
+    bands: dict[str, dict[int, dict[str, int]]] = {}  # model: band: what: count
+    for (model, band, what), count in by_load.items():
+        bands.setdefault(model, {}).setdefault(band, {})[what] = count
     for answers in telemetry.answers:
+        met = sorted(bands.get(answers.model, {}).items())
+        answers.bands.extend(pb.LoadBand(band=b, **counts) for b, counts in met)
         tenants = models.get(answers.model, {})
         bad = {t: sum(n for c, n in codes.items() if c not in ("ok", "@timed", "@itl_timed"))
                for t, codes in tenants.items()}  # fmt: skip

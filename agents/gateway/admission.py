@@ -128,6 +128,10 @@ class Fairness:
             return -1
         return 1 if places > share + 0.5 else 0
 
+    def places(self, model: str) -> int:
+        """The model's places held: its requests here, waiting or in flight."""
+        return sum(self.held.get(model, {}).values())
+
     def crowded(self, model: str, tenant: str) -> bool:
         """Another tenant holds well over its fair share of the model: by `CROWDED_BY` of
         the places held and at least two, not by the ups and downs of tenants alike."""

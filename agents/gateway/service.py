@@ -117,6 +117,7 @@ class Gateway(Arrival, TieredPath):
         # (model, tenant, code): the same per tenant, so that a rollout's checks can leave out
         # the tenant that gave the most refusals or errors
         self.by_tenant: Counter[tuple[str, str, str]] = Counter()
+        self.by_load: Counter[tuple[str, int, str]] = Counter()  # model, band, what
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (model, policy, choice)
         self.receipts = Receipts()
         self.created = int(time.time())  # the models' `created`: when this gateway started
@@ -207,7 +208,7 @@ class Gateway(Arrival, TieredPath):
         now = self.clock()
         if served.tenant:
             routes = self.config.routes if self.config is not None else {}
-            count_by_tenant(self.by_tenant, served, code, started, now, routes)
+            count_by_tenant(self.by_tenant, self.by_load, served, code, started, now, routes)
         self.metrics.answered(request.path, response.status, started, now, served, error_type)
         self.receipts.note(request_id, response.status, started, now, served, error_type)
         if served.span is not None and served.span.is_recording():
@@ -343,7 +344,9 @@ class Gateway(Arrival, TieredPath):
         served.routed_prompt = flight.route_request.prompt_tokens
         served.routed_cached = min(chosen.matched_tokens, served.routed_prompt)
         self.decisions[model, decision.policy, decision.pd or "unified"] += 1
-        self._load[model] = (decision.best_ttft_s, decision.total - decision.unavailable)
+        serving = decision.total - decision.unavailable
+        self._load[model] = (decision.best_ttft_s, serving)
+        served.load = self.admission.fair.places(model) / max(1, serving)
         out = self._answer_headers(flight.headers, model, served)
         if flight.caller.debug:
             queued_ms = round((self.clock() - flight.since) * 1000, 1)  # in admission

@@ -1,6 +1,6 @@
 """What the heartbeat tells of each model's answers per tenant: the tenants with the most
 answers that were not "ok", so that a rollout's checks can leave out the one that gave the
-most (controlplane/services/rollouts/judge.py)."""
+most (controlplane/services/rollouts/judge.py); and its timed answers by the load they met."""
 
 from __future__ import annotations
 
@@ -21,8 +21,15 @@ def test_the_tenants_with_the_most_answers_not_ok_are_told_per_model() -> None:
     by_tenant["qwen", "acme", "internal_error"] = 2
     telemetry = pb.Telemetry(answers=[pb.ModelAnswers(model="llama"),
                                       pb.ModelAnswers(model="qwen")])  # fmt: skip
-    add_tenant_answers(telemetry, by_tenant)
+    by_load: Counter[tuple[str, int, str]] = Counter()
+    by_load["llama", 4, "ttft_timed"] = 12
+    by_load["llama", 4, "ttft_slow"] = 3
+    by_load["llama", 1, "itl_timed"] = 7
+    add_tenant_answers(telemetry, by_tenant, by_load)
     llama, qwen = telemetry.answers
+    assert [(b.band, b.ttft_timed, b.ttft_slow, b.itl_timed) for b in llama.bands] == [
+        (1, 0, 0, 7), (4, 12, 3, 0)]  # fmt: skip
+    assert not qwen.bands
     told = {t.tenant: (t.total, dict(t.by_code)) for t in llama.tenants}
     assert len(told) == TENANTS_TOLD
     assert told["acme"] == (70, {"queue_full": 30})

@@ -49,24 +49,29 @@ class Traffic:
     """Short streams to every region, a few at a time, until stopped: what each region
     answered, by status."""
 
-    def __init__(self, fleet: Fleet, per_region: int = 3) -> None:
+    def __init__(
+        self, fleet: Fleet, per_region: int = 3, tenant: str = "acme",
+        regions: tuple[str, ...] = REGIONS, max_tokens: int = 6,
+    ) -> None:  # fmt: skip
         self.answers: dict[str, Counter[str]] = {r: Counter() for r in REGIONS}
         self._stop = asyncio.Event()
         self._tasks = [
-            asyncio.ensure_future(self._loop(region, fleet.client(region)))
-            for region in REGIONS
+            asyncio.ensure_future(self._loop(region, fleet.client(region, tenant), max_tokens))
+            for region in regions
             for _ in range(per_region)
         ]
 
-    async def _loop(self, region: str, client: openai.AsyncOpenAI) -> None:
+    async def _loop(self, region: str, client: openai.AsyncOpenAI, max_tokens: int) -> None:
         while not self._stop.is_set():
             try:
                 stream = await client.chat.completions.create(
                     model=LLAMA, messages=[{"role": "user", "content": "hello there"}],
-                    max_tokens=6, stream=True,
+                    max_tokens=max_tokens, stream=True,
                 )  # fmt: skip
                 async for _ in stream:
-                    pass
+                    if self._stop.is_set():
+                        await stream.close()  # the gateway aborts it at the engine
+                        break
                 self.answers[region]["ok"] += 1
             except openai.APIStatusError as error:
                 self.answers[region][f"{error.status_code} {error.code}"] += 1
@@ -87,8 +92,8 @@ class Traffic:
 
 
 @contextlib.asynccontextmanager
-async def traffic(fleet: Fleet) -> AsyncIterator[Traffic]:
-    running = Traffic(fleet)
+async def traffic(fleet: Fleet, **kwargs: Any) -> AsyncIterator[Traffic]:
+    running = Traffic(fleet, **kwargs)
     try:
         yield running
     finally:
@@ -136,6 +141,10 @@ async def ended(fleet: Fleet, revision: int, within_s: float = 90) -> dict[str, 
 
 LLAMA_DEFAULT = {"name": "llama-default", "model": LLAMA, "policy": "cost", "slo_ttft_ms": 800,
                  "slo_itl_ms": 60, "max_queue": 256}  # fmt: skip
+
+
+LLAMA_EU_WEST = {"name": "llama-eu-west", "model": LLAMA, "region": "eu-west", "policy": "cost",
+                 "slo_ttft_ms": 600, "slo_itl_ms": 50, "max_queue": 128}  # fmt: skip
 
 
 async def _heard_from(fleet: Fleet, node: str, *, after: datetime) -> None:
@@ -242,6 +251,26 @@ async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every
         verdicts = {(c["check"], c["model"]): c["verdict"] for c in row["checks"]}
         assert verdicts == {("nack", None): "pass", ("engines", None): "pass",
                             ("traffic", IDLE): "pass"}, row["checks"]  # fmt: skip
+
+        # 6. Issue 40 §3: a harmless change to eu-west's own policy while acme holds ten
+        # streams of 100,000 tokens there through the bake, beside eurobank's traffic. Every
+        # answer beside the streams is slower: not the change's doing, so it is not rolled
+        # back; once answers at the load the baseline had come, it completes.
+        async with traffic(fleet, tenant="eurobank", regions=("eu-west",)) as bank:
+            await asyncio.sleep(3)  # a baseline of eu-west's traffic
+            async with traffic(fleet, per_region=10, regions=("eu-west",), max_tokens=100_000):
+                await asyncio.sleep(1)
+                harmless = await apply(fleet, routing_policies=[{**LLAMA_EU_WEST,
+                                                                 "slo_ttft_ms": 650}])  # fmt: skip
+                await asyncio.sleep(10)  # its bake (3 s), and judging, under acme's streams
+                row = (await rollouts(fleet))["rollout"]
+                assert row["revision"] == harmless, row
+                assert row["state"] in ("rolling", "complete"), (row["reason"], row["checks"])
+            row = (await ended(fleet, harmless, within_s=60))["rollout"]
+        assert row["state"] == "complete", (row["reason"], row["checks"])
+        assert [w["targets"] for w in row["waves"]] == [["region:eu-west"]], row["waves"]
+        served = bank.answers["eu-west"]
+        assert served["ok"] >= 0.9 * sum(served.values()), served
 
 
 async def test_operators_pause_resume_promote_and_abort_while_revocation_goes_everywhere(

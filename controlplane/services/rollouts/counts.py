@@ -1,7 +1,8 @@
 """What a node's gateway answered for each model, as the rollout's checks read it: answers by
-code, answers a peer gave, TTFT and ITL histograms, and the tenants with the most answers that
-were not "ok", all cumulative since the gateway started, so that the difference between two
-heartbeats is what happened in between. No I/O."""
+code, answers a peer gave, TTFT and ITL histograms, the tenants with the most answers that
+were not "ok", and timed answers by the load they met, all cumulative since the gateway
+started, so that the difference between two heartbeats is what happened in between. No
+I/O."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ class Counts:
     tenants: dict[str, dict[str, int]] = field(default_factory=dict)
     # the counts of tenants left out (`without`): what the histograms still hold of theirs
     left_out: dict[str, int] = field(default_factory=dict)
+    # streamed answers timed by the load they met: band: {"ttft_timed": n, "ttft_slow": n,
+    # "itl_timed": n, "itl_slow": n} (agents/metrics.py: load_band)
+    bands: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def answers(self) -> int:
@@ -44,6 +48,8 @@ class Counts:
         self.escalated += other.escalated
         for tenant, codes in other.tenants.items():
             self.tenants[tenant] = _plus(self.tenants.get(tenant, {}), codes)
+        for band, counts in other.bands.items():
+            self.bands[band] = _plus(self.bands.get(band, {}), counts)
 
     def without(self, tenant: str) -> Counts:
         """These counts with one tenant's answers left out."""
@@ -53,7 +59,7 @@ class Counts:
         codes["ok"] = max(0, codes.get("ok", 0) - max(0, sum(codes.values()) - left))
         others = {t: c for t, c in self.tenants.items() if t != tenant}
         return Counts(codes, self.escalated, self.ttft, self.itl, others,
-                      _plus(self.left_out, theirs))  # fmt: skip
+                      _plus(self.left_out, theirs), self.bands)  # fmt: skip
 
     def tenants_count(self, code: str) -> int:
         """A code's count over the tenants reported (and not left out)."""
@@ -71,12 +77,15 @@ class Counts:
             return self
         tenants = {t: {c: n for c, n in _plus(codes, then.tenants.get(t, {}), -1).items() if n > 0}
                    for t, codes in self.tenants.items()}  # fmt: skip
+        bands = {b: {k: n for k, n in _plus(c, then.bands.get(b, {}), -1).items() if n > 0}
+                 for b, c in self.bands.items()}  # fmt: skip
         return Counts(
             _plus(self.codes, then.codes, -1),
             self.escalated - then.escalated,
             _plus(self.ttft, then.ttft, -1),
             _plus(self.itl, then.itl, -1),
             {t: c for t, c in tenants.items() if c},
+            bands={b: c for b, c in bands.items() if c},
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -87,6 +96,7 @@ class Counts:
             "ttft": [[str(le), n] for le, n in sorted(self.ttft.items())],
             "itl": [[str(le), n] for le, n in sorted(self.itl.items())],
             "tenants": self.tenants,
+            "bands": {str(b): c for b, c in self.bands.items()},
         }
 
     @classmethod
@@ -98,6 +108,8 @@ class Counts:
             {float(le): int(n) for le, n in doc.get("itl", [])},
             {t: {c: int(n) for c, n in codes.items()}
              for t, codes in (doc.get("tenants") or {}).items()},
+            bands={int(b): {k: int(n) for k, n in c.items()}
+                   for b, c in (doc.get("bands") or {}).items()},
         )  # fmt: skip
 
 
@@ -132,9 +144,11 @@ class Reading:
             tenants = {str(t.get("tenant", "")): {"": int(t.get("total") or 0)} | {
                 c: int(n) for c, n in (t.get("by_code") or {}).items()}
                 for t in answers.get("tenants") or []}  # fmt: skip
+            bands = {int(b.get("band") or 0): {k: int(n) for k, n in b.items() if k != "band"}
+                     for b in answers.get("bands") or []}  # fmt: skip
             models[answers["model"]] = Counts(
                 {k: int(v) for k, v in (answers.get("total_by_code") or {}).items()},
-                int(answers.get("escalated_total") or 0), ttft, itl, tenants,
+                int(answers.get("escalated_total") or 0), ttft, itl, tenants, bands=bands,
             )  # fmt: skip
         engines = list(doc.get("engines", []))
         return cls(models, {e["id"]: int(e.get("restarts") or 0) for e in engines}, engines)

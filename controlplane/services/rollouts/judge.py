@@ -38,6 +38,7 @@ Verdict = Literal["pass", "fail", "wait"]
 Z = 3.0  # standard errors past which a difference of shares is more than chance
 Z_PASS = 2.0  # standard errors within which a difference must stay under the margin to pass
 TAIL = 5  # observations a latency quantile leaves above it, at the least
+BAND_MIN = 10  # a baseline's answers at a load, to compare the updated side's at that load
 
 
 @dataclass
@@ -195,9 +196,44 @@ def _slo_misses(
     name: str, model: str, new: Counts, base: Counts | None, label: str,
     limits: RolloutChecks, slo_ms: int, timed: Timed,
 ) -> Check:  # fmt: skip
-    """The share of timed answers past the route's SLO, as a rate like the others."""
-    return _rate(name, model, new, base, label, limits, timed.past(slo_ms / 1000),
-                 limits.slo_miss_rate, timed.total, timed.tenant_past, "timed answers")  # fmt: skip
+    """The share of timed answers past the route's SLO, as a rate like the others; one that
+    fails is judged again at like load (`_at_like_load`)."""
+    margin = limits.slo_miss_rate
+    check = _rate(name, model, new, base, label, limits, timed.past(slo_ms / 1000), margin,
+                  timed.total, timed.tenant_past, "timed answers")  # fmt: skip
+    if check.verdict != "fail" or base is None or not new.bands or not base.bands:
+        return check
+    return _at_like_load(check, new, base, timed.histogram, limits)
+
+
+def _at_like_load(
+    check: Check, new: Counts, base: Counts, kind: str, limits: RolloutChecks
+) -> Check:
+    """A latency past the SLO judged again against the baseline's at the same load: each
+    band of load the updated answers met (requests in flight per serving worker, when sent)
+    against the baseline's answers in that band, its share past the SLO weighted as the
+    updated answers are spread (a direct standardisation). Answers at loads the baseline
+    never had (`BAND_MIN` answers) are not compared: a latency that rose with a load the
+    change did not cause (one tenant's long streams) is not the change's. Too few compared
+    is "wait", not "fail"."""
+    n = unlike = m = 0
+    x = expected = 0.0
+    for band, counts in new.bands.items():
+        timed, slow = counts.get(f"{kind}_timed", 0), counts.get(f"{kind}_slow", 0)
+        theirs = base.bands.get(band, {})
+        base_timed = theirs.get(f"{kind}_timed", 0)
+        if base_timed < BAND_MIN:
+            unlike += timed
+            continue
+        n, x, m = n + timed, x + slow, m + base_timed
+        expected += timed * theirs.get(f"{kind}_slow", 0) / base_timed
+    figure = f"{check.figure}; at like load, "
+    if n < limits.min_requests:
+        figure += f"{n} answers ({unlike} met loads the baseline never had): wait"
+        return Check(check.check, "wait", figure, check.model)
+    bad, shares = _shares_worse(x, n, expected * m / n, m, limits.slo_miss_rate)
+    figure += f"{shares} of {n} ({unlike} at loads the baseline never had)"
+    return Check(check.check, "fail" if bad else "pass", figure, check.model)
 
 
 def _ruled_out(
@@ -208,9 +244,7 @@ def _ruled_out(
     n, x = total(new), count(new)
     m, y = (total(base), count(base)) if base is not None else (0, 0)
     share, base_share = x / max(n, 1), (y / m if m else 0.0)
-    pooled = (x + y + 1) / (n + m + 2)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / max(n, 1) + 1 / max(m or n, 1)))
-    return bool(share - base_share + Z_PASS * se <= margin)
+    return bool(share - base_share + Z_PASS * _se(x, n, y, m) <= margin)
 
 
 def _worse(
@@ -222,12 +256,21 @@ def _worse(
     as if it were the same size)."""
     n, x = total(new), count(new)
     m, y = (total(base), count(base)) if base is not None else (0, 0)
+    return _shares_worse(x, n, y, m, margin)
+
+
+def _shares_worse(x: float, n: int, y: float, m: int, margin: float) -> tuple[bool, str]:
     share = x / n if n else 0.0
     base_share = y / m if m else 0.0
-    pooled = (x + y + 1) / (n + m + 2)
-    chance = Z * math.sqrt(pooled * (1 - pooled) * (1 / max(n, 1) + 1 / max(m or n, 1)))
+    chance = Z * _se(x, n, y, m)
     bad = share > base_share + max(margin, chance) and share > 2 * base_share
     return bad, f"{share:.1%} vs {base_share:.1%}"
+
+
+def _se(x: float, n: int, y: float, m: int) -> float:
+    """The standard error of a difference of two shares, x of n and y of m (pooled)."""
+    pooled = (x + y + 1) / (n + m + 2)
+    return math.sqrt(pooled * (1 - pooled) * (1 / max(n, 1) + 1 / max(m or n, 1)))
 
 
 def _latency(

@@ -324,3 +324,46 @@ def test_one_tenants_slow_first_tokens_never_fail_the_latency_check() -> None:
                       "beta": {"": 30, "@timed": 30, "@slow_ttft": 10},
                       "gamma": {"": 30, "@timed": 30, "@slow_ttft": 10}})  # fmt: skip
     assert spread[0] == "fail", spread
+
+
+def _itl(bands: dict[int, tuple[int, int]]) -> Counts:
+    """Streamed answers, their times per output token past a 50 ms SLO (at 0.2 s) or not
+    (0.01 s), by the load band they met."""
+    timed = sum(n for n, _ in bands.values())
+    slow = sum(s for _, s in bands.values())
+    return Counts({"ok": timed}, 0, {0.1: timed, float("inf"): timed},
+                  {0.02: timed - slow, 0.5: timed, float("inf"): timed},
+                  bands={b: {"itl_timed": n, "itl_slow": s, "ttft_timed": n}
+                         for b, (n, s) in bands.items()})  # fmt: skip
+
+
+def test_latency_that_rose_with_a_load_the_change_did_not_cause_is_not_the_changes() -> None:
+    """Issue 40 §3: acme's ten long streams fill eu-west's batches during the bake, and every
+    answer beside them streams slower; answers at the load the baseline had did not. The
+    same slowness at the baseline's own load is the change's."""
+    limits = RolloutChecks(min_requests=20)
+    slo: dict[str, tuple[int | None, int | None]] = {LLAMA: (800, 50)}
+    before = _itl({2: (200, 2)})
+
+    def check(updated: Counts) -> tuple[str, str]:
+        sides = Sides({LLAMA: updated}, {}, {LLAMA: before}, slo)
+        (itl,) = [c for c in judge_traffic(limits, sides, {LLAMA}) if c.check == "itl_slo"]
+        return itl.verdict, itl.figure
+
+    beside_streams = check(_itl({2: (30, 0), 8: (40, 30)}))
+    assert beside_streams[0] == "pass", beside_streams
+    assert "40 at loads the baseline never had" in beside_streams[1]
+    only_loaded = check(_itl({8: (70, 40)}))
+    assert only_loaded[0] == "wait", only_loaded  # nothing to compare yet: never a rollback
+    harmful = check(_itl({2: (70, 40)}))
+    assert harmful[0] == "fail", harmful
+
+
+def test_the_bands_of_load_are_read_and_taken_since_a_heartbeat() -> None:
+    def reading(timed: str, slow: str) -> Reading:
+        return Reading.from_telemetry({"answers": [{"model": LLAMA, "total_by_code": {"ok": timed},
+            "bands": [{"band": 4, "ttft_timed": timed, "ttft_slow": slow}]}]})  # fmt: skip
+
+    since = reading("30", "5").minus(reading("10", "1"))[LLAMA]
+    assert since.bands == {4: {"ttft_timed": 20, "ttft_slow": 4}}
+    assert Counts.from_json(since.as_json()).bands == since.bands

@@ -696,6 +696,7 @@ class ModelAnswers(_message.Message):
     TTFT_FIELD_NUMBER: _builtins.int
     ITL_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
+    BANDS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     per_second: _builtins.float
     """Answers a second, whatever their status."""
@@ -725,6 +726,12 @@ class ModelAnswers(_message.Message):
         tenant that gave the most, so that one tenant's traffic never rolls a change back.
         """
 
+    @_builtins.property
+    def bands(self) -> _containers.RepeatedCompositeFieldContainer[Global___LoadBand]:
+        """Streamed answers timed since the gateway started, by the load they met (a rollout
+        compares latencies at like load): not those that waited on another tenant's load.
+        """
+
     def __init__(
         self,
         *,
@@ -736,14 +743,51 @@ class ModelAnswers(_message.Message):
         ttft: Global___Histogram | None = ...,
         itl: Global___Histogram | None = ...,
         tenants: _abc.Iterable[Global___TenantAnswers] | None = ...,
+        bands: _abc.Iterable[Global___LoadBand] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl", b"itl", "ttft", b"ttft"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "tenants", b"tenants", "total_by_code", b"total_by_code", "ttft", b"ttft"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bands", b"bands", "escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "tenants", b"tenants", "total_by_code", b"total_by_code", "ttft", b"ttft"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelAnswers: _TypeAlias = ModelAnswers  # noqa: Y015
+
+@_typing.final
+class LoadBand(_message.Message):
+    """The answers admitted while the model had about `band` requests in flight here per serving
+    worker (1, 2, 4, 8, ...: each band up to twice the one before): their first tokens and
+    their times per output token timed, and those past the route's SLO.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BAND_FIELD_NUMBER: _builtins.int
+    TTFT_TIMED_FIELD_NUMBER: _builtins.int
+    TTFT_SLOW_FIELD_NUMBER: _builtins.int
+    ITL_TIMED_FIELD_NUMBER: _builtins.int
+    ITL_SLOW_FIELD_NUMBER: _builtins.int
+    band: _builtins.int
+    ttft_timed: _builtins.int
+    ttft_slow: _builtins.int
+    itl_timed: _builtins.int
+    itl_slow: _builtins.int
+    def __init__(
+        self,
+        *,
+        band: _builtins.int = ...,
+        ttft_timed: _builtins.int = ...,
+        ttft_slow: _builtins.int = ...,
+        itl_timed: _builtins.int = ...,
+        itl_slow: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["band", b"band", "itl_slow", b"itl_slow", "itl_timed", b"itl_timed", "ttft_slow", b"ttft_slow", "ttft_timed", b"ttft_timed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadBand: _TypeAlias = LoadBand  # noqa: Y015
 
 @_typing.final
 class TenantAnswers(_message.Message):
