@@ -9,20 +9,8 @@ from pathlib import Path
 
 import click
 
-from bench import (
-    escalation,
-    fidelity,
-    migration,
-    overhead,
-    overload,
-    quality,
-    quotas,
-    revocation,
-    rollout,
-    routing,
-    tiers,
-)
-from bench.needs import plot_beside, requires
+from bench import fidelity, fleet_cli, migration, overhead, overload, quality, routing, tiers
+from bench.needs import plot_beside, requires, scratch
 from bench.propagation import Options, run
 from bench.sim import run as run_sim
 
@@ -123,11 +111,8 @@ def fidelity_command(requests: int, out: Path | None) -> None:
         raise click.ClickException(
             "SGLang is not installed: run `meridian engines sglang-env --install` first"
         )
-    root = _scratch("fidelity")
-    try:
+    with scratch("fidelity") as root:
         asyncio.run(fidelity.run(fidelity.Options(root, requests, out)))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @bench.command("sim")
@@ -174,22 +159,13 @@ def routing_command(
     if any(routing.CONTENDERS[n][0] == "sglang" for n in names):
         requires("sglang_router")
     plot = plot_beside(out, plot)
-    root = _scratch("routing")
-    options = routing.Options(
-        workers=workers, contenders=names, phase_seconds=phase_seconds, start_rps=start_rps,
-        growth=growth, speed=speed, stream_interval=stream_interval, extra=extra,
-        extra_only_at=extra_only_at, out=out, plot=plot, root=root,
-    )  # fmt: skip
-    try:
+    with scratch("routing") as root:
+        options = routing.Options(
+            workers=workers, contenders=names, phase_seconds=phase_seconds, start_rps=start_rps,
+            growth=growth, speed=speed, stream_interval=stream_interval, extra=extra,
+            extra_only_at=extra_only_at, out=out, plot=plot, root=root,
+        )  # fmt: skip
         asyncio.run(routing.run(options))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _scratch(name: str) -> Path:
-    root = Path(tempfile.mkdtemp(prefix=f"meridian-bench-{name}-"))
-    root.chmod(0o755)  # the embedded PostgreSQL runs as `postgres` when we are root
-    return root
 
 
 @bench.command("overhead")
@@ -208,15 +184,12 @@ def overhead_command(
     requests each serves per CPU second."""
     requires("sglang_router")
     plot = plot_beside(out, plot)
-    root = _scratch("overhead")
-    options = overhead.Options(
-        requests=requests, concurrency=concurrency, seconds=seconds, out=out, plot=plot,
-        root=root,
-    )  # fmt: skip
-    try:
+    with scratch("overhead") as root:
+        options = overhead.Options(
+            requests=requests, concurrency=concurrency, seconds=seconds, out=out, plot=plot,
+            root=root,
+        )  # fmt: skip
         asyncio.run(overhead.run(options))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @bench.command("overload")
@@ -239,41 +212,12 @@ def overload_command(
     unknown = [n for n in names if n not in overload.MODES]
     if unknown or not names:
         raise click.BadParameter(f"unknown modes {unknown}", param_hint="--modes")
-    root = _scratch("overload")
-    options = overload.Options(
-        workers=workers, seconds=seconds, capacity_rps=capacity, modes=names, out=out,
-        plot=plot_beside(out, plot), root=root,
-    )  # fmt: skip
-    try:
+    with scratch("overload") as root:
+        options = overload.Options(
+            workers=workers, seconds=seconds, capacity_rps=capacity, modes=names, out=out,
+            plot=plot_beside(out, plot), root=root,
+        )  # fmt: skip
         asyncio.run(overload.run(options))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@bench.command("escalation")
-@click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True,
-              help="simulated engines in each of the two regions")  # fmt: skip
-@click.option("--seconds", type=click.FloatRange(5, 3600), default=20, show_default=True,
-              help="of load in each phase")  # fmt: skip
-@click.option("--capacity", type=click.FloatRange(0.1, 1000), default=None,
-              help="no sweep: region A's capacity (rps) from an earlier run")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="PNG; default: beside --out")  # fmt: skip
-def escalation_command(
-    workers: int, seconds: float, capacity: float | None, out: Path | None, plot: Path | None
-) -> None:
-    """Region A at 1x, 2x and 5x its capacity beside an idle peer, with escalation and
-    without; with room; a resident tenant; and A's engines killed."""
-    root = _scratch("escalation")
-    options = escalation.Options(
-        workers=workers, seconds=seconds, capacity_rps=capacity, out=out,
-        plot=plot_beside(out, plot), root=root,
-    )  # fmt: skip
-    try:
-        asyncio.run(escalation.run(options))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @bench.command("migration")
@@ -284,92 +228,8 @@ def escalation_command(
 def migration_command(streams: int, tokens: int, out: Path | None) -> None:
     """Streams whose engine, then whose region's every engine, is killed mid-answer: how many
     complete, token for token, and the added time to the next token at the cut."""
-    root = _scratch("migration")
-    try:
+    with scratch("migration") as root:
         asyncio.run(migration.run(migration.Options(streams, tokens, out=out, root=root)))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@bench.command("revocation")
-@click.option("--regions", type=click.IntRange(1, 20), default=3, show_default=True)
-@click.option("--rounds", type=click.IntRange(1, 1000), default=20, show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def revocation_command(regions: int, rounds: int, out: Path | None) -> None:
-    """Time from the DELETE of an API key to the key failing in every region (goal: p99 ≤ 1 s).
-
-    A control plane and one agent per region, all real processes; each round makes a key,
-    waits until every region takes it, deletes it, and polls every region until it fails.
-    """
-    root = _scratch("revocation")
-    try:
-        asyncio.run(revocation.run(revocation.Options(regions, rounds, out, root)))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@bench.command("rollout")
-@click.option("--bake", type=click.FloatRange(1, 600), default=5.0, show_default=True,
-              help="seconds each wave is watched")  # fmt: skip
-@click.option("--baseline", type=click.FloatRange(5, 600), default=20.0, show_default=True,
-              help="seconds of steady traffic with no change, first")  # fmt: skip
-@click.option("--good", type=click.IntRange(1, 200), default=20, show_default=True,
-              help="good changes, each waited to its end")  # fmt: skip
-@click.option("--revocations", type=click.IntRange(1, 200), default=20, show_default=True)
-@click.option("--repeat", type=click.IntRange(1, 100), default=3, show_default=True,
-              help="runs of each harmful change: containment must hold every time")  # fmt: skip
-@click.option("--rps", type=click.FloatRange(0.1, 1000), default=None,
-              help="paced requests a second into each region instead of 3 streams each: "
-              "light load, where engines are mostly idle")  # fmt: skip
-@click.option("--check", "checks", multiple=True, metavar="NAME=VALUE",
-              help="a check of the rollout policy, e.g. escalated_share=0.15")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def rollout_command(
-    bake: float, baseline: float, good: int, revocations: int, repeat: int,
-    rps: float | None, checks: tuple[str, ...], out: Path | None,
-) -> None:  # fmt: skip
-    """Harmful changes caught at the canary and rolled back, good ones rolled everywhere, and
-    key revocation while a rollout is paused, on three regions under steady traffic."""
-    root = _scratch("rollout")
-    options = rollout.Options(bake_s=bake, baseline_s=baseline, good=good,
-                              revocations=revocations, repeat=repeat, rps=rps, out=out,
-                              checks=_settings(checks), root=root)  # fmt: skip
-    try:
-        asyncio.run(rollout.run(options))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _settings(pairs: tuple[str, ...]) -> dict[str, float]:
-    out = {}
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        try:
-            out[name.strip()] = float(value)
-        except ValueError:
-            raise click.BadParameter(f"{pair!r}: NAME=NUMBER", param_hint="--check") from None
-    return out
-
-
-@bench.command("quotas")
-@click.option("--quota", type=click.IntRange(60, 100_000), default=600, show_default=True,
-              help="the tenant's requests a minute (twice that is offered)")  # fmt: skip
-@click.option("--phase", type=click.FloatRange(30, 3600), default=75.0, show_default=True,
-              help="seconds of each traffic pattern")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="a PNG of the admitted rate per region and the quota over time")  # fmt: skip
-def quotas_command(quota: int, phase: float, out: Path | None, plot: Path | None) -> None:
-    """A tenant's global quota under traffic that moves between three regions, then with the
-    control plane down: leases that follow demand against the static shares, in one run."""
-    if plot is not None:
-        requires("matplotlib")
-    root = _scratch("quotas")
-    options = quotas.Options(quota=quota, phase_s=phase, out=out, plot=plot, root=root)
-    try:
-        asyncio.run(quotas.run(options))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @bench.command("quality")
@@ -384,12 +244,9 @@ def quality_command(engines: int, streams: int, soak: float, out: Path | None) -
     """The quality guard: time and requests until a worker that answers wrong is held, for
     each fault, with canaries and with the detectors alone; false quarantines in a soak of
     healthy engines; the detectors' cost an answer and a chunk."""
-    root = _scratch("quality")
-    options = quality.Options(engines=engines, streams=streams, soak_s=soak, out=out, root=root)
-    try:
+    with scratch("quality") as root:
+        options = quality.Options(engines=engines, streams=streams, soak_s=soak, out=out, root=root)
         asyncio.run(quality.run(options))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @bench.command("tiers")
@@ -407,10 +264,11 @@ def tiers_command(
 ) -> None:
     """Tiered routes against the strong model alone, on as many engines: the classifier's cost
     a request, GPU-seconds saved, capacity at 90% SLO, and the multi-turn cache hit rate."""
-    root = _scratch("tiers")
-    options = tiers.Options(easy=easy, chats=chats, judge=judge, judge_sample=judge_sample,
-                            out=out, root=root)  # fmt: skip
-    try:
+    with scratch("tiers") as root:
+        options = tiers.Options(easy=easy, chats=chats, judge=judge, judge_sample=judge_sample,
+                                out=out, root=root)  # fmt: skip
         asyncio.run(tiers.run(options))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+
+
+for _command in fleet_cli.COMMANDS:
+    bench.add_command(_command)

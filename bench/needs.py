@@ -3,6 +3,10 @@ for minutes and then fail on an import."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -36,3 +40,14 @@ def plot_beside(out: Path | None, plot: Path | None) -> Path | None:
         click.echo("no plot beside --out: matplotlib is not installed (pip install matplotlib)")
         return None
     return out.with_suffix(".png")
+
+
+@contextlib.contextmanager
+def scratch(name: str) -> Iterator[Path]:
+    """A benchmark's scratch directory (its database, agents' data), removed after."""
+    root = Path(tempfile.mkdtemp(prefix=f"meridian-bench-{name}-"))
+    root.chmod(0o755)  # the embedded PostgreSQL runs as `postgres` when we are root
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

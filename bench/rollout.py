@@ -10,13 +10,14 @@ region, then one region, then the rest) with a shorter bake. In one run:
 - **harmful changes**, each applied to every region in one revision, `--repeat` times each
   (containment must hold every time, not once): engines that crash as they start, engines
   30 times slower (TTFT past the SLO), admission limits so low that most requests get 429, a
-  TTFT SLO of 1 ms. For each run: the regions that ever held it, the time from the write to
-  the rollback decided and to the rollback in force on every agent that held it, the share
-  of the fleet's requests that saw the harm (failed, refused other than by quota, or missed
-  the SLO, or served by another region than the one asked) over the change's minutes, less
-  the baseline's share, and the rollout's checks as
-  the leader judged them through the run (every half second: wave, state, each check's
-  verdict and figure), so that a run that was not contained can be read afterwards;
+  TTFT SLO of 1 ms, routing that sends a region's every request to one worker. For each
+  run: the regions that ever held it, the time from the write to the rollback decided and
+  to the rollback in force on every agent that held it, the share of the fleet's requests
+  that saw the harm (failed, refused other than by quota, or missed the SLO, or served by
+  another region than the one asked) over the minute after the write (or to the rollback's
+  end, if later), less the baseline's share, and the rollout's checks as the leader judged
+  them through the run (every half second: wave, state, each check's verdict and figure),
+  so that a run that was not contained can be read afterwards (bench/rollout_record.py);
 - **good changes**: `--good` changes of the TTFT SLO, each waited to its end: the time from the
   write to the last region, and the rollbacks among them (false rollbacks);
 - **revocation during a paused rollout**: `--revocations` keys revoked while a rollout is
@@ -36,16 +37,17 @@ from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.table import Table
 
 from bench.harness import MODEL, apply, start_agent, start_control
 from bench.plots import write_json
 from bench.revocation import _summary, _until
+from bench.rollout_record import report, watch
 from meridian.procs import free_port
 
 REGIONS = {"small": 1, "medium": 2, "large": 4}  # GPUs, and engines
 HOSTS = {"small": "127.0.0.11", "medium": "127.0.0.12", "large": "127.0.0.13"}
 SLO_TTFT_MS = 1000
+HARM_WINDOW_S = 60.0  # a harmful change's harm: the fleet's requests of the minute after it
 GOALS = {"regions": 1, "harm_share": 0.05, "rollback_s": 60.0, "false_rollbacks": 0,
          "revocation_p99_s": 1.0}  # fmt: skip
 HARMFUL: dict[str, dict[str, Any]] = {
@@ -53,6 +55,18 @@ HARMFUL: dict[str, dict[str, Any]] = {
     "engines 30x slower (TTFT past the SLO)": {"deployments": {"slow-factor": 30}},
     "admission limits: most requests 429": {"policy": {"max_inflight": 1, "max_queue": 0}},
     "a TTFT SLO of 1 ms": {"policy": {"slo_ttft_ms": 1}},
+    # identical prompts, no balancing: every request of a region to the one worker that
+    # holds the prefix
+    "routing that loads one worker": {
+        "policy": {
+            "policy": "cache_aware",
+            "params": {
+                "cache_threshold": 0.0,
+                "balance_abs_threshold": 1_000_000,
+                "balance_rel_threshold": 1_000_000.0,
+            },
+        }
+    },
 }
 
 
@@ -216,7 +230,7 @@ async def run(options: Options) -> dict[str, Any]:
             finally:
                 load.stop.set()
                 await asyncio.gather(*streams)
-    _report(console, result)
+    report(console, result)
     write_json(console, result, options.out)
     return result
 
@@ -270,11 +284,11 @@ async def _harmful(admin: httpx.AsyncClient, load: Load, name: str, change: dict
     written = time.monotonic()
     revision = await _write(admin, doc)
     timeline: list[dict[str, Any]] = []
-    watch = asyncio.create_task(_watch(admin, revision, written, timeline))
+    watching = asyncio.create_task(watch(admin, revision, written, timeline))
     try:
         ended = await _ended(admin, revision)
     finally:
-        watch.cancel()
+        watching.cancel()
     decided = time.monotonic()
     row = ended["rollout"]
     held = [t for w in row["waves"] if w["status"] == "rolled_back" for t in w["targets"]]
@@ -282,7 +296,10 @@ async def _harmful(admin: httpx.AsyncClient, load: Load, name: str, change: dict
     nodes = [f"{t.split(':', 1)[1]}-1" for t in held]
     in_force = await _applied(admin, nodes, rollback) if rollback is not None else decided
     await asyncio.sleep(5)  # what the rollback left: engines coming back
-    share, counted = load.bad_share(written, time.monotonic())
+    # the harm of the minute after the write (or longer, to the rollback's end and after)
+    until = max(written + HARM_WINDOW_S, time.monotonic())
+    await asyncio.sleep(until - time.monotonic())
+    share, counted = load.bad_share(written, until)
     # undo: the fleet's declared state back to the good one
     await _ended(admin, await _write(admin, {"deployments": [_deployment(r, {}) for r in REGIONS],
                                              "routing_policies": [_policy({})]}))  # fmt: skip
@@ -299,26 +316,6 @@ async def _harmful(admin: httpx.AsyncClient, load: Load, name: str, change: dict
             or share - baseline <= 0.0),
         "timeline": timeline,
     }  # fmt: skip
-
-
-async def _watch(
-    admin: httpx.AsyncClient, revision: int, since: float, timeline: list[dict[str, Any]]
-) -> None:
-    """The rollout's wave, state and checks every half second, when they change."""
-    last = None
-    while True:
-        try:
-            row = (await admin.get("/v1/rollouts")).json()["rollout"]
-        except (httpx.HTTPError, ValueError):
-            row = None
-        if row is not None and row["revision"] == revision:
-            seen = (row["wave"], row["state"], [(c["check"], c.get("model"), c["verdict"],
-                                                 c["figure"]) for c in row["checks"]])  # fmt: skip
-            if seen != last:
-                last = seen
-                timeline.append({"at_s": round(time.monotonic() - since, 2), "wave": row["wave"],
-                                 "state": row["state"], "checks": row["checks"]})  # fmt: skip
-        await asyncio.sleep(0.5)
 
 
 async def _rollback_revision(admin: httpx.AsyncClient, rollout: int) -> int | None:
@@ -378,40 +375,3 @@ async def _revocations(admin: httpx.AsyncClient, http: httpx.AsyncClient,
     state = (await admin.get("/v1/rollouts")).json()["rollout"]["state"]
     (await admin.post("/v1/rollouts/current/abort")).raise_for_status()
     return {"rounds": rounds, "rollout_state_meanwhile": state, **_summary(sorted(times))}
-
-
-def _report(console: Console, result: dict[str, Any]) -> None:
-    base = result["baseline"]
-    console.print(f"baseline: {base['bad_share']:.1%} of {base['requests']} requests failed "
-                  "or missed the SLO")  # fmt: skip
-    table = Table(title="harmful changes, each to every region in one revision")
-    for column in ("change", "outcome", "regions that held it", "write → rollback s",
-                   "→ in force s", "requests harmed (over baseline)", "caught by"):  # fmt: skip
-        table.add_column(column)
-    for h in result["harmful"]:
-        table.add_row(h["change"], h["state"], str(h["regions_held"]),
-                      f"{h['write_to_rollback_s']:.1f}", f"{h['write_to_rollback_in_force_s']:.1f}",
-                      f"{h['harm_share']:.2%} of {h['requests']}", h["reason"][:60])  # fmt: skip
-    console.print(table)
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for h in result["harmful"]:
-        runs.setdefault(h["change"], []).append(h)
-    for name, each in runs.items():
-        held = max(h["regions_held"] for h in each)
-        harm = max(h["harm_share"] for h in each)
-        slowest = max(h["write_to_rollback_s"] for h in each)
-        failed = sum(not h["contained"] for h in each)
-        console.print(f"{name}: {len(each)} runs, {failed} not contained; at worst "
-                      f"{held} regions held it, {harm:.2%} harmed, rolled back "
-                      f"{slowest:.1f} s after the write")  # fmt: skip
-    good = result["good"]
-    w = good["write_to_last_region"]
-    took = f"write → complete p50 {w['p50_s']:.1f} s, max {w['max_s']:.1f} s" if w else "none"
-    console.print(f"good changes: {good['changes']}, outcomes {good['outcomes']}, false "
-                  f"rollbacks {good['false_rollbacks']}; {took}")  # fmt: skip
-    for reason in good["not_complete"]:
-        console.print(f"  {reason[:200]}")
-    r = result["revocation"]
-    console.print(f"revocation while a rollout is {r['rollout_state_meanwhile']}: p50 "
-                  f"{r['p50_s']:.3f} s, p99 {r['p99_s']:.3f} s over {r['samples']} "
-                  "(region, key)")  # fmt: skip

@@ -1,0 +1,110 @@
+"""`meridian bench` commands that run a fleet: a control plane and agents in several regions
+(the single-region ones are in bench/cli.py, which adds these)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from bench import escalation, quotas, revocation, rollout
+from bench.needs import plot_beside, requires, scratch
+
+
+@click.command("escalation")
+@click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True,
+              help="simulated engines in each of the two regions")  # fmt: skip
+@click.option("--seconds", type=click.FloatRange(5, 3600), default=20, show_default=True,
+              help="of load in each phase")  # fmt: skip
+@click.option("--capacity", type=click.FloatRange(0.1, 1000), default=None,
+              help="no sweep: region A's capacity (rps) from an earlier run")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PNG; default: beside --out")  # fmt: skip
+def escalation_command(
+    workers: int, seconds: float, capacity: float | None, out: Path | None, plot: Path | None
+) -> None:
+    """Region A at 1x, 2x and 5x its capacity beside an idle peer, with escalation and
+    without; with room; a resident tenant; and A's engines killed."""
+    with scratch("escalation") as root:
+        options = escalation.Options(
+            workers=workers, seconds=seconds, capacity_rps=capacity, out=out,
+            plot=plot_beside(out, plot), root=root,
+        )  # fmt: skip
+        asyncio.run(escalation.run(options))
+
+
+@click.command("revocation")
+@click.option("--regions", type=click.IntRange(1, 20), default=3, show_default=True)
+@click.option("--rounds", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def revocation_command(regions: int, rounds: int, out: Path | None) -> None:
+    """Time from the DELETE of an API key to the key failing in every region (goal: p99 ≤ 1 s).
+
+    A control plane and one agent per region, all real processes; each round makes a key,
+    waits until every region takes it, deletes it, and polls every region until it fails.
+    """
+    with scratch("revocation") as root:
+        asyncio.run(revocation.run(revocation.Options(regions, rounds, out, root)))
+
+
+@click.command("rollout")
+@click.option("--bake", type=click.FloatRange(1, 600), default=5.0, show_default=True,
+              help="seconds each wave is watched")  # fmt: skip
+@click.option("--baseline", type=click.FloatRange(5, 600), default=20.0, show_default=True,
+              help="seconds of steady traffic with no change, first")  # fmt: skip
+@click.option("--good", type=click.IntRange(1, 200), default=20, show_default=True,
+              help="good changes, each waited to its end")  # fmt: skip
+@click.option("--revocations", type=click.IntRange(1, 200), default=20, show_default=True)
+@click.option("--repeat", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="runs of each harmful change: containment must hold every time")  # fmt: skip
+@click.option("--rps", type=click.FloatRange(0.1, 1000), default=None,
+              help="paced requests a second into each region instead of 3 streams each: "
+              "light load, where engines are mostly idle")  # fmt: skip
+@click.option("--check", "checks", multiple=True, metavar="NAME=VALUE",
+              help="a check of the rollout policy, e.g. escalated_share=0.15")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def rollout_command(
+    bake: float, baseline: float, good: int, revocations: int, repeat: int,
+    rps: float | None, checks: tuple[str, ...], out: Path | None,
+) -> None:  # fmt: skip
+    """Harmful changes caught at the canary and rolled back, good ones rolled everywhere, and
+    key revocation while a rollout is paused, on three regions under steady traffic."""
+    with scratch("rollout") as root:
+        options = rollout.Options(bake_s=bake, baseline_s=baseline, good=good,
+                                  revocations=revocations, repeat=repeat, rps=rps, out=out,
+                                  checks=_settings(checks), root=root)  # fmt: skip
+        asyncio.run(rollout.run(options))
+
+
+def _settings(pairs: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise click.BadParameter(f"{pair!r}: NAME=NUMBER", param_hint="--check") from None
+    return out
+
+
+@click.command("quotas")
+@click.option("--quota", type=click.IntRange(60, 100_000), default=600, show_default=True,
+              help="the tenant's requests a minute (twice that is offered)")  # fmt: skip
+@click.option("--phase", type=click.FloatRange(30, 3600), default=75.0, show_default=True,
+              help="seconds of each traffic pattern")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="a PNG of the admitted rate per region and the quota over time")  # fmt: skip
+def quotas_command(quota: int, phase: float, out: Path | None, plot: Path | None) -> None:
+    """A tenant's global quota under traffic that moves between three regions, then with the
+    control plane down: leases that follow demand against the static shares, in one run."""
+    if plot is not None:
+        requires("matplotlib")
+    with scratch("quotas") as root:
+        options = quotas.Options(quota=quota, phase_s=phase, out=out, plot=plot, root=root)
+        asyncio.run(quotas.run(options))
+
+
+COMMANDS = (escalation_command, revocation_command, rollout_command, quotas_command)
