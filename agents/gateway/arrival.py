@@ -9,7 +9,7 @@ from agents.control.compile import ModelConfig, RegionConfig, RouteConfig
 from agents.gateway import assertion, auth
 from agents.gateway.errors import UpstreamFailed
 from agents.gateway.flight import Caller, Flight
-from agents.gateway.requests import Inference, check_context, parse
+from agents.gateway.requests import Inference, cache_salt, check_context, parse
 from agents.metrics import Served
 from agents.router.escalation import Escalations
 from agents.router.policies import RouteRequest
@@ -57,6 +57,7 @@ class Arrival:
         """What is asked, checked whole (its parameters, and its prompt and answer against the
         model's context), and where it may go."""
         inference, model = parse(request.path, body, config)
+        inference.salt = cache_salt(caller.tenant.name, inference.client_salt)
         fits = model  # a tiered request: what its tiers take together (its tier is chosen next)
         if inference.tiered is not None:
             model = config.models[inference.tiered.tiers[-1]]  # meanwhile, the strongest
@@ -80,7 +81,8 @@ def routed(
 ) -> tuple[RouteRequest, RouteConfig]:
     """The request as the router takes it for `model`, checked against the context of `fits`
     (default: the model), and the model's route here."""
-    route_request = router.request(model.name, inference.key, inference.tokens, inference.max_new)
+    route_request = router.request(model.name, inference.key, inference.tokens, inference.max_new,
+                                   inference.salt or None)  # fmt: skip
     check_context(fits or model, route_request.prompt_tokens, inference.max_new)
     route = config.routes.get(model.name)
     if route is None:

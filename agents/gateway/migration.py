@@ -194,6 +194,7 @@ def continuation(inference: Inference, body: bytes, transcript: Transcript) -> C
     if not transcript.open or transcript.finished:
         return None
     doc = orjson.loads(body)
+    doc.pop("cache_salt", None)  # its tenant's is put in front (requests.Inference.salt)
     if inference.native:
         return _generate(doc, transcript)
     text, shift = transcript.text(), transcript.tokens

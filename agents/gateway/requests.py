@@ -4,6 +4,8 @@ it, and the body passed on as the client sent it but for what the gateway adds i
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,6 +90,8 @@ class Inference:
     tiered: TieredRouteConfig | None = None  # asked of a tiered route (a virtual model)
     doc: dict[str, Any] | None = None  # the body, parsed: kept for a tiered request only
     extra: bytes = b""  # fields the gateway adds to what the engine gets ('"name":value,')
+    client_salt: str = ""  # the client's own cache_salt, folded into its tenant's
+    salt: str = ""  # its tenant's prefix-cache namespace (`cache_salt`), set on arrival
 
     def tokens(self, tokenizer: PromptTokenizer) -> bytes:
         """The prompt as the engine's token ids, four bytes a token (as `key` for ids)."""
@@ -102,6 +106,9 @@ class Inference:
         front; the client's own fields come later and so win where they repeat a name (as JSON
         parsers read it)."""
         head = b'{"rid":' + orjson.dumps(rid) + b"," + self.extra
+        if self.salt:
+            head += b'"cache_salt":"' + self.salt.encode() + b'",'
+
         if self.stream and not self.native and not self.has_stream_options:
             head += b'"stream_options":{"include_usage":true},'
         return head + extra + (self.body if body is None else body).lstrip()[1:]
@@ -114,6 +121,12 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
         raise BadRequest(f"the body is not JSON: {error}") from None
     if not isinstance(body, dict) or not body:
         raise BadRequest("the body must be a JSON object")
+    client_salt = body.pop("cache_salt", None)
+    if client_salt is not None:  # the engine gets its tenant's, with this folded in
+        if not isinstance(client_salt, str) or len(client_salt) > MAX_SALT:
+            raise BadRequest(f"cache_salt must be a string of at most {MAX_SALT} characters",
+                             param="cache_salt")  # fmt: skip
+        raw = orjson.dumps(body)
     native = path == "/generate"
     name = body.get("model")
     tiered = config.tiered.get(name) if isinstance(name, str) and not native else None
@@ -127,7 +140,20 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
         raise
     if tiered is not None:
         inference.tiered, inference.doc = tiered, body
+    inference.client_salt = client_salt or ""
     return inference, model
+
+
+MAX_SALT = 256
+
+
+@functools.lru_cache(maxsize=4096)
+def cache_salt(tenant: str, client: str = "") -> str:
+    """The `cache_salt` of a tenant's requests: SGLang keeps a prefix in its cache per
+    salt, so no tenant's cached prefix is another's, and a cached-token count or a fast first
+    token never tells one tenant what another sent. A client's own salt is folded into its
+    tenant's, never used alone: no tenant can name another's namespace."""
+    return hashlib.blake2b(f"{tenant}\0{client}".encode(), digest_size=12).hexdigest()
 
 
 def _parsed(

@@ -31,6 +31,7 @@ class RouteRequest:
     max_new: int | None = None  # the answer's most tokens (max_tokens), when it sets one
     now: float = 0.0  # the router's clock when it is routed
     full: bool = False  # requests of its model have lately waited in admission for room
+    root: int = 0  # where its prefix's chain starts: its cache namespace (prefix.salt_root)
     # it waited (or the model was full) while another tenant held well over its fair share of
     # the model here: what it met was that tenant's load (a rollout's checks leave it out)
     crowded: bool = False
@@ -89,7 +90,7 @@ class Policy:
         """Fill in each candidate's matched prompt tokens from the prefix index."""
         index = self.index_for(request)
         if not request.hashes:  # once a request: a waiting request is placed again and again
-            request.hashes = index.hashes(request.key)
+            request.hashes = index.hashes(request.key, request.root)
         blocks = index.match(request.hashes)
         per_block = index.block_bytes * request.tokens_per_byte
         for c in candidates:

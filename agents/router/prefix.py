@@ -1,15 +1,22 @@
 """An approximate prefix index of what each worker holds in its KV cache, with bounded memory.
 
-A prompt is cut into blocks of a fixed number of bytes, each block hashed with the hash of the
-one before it, so a block hash stands for the whole prefix up to it. The index maps block
-hashes to the workers that have seen them, and keeps a least-recently-used list per worker,
-capped in blocks. It is built from what the router sent (as SGLang's own router does); a
-worker's KV-cache events correct it where the engine publishes them.
+A prompt is cut into blocks of a fixed number of bytes, each block hashed with the hash of
+the one before it, so a block hash stands for the whole prefix up to it; the first is hashed
+with its cache namespace's root (each tenant's prefixes are its own, as in the engines). The
+index maps block hashes to the workers that have seen them, and keeps a least-recently-used
+list per worker, capped in blocks. It is built from what the router sent (as SGLang's own
+router does); a worker's KV-cache events correct it where the engine publishes them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+
+
+def salt_root(salt: str | None) -> int:
+    """Where a cache namespace's chains start: a request's blocks under one `cache_salt` (one
+    tenant's, agents/gateway/requests.py) are never another's, as in the engine's cache."""
+    return hash(("cache_salt", salt)) if salt else 0
 
 
 class PrefixIndex:
@@ -19,10 +26,10 @@ class PrefixIndex:
         self._holders: dict[int, set[str]] = {}
         self._lru: dict[str, OrderedDict[int, None]] = {}
 
-    def hashes(self, key: bytes) -> list[int]:
-        """The chained hashes of the key's whole blocks."""
+    def hashes(self, key: bytes, root: int = 0) -> list[int]:
+        """The chained hashes of the key's whole blocks, from `root` (`salt_root`)."""
         out: list[int] = []
-        h, size = 0, self.block_bytes
+        h, size = root, self.block_bytes
         for start in range(0, len(key) - size + 1, size):
             h = hash((h, key[start : start + size]))
             out.append(h)

@@ -17,7 +17,7 @@ from agents.control.compile import RegionConfig, RouteConfig
 from agents.router.decision import Decision, Ticket
 from agents.router.params import CostParams
 from agents.router.policies import POLICIES, Candidate, Policy, RouteRequest, places
-from agents.router.prefix import PrefixIndex
+from agents.router.prefix import PrefixIndex, salt_root
 from agents.router.tokens import PromptTokenizer
 from agents.router.view import WorkerView
 from agents.workers.table import WorkerTable
@@ -145,9 +145,12 @@ class Router:
         key: bytes,
         tokens: Callable[[PromptTokenizer], bytes] | None = None,
         max_new: int | None = None,
+        salt: str | None = None,
     ) -> RouteRequest:
         """`key` is the prompt as bytes; `tokens` gives it as the engine's token ids, for a
-        model whose engines publish KV-cache events; `max_new`, the answer's most tokens."""
+        model whose engines publish KV-cache events; `max_new`, the answer's most tokens;
+        `salt`, its cache namespace (the engine's `cache_salt`)."""
+        root = salt_root(salt)
         exact = self.exact.get(model)
         if exact is not None and tokens is not None:
             try:
@@ -156,11 +159,11 @@ class Router:
                 log.warning("tokenizing a %s prompt failed: %s", model, error)
             else:
                 count = max(1, len(ids) // TOKEN_BYTES)
-                return RouteRequest(
-                    model, ids, count, 1 / TOKEN_BYTES, exact=exact.index, max_new=max_new
-                )
+                return RouteRequest(model, ids, count, 1 / TOKEN_BYTES, exact=exact.index,
+                                    max_new=max_new, root=root)  # fmt: skip
         ratio = self.tokens_per_byte(model)
-        return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio, max_new=max_new)
+        return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio, max_new=max_new,
+                            root=root)  # fmt: skip
 
     def route(self, route: RouteConfig, request: RouteRequest, exclude: set[str]) -> Decision:
         request.itl_limit_s, request.now = route.slo_itl_s, self.clock()

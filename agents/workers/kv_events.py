@@ -9,9 +9,11 @@ seen cannot be chained, so the engine is asked to flush its cache once it is idl
 which every block it stores is heard from the root.
 
 The engine names blocks by its own hashes; the index names them by a chain over the page's
-token ids, the same chain the router computes for a request's tokens. Each subscription maps
-one to the other as blocks are stored. A gap in the sequence numbers means events were lost:
-the worker's part of the index is cleared and learned again (from dispatches and events).
+token ids, the same chain the router computes for a request's tokens, from the root of the
+block's `cache_salt` (a tenant's namespace; the engine's hash is the same in every one).
+Each subscription maps one to the other as blocks are stored. A gap in the sequence numbers
+means events were lost: the worker's part of the index is cleared and learned again (from
+dispatches and events).
 
 Tokenizers are loaded here, off the event loop, from the directory the engine reports.
 """
@@ -32,7 +34,7 @@ import zmq.asyncio
 
 from agents.control.compile import WorkerSpec
 from agents.router import tokens
-from agents.router.prefix import PrefixIndex
+from agents.router.prefix import PrefixIndex, salt_root
 from agents.router.router import Router
 from agents.workers.table import WorkerTable
 
@@ -47,7 +49,9 @@ RESYNC_TIMEOUT_S = 5.0
 class Subscription:
     worker: WorkerSpec
     index: PrefixIndex
-    chains: dict[int, int] = field(default_factory=dict)  # engine block hash -> index hash
+    # engine block hash -> {cache_salt: index hash}: the engine names a page by its tokens,
+    # the same in every namespace; the index chains each namespace from its own root
+    chains: dict[int, dict[str | None, int]] = field(default_factory=dict)
     last_seq: int | None = None
     events: int = 0
     # events were missed (before this subscriber joined, or lost): blocks whose parents it
@@ -70,17 +74,23 @@ class Subscription:
             if kind == "BlockStored":
                 size = int(event.get("block_size") or 1)
                 self._stored(event["block_hashes"], event.get("parent_block_hash"),
-                             event["token_ids"], size)  # fmt: skip
-            elif kind == "BlockRemoved":
-                gone = [self.chains.pop(h) for h in event["block_hashes"] if h in self.chains]
+                             event["token_ids"], size, event.get("cache_salt"))  # fmt: skip
+            elif kind == "BlockRemoved":  # in every namespace that has it (events say not which)
+                gone = [c for h in event["block_hashes"] if h in self.chains
+                        for c in self.chains.pop(h).values()]  # fmt: skip
                 self.index.remove(worker, gone)
             elif kind == "AllBlocksCleared":
                 self.index.clear(worker)
                 self.chains.clear()
                 self.missed = False
 
-    def _stored(self, hashes: list[int], parent: int | None, ids: list[int], size: int) -> None:
-        chain = 0 if parent is None else self.chains.get(parent)
+    def _stored(
+        self, hashes: list[int], parent: int | None, ids: list[int], size: int, salt: str | None
+    ) -> None:
+        if parent is None:
+            chain: int | None = salt_root(salt)
+        else:
+            chain = self.chains.get(parent, {}).get(salt)
         if chain is None:  # its parent was never seen here: nothing to chain it to
             self.missed = True
             return
@@ -88,7 +98,7 @@ class Subscription:
         for i, engine_hash in enumerate(hashes):
             page = ids[i * size : (i + 1) * size]
             chain = hash((chain, array("i", page).tobytes()))  # as PrefixIndex.hashes chains
-            self.chains[engine_hash] = chain
+            self.chains.setdefault(engine_hash, {})[salt] = chain
             added.append(chain)
         self.index.insert(self.worker.id, added)
 

@@ -254,6 +254,7 @@ async def kv_event_probe(
             if await socket.poll(300):
                 break
         await _store(http)
+        await _store(http, salt="tenant-a")  # a store under a cache namespace says which
         await _flushed(http)
         while await socket.poll(1500):
             topic, seq, payload = await socket.recv_multipart()
@@ -267,11 +268,23 @@ async def kv_event_probe(
     return {"frame": frame, "events": seen}
 
 
-async def _store(http: httpx.AsyncClient) -> None:
-    """A generation whose prompt and answer the engine's cache stores."""
-    body = {"input_ids": list(range(20, 60)), "sampling_params": {"max_new_tokens": 4}}
+async def _store(http: httpx.AsyncClient, salt: str | None = None) -> int:
+    """A generation whose prompt and answer the engine's cache stores (under `salt`): the
+    prompt tokens it found cached."""
+    body: dict[str, Any] = {"input_ids": list(range(20, 60)),
+                            "sampling_params": {"max_new_tokens": 4}}  # fmt: skip
+    if salt is not None:
+        body["cache_salt"] = salt
     answer = await http.post("/generate", json=body)
     assert answer.status_code == 200, answer.text
+    return int(answer.json()["meta_info"]["cached_tokens"])
+
+
+async def cache_salt_probe(http: httpx.AsyncClient) -> list[bool]:
+    """One prompt sent in turn under salt a, a again, b, none, and b again, from an empty
+    cache: whether each found any of it cached (a prefix is cached per salt)."""
+    await _flushed(http)
+    return [await _store(http, salt) > 0 for salt in ("a", "a", "b", None, "b")]
 
 
 async def _flushed(http: httpx.AsyncClient) -> None:

@@ -58,6 +58,7 @@ async def answers(
                     found["http"] = await probes.http_probes(http)
                     endpoint = f"tcp://127.0.0.1:{spec.kv_events_port}"
                     found["kv"] = await probes.kv_event_probe(http, endpoint, context)
+                    found["salt"] = await probes.cache_salt_probe(http)
                     metrics = (await http.get("/metrics")).text
                 found["metrics"] = probes.metric_families(metrics)
                 out[name] = found
@@ -97,6 +98,14 @@ async def test_kv_events_have_the_real_records(answers: dict[str, dict[str, Any]
     assert set(sim["events"]) >= set(real["events"])
     for kind, record in real["events"].items():
         assert probes.differences(record, sim["events"][kind]) == [], kind
+
+
+async def test_a_prefix_is_cached_per_cache_salt_as_the_real_engine_caches_it(
+    answers: dict[str, dict[str, Any]],
+) -> None:
+    """What isolates tenants' caches (agents/gateway/requests.py: cache_salt)."""
+    assert answers["real"]["salt"] == [False, True, False, False, True]
+    assert answers["sim"]["salt"] == answers["real"]["salt"]
 
 
 async def test_metric_families_an_orchestrator_reads_have_the_real_names_and_labels(

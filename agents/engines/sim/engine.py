@@ -128,11 +128,13 @@ class Engine:
         return rest + sum(len(r.prompt) - r.computed for r in self.waiting)
 
     def new_request(
-        self, prompt: list[int], max_new_tokens: int, rid: str | None = None
-    ) -> Request:
+        self, prompt: list[int], max_new_tokens: int, rid: str | None = None,
+        salt: str | None = None,
+    ) -> Request:  # fmt: skip
         if self._random.random() < self.faults.error_rate:
             raise InjectedError("injected fault: error rate")
-        request = Request(rid or f"sim-{next(self._ids)}", prompt, max_new_tokens, self.now())
+        request = Request(rid or f"sim-{next(self._ids)}", prompt, max_new_tokens, self.now(),
+                          salt=salt or None)  # fmt: skip
         request.output = tokens.output_ids(prompt, max_new_tokens, self.faults.output)
         return request
 
@@ -238,7 +240,7 @@ class Engine:
                 self.decoding.append(request)
                 room, count = room - need, count + 1
                 continue
-            matched, _ = self.cache.match(sequence)
+            matched, _ = self.cache.match(sequence, request.salt)
             matched = min(matched, len(sequence) - 1)  # the last token is always computed
             uncached = len(sequence) - matched
             take = min(uncached, chunk_left)
@@ -262,7 +264,7 @@ class Engine:
 
     def _start(self, request: Request, matched: int) -> None:
         request.computed = matched
-        _, node = self.cache.match(request.sequence()[:matched])
+        _, node = self.cache.match(request.sequence()[:matched], request.salt)
         self.cache.lock(node)
         request.node = node
         if request.admitted is None:
@@ -272,8 +274,8 @@ class Engine:
 
     def _hold(self, request: Request, sequence: list[int]) -> None:
         """The first `computed` tokens of the sequence enter the cache; hold them there."""
-        self.cache.insert(sequence[: request.computed])
-        _, node = self.cache.match(sequence[: request.computed])
+        self.cache.insert(sequence[: request.computed], request.salt)
+        _, node = self.cache.match(sequence[: request.computed], request.salt)
         self.cache.lock(node)
         if request.node is not None:
             self.cache.unlock(request.node)
@@ -329,7 +331,9 @@ class Engine:
         while self.decoding and self.held_tokens + len(self.decoding) > self.capacity:
             victim = self.decoding.pop()
             self._release(victim)
-            self.cache.insert(victim.sequence())  # kept while room lasts, as SGLang does
+            self.cache.insert(
+                victim.sequence(), victim.salt
+            )  # kept while room lasts, as SGLang does
             victim.computed = 0
             self.waiting.appendleft(victim)
             self.retracted_total += 1
@@ -369,7 +373,7 @@ class Engine:
         if request in self.decoding:
             self.decoding.remove(request)
         self._release(request)
-        self.cache.insert(request.sequence())
+        self.cache.insert(request.sequence(), request.salt)
         self._finish(request, "length")
         self._wake.set()
 

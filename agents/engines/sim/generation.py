@@ -45,9 +45,16 @@ class Body(BaseModel):
 
     stream: bool = False
     rid: str | None = None
+    cache_salt: str | list[str] | None = None  # a prefix is cached per salt (a list: a prompt's)
     bootstrap_host: str | None = None
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     bootstrap_room: int | None = Field(default=None, ge=0)
+
+    def salt(self, i: int = 0) -> str | None:
+        """The cache namespace of the request's `i`th prompt."""
+        if isinstance(self.cache_salt, list):
+            return self.cache_salt[i] if i < len(self.cache_salt) else None
+        return self.cache_salt
 
 
 B = TypeVar("B", bound=BaseModel)

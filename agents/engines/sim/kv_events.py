@@ -93,7 +93,7 @@ class KvEvents(Listener):
                     raise
                 time.sleep(0.1)
 
-    def stored(self, sequence: Sequence[int], start: int) -> None:
+    def stored(self, sequence: Sequence[int], start: int, salt: str | None = None) -> None:
         first = start // self.page  # the first page that was not whole before
         hashes = page_hashes(sequence, self.page, len(sequence))
         if first >= len(hashes):
@@ -106,9 +106,9 @@ class KvEvents(Listener):
             "block_size": self.page,
             "lora_id": None,
             "medium": "GPU",
-        })  # fmt: skip
+        } | ({"cache_salt": salt} if salt else {}))  # fmt: skip
 
-    def removed(self, sequence: Sequence[int], start: int) -> None:
+    def removed(self, sequence: Sequence[int], start: int, salt: str | None = None) -> None:
         first = start // self.page
         hashes = page_hashes(sequence, self.page, len(sequence))
         if first < len(hashes):

@@ -170,7 +170,8 @@ async def _generate(http: HttpRequest, engine: Engine, kv: Kv) -> Response:
     max_new = body.sampling_params.max_new_tokens
     max_new = DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new
     requests = [
-        engine.new_request(p, max_new, body.rid if i == 0 else None) for i, p in enumerate(prompts)
+        engine.new_request(p, max_new, body.rid if i == 0 else None, body.salt(i))
+        for i, p in enumerate(prompts)
     ]
     for request in requests:
         await start(engine, kv, body, request)

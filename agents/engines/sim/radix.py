@@ -1,9 +1,9 @@
 """A radix tree of cached token prefixes with a capacity in tokens and LRU eviction.
 
 It follows SGLang's RadixCache: edges hold runs of tokens, a request's prompt is matched
-against the tree for its cached prefix, the sequence is inserted once computed, and when
-the tree is over capacity the least recently used leaves that no running request holds
-are evicted first.
+against the tree of its namespace (its `cache_salt`: a tree per salt) for its cached prefix,
+the sequence is inserted once computed, and when the tree is over capacity the least
+recently used leaves that no running request holds are evicted first.
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ from collections.abc import Callable, Sequence
 Tokens = Sequence[int]
 
 
+Salt = str | None  # a cache namespace (SGLang's `cache_salt`): a prefix is cached per salt
+
+
 class Listener:
     """Told of each run of tokens that enters or leaves the cache (the KV-event publisher)."""
 
-    def stored(self, sequence: Tokens, start: int) -> None:
+    def stored(self, sequence: Tokens, start: int, salt: Salt = None) -> None:
         """`sequence[start:]` was added after the cached prefix `sequence[:start]`."""
 
-    def removed(self, sequence: Tokens, start: int) -> None:
+    def removed(self, sequence: Tokens, start: int, salt: Salt = None) -> None:
         """`sequence[start:]` was evicted; `sequence[:start]` stays."""
 
     def cleared(self) -> None: ...
@@ -54,7 +57,8 @@ class RadixCache:
         self.capacity = capacity_tokens
         self._clock = clock
         self.listener = listener or Listener()
-        self.root = Node((), None, clock())
+        self.roots: dict[Salt, Node] = {}  # a tree per cache namespace
+        self._salt: dict[int, Salt] = {}  # id of a root: its namespace
         self.size = 0  # tokens held
         self.protected = 0  # tokens held by running requests, not evictable
 
@@ -62,9 +66,20 @@ class RadixCache:
     def evictable(self) -> int:
         return self.size - self.protected
 
-    def match(self, tokens: Tokens) -> tuple[int, Node]:
-        """How many leading tokens are cached, and the node where the match ends."""
-        node, matched, now = self.root, 0, self._clock()
+    def _root(self, salt: Salt) -> Node:
+        root = self.roots.get(salt)
+        if root is None:
+            root = self.roots[salt] = Node((), None, self._clock())
+            self._salt[id(root)] = salt
+        return root
+
+    def match(self, tokens: Tokens, salt: Salt = None, create: bool = False) -> tuple[int, Node]:
+        """How many leading tokens are cached (under `salt`), and the node where the match
+        ends (a namespace not cached: an empty node outside the tree, unless `create`)."""
+        root = self._root(salt) if create else self.roots.get(salt)
+        if root is None:
+            return 0, Node((), None, self._clock())
+        node, matched, now = root, 0, self._clock()
         node.last_access = now
         while matched < len(tokens):
             child = node.children.get(tokens[matched])
@@ -79,9 +94,9 @@ class RadixCache:
             node, matched = child, matched + common
         return matched, node
 
-    def insert(self, tokens: Tokens) -> int:
+    def insert(self, tokens: Tokens, salt: Salt = None) -> int:
         """Cache a computed sequence; returns how many tokens were new. May evict others."""
-        matched, node = self.match(tokens)
+        matched, node = self.match(tokens, salt, create=True)
         new = len(tokens) - matched
         if new == 0:
             return 0
@@ -96,7 +111,7 @@ class RadixCache:
         leaf = Node(tuple(tokens[matched : matched + room]), node, self._clock())
         node.children[leaf.key[0]] = leaf
         self.size += room
-        self.listener.stored(tokens[: matched + room], matched)
+        self.listener.stored(tokens[: matched + room], matched, salt)
         return room
 
     def lock(self, node: Node) -> None:
@@ -130,15 +145,18 @@ class RadixCache:
             assert parent is not None
             del parent.children[leaf.key[0]]
             freed += len(leaf.key)
-            path = _path(leaf)
-            self.listener.removed(path, len(path) - len(leaf.key))
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            path, root = _path(leaf)
+            self.listener.removed(path, len(path) - len(leaf.key), self._salt[id(root)])
+            if parent is not root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, next(order), parent))
+            elif parent is root and not root.children and root.lock_ref == 0:
+                del self.roots[self._salt.pop(id(root))]  # an empty namespace: nothing kept
         self.size -= freed
         return freed
 
     def reset(self) -> None:
-        self.root = Node((), None, self._clock())
+        self.roots.clear()
+        self._salt.clear()
         self.size = self.protected = 0
         self.listener.cleared()
 
@@ -155,24 +173,24 @@ class RadixCache:
         return middle
 
     def _leaves(self) -> list[Node]:
-        found, stack = [], [self.root]
+        found, stack = [], list(self.roots.values())
         while stack:
             node = stack.pop()
             if node.children:
                 stack.extend(node.children.values())
-            elif node is not self.root:
+            elif node.parent is not None:
                 found.append(node)
         return found
 
 
-def _path(node: Node) -> list[int]:
-    """The tokens from the root to the end of the node."""
-    keys: list[tuple[int, ...]] = []
-    current: Node | None = node
-    while current is not None:
-        keys.append(current.key)
-        current = current.parent
-    return [t for key in reversed(keys) for t in key]
+def _path(node: Node) -> tuple[list[int], Node]:
+    """The tokens from the root to the end of the node, and the root."""
+    keys: list[tuple[int, ...]] = [node.key]
+    root = node
+    while root.parent is not None:
+        root = root.parent
+        keys.append(root.key)
+    return [t for key in reversed(keys) for t in key], root
 
 
 def _common(key: tuple[int, ...], tokens: Tokens, start: int) -> int:

@@ -41,6 +41,7 @@ class Request:
     prompt: list[int]
     max_new_tokens: int
     arrived: float
+    salt: str | None = None  # its cache namespace (`cache_salt`): a prefix is cached per salt
     prefilled: bool = False  # PD decode: the KV cache came from a prefill server
     streaming: bool = False  # its answer is streamed (metrics' `is_streaming`)
     output: list[int] = field(default_factory=list)

@@ -15,7 +15,7 @@ from dataclasses import replace
 import httpx
 
 from agents.control.compile import ModelConfig, RouteConfig
-from agents.gateway.requests import Limits
+from agents.gateway.requests import Limits, cache_salt
 from agents.router.params import CostParams
 from tests.agents.gateway.inproc import KEY, MODEL, OTHER_KEY, local_gateway, region_config
 from tests.agents.sim_kit import running_sim, sse
@@ -148,3 +148,38 @@ async def _never_reading(url: str) -> AsyncIterator[socket.socket]:
         yield sock
     finally:
         sock.close()
+
+
+async def test_what_one_tenant_cached_never_shows_in_anothers_answers() -> None:
+    """Issue 40 §4: with one prefix cache for all, a tenant could learn whether another sent a
+    prompt: its own copy of that prompt would come back with cached tokens (and sooner). Each
+    tenant's requests carry its own `cache_salt`, so a prefix is cached per tenant; a salt a
+    client sends is folded into its tenant's, so it cannot name another's."""
+    secret = "the merger closes on friday; the price is forty-two. " * 40
+    async with AsyncExitStack() as stack:
+        sim = await stack.enter_async_context(running_sim("--enable-cache-report", model=MODEL))
+        region = await stack.enter_async_context(local_gateway(region_config("r", [sim.url])))
+        http = await stack.enter_async_context(httpx.AsyncClient(base_url=region.url, timeout=60))
+
+        async def cached(key: str, salt: object = None) -> int:
+            body = {"model": MODEL, "max_tokens": 4,
+                    "messages": [{"role": "user", "content": secret}]}  # fmt: skip
+            if salt is not None:
+                body["cache_salt"] = salt
+            answer = await http.post("/v1/chat/completions", json=body,
+                                     headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+            assert answer.status_code == 200, answer.text
+            return int(answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+        assert await cached(KEY) == 0
+        assert await cached(KEY) > 100  # acme's own prompt, cached for acme
+        assert await cached(OTHER_KEY) == 0  # beta learns nothing of what acme sent
+        assert await cached(OTHER_KEY) > 100  # and its own is cached for it
+        acme_salt = cache_salt("acme")
+        assert await cached(OTHER_KEY, acme_salt) == 0  # naming acme's salt reaches nothing
+        assert await cached(KEY, "own") == 0  # a client's salt: a namespace within its tenant's
+        bad = await http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                              json={"model": MODEL, "cache_salt": 7,
+                                    "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["param"] == "cache_salt"

@@ -55,3 +55,18 @@ def test_a_sequence_longer_than_the_cache_is_cached_as_far_as_it_fits() -> None:
     assert cache.insert(list(range(8))) == 5
     assert cache.match(list(range(8)))[0] == 5
     assert RadixCache(0).insert([1, 2]) == 0
+
+
+def test_a_prefix_is_cached_per_salt() -> None:
+    """SGLang's `cache_salt`: the same tokens under another salt are not a hit, and an evicted
+    namespace leaves nothing behind."""
+    cache = RadixCache(12, Clock())
+    assert cache.insert([1, 2, 3, 4], "a") == 4
+    assert cache.match([1, 2, 3, 4], "a")[0] == 4
+    assert cache.match([1, 2, 3, 4], "b")[0] == 0
+    assert cache.match([1, 2, 3, 4])[0] == 0
+    assert cache.insert([1, 2, 3, 4], "b") == 4
+    assert cache.size == 8
+    cache.insert([5] * 8)  # past the capacity: the least recent, a's, goes
+    assert cache.match([1, 2, 3, 4], "a")[0] == 0
+    assert "a" not in cache.roots
