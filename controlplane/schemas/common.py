@@ -58,6 +58,9 @@ def _unique(values: list[Any]) -> list[Any]:
     return values
 
 
+NUMBERS = (int, float, int | None, float | None)
+
+
 class Spec(BaseModel):
     """What a caller writes. Unknown fields are refused, so a typo is an error, not a no-op;
     and nothing PostgreSQL cannot store (a NUL character, half a surrogate pair, NaN) gets as
@@ -71,6 +74,10 @@ class Spec(BaseModel):
         where = unstorable(data)
         if where is not None:
             raise ValueError(f"{where or 'a string'}: contains a character that cannot be stored")
+        if isinstance(data, dict):  # pydantic takes true for 1 where a number is asked for
+            for name, field in cls.model_fields.items():
+                if isinstance(data.get(field.alias or name), bool) and field.annotation in NUMBERS:
+                    raise ValueError(f"{name}: a number is required, not true or false")
         return data
 
 

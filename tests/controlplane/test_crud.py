@@ -187,3 +187,17 @@ async def test_policy_parameters_are_checked_against_the_policy_before_commit(ba
     assert kept["policy"] == "cost"
     assert kept["params"] == {"price_answers": True}
     assert await base.revision() == revision
+
+
+async def test_true_or_false_is_not_a_number(base: Api) -> None:
+    """Found by the fuzzer: pydantic takes `true` for 1, so a model was created with a context
+    of one token. A number field refuses it, and nothing is written."""
+    revision = await base.revision()
+    response = await base.client.post("/v1/models", json={
+        "name": "tiny", "source": "org/tiny", "context_length": True,
+        "capabilities": ["chat"], "min_gpu_memory_gb": 1})  # fmt: skip
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "context_length" in response.text
+    assert (await base.client.get("/v1/models/tiny")).status_code == 404
+    assert await base.revision() == revision
