@@ -197,11 +197,11 @@ def _slo_misses(
     limits: RolloutChecks, slo_ms: int, timed: Timed,
 ) -> Check:  # fmt: skip
     """The share of timed answers past the route's SLO, as a rate like the others; one that
-    fails is judged again at like load (`_at_like_load`)."""
+    does not pass is judged again at like load (`_at_like_load`)."""
     margin = limits.slo_miss_rate
     check = _rate(name, model, new, base, label, limits, timed.past(slo_ms / 1000), margin,
                   timed.total, timed.tenant_past, "timed answers")  # fmt: skip
-    if check.verdict != "fail" or base is None or not new.bands or not base.bands:
+    if check.verdict == "pass" or base is None or not new.bands or not base.bands:
         return check
     return _at_like_load(check, new, base, timed.histogram, limits)
 
@@ -214,8 +214,8 @@ def _at_like_load(
     against the baseline's answers in that band, its share past the SLO weighted as the
     updated answers are spread (a direct standardisation). Answers at loads the baseline
     never had (`BAND_MIN` answers) are not compared: a latency that rose with a load the
-    change did not cause (one tenant's long streams) is not the change's. Too few compared
-    is "wait", not "fail"."""
+    change did not cause (one tenant's long streams) is not the change's. As every rate, it
+    passes only once a rise past the margin is ruled out; too few compared is "wait"."""
     n = unlike = m = 0
     x = expected = 0.0
     for band, counts in new.bands.items():
@@ -231,9 +231,15 @@ def _at_like_load(
     if n < limits.min_requests:
         figure += f"{n} answers ({unlike} met loads the baseline never had): wait"
         return Check(check.check, "wait", figure, check.model)
-    bad, shares = _shares_worse(x, n, expected * m / n, m, limits.slo_miss_rate)
+    margin, y = limits.slo_miss_rate, expected * m / n
+    bad, shares = _shares_worse(x, n, y, m, margin)
     figure += f"{shares} of {n} ({unlike} at loads the baseline never had)"
-    return Check(check.check, "fail" if bad else "pass", figure, check.model)
+    if bad:
+        return Check(check.check, "fail", figure, check.model)
+    if (x - expected) / n + Z_PASS * _se(x, n, y, m) <= margin:
+        return Check(check.check, "pass", figure, check.model)
+    return Check(check.check, "wait", f"{figure}; too few yet to rule out {margin:.0%} more",
+                 check.model)  # fmt: skip
 
 
 def _ruled_out(
