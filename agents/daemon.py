@@ -21,12 +21,12 @@ from aiohttp import web
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from prometheus_client.core import Metric
 
-from agents.control.compile import compile_config
+from agents.config import compile_config
 from agents.control.link import ControlLink, QuotaHooks
 from agents.control.plan import engine_specs, inventory
 from agents.control.store import Store
 from agents.engines import gpus
-from agents.engines.backends import backends
+from agents.engines.backends import backends, tokenizer
 from agents.engines.runner import EngineState
 from agents.engines.supervisor import Supervisor
 from agents.errors import SnapshotInvalid
@@ -83,7 +83,7 @@ class Agent:
         self.poller = LoadPoller(self.table, settings.load_poll_s, settings.probe_timeout_s)
         self.prober = Prober(self.router, self.gateway.quality, save=self.store.save_canaries,
                              every_s=settings.canary_every_s)  # fmt: skip
-        self.kv_events = KvEventSubscriber(self.router, self.table)
+        self.kv_events = KvEventSubscriber(self.router, self.table, tokenizer)
         self.snapshot: pb.Snapshot | None = None
         self.applied_at: float | None = None  # wall clock
         self.window = TelemetryWindow()

@@ -58,8 +58,9 @@ class Served:
     migrated: str = ""  # where its stream was carried on, and why: "a → b (broke); ..."
     insider: bool = False  # a peer region, the operator or a tenant marked to see routes
     client_stalled: bool = False  # its client stopped reading: the stream was cut
-    crowded: bool = False  # it waited on another tenant's load (agents/gateway/admission.py)
+    crowded: bool = False  # it waited on another tenant's load (agents/router/admission.py)
     load: float = 0.0  # requests of its model in flight here per serving worker, when sent
+    fault: BaseException | None = None  # a fault of ours that ended its stream
 
 
 Counts = dict[float, int]

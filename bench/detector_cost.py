@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 
 from agents.engines.sim import tokens
+from agents.gateway.answers import from_body
 from agents.gateway.requests import Inference
-from agents.quality.answers import from_body
 from agents.quality.detectors import Answer, suspect
 from agents.quality.peers import PREFIX_BYTES, Book, Source
 from bench.harness import MODEL

@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 import orjson
+from meridian_pb.fleet.v1.features import default_table
 
-from agents.control.compile import ModelConfig, Tenant, TieredRouteConfig
+from agents.config import ModelConfig, Tenant, TieredRouteConfig
 from agents.gateway.requests import parse
 from agents.gateway.tiers import Tiers
-from agents.router.tiers import default_table
 from bench.harness import REGION
 from bench.load import Req
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.framing import STREAM_ACCEPTED
 
 from agents.control.fleet import ChannelTls, FleetClient, SyncStream, error_code, spread
 from agents.control.store import Identity, Store
@@ -24,7 +25,6 @@ from agents.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 AGENT_VERSION = "meridian-agent/0.4"
-STREAM_ACCEPTED = "meridian-stream-accepted"
 FORGET_CREDENTIAL = {"agent_credential_invalid"}
 MIN_BEAT_S = 0.1
 TOKEN_COMMAND_TIMEOUT_S = 60.0

@@ -6,10 +6,14 @@ import json
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from agents.engines import sglang_env
 from agents.engines.base import Backend, EngineSpec, Launch, check_owned, flags, gpu_env
+from agents.engines.sim import tokens as sim_tokens
 from agents.engines.sim.cli import sim_command
+from agents.engines.sim.config import SUFFIX as SIM_SUFFIX
+from agents.engines.tokenizers import HfTokenizer, PromptTokenizer
 from agents.errors import SnapshotInvalid
 
 CPU_KV_TOKENS = 65536  # SGLang's KV pool on a CPU node, unless engine_args set one (left
@@ -153,6 +157,31 @@ class ExternalBackend(Backend):
 
     def launch(self, spec: EngineSpec) -> Launch:
         raise SnapshotInvalid(f"engine {spec.id}: external engines are never launched")
+
+
+class SimTokenizer:
+    """The simulator's shipped model counts tokens its own way (words its vocabulary lacks get
+    stable hashed ids)."""
+
+    def chat(self, messages: list[Any]) -> list[int]:
+        return sim_tokens.encode(sim_tokens.chat_prompt(messages))
+
+    def text(self, text: str) -> list[int]:
+        return sim_tokens.encode(text)
+
+
+def tokenizer(tokenizer_path: str | None, version: str) -> PromptTokenizer | None:
+    """The tokenizer an engine uses, by what it says of itself (`/server_info`), or None when
+    it cannot be had here (the router then matches prompts approximately): the simulator's
+    own for a simulator with its shipped model; else the Hugging Face directory the engine
+    names, as SGLang loads it (a simulator given another model counts with that one's, as
+    SGLang does). Reads files: call it off the event loop."""
+    simulated = version.endswith(SIM_SUFFIX)
+    if simulated and (tokenizer_path is None or sim_tokens.bundled(tokenizer_path)):
+        return SimTokenizer()
+    if not tokenizer_path or not (Path(tokenizer_path) / "tokenizer.json").is_file():
+        return None
+    return HfTokenizer(Path(tokenizer_path))
 
 
 def backends(*, cpu: bool = False, sglang_python: str | None = None) -> dict[str, Backend]:

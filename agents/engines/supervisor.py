@@ -24,6 +24,7 @@ from agents.engines.runner import EngineRunner, EngineState, StateListener, pid_
 from agents.settings import AgentSettings
 
 log = logging.getLogger(__name__)
+RETRY_S = 1.0  # after a reconcile, or an engine's start, that failed
 Evacuate = Callable[[str], Awaitable[None]]
 
 
@@ -65,14 +66,27 @@ class Supervisor:
         return [*self.runners.values(), *self.retiring.values()]
 
     async def run(self) -> None:
+        """Reconciles on every change until cancelled (the agent stops), then stops its
+        engines. A pass that fails is logged and tried again: the engines running keep
+        running, whatever went wrong with another."""
         try:
             while True:
                 await self._changed.wait()
                 self._changed.clear()
-                if await self._reconcile(dict(self._desired)):
+                try:
+                    settled = await self._reconcile(dict(self._desired))
+                except Exception:
+                    log.exception("reconciling the engines failed; tried again in %g s", RETRY_S)
+                    settled = False
+                    self._retry_later()
+                if settled:
                     self._idle.set()
         finally:
             await self.stop_all()
+
+    def _retry_later(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(RETRY_S, self._changed.set)
 
     async def _reconcile(self, desired: dict[str, EngineSpec]) -> bool:
         """One pass; whether nothing is left to do."""
@@ -90,9 +104,17 @@ class Supervisor:
                 runner.spec = spec
         for runner in self._next_to_roll(desired):
             self._retire(runner, "its spec changed")
+        failed = False
         for engine_id, spec in sorted(desired.items()):
             if engine_id not in self.runners and not self._blocked(spec):
-                self._start(spec)
+                try:
+                    self._start(spec)
+                except Exception:  # this engine's: the others start all the same
+                    log.exception("engine %s could not be started; tried again in %g s",
+                                  engine_id, RETRY_S)  # fmt: skip
+                    failed = True
+        if failed:
+            self._retry_later()
         return not self.retiring and all(
             i in self.runners and self.runners[i].spec == s for i, s in desired.items()
         )

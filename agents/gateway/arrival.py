@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from agents.control.compile import ModelConfig, RegionConfig, RouteConfig
+from agents.config import ModelConfig, RegionConfig
 from agents.gateway import assertion, auth
-from agents.gateway.errors import UpstreamFailed
-from agents.gateway.flight import Caller, Flight
-from agents.gateway.requests import Inference, cache_salt, check_context, parse
+from agents.gateway.errors import GatewayError, UpstreamFailed
+from agents.gateway.flight import OPERATOR, Caller, Flight
+from agents.gateway.requests import Inference, cache_salt, context_error, parse
 from agents.metrics import Served
 from agents.router.escalation import Escalations
-from agents.router.policies import RouteRequest
+from agents.router.plan import Ask, Placement, Progress
 from agents.router.router import Router
 
 
@@ -62,29 +62,37 @@ class Arrival:
         if inference.tiered is not None:
             model = config.models[inference.tiered.tiers[-1]]  # meanwhile, the strongest
         served.model = model.name
-        route_request, route = routed(self.router, config, model, inference, fits)
-        # a peer's request goes no further
-        chain = config.chain(model.name, caller.tenant.tier) if caller.came_from is None else None
-        since = arrived - caller.waited_s  # the SLO is the client's, end to end
+        placement = placed(self.router, config, model, inference, caller, fits)
+        if isinstance(placement, GatewayError):
+            raise placement
+        ask = Ask(request_id, caller.tenant.name, caller.came_from, caller.tenant is OPERATOR)
+        progress = Progress(since=arrived - caller.waited_s)  # the SLO is the client's, end to end
         return Flight(
-            request, request_id, headers, served, arrived, since, body, caller, inference,
-            model, route_request, route, chain,
+            request, request_id, headers, served, arrived, body, caller, inference, ask,
+            placement, progress,
         )  # fmt: skip
 
 
-def routed(
+def placed(
     router: Router,
     config: RegionConfig,
     model: ModelConfig,
     inference: Inference,
+    caller: Caller,
     fits: ModelConfig | None = None,
-) -> tuple[RouteRequest, RouteConfig]:
-    """The request as the router takes it for `model`, checked against the context of `fits`
-    (default: the model), and the model's route here."""
+    tier: int | None = None,
+) -> Placement | GatewayError:
+    """The request as the router takes it for `model`, the model's route here and the
+    tenant's fallback rule for it (a peer's request goes no further: none); or why it cannot
+    go there: it does not fit the context of `fits` (default: the model), or the region has
+    no route for it."""
     route_request = router.request(model.name, inference.key, inference.tokens, inference.max_new,
                                    inference.salt or None)  # fmt: skip
-    check_context(fits or model, route_request.prompt_tokens, inference.max_new)
+    too_long = context_error(fits or model, route_request.prompt_tokens, inference.max_new)
+    if too_long is not None:
+        return too_long
     route = config.routes.get(model.name)
     if route is None:
-        raise UpstreamFailed(f"region {config.region} has no route for {model.name}")
-    return route_request, route
+        return UpstreamFailed(f"region {config.region} has no route for {model.name}")
+    chain = config.chain(model.name, caller.tenant.tier) if caller.came_from is None else None
+    return Placement(model.name, route, route_request, chain, tier)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import orjson
 from cryptography.exceptions import InvalidSignature
 
-from agents.control.compile import RegionConfig, Signer, Tenant
+from agents.config import RegionConfig, Signer, Tenant
 from agents.gateway.auth import admissible
 from agents.gateway.errors import Unauthenticated
 

@@ -8,7 +8,7 @@ import hmac
 import time
 from collections.abc import Callable
 
-from agents.control.compile import RegionConfig, Tenant
+from agents.config import RegionConfig, Tenant
 from agents.gateway.errors import Forbidden, Unauthenticated
 from agents.gateway.flight import OPERATOR
 

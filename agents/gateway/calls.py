@@ -2,7 +2,7 @@
 when disaggregated), its bytes relayed, and what came back told to the router.
 
 A worker that fails before the first byte reaches the client (refused, reset, 5xx, a stream
-that ends before its first event) raises Retry, so the next worker is tried. A client that
+that ends before its first event) comes back as Retry, so the next worker is tried. A client that
 goes away has its upstream request closed and aborted, so the engine stops working on it.
 """
 
@@ -13,16 +13,20 @@ import logging
 import secrets
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
-from agents.gateway.admission import Admission
+from agents.gateway import answers
 from agents.gateway.errors import EngineRefused
 from agents.gateway.flight import Flight
 from agents.gateway.migration import Transcript
 from agents.gateway.relay import (
+    Answered,
+    Outcome,
+    Refused,
     Retry,
     Usage,
     body_usage,
@@ -35,8 +39,9 @@ from agents.gateway.requests import Inference
 from agents.gateway.streams import relay_stream
 from agents.gateway.upstream import Answer, Unreachable, Upstream
 from agents.held import Held
-from agents.quality import answers
-from agents.router.decision import Decision, Ticket
+from agents.router.admission import Admission
+from agents.router.decision import Ticket
+from agents.router.plan import Call, Continue, Pair
 from agents.router.policies import Candidate, RouteRequest
 from agents.router.router import Router
 
@@ -56,18 +61,19 @@ class EngineCalls:
         self._background: set[asyncio.Task[bool]] = set()
         self.quality: Quality | None = None  # reads every ended answer (agents/quality)
 
-    async def attempt(
-        self, flight: Flight, decision: Decision, headers: dict[str, str]
-    ) -> tuple[web.StreamResponse, Usage]:
+    async def attempt(self, flight: Flight, plan: Call, headers: dict[str, str]) -> Outcome:
         """One worker's (or PD pair's) go at the request: its answer relayed, or Retry (it
-        failed before the client saw a byte of it) or Cut (after) raised."""
-        chosen, prefill = decision.ranked[0], decision.prefill
+        failed before the client saw a byte of it) or Cut (after)."""
+        decision, wait_s = plan.decision, plan.wait_s
+        chosen = decision.ranked[0]
+        prefill = plan.prefill if isinstance(plan, Pair | Continue) else None
         worker, inference, rid = chosen.worker, flight.inference, flight.rid
         if decision.pd is not None:
             self.router.pd_choices[decision.pd] += 1
         stream = flight.stream
         given = stream.continuation.body if stream and stream.continuation else None
-        with self.dispatch(chosen, flight.route_request, rid, bool(prefill)) as slot:
+        request = flight.placement.request
+        with self.dispatch(chosen, request, rid, bool(prefill), wait_s) as slot:
             ticket, slot.batch = slot.ticket, inference.batch
             sent_headers = upstream_headers(rid) + flight.served.trace
             if prefill is not None:
@@ -76,6 +82,7 @@ class EngineCalls:
             else:
                 body = inference.upstream_body(rid, body=given)
             slot.sent = True
+            upstream: Answer | None
             try:
                 if slot.prefill is None:
                     upstream = await self.upstream.post(
@@ -87,20 +94,23 @@ class EngineCalls:
                     )
             except OSError as error:  # UpstreamError among them
                 broke = self._failed(ticket, self._early(ticket, error))
-                raise Retry(worker.id, f"{type(error).__name__}: {error}", broke) from None
+                return slot.ended(Retry(worker.id, f"{type(error).__name__}: {error}", broke))
+            if upstream is None:  # the prefill failed first: the slot stops the decode call
+                assert slot.prefill is not None
+                return slot.ended(Retry(slot.prefill.worker_id, "the prefill worker failed"))
             with upstream:
                 if upstream.status >= 500:  # the engine says it failed: a worker's failure
                     self._failed(ticket)
-                    raise Retry(worker.id, f"answered {upstream.status}")
+                    return slot.ended(Retry(worker.id, f"answered {upstream.status}"))
                 since = flight.arrived if flight.caller.came_from is not None else None
                 if inference.stream and upstream.status == 200:
                     track = _EngineTrack(self, ticket, inference, flight.id, flight.tenant.name)
-                    return await relay_stream(flight, upstream, track, headers, since)
+                    return slot.ended(await relay_stream(flight, upstream, track, headers, since))
                 try:
                     data = await upstream.read()
                 except OSError as error:
                     broke = self._failed(ticket, self._early(ticket, error))
-                    raise Retry(worker.id, f"{type(error).__name__}: {error}", broke) from None
+                    return slot.ended(Retry(worker.id, f"{type(error).__name__}: {error}", broke))
             usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
             self._finished(ticket, inference, usage)
             if self.quality is not None and upstream.status == 200:
@@ -109,20 +119,25 @@ class EngineCalls:
                     self._observe, worker.id, flight.id, data, inference, flight.tenant.name
                 )
         if 400 <= upstream.status < 500:
-            raise EngineRefused(upstream.status, engine_message(data))
+            return Refused(EngineRefused(upstream.status, engine_message(data)))
         out = relayed_headers(upstream.headers)
         out.update(headers)
         if since is not None:
             out["Server-Timing"] = server_timing(since)
-        return web.Response(body=data, status=upstream.status, headers=out), usage
+        return Answered(web.Response(body=data, status=upstream.status, headers=out), usage)
 
     def dispatch(
-        self, chosen: Candidate, request: RouteRequest, rid: str, prefilled: bool = False
+        self,
+        chosen: Candidate,
+        request: RouteRequest,
+        rid: str,
+        prefilled: bool = False,
+        wait_s: float | None = None,
     ) -> _Slot:
         """The worker's in-flight slot for one request, held by `with`: what ends without the
         worker's answer or failure (a client that left, an exception) frees it and, when the
         request may have reached the engine, tells the engine to stop."""
-        ticket = self.router.dispatched(chosen, request, prefilled_elsewhere=prefilled)
+        ticket = self.router.dispatched(chosen, request, prefilled, wait_s)
         return _Slot(self, ticket, chosen.worker.url, rid)
 
     def _prefill(
@@ -138,7 +153,7 @@ class EngineCalls:
             + b',"bootstrap_room":' + str(room).encode() + b","
         )  # fmt: skip
         body = inference.upstream_body(request_id, fields, given)
-        route_request = flight.route_request
+        route_request = flight.placement.request
         call = self._prefill_call(prefill, route_request, request_id, inference.path, body, headers)
         return _Prefill(worker.id, fields, self.in_background(call))
 
@@ -174,8 +189,8 @@ class EngineCalls:
         body: bytes,
         headers: bytes,
         ticket: Ticket,
-    ) -> Answer:
-        """The decode call, given up (and retried on another pair) if the prefill fails
+    ) -> Answer | None:
+        """The decode call, given up (None: retried on another pair) if the prefill fails
         before the decode worker has answered."""
         decode = asyncio.ensure_future(
             self.upstream.post(worker_url, inference.path, body, headers)
@@ -187,7 +202,7 @@ class EngineCalls:
             raise
         if not decode.done() and not pd.task.result():
             _drop(decode)  # the slot frees the decode worker and tells it to stop
-            raise Retry(pd.worker_id, "the prefill worker failed")
+            return None
         return await decode
 
     def _observe(
@@ -195,7 +210,8 @@ class EngineCalls:
     ) -> None:
         if self.quality is not None:
             answer = answers.from_body(data, inference)
-            self.quality.observe(worker, rid, answer, inference, tenant)
+            self.quality.observe(worker, rid, answer, partial(answers.prompt_text, inference),
+                                 inference.key, tenant)  # fmt: skip
 
     def _finished(self, ticket: Ticket, inference: Inference, usage: Usage) -> None:
         self.router.finished(
@@ -249,7 +265,7 @@ class EngineCalls:
 class _Slot(Held):
     """A worker's in-flight slot (the router's ticket) for one request; see `dispatch`."""
 
-    __slots__ = ("batch", "calls", "prefill", "rid", "sent", "ticket", "url")
+    __slots__ = ("batch", "calls", "failed", "prefill", "rid", "sent", "ticket", "url")
 
     def __init__(self, calls: EngineCalls, ticket: Ticket, url: str, rid: str) -> None:
         super().__init__()
@@ -257,9 +273,14 @@ class _Slot(Held):
         self.batch = 1  # prompts, for a completions batch
         self.sent = False  # the request may have reached the engine
         self.prefill: _Prefill | None = None  # a PD request's prefill half
+        self.failed = False  # the go ended without its answer (Retry, Cut, Broken)
+
+    def ended(self, outcome: Outcome) -> Outcome:
+        self.failed = not isinstance(outcome, Answered)
+        return outcome
 
     def release(self, error: BaseException | None) -> None:
-        if error is not None and self.prefill is not None:
+        if (error is not None or self.failed) and self.prefill is not None:
             self.prefill.task.cancel()  # its own slot frees its worker
         ticket = self.ticket
         if ticket.done:  # finished or failed: the router knows
@@ -300,7 +321,9 @@ class _EngineTrack:
         quality = self.calls.quality
         if quality is not None:
             answer = answers.from_transcript(transcript, self.inference)
-            quality.observe(self.ticket.worker_id, self.rid, answer, self.inference, self.tenant)
+            quality.observe(self.ticket.worker_id, self.rid, answer,
+                            partial(answers.prompt_text, self.inference), self.inference.key,
+                            self.tenant)  # fmt: skip
 
 
 @dataclass

@@ -2,8 +2,8 @@
 connection reset, its engine killed, no event for STALL_S) is carried on by another worker,
 in the region when one is left, else in a peer that the fallback rule and residency allow.
 
-The gateway's serve loop (agents/gateway/service.py) picks the next worker as for any retry;
-this module decides whether the answer can go on, builds what the next worker is sent
+The router's plan picks the next worker as for any retry, or ends the stream once it was
+carried on too often (agents/router/plan.py); this module builds what the next worker is sent
 (agents/gateway/migration.py), notes where it went and why, and ends a stream that cannot go
 on: with `data: [DONE]` when its last content had already gone out, else with an error event.
 """
@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from agents.gateway.flight import MAX_MIGRATIONS, Flight
+from agents.gateway.flight import Flight
 from agents.gateway.migration import continuation
 from agents.gateway.relay import Cut, Usage, stream_error, write_quietly
 from agents.gateway.upstream import UpstreamError
@@ -29,10 +29,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 class Carrier:
-    def __init__(
-        self, max_migrations: int = MAX_MIGRATIONS, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.max_migrations = max_migrations
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.streams: set[Flight] = set()  # streamed answers under way, for the watch
         self._seen: dict[Flight, tuple[int, float]] = {}  # bytes sent, and since when
@@ -41,27 +38,21 @@ class Carrier:
 
     def cut(self, flight: Flight, cut: Cut) -> str | None:
         """The stream broke after part of it reached the client: its continuation is made
-        ready for the next worker. Returns why the stream is to end instead, when it cannot be
-        continued or was carried on max_migrations times already."""
-        stream = flight.stream
+        ready for the next worker (whether there is one is the plan's to say). Returns why the
+        stream is to end instead, when it cannot be continued."""
+        stream, progress = flight.stream, flight.progress
         assert stream is not None
-        attempt = flight.attempts[-1]
-        attempt.ended = cut.why
-        flight.tried.add(cut.by)
-        stream.cuts += 1
+        by = progress.attempts[-1].by
+        progress.cut(cut.by, cut.why, self.clock())
         log.warning(
-            "request %s: the answer broke off at %s (%s)", flight.id, attempt.by, cut.why,
+            "request %s: the answer broke off at %s (%s)", flight.id, by, cut.why,
             extra={"request_id": flight.id},
         )  # fmt: skip
-        stream.cut = (attempt.by, cut.why)
-        if stream.cuts > self.max_migrations:
-            return f"it was carried on {self.max_migrations} times already"
+        stream.cut = (by, cut.why)
         carried = continuation(flight.inference, flight.body, stream.transcript)
         if carried is None:
             return "it cannot be continued (tool calls or reasoning came, or nothing was left)"
         stream.continuation = carried
-        flight.failures = 0  # the continuation has its own tries
-        flight.since = self.clock()  # time lost to a failed worker is not the load's
         return None
 
     def carried(self, flight: Flight, by: str) -> None:
@@ -71,7 +62,7 @@ class Carrier:
             return
         why = _why(stream.cut[1])
         note = stream.carried_to(by)
-        self.migrations[flight.model.name, "peer" if by.startswith("peer:") else "region", why] += 1
+        self.migrations[flight.model, "peer" if by.startswith("peer:") else "region", why] += 1
         flight.served.migrated = "; ".join(stream.migrations)
         log.info("request %s: carried on, %s", flight.id, note, extra={"request_id": flight.id})
 
@@ -82,7 +73,7 @@ class Carrier:
         assert stream is not None
         if stream.cut is not None:
             by, cause = stream.cut
-            self.migrations[flight.model.name, "ended", _why(cause)] += 1
+            self.migrations[flight.model, "ended", _why(cause)] += 1
             stream.cut = None
             why = f"the answer broke off at {by} ({cause}) and could not go on: {why}"
         finished = stream.transcript.finished
@@ -116,7 +107,8 @@ class Carrier:
         holds no request of this gateway's."""
         for flight in self.streams:
             answer = flight.upstream
-            if answer is not None and flight.attempts and flight.attempts[-1].by == worker:
+            attempts = flight.progress.attempts
+            if answer is not None and attempts and attempts[-1].by == worker:
                 answer.fail(UpstreamError("the engine is stopping: its drain deadline passed"))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(within_s):

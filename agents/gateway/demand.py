@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.demand import RATES
 
 WINDOW_S = 3.0  # short enough to follow traffic within seconds, long enough to be steady
 
@@ -76,8 +77,7 @@ class DemandMeter:
             before = old.get(tenant, Tally())
             told = pb.TenantDemand(tenant=tenant)
             moved = False
-            for name in ("admitted_requests", "refused_requests", "admitted_tokens",
-                         "refused_tokens"):  # fmt: skip
+            for name in RATES:
                 delta = getattr(tally, name) - getattr(before, name)
                 setattr(told, name, max(0.0, delta) * 60 / span)
                 moved = moved or delta > 0

@@ -8,6 +8,7 @@ import orjson
 from aiohttp import web
 
 from agents.errors import AgentError
+from agents.router.plan import Refusal, Reject
 
 PROBLEM_JSON = "application/problem+json"
 SERVER = "meridian"  # the Server header of every answer (never the software's own)
@@ -164,3 +165,17 @@ class InternalError(GatewayError):
 
 class NotReady(GatewayError):
     status, code, kind, title = 503, "not_ready", "service_unavailable", "No snapshot yet"
+
+
+REFUSALS: dict[Refusal, type[GatewayError]] = {
+    Refusal.QUEUE_FULL: QueueFull,
+    Refusal.OVERLOADED: Overloaded,
+    Refusal.TENANT_SHARE: TenantShare,
+    Refusal.NO_HEALTHY_WORKER: NoHealthyWorker,
+    Refusal.UPSTREAM_FAILED: UpstreamFailed,
+}
+
+
+def refusal_error(reject: Reject) -> GatewayError:
+    """The router's refusal, as the client is answered."""
+    return REFUSALS[reject.code](reject.message, retry_after_s=reject.retry_after_s)

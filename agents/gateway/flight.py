@@ -1,8 +1,10 @@
 """One request on the gateway's path, from arrival to settlement: what was asked and by whom,
-its SLO clock, the attempts made with what each streamed to the client, and its receipt.
+where it is going (the router's `Placement`, replaced whole when its tier changes), how it has
+fared (the router's `Progress`: its SLO clock, the attempts made), what streamed to the
+client, and its receipt.
 
 The path's steps (agents/gateway/service.py) each take the flight: authenticate, parse, admit,
-choose, call or forward, relay, settle. What a step learns it writes here, so that the next
+plan, call or forward, relay, settle. What a step learns it writes here, so that the next
 one (a retry, a migration, the receipt) has it without a long list of parameters.
 """
 
@@ -13,17 +15,15 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from agents.control.compile import FallbackChain, ModelConfig, RouteConfig, Tenant
+from agents.config import Tenant
 from agents.gateway.migration import Continuation, Transcript
 from agents.gateway.relay import Usage
 from agents.gateway.requests import Inference
 from agents.gateway.tiers import TierChoice
 from agents.gateway.upstream import Answer
 from agents.metrics import Served
-from agents.router.policies import RouteRequest
+from agents.router.plan import Ask, Placement, Progress
 
-MAX_ATTEMPTS = 3  # workers tried before the client has seen a byte
-MAX_MIGRATIONS = 2  # a started stream carried on elsewhere, at most this often
 OPERATOR = Tenant("operator", "operator", None, None, None)  # the operator's token's
 
 
@@ -39,14 +39,6 @@ class Caller:
 
 
 @dataclass(eq=False, slots=True)
-class Attempt:
-    """One worker's (or peer's) go at the request, and how it ended."""
-
-    by: str  # the worker id, or peer:<region>
-    ended: str = ""  # why it failed ("" while it runs, or when it answered)
-
-
-@dataclass(eq=False, slots=True)
 class Stream:
     """The answer's stream to the client, once its head went out: it is one stream, whatever
     workers it comes from."""
@@ -54,7 +46,6 @@ class Stream:
     response: web.StreamResponse
     transcript: Transcript
     continuation: Continuation | None = None  # how the attempt under way carries it on
-    cuts: int = 0  # times it broke off
     cut: tuple[str, str] | None = None  # where it broke off and why, until carried on
     migrations: list[str] = field(default_factory=list)  # "from → to (why)"
 
@@ -75,18 +66,12 @@ class Flight:
     headers: dict[str, str]  # what every answer's head carries
     served: Served  # the receipt: what metrics, the route receipts and the span are told
     arrived: float  # when it came here (the gateway's monotonic clock)
-    since: float  # the SLO clock's start: earlier for a peer's request, later after a retry
     body: bytes  # as the client sent it
     caller: Caller
     inference: Inference
-    model: ModelConfig
-    route_request: RouteRequest
-    route: RouteConfig
-    chain: FallbackChain | None  # the tenant's fallback rule for the model, if any
-    attempts: list[Attempt] = field(default_factory=list)
-    tried: set[str] = field(default_factory=set)  # workers not to try again
-    failures: int = 0  # workers that failed it before the client saw a byte of theirs
-    broken: int = 0  # workers that broke off with it in hand, while serving others
+    ask: Ask  # what arrived, as the router reads it
+    placement: Placement  # where it is going: replaced whole when its tier changes
+    progress: Progress  # how it has fared: the SLO clock, the attempts
     stream: Stream | None = None
     upstream: Answer | None = None  # the answer being relayed to the client
     answer: tuple[web.StreamResponse, Usage] | None = None  # what the client got
@@ -108,11 +93,5 @@ class Flight:
         return self.caller.tenant
 
     @property
-    def continuing(self) -> bool:
-        """The client has seen part of the answer: what comes next continues it."""
-        return self.stream is not None
-
-    def attempt(self, by: str) -> Attempt:
-        attempt = Attempt(by)
-        self.attempts.append(attempt)
-        return attempt
+    def model(self) -> str:
+        return self.placement.model

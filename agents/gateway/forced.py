@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from agents.gateway import answers
 from agents.gateway.errors import ToolChoiceUnmet
 from agents.gateway.requests import Inference
-from agents.quality import answers
 from agents.quality.detectors import unmet_tool_choice
 
 

@@ -21,12 +21,16 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from agents.control.compile import Peer, RegionConfig
+from agents.config import Peer, RegionConfig
 from agents.gateway import assertion
 from agents.gateway.carry import Carrier
-from agents.gateway.flight import OPERATOR, Flight
+from agents.gateway.flight import Flight
 from agents.gateway.migration import Transcript
 from agents.gateway.relay import (
+    Answered,
+    Broken,
+    Cut,
+    Outcome,
     Retry,
     Usage,
     body_usage,
@@ -34,7 +38,7 @@ from agents.gateway.relay import (
     upstream_headers,
 )
 from agents.gateway.streams import relay_stream
-from agents.gateway.upstream import Upstream
+from agents.gateway.upstream import Answer, Upstream
 from agents.router.escalation import LOAD_HEADER, Escalations, PeerChoice
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,7 @@ class Escalated:
     response: web.StreamResponse | None = None
     usage: Usage | None = None
     refused: dict[str, str] = field(default_factory=dict)
+    ended: Cut | Broken | None = None  # a peer's stream that broke off after it began
 
     def describe(self) -> dict[str, object]:
         return {
@@ -90,25 +95,26 @@ class Forwarder:
         why: str,
         headers: dict[str, str],
         trace: bytes,
-    ) -> bool:
-        """Whether a peer answered: the answer is then the flight's, and its receipt says
-        where it went and why."""
-        chain, served = flight.chain, flight.served
+    ) -> Outcome | None:
+        """A peer's answer (its receipt then says where it went and why), or its stream that
+        broke off after it began; None when no peer took it."""
+        chain, served = flight.placement.chain, flight.served
         if chain is None:
-            return False
+            return None
         outcome = await self.forward(flight, config, reason, why, headers, trace)
         log.debug("request %s escalated (%s: %s) to %s", flight.id, reason, why,
                   outcome.peer or f"no peer: {outcome.refused or 'none allowed'}")  # fmt: skip
+        if outcome.ended is not None:
+            return outcome.ended
         if outcome.response is None:
-            return False
+            return None
         served.worker = f"peer:{outcome.peer}"
-        self.escalated[flight.model.name] += 1
+        self.escalated[flight.model] += 1
         served.policy, served.reason = "escalation", f"{reason}: {why}"
         served.decision = {"meridian.escalated": True, "meridian.escalation.reason": reason,
                            "meridian.escalation.why": why, "meridian.peer": outcome.peer,
                            "meridian.escalation.rule": chain.rule}  # fmt: skip
-        flight.answer = outcome.response, outcome.usage or Usage()
-        return True
+        return Answered(outcome.response, outcome.usage or Usage())
 
     async def forward(
         self,
@@ -122,11 +128,8 @@ class Forwarder:
         """The request (or, for a stream cut mid-answer, its continuation) to the peers its
         fallback rule names, best first. `trace`: this gateway's span context; without it,
         the client's passes on."""
-        chain, model, tenant = flight.chain, flight.model.name, flight.tenant
-        assert chain is not None
-        if flight.caller.came_from is not None or tenant is OPERATOR:
-            # a peer's request goes no further; the operator's is not a tenant's to assert
-            return Escalated(reason, chain.rule, [], refused={"": "not escalated from here"})
+        chain, model, tenant = flight.placement.chain, flight.model, flight.tenant
+        assert chain is not None  # the plan sends only what a rule covers (agents/router/plan.py)
         candidates = self.escalations.candidates(chain, model, tenant.jurisdictions)
         outcome = Escalated(reason, chain.rule, candidates)
         if config.signer is None:
@@ -164,7 +167,7 @@ class Forwarder:
         headers: dict[str, str],
     ) -> str | None:
         """One peer's try: None when it answered (`outcome` holds the answer), else why not."""
-        started, region, model = self.clock(), peer.region, flight.model.name
+        started, region, model = self.clock(), peer.region, flight.model
         assert peer.gateway_url is not None
         try:
             async with asyncio.timeout(HEAD_TIMEOUT_S):
@@ -188,30 +191,36 @@ class Forwarder:
                    if k.lower() not in DROPPED}  # fmt: skip
             out.update({k: v for k, v in headers.items() if k.lower() != "x-meridian-region"})
             outcome.peer = region
-            self.carrier.carried(flight, flight.attempt(f"peer:{region}").by)
+            self.carrier.carried(flight, flight.progress.attempt(f"peer:{region}").by)
             if flight.caller.debug:  # why it escalated, with the peer's own route if it gave one
                 described = outcome.describe() | {"why": why}
                 if "x-meridian-route" in out:
                     described["peer_route"] = _loads(out["x-meridian-route"])
                 out["x-meridian-route"] = orjson.dumps({"escalated": described}).decode()
             try:
-                if flight.inference.stream and answer.status == 200:
-                    track = _PeerTrack(self.escalations, region)
-                    outcome.response, outcome.usage = await relay_stream(flight, answer, track, out)
-                else:
-                    data = await answer.read()
-                    native = flight.inference.native
-                    usage = body_usage(data, native) if answer.status == 200 else Usage()
-                    outcome.response = web.Response(body=data, status=answer.status, headers=out)
-                    outcome.usage = usage
-            except Retry as failed:
-                outcome.peer = None
-                return str(failed)
+                relayed = await self._relay(flight, answer, region, out)
             except OSError as error:
                 self.escalations.unreachable(region)
                 outcome.peer = None
                 return f"broke: {error}"
+        match relayed:
+            case Answered(response, usage):
+                outcome.response, outcome.usage = response, usage
+            case Retry():  # the peer failed it before the client saw a byte: the next one
+                outcome.peer = None
+                return str(relayed)
+            case Cut() | Broken():  # after: carried on as any cut stream; or a fault of ours
+                outcome.ended = relayed
         return None
+
+    async def _relay(
+        self, flight: Flight, answer: Answer, region: str, headers: dict[str, str]
+    ) -> Outcome:
+        if flight.inference.stream and answer.status == 200:
+            return await relay_stream(flight, answer, _PeerTrack(self.escalations, region), headers)
+        data = await answer.read()
+        usage = body_usage(data, flight.inference.native) if answer.status == 200 else Usage()
+        return Answered(web.Response(body=data, status=answer.status, headers=headers), usage)
 
 
 @dataclass

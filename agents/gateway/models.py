@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from agents.control.compile import ModelConfig, RegionConfig, TieredRouteConfig
+from agents.config import ModelConfig, RegionConfig, TieredRouteConfig
 from agents.gateway import auth
 from agents.gateway.errors import SERVER, GatewayError, ModelNotFound
 from agents.gateway.relay import new_id

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
-from agents.control.compile import Tenant
+from agents.config import Tenant
 from agents.gateway.demand import DemandMeter
 from agents.gateway.errors import QuotaExceeded, TenantConcurrency
 from agents.held import Held

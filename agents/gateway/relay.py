@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from agents.gateway.errors import GatewayError
 from agents.gateway.requests import LIMITS
 
 USAGE = b'"usage"'
@@ -129,44 +130,67 @@ def _loads(data: bytes) -> Any:
     return doc if isinstance(doc, dict | list) else {}
 
 
-class Cut(Exception):
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The answer the client got (or, streamed, is getting whole)."""
+
+    response: web.StreamResponse
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """The worker failed before the client saw a byte: the plan goes on without it. `broke`:
+    the engine broke off (its connection closed or reset) with the request in hand, while it
+    had been serving others: the request itself may be what broke it."""
+
+    worker_id: str
+    why: str
+    broke: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}: {self.why}"
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
     """An answer's stream broke after part of it reached the client: it is carried on
     elsewhere (agents/gateway/migration.py), or ends with an error event."""
 
-    def __init__(self, by: str, why: str) -> None:
-        super().__init__(f"{by}: {why}")
-        self.by, self.why = by, why
+    by: str
+    why: str
 
 
-class Retry(Exception):
-    """The worker failed before the client saw a byte: try the next one. `broke`: the engine
-    broke off (its connection closed or reset) with the request in hand, while it had been
-    serving others: the request itself may be what broke it."""
-
-    def __init__(self, worker_id: str, why: str, broke: bool = False) -> None:
-        super().__init__(f"{worker_id}: {why}")
-        self.worker_id = worker_id
-        self.broke = broke
-
-
-class Broken(Exception):
+@dataclass(frozen=True, slots=True)
+class Broken:
     """A fault of ours after a stream's head went out: the stream ended with an error event
-    (`response`), and the fault is the cause."""
+    (`response`); `cause` is the fault."""
 
-    def __init__(self, response: web.StreamResponse) -> None:
-        super().__init__("a stream ended by a fault of the gateway's")
-        self.response = response
+    response: web.StreamResponse
+    cause: BaseException
 
 
-class ClientGone(Exception):
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The engine refused the request (4xx): its reason is the client's answer."""
+
+    error: GatewayError
+
+
+Outcome = Answered | Retry | Cut | Broken | Refused  # how one worker's (or peer's) go ended
+
+
+@dataclass(frozen=True, slots=True)
+class ClientGone:
     """The client closed its connection, or stopped reading (`stalled`)."""
 
-    def __init__(self, why: str, stalled: bool = False) -> None:
-        super().__init__(why)
-        self.stalled = stalled
+    why: str
+    stalled: bool = False
 
 
-async def to_client(write: Awaitable[object], request: web.Request | None = None) -> None:
+async def to_client(
+    write: Awaitable[object], request: web.Request | None = None
+) -> ClientGone | None:
     """A write to the client; given its `request`, bounded when the client has fallen
     behind (its socket's send buffer holds bytes already): a client that reads nothing for
     `client_stall_s` is taken to be gone, so that it holds no slot as long as it likes. A
@@ -175,14 +199,15 @@ async def to_client(write: Awaitable[object], request: web.Request | None = None
     try:
         if transport is None or not transport.get_write_buffer_size():
             await write
-            return
+            return None
         bound = request.app[LIMITS].client_stall_s  # type: ignore[union-attr]
         async with asyncio.timeout(bound):
             await write
     except ConnectionResetError as error:  # aiohttp's ClientConnectionResetError is one
-        raise ClientGone(str(error)) from None
+        return ClientGone(str(error))
     except TimeoutError:
-        raise ClientGone(f"the client read nothing for {bound:g} s", stalled=True) from None
+        return ClientGone(f"the client read nothing for {bound:g} s", stalled=True)
+    return None
 
 
 def stream_error(message: str, code: str = "upstream_failed") -> bytes:

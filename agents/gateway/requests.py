@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from agents.control.compile import ModelConfig, RegionConfig, TieredRouteConfig
+from agents.config import ModelConfig, RegionConfig, TieredRouteConfig
+from agents.engines.tokenizers import PromptTokenizer
 from agents.gateway import schema
 from agents.gateway.errors import (
     BadRequest,
@@ -26,7 +27,6 @@ from agents.gateway.errors import (
     ModelNotFound,
     RequestTimeout,
 )
-from agents.router.tokens import PromptTokenizer
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
@@ -237,20 +237,30 @@ def _first(*values: int | None) -> int | None:
 def check_context(model: ModelConfig, prompt_tokens: int, max_new: int | None) -> None:
     """The prompt and the longest answer asked for fit the model's context (the prompt's
     tokens are the router's estimate where the engine's tokenizer is not at hand)."""
+    too_long = context_error(model, prompt_tokens, max_new)
+    if too_long is not None:
+        raise too_long
+
+
+def context_error(
+    model: ModelConfig, prompt_tokens: int, max_new: int | None
+) -> ContextTooLong | None:
+    """What `check_context` refuses, or None where it fits."""
     if not model.context_length:
-        return
+        return None
     if prompt_tokens > model.context_length:
-        raise ContextTooLong(
+        return ContextTooLong(
             f"the prompt is about {prompt_tokens} tokens; "
             f"{model.name} takes {model.context_length}",
             param="messages",
         )
     if max_new is not None and prompt_tokens + max_new > model.context_length:
-        raise ContextTooLong(
+        return ContextTooLong(
             f"the prompt (about {prompt_tokens} tokens) and max_tokens ({max_new}) exceed "
             f"{model.name}'s context of {model.context_length}",
             param="max_tokens",
         )
+    return None
 
 
 def _model(body: dict[str, Any], config: RegionConfig, native: bool) -> ModelConfig:

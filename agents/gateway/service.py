@@ -29,15 +29,14 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import orjson
 from aiohttp import web
 
 from agents import tracing
-from agents.control.compile import RegionConfig
+from agents.config import RegionConfig
 from agents.gateway import assertion, spans
-from agents.gateway.admission import Admission, Escalate, EscalateOver
 from agents.gateway.arrival import Arrival
 from agents.gateway.calls import EngineCalls
 from agents.gateway.carry import Carrier
@@ -46,22 +45,28 @@ from agents.gateway.errors import (
     BadRequest,
     GatewayError,
     InternalError,
-    NoHealthyWorker,
     NotReady,
-    Overloaded,
-    QueueFull,
     QuotaExceeded,
     TenantConcurrency,
-    TenantShare,
     UnsupportedMediaType,
-    UpstreamFailed,
+    refusal_error,
 )
-from agents.gateway.flight import MAX_ATTEMPTS, OPERATOR, Flight
+from agents.gateway.flight import OPERATOR, Flight
 from agents.gateway.forced import forced_call_made
 from agents.gateway.forward import Forwarder
 from agents.gateway.quotas import Charge, Quotas, uncharged
 from agents.gateway.receipts import Receipts
-from agents.gateway.relay import FIRST_AT, Broken, Cut, Retry, Usage, new_id
+from agents.gateway.relay import (
+    FIRST_AT,
+    Answered,
+    Broken,
+    Cut,
+    Outcome,
+    Refused,
+    Retry,
+    Usage,
+    new_id,
+)
 from agents.gateway.requests import DEFAULT_LIMITS, Limits, read_body
 from agents.gateway.tiered_path import TieredPath
 from agents.gateway.tiers import Tiers
@@ -69,13 +74,12 @@ from agents.gateway.upstream import Upstream
 from agents.metrics import CROWDED_OUT, OPERATIONS, RequestMetrics, Served, count_by_tenant
 from agents.quality.runtime import Quality
 from agents.router.audit import audit
-from agents.router.decision import Decision
-from agents.router.escalation import LOAD_HEADER, Escalations, load_header
+from agents.router.escalation import LOAD_HEADER, load_header
+from agents.router.plan import Call, Continue, Local, MoveTier, Pair, Peer, Reject
 from agents.router.router import Router
 from agents.tracing import Tracing
 
 log = logging.getLogger(__name__)
-POISONED_AFTER = 2  # workers broken by one request: it is taken to be the cause, and stops
 AUDIT_EVERY_S = 1.0
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-ID: visible ASCII
 
@@ -87,7 +91,6 @@ class Gateway(Arrival, TieredPath):
         *,
         operator_token: str | None,
         connect_timeout_s: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
         tracing: Tracing | None = None,
         limits: Limits = DEFAULT_LIMITS,
         quality_guard: bool = True,
@@ -95,13 +98,13 @@ class Gateway(Arrival, TieredPath):
         self.router = router
         self.limits = limits
         self.tracing = tracing
-        self.admission = Admission(router, clock)
+        clock = self.clock = router.clock
+        self.admission = router.admission  # the router's: it decides
         self.quotas = Quotas(clock)
-        self.escalations = Escalations(clock)
+        self.escalations = router.escalations
         self.assertions = assertion.Seen()  # the nonces of the escalations accepted here
         self.config: RegionConfig | None = None
         self.operator_token = operator_token
-        self.clock = clock
         self._upstream = Upstream(connect_timeout_s)
         self.calls = EngineCalls(router, self.admission, self._upstream)
         self.quality = Quality(router.table, router.views)
@@ -178,26 +181,20 @@ class Gateway(Arrival, TieredPath):
                 raise BadRequest(
                     "X-Request-ID must be 1 to 128 visible ASCII characters", param="x-request-id"
                 )
-            response = await self._infer(request, request_id, headers, served)
-        except GatewayError as error:
-            served.model = served.model or error.model or ""
-            if error.model is not None and served.insider:
-                headers[LOAD_HEADER] = self.load_of(error.model)
-            if error.status in (429, 503) and served.model:
-                self.rejections[served.model, error.code] += 1
-            if (
-                error.status in (429, 503)
-                and served.tenant
-                and not isinstance(error, QuotaExceeded | TenantConcurrency)
-            ):
-                self.quotas.demand.tally(served.tenant).refused(error.code)  # the quota's: there
-            response, error_type = error.response(headers), error.code
-        except Broken as broken:  # a fault of ours after the stream began: it ended with an error
-            self._fault(request_id, served, broken.__cause__ or broken)
-            response, error_type = broken.response, InternalError.code
+            answered = await self._infer(request, request_id, headers, served)
+        except GatewayError as error:  # a request this gateway does not take: what it says
+            answered = error
         except Exception as error:  # a fault of ours: the client gets an OpenAI-shaped 500
-            self._fault(request_id, served, error)
-            response, error_type = InternalError().response(headers), InternalError.code
+            served.fault = error
+            answered = InternalError()
+        response: web.StreamResponse
+        if isinstance(answered, GatewayError):
+            response, error_type = self._refused(answered, headers, served), answered.code
+        else:
+            response = answered
+        if served.fault is not None:  # a fault of ours, maybe after its stream began
+            self._fault(request_id, served, served.fault)
+            error_type = InternalError.code
         served.first_at = response.get(FIRST_AT)
         if served.client_stalled:
             error_type = "client_stalled"  # counted as such: it was cut, not answered
@@ -216,6 +213,23 @@ class Gateway(Arrival, TieredPath):
             spans.finished(request.path, response.status, served, started, error_type, region)
         return response
 
+    def _refused(
+        self, error: GatewayError, headers: dict[str, str], served: Served
+    ) -> web.Response:
+        """An error's answer, counted."""
+        served.model = served.model or error.model or ""
+        if error.model is not None and served.insider:
+            headers[LOAD_HEADER] = self.load_of(error.model)
+        if error.status in (429, 503) and served.model:
+            self.rejections[served.model, error.code] += 1
+        if (
+            error.status in (429, 503)
+            and served.tenant
+            and not isinstance(error, QuotaExceeded | TenantConcurrency)
+        ):
+            self.quotas.demand.tally(served.tenant).refused(error.code)  # the quota's: there
+        return error.response(headers)
+
     def _fault(self, request_id: str, served: Served, error: BaseException) -> None:
         """Logged once, with its traceback, and counted; what it held was given back on the
         way out."""
@@ -232,8 +246,8 @@ class Gateway(Arrival, TieredPath):
 
     async def _infer(
         self, request: web.Request, request_id: str, headers: dict[str, str], served: Served
-    ) -> web.StreamResponse:
-        """The whole path, step by step."""
+    ) -> web.StreamResponse | GatewayError:
+        """The whole path, step by step: the answer, or the error that refused it."""
         arrived = self.clock()
         config = self.config_or_refuse()
         if request.content_type not in ("application/json", ""):
@@ -244,8 +258,13 @@ class Gateway(Arrival, TieredPath):
         if flight.inference.tiered is not None:
             await self.tier(flight)
         # everything above only reads; from here on what is taken is held by `with`
-        with self.admit(flight) as charge, self.admission.hold(flight.model.name, flight.tenant):
-            response, usage = await self.serve(flight)
+        hold = self.router.admission.hold(flight.model, flight.tenant)
+        with self.admit(flight) as charge, hold:
+            answered = await self.serve(flight)
+            if isinstance(answered, GatewayError):
+                charge.used = 0  # refused: only the request counts
+                return answered
+            response, usage = answered
             if flight.tier is not None:
                 response, usage = await self.cascade(flight, response, usage)
             if usage.prompt_tokens is not None:
@@ -261,134 +280,106 @@ class Gateway(Arrival, TieredPath):
         there; the operator's is not counted."""
         if flight.tenant is OPERATOR or flight.caller.came_from is not None:
             return uncharged(flight.tenant)
-        return self.quotas.admit(flight.tenant, flight.route_request.prompt_tokens)
+        return self.quotas.admit(flight.tenant, flight.placement.request.prompt_tokens)
 
-    async def serve(self, flight: Flight) -> tuple[web.StreamResponse, Usage]:
-        """Choose a worker and call it, until one answers: a worker that fails before the
-        client saw a byte makes way for the next; one that fails after has the answer carried
-        on by another (agents/gateway/migration.py). A peer answers where the fallback rule
-        says."""
-        chain, model = flight.chain, flight.model.name
+    async def serve(self, flight: Flight) -> tuple[web.StreamResponse, Usage] | GatewayError:
+        """The router's plan carried out, until an answer settles the request: a worker's, a
+        peer region's, or a refusal (a started stream ends with it instead)."""
         if flight.inference.stream:
             self.carrier.streams.add(flight)
         try:
-            if chain and "failure" in chain.triggers and self.escalations.failing(chain, model):
-                await self.escalate(flight, "failure", "local attempts fail past the rule's rate")
             while flight.answer is None:
-                try:
-                    decision = await self.choose(flight)
-                    if decision is not None:
-                        await self.call(flight, decision)
-                except Cut as cut:
-                    ending = self.carrier.cut(flight, cut)
-                    if ending is not None:
-                        await self.carrier.end(flight, ending)
-        except GatewayError as error:
-            error.model = model
-            if flight.stream is None:
-                raise
-            await self.carrier.end(flight, error.message)
+                plan = await self.router.plan(
+                    flight.ask, flight.placement, flight.progress, self.tiering(flight)
+                )
+                refusal: GatewayError | None = None
+                match plan:
+                    case MoveTier():
+                        self.move(flight, plan)
+                        refusal = await self.call(flight, plan.then)
+                    case Local() | Pair() | Continue():
+                        refusal = await self.call(flight, plan)
+                    case Peer():
+                        refusal = await self.escalate(flight, plan)
+                    case Reject():
+                        refusal = refusal_error(plan)
+                if refusal is not None:
+                    refusal.model = flight.model
+                    if flight.stream is None:
+                        return refusal
+                    await self.carrier.end(flight, refusal.message)
         finally:
             self.carrier.streams.discard(flight)
-            flight.served.crowded = flight.served.crowded or flight.route_request.crowded
-        assert flight.answer is not None
+            flight.served.crowded = flight.served.crowded or flight.placement.request.crowded
         return flight.answer
 
-    async def choose(self, flight: Flight) -> Decision | None:
-        """The router's choice, through admission; None when a peer took the request instead
-        (overload or failure, where the fallback rule allows)."""
-        if flight.tier is not None and not flight.attempts and flight.tier.cascaded is None:
-            decision = await self.by_capacity(flight)
-            if decision is not None:
-                return decision
-        chain, route = flight.chain, flight.route
-        triggers = chain.triggers if chain is not None else ()
-        over = None
-        if chain is not None and "overload" in triggers and not flight.attempts:
-            over = EscalateOver(chain.ttft_s or route.slo_ttft_s, chain.queue_depth)
-        may_fail_over = "failure" in triggers or flight.continuing  # a started answer goes on
-        if flight.failures >= MAX_ATTEMPTS:
-            failed = UpstreamFailed(f"{MAX_ATTEMPTS} workers failed the request", retry_after_s=1)
-            if may_fail_over and await self.escalate(flight, "failure", failed.message):
-                return None
-            raise failed
-        place, tenant = self.admission.place, flight.tenant.name
-        try:
-            return await place(route, flight.route_request, flight.tried, flight.since, over,
-                               tenant)  # fmt: skip
-        except Escalate as why:
-            if await self.escalate(flight, "overload", why.why):
-                return None
-            # no peer took it: it waits here, as it would without a rule
-            return await place(route, flight.route_request, flight.tried, flight.since,
-                               tenant=tenant)  # fmt: skip
-        except (QueueFull, Overloaded, TenantShare) as error:
-            if "overload" in triggers and await self.escalate(flight, "overload", error.message):
-                return None
-            raise
-        except NoHealthyWorker as error:
-            if may_fail_over and await self.escalate(flight, "failure", error.message):
-                return None
-            raise
-
-    async def call(self, flight: Flight, decision: Decision) -> None:
-        """One worker's go; its answer, or what its failure leaves for the next round."""
-        served, model = flight.served, flight.model.name
-        self.router.record(flight.id, decision)
+    async def call(self, flight: Flight, plan: Call) -> GatewayError | None:
+        """One worker's go: its answer, or what its failure leaves for the next plan."""
+        served, model, decision = flight.served, flight.model, plan.decision
+        self.router.record(flight.id, decision, plan.wait_s)
         chosen = decision.ranked[0]
-        attempt = flight.attempt(chosen.worker.id)
+        attempt = flight.progress.attempt(chosen.worker.id)
         self.carrier.carried(flight, attempt.by)
         served.worker, served.policy, served.reason = attempt.by, decision.policy, decision.reason
         if served.trace:  # a trace that is kept
             served.decision = spans.decision_attributes(decision, chosen)
-        served.routed_prompt = flight.route_request.prompt_tokens
+        request = flight.placement.request
+        served.routed_prompt = request.prompt_tokens
         served.routed_cached = min(chosen.matched_tokens, served.routed_prompt)
         self.decisions[model, decision.policy, decision.pd or "unified"] += 1
         serving = decision.total - decision.unavailable
         self._load[model] = (decision.best_ttft_s, serving)
-        served.load = self.admission.fair.places(model) / max(1, serving)
+        served.load = self.router.admission.fair.places(model) / max(1, serving)
         out = self._answer_headers(flight.headers, model, served)
         if flight.caller.debug:
-            queued_ms = round((self.clock() - flight.since) * 1000, 1)  # in admission
-            extra: dict[str, object] = {"attempt": len(flight.attempts), "queued_ms": queued_ms}
+            queued_ms = round((self.clock() - flight.progress.since) * 1000, 1)  # in admission
+            extra: dict[str, object] = {
+                "attempt": len(flight.progress.attempts), "queued_ms": queued_ms,
+            }  # fmt: skip
             if flight.tier is not None:
                 extra["tier"] = flight.tier.describe()
             out["x-meridian-route"] = orjson.dumps(
-                decision.describe(chosen.worker.id) | extra
+                decision.describe(chosen.worker.id, wait_s=plan.wait_s) | extra
             ).decode()
-        try:
-            flight.answer = await self.calls.attempt(flight, decision, out)
-        except Retry as why:
-            self.retried(flight, why)
-        except Cut:
-            self.escalations.attempted(model, ok=False)
-            raise
-        else:
-            self.escalations.attempted(model, ok=True)
+        outcome = await self.calls.attempt(flight, plan, out)
+        if not isinstance(outcome, Broken | Refused):
+            self.router.escalations.attempted(model, ok=isinstance(outcome, Answered))
+        return await self.ended(flight, outcome)
 
-    def retried(self, flight: Flight, why: Retry) -> None:
-        """A worker failed before the client saw a byte of its answer: the next is tried,
-        unless the request broke two workers that were serving others (it is then taken to be
-        what broke them) or MAX_ATTEMPTS failed."""
-        log.warning("request %s: %s", flight.id, why, extra={"request_id": flight.id})
-        self.escalations.attempted(flight.model.name, ok=False)
-        flight.attempts[-1].ended = str(why)
-        flight.tried.add(why.worker_id)
-        flight.failures += 1
-        flight.broken += why.broke
-        if flight.broken >= POISONED_AFTER:  # the request, not the workers: it goes no further
-            raise UpstreamFailed(
-                f"the request broke {flight.broken} workers that were serving others; "
-                "it is not tried again"
-            )
-        flight.since = self.clock()  # time lost to a failed worker is not the load's
+    async def ended(self, flight: Flight, outcome: Outcome | Refused) -> GatewayError | None:
+        """What a worker's (or peer's) go came to, noted for the next plan; an engine's
+        refusal is the client's answer."""
+        progress = flight.progress
+        match outcome:
+            case Answered(response, usage):
+                flight.answer = response, usage
+            case Retry(worker, _, broke):  # before the client saw a byte: the next is tried
+                log.warning("request %s: %s", flight.id, outcome, extra={"request_id": flight.id})
+                progress.failed(worker, str(outcome), broke, self.clock())
+            case Cut():  # after: carried on by the next, or it ends
+                ending = self.carrier.cut(flight, outcome)
+                if ending is not None:
+                    await self.carrier.end(flight, ending)
+            case Broken(response, cause):  # a fault of ours: the stream ended with an error
+                flight.served.fault = cause
+                flight.answer = response, Usage()
+            case Refused(error):
+                return error
+        return None
 
-    async def escalate(self, flight: Flight, reason: str, why: str) -> bool:
-        """To a peer region, where the tenant's fallback rule allows: whether one answered."""
-        headers = self._answer_headers(flight.headers, flight.model.name, flight.served)
+    async def escalate(self, flight: Flight, plan: Peer) -> GatewayError | None:
+        """To a peer region, under the tenant's fallback rule; if none takes it, what the plan
+        says: a refusal, or (None) another plan without this escalation."""
+        headers = self._answer_headers(flight.headers, flight.model, flight.served)
         trace = spans.peer_context(flight.served, self.tracing)
         config = self.config_or_refuse()
-        return await self.forwarder.escalate(flight, config, reason, why, headers, trace)
+        outcome = await self.forwarder.escalate(
+            flight, config, plan.trigger, plan.why, headers, trace
+        )
+        if outcome is not None:
+            return await self.ended(flight, outcome)
+        flight.progress.declined.add(plan.reason)
+        return refusal_error(plan.otherwise) if plan.otherwise is not None else None
 
     def _answer_headers(
         self, headers: dict[str, str], model: str, served: Served

@@ -2,8 +2,9 @@
 
 The first attempt to send an event opens the client's stream; an attempt that carries a cut
 answer on (agents/gateway/migration.py) writes into the same stream, rewritten to read as its
-rest. A failure before the attempt's first event raises Retry (the next worker may answer as if
-nothing happened); after it, Cut (the answer is carried on, or ends with an error event).
+rest. A failure before the attempt's first event comes back as Retry (the next worker may
+answer as if nothing happened); after it, as Cut (the answer is carried on, or ends with an
+error event).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from agents.gateway.migration import Transcript
 from agents.gateway.relay import (
     EVENT_END,
     FIRST_AT,
+    Answered,
     Broken,
     ClientGone,
     Cut,
+    Outcome,
     Retry,
     StreamMeter,
     Usage,
@@ -60,7 +63,7 @@ async def relay_stream(
     track: Track,
     headers: dict[str, str],
     since: float | None = None,
-) -> tuple[web.StreamResponse, Usage]:
+) -> Outcome:
     """`since`: when a peer region's request came here (the head says how long this gateway
     took, in Server-Timing)."""
     inference = flight.inference
@@ -68,6 +71,7 @@ async def relay_stream(
     stream = flight.stream
     carried = stream.continuation if stream is not None else None
     first = True
+    gone: ClientGone | None = None
     flight.upstream = upstream  # the stall watch fails it if it stops (agents/gateway/carry.py)
     try:
         async for chunk in upstream.chunks():
@@ -78,40 +82,46 @@ async def relay_stream(
                 first = False
                 track.first_byte()
                 if stream is None:
-                    response = await _begin(flight.http, headers, since)
+                    response = _head(headers, since)
                     stream = flight.stream = Stream(response, Transcript(inference))
+                    flight.progress.continuing = True
+                    gone = await to_client(response.prepare(flight.http))
+                    if gone is not None:
+                        break
             assert stream is not None
             if carried is not None:
                 data = carried.rewrite(data, inference.native)
             stream.transcript.add(data)
-            await to_client(stream.response.write(data), flight.http)
+            gone = await to_client(stream.response.write(data), flight.http)
+            if gone is not None:
+                break
             track.progressed(data.count(EVENT_END))
         rest = meter.rest()
-    except ClientGone as gone:  # what the answer held is given back by its holder
-        assert stream is not None  # only writes to the client raise it
-        if gone.stalled:  # it held the slot reading nothing: cut, and said so
-            flight.served.client_stalled = True
-            log.info("request %s: %s; its stream is cut", flight.id, gone,
-                     extra={"request_id": flight.id})  # fmt: skip
-            if flight.http.transport is not None:
-                flight.http.transport.close()
-        return stream.response, meter.usage
     except UpstreamError as error:
         broke = track.failed(first)
         if first:  # nothing of this answer reached the client: another may give it whole
-            raise Retry(track.name, f"stream broke: {error}", broke) from None
-        raise Cut(track.name, f"stream broke: {error}") from None
+            return Retry(track.name, f"stream broke: {error}", broke)
+        return Cut(track.name, f"stream broke: {error}")
     except Exception as error:  # a fault of ours
         if stream is None:
             raise
         message = stream_error("the gateway failed this stream", "internal_error")
         await write_quietly(stream.response, message)
-        raise Broken(stream.response) from error
+        return Broken(stream.response, error)
     finally:
         flight.upstream = None
+    if gone is not None:  # what the answer held is given back by its holder
+        assert stream is not None  # only writes to the client find it gone
+        if gone.stalled:  # it held the slot reading nothing: cut, and said so
+            flight.served.client_stalled = True
+            log.info("request %s: %s; its stream is cut", flight.id, gone.why,
+                     extra={"request_id": flight.id})  # fmt: skip
+            if flight.http.transport is not None:
+                flight.http.transport.close()
+        return Answered(stream.response, meter.usage)
     if stream is None or first:
         track.failed(False)
-        raise Retry(track.name, "the stream ended before its first event")
+        return Retry(track.name, "the stream ended before its first event")
     if rest:
         await write_quietly(stream.response, rest, eof=False)
     usage = meter.finish()
@@ -119,17 +129,14 @@ async def relay_stream(
         usage = carried.usage(usage)
     track.finished(usage, stream.transcript)
     await write_quietly(stream.response, b"")
-    return stream.response, usage
+    return Answered(stream.response, usage)
 
 
-async def _begin(
-    request: web.Request, headers: dict[str, str], since: float | None
-) -> web.StreamResponse:
+def _head(headers: dict[str, str], since: float | None) -> web.StreamResponse:
     response = web.StreamResponse(headers=headers)
     response.content_type = "text/event-stream"
     response.headers["Cache-Control"] = "no-cache"
     response[FIRST_AT] = time.monotonic()
     if since is not None:  # a peer region measures its round trip by it
         response.headers["Server-Timing"] = server_timing(since)
-    await to_client(response.prepare(request))
     return response

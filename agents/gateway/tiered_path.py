@@ -10,20 +10,13 @@ from collections.abc import Callable
 import orjson
 from aiohttp import web
 
-from agents.control.compile import RegionConfig
-from agents.gateway.admission import Admission, Escalate, EscalateOver
-from agents.gateway.arrival import routed
-from agents.gateway.errors import (
-    ContextTooLong,
-    GatewayError,
-    NoHealthyWorker,
-    QueueFull,
-    TenantShare,
-)
+from agents.config import RegionConfig
+from agents.gateway.arrival import placed
+from agents.gateway.errors import GatewayError
 from agents.gateway.flight import OPERATOR, Flight
 from agents.gateway.relay import Usage
 from agents.gateway.tiers import TIER_HEADER, Tiers, as_stream, without_logprobs
-from agents.router.decision import Decision
+from agents.router.plan import MoveTier, Placement, Progress, Tiering
 from agents.router.router import Router
 
 log = logging.getLogger(__name__)
@@ -33,14 +26,13 @@ class TieredPath:
     """The gateway's steps for requests to tiered routes."""
 
     router: Router
-    admission: Admission
     tiers: Tiers
     clock: Callable[[], float]
 
     def config_or_refuse(self) -> RegionConfig:
         raise NotImplementedError
 
-    async def serve(self, flight: Flight) -> tuple[web.StreamResponse, Usage]:
+    async def serve(self, flight: Flight) -> tuple[web.StreamResponse, Usage] | GatewayError:
         raise NotImplementedError
 
     async def tier(self, flight: Flight) -> None:
@@ -50,31 +42,37 @@ class TieredPath:
         assert route is not None
         choice = await self.tiers.choose(
             route, flight.tenant, flight.tenant is OPERATOR, inference,
-            flight.route_request.prompt_tokens, config.models, flight.caller.scope,
+            flight.placement.request.prompt_tokens, config.models, flight.caller.scope,
         )  # fmt: skip
         flight.tier = choice
         choice.streamed = inference.stream
         above = [i for i in choice.able if i > choice.index]
         below = [i for i in reversed(choice.able) if i < choice.index]
         for index in [choice.index, *above, *below]:  # the first whose context it fits
-            try:
-                self.retier(flight, index)
+            placement = self.on_tier(flight, index)
+            if not isinstance(placement, GatewayError):
+                self.put_on_tier(flight, placement)
                 return
-            except ContextTooLong as error:
-                too_long = error
+            too_long = placement
         raise too_long
 
-    def retier(self, flight: Flight, index: int) -> None:
-        """Put the tiered request on tier `index`: its model, route, fallback rule and body
-        (re-encoded with the tier's model name); raises for a tier it does not fit."""
-        choice, config, inference = flight.tier, self.config_or_refuse(), flight.inference
+    def on_tier(self, flight: Flight, index: int) -> Placement | GatewayError:
+        """Where the tiered request goes on tier `index`, or why it cannot (its context)."""
+        choice, config = flight.tier, self.config_or_refuse()
+        assert choice is not None
+        model = config.models[choice.route.tiers[index]]
+        return placed(self.router, config, model, flight.inference, flight.caller, tier=index)
+
+    def put_on_tier(self, flight: Flight, placement: Placement) -> None:
+        """Put the tiered request on its placement's tier: its model, route, fallback rule and
+        body (re-encoded with the tier's model name)."""
+        choice, inference, index = flight.tier, flight.inference, placement.tier
         assert choice is not None
         assert choice.doc is not None
-        model = config.models[choice.route.tiers[index]]
-        route_request, route = routed(self.router, config, model, inference)
+        assert index is not None
         choice.index = index
-        inference.model = flight.served.model = model.name
-        changes: dict[str, object] = {"model": model.name}
+        inference.model = flight.served.model = placement.model
+        changes: dict[str, object] = {"model": placement.model}
         cascade, cheaper = choice.route.cascade, index < choice.top and choice.cascaded is None
         # a stream the cascade may judge is asked whole of a cheaper tier, and streamed to the
         # client once judged; the strongest tier's streams as asked
@@ -92,47 +90,36 @@ class TieredPath:
             logprobs = b"true" if inference.messages is not None else b"1"
             inference.extra = b'"logprobs":' + logprobs + b","
         inference.body = flight.body = orjson.dumps(choice.doc | changes)
-        flight.model, flight.route_request, flight.route = model, route_request, route
-        if flight.caller.came_from is None:
-            flight.chain = config.chain(model.name, flight.tenant.tier)
+        flight.placement = placement
         flight.headers[TIER_HEADER] = choice.header()
 
-    async def by_capacity(self, flight: Flight) -> Decision | None:
-        """A tiered request whose tier would break its SLO, moved to the next tier that would
-        not (down to its floor, then up); None when every tier would (it then waits on its
-        own tier, is refused or escalates, as any request)."""
+    def tiering(self, flight: Flight) -> Tiering | None:
+        """A tiered request's tiers to try under load, before its first attempt: each one's
+        placement worked out only when the plan asks for it."""
+        choice = flight.tier
+        if choice is None or choice.cascaded is not None or not choice.route.capacity_moves:
+            return None
+        order = choice.order()
+        if len(order) < 2:
+            return None
+        current, known = flight.placement, {}
+
+        def placement(index: int) -> Placement | None:
+            if index == current.tier:
+                return current
+            if index not in known:
+                found = self.on_tier(flight, index)
+                known[index] = None if isinstance(found, GatewayError) else found
+            return known[index]
+
+        return Tiering(choice.index, tuple(order), placement)
+
+    def move(self, flight: Flight, plan: MoveTier) -> None:
+        """The plan moved the request to another tier under load."""
         choice = flight.tier
         assert choice is not None
-        start, order = choice.index, choice.order()
-        if not choice.route.capacity_moves or len(order) < 2:
-            return None
-        full: list[str] = []
-        for index in order:
-            try:
-                if index != choice.index:
-                    self.retier(flight, index)
-            except GatewayError:
-                continue  # a tier it does not fit (its context): not one to move to
-            route = flight.route
-            over = EscalateOver(route.slo_ttft_s, None) if route.slo_ttft_s else None
-            try:
-                decision = await self.admission.place(
-                    route, flight.route_request, flight.tried, flight.since, over,
-                    flight.tenant.name,
-                )  # fmt: skip
-            except (Escalate, QueueFull, TenantShare, NoHealthyWorker) as why:
-                full.append(f"{route.model}: {why}")
-                continue
-            if index != start:
-                way = "down" if index < start else "up"
-                reason = "; ".join(full)
-                choice.index = start
-                self.tiers.moved(choice, index, "capacity", f"moved {way}: {reason}")
-                flight.headers[TIER_HEADER] = choice.header()
-            return decision
-        if choice.index != start:
-            self.retier(flight, start)
-        return None
+        self.tiers.moved(choice, plan.tier, "capacity", plan.why)
+        self.put_on_tier(flight, plan.placement)
 
     async def cascade(
         self, flight: Flight, response: web.StreamResponse, usage: Usage
@@ -164,23 +151,18 @@ class TieredPath:
         self.tiers.cascades[choice.route.name, signal] += 1
         inference.extra = b""
         kept = as_stream(response, inference, choice.wants_usage) if choice.streamed else response
-        try:
-            self.retier(flight, choice.top)
-        except GatewayError:
+        top = self.on_tier(flight, choice.top)
+        if isinstance(top, GatewayError):
             self.tiers.settled(choice)
             return kept, usage  # the strongest cannot take it: the answer stands
         self.tiers.moved(choice, choice.top, "cascade", f"{came}: {signal}")
         choice.cascaded = signal
-        flight.headers[TIER_HEADER] = choice.header()
-        flight.answer, flight.since = None, self.clock()
-        flight.attempts.clear()
-        flight.tried.clear()
-        flight.failures = flight.broken = 0
-        try:
-            answered = await self.serve(flight)
-        except GatewayError as error:
+        self.put_on_tier(flight, top)
+        flight.answer, flight.progress = None, Progress(since=self.clock())
+        answered = await self.serve(flight)
+        if isinstance(answered, GatewayError):
             log.warning("request %s: the cascade to %s failed: %s", flight.id, choice.model,
-                        error.message, extra={"request_id": flight.id})  # fmt: skip
+                        answered.message, extra={"request_id": flight.id})  # fmt: skip
             return kept, usage  # the cheaper tier's answer stands
         if answered[0].status < 400:
             self.tiers.settled(choice)

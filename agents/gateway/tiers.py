@@ -35,9 +35,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from agents.control.compile import Cascade, ModelConfig, Tenant, TieredRouteConfig
+from agents.config import Cascade, ModelConfig, Tenant, TieredRouteConfig
+from agents.gateway import answers
 from agents.gateway.requests import Inference
-from agents.quality import answers
 from agents.quality.detectors import invalid_json, invalid_tools
 from agents.router import tiers as classifier
 

@@ -12,25 +12,19 @@ from run to run, never its tokens' order of likelihood.
 A worker fails a canary when its score lies below its peers' median by more than `K` times
 their spread (the median absolute deviation, scaled to a standard deviation), and by more
 than `FLOOR` (nats per token), which stands for the spread when the peers agree to the last
-digit. Only a lower score fails: wrong weights, garbage and a broken kernel all make the
-reference less likely, never more. Workers held out of rotation are no one's peers; the
+digit (meridian_pb/fleet/v1/judging.py: the control plane judges regions by the same rule).
+Only a lower score fails: wrong weights, garbage and a broken kernel all make the reference
+less likely, never more. Workers held out of rotation are no one's peers; the
 model's last worker in rotation is judged against the score its canary was made with alone,
 with a wider bound (`LONE`): only an alert can follow (agents/quality/guard.py).
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-
-K = 6.0
-FLOOR = 0.05  # nats a token
-SCALE = 1.4826  # MAD to a standard deviation, for normal noise
-LONE = 0.2  # nats a token below the score it was made with: a lone worker's bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,35 +58,3 @@ def score(answer: bytes) -> float:
     if not values:
         raise CanaryUnreadable("the answer scored no token")
     return float(sum(values)) / len(values)
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    worker: str
-    score: float
-    peers_median: float
-    bound: float  # the least score that passes
-    passed: bool
-
-
-def judge(
-    scores: Mapping[str, float], expected: float | None = None, held: Collection[str] = ()
-) -> dict[str, Verdict]:
-    """Each worker's score of one canary against the others' (not those `held` out of
-    rotation: they are no reference) and, when the canary was made from its replicas'
-    majority, the score they had then (`expected`). Against one other worker a departure
-    cannot be told from the peer's own: no verdict. Against `expected` alone (the model's
-    last worker in rotation) the bound is `LONE` below it, wider than any spread."""
-    out = {}
-    for worker, mine in scores.items():
-        peers = [s for w, s in scores.items() if w != worker and w not in held]
-        if expected is not None:
-            peers.append(expected)
-        if not peers or (len(peers) < 2 and expected is None):
-            continue
-        median = statistics.median(peers)
-        spread = SCALE * statistics.median(abs(s - median) for s in peers)
-        bound = median - (LONE if len(peers) == 1 else max(K * spread, FLOOR))
-        out[worker] = Verdict(worker, round(mine, 4), round(median, 4), round(bound, 4),
-                              mine >= bound)  # fmt: skip
-    return out

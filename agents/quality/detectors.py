@@ -46,7 +46,6 @@ FOREIGN_SHARE = 0.5  # of the non-space characters, outside the prompt's blocks
 LENGTH_JUDGED_FROM = 256  # a client's cap below this: an answer it cut is not judged
 EMPTY_JUDGED_FROM = 16  # a client's cap below this: an empty answer is not judged
 EMPTY: Mapping[str, Any] = MappingProxyType({})
-DETECTORS = ("repetition", "length", "empty", "foreign", "invalid")
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from agents.quality.canary import Verdict
+from meridian_pb.fleet.v1.judging import Verdict
+
 from agents.quality.peers import Book, Finding
 
 FAILS_IN_ROW = 2

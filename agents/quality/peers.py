@@ -24,18 +24,14 @@ compares it with the same model elsewhere, and canaries with its references.
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from agents.quality.detectors import DETECTORS
+from meridian_pb.fleet.v1.judging import DETECTORS, MIN_ANSWERS, MIN_FLAGGED, bound
 
 WINDOW = 200
-MIN_ANSWERS = 10
-MIN_FLAGGED = 5
-Z = 4.0
 EXAMPLES = 3  # request ids kept as evidence, per worker and detector
 PREFIX_BYTES = 1024  # of the prompt as the prefix index keys it: a prompt's prefix
 
@@ -169,10 +165,3 @@ def _count(seen: Iterable[_Seen], detector: str, part: int, out: object) -> tupl
             n += 1
             flagged += detector in s.flags
     return n, flagged
-
-
-def bound(peers_flagged: int, peers_n: int, n: int) -> float:
-    """The share of `n` answers past which a worker's flags are more than chance, at its
-    peers' rate (with one flagged and one clean answer added)."""
-    rate = (peers_flagged + 1) / (peers_n + 2)
-    return max(2 * rate, rate + Z * math.sqrt(rate * (1 - rate) / n))

@@ -35,8 +35,9 @@ from typing import Any
 
 import aiohttp
 import orjson
+from meridian_pb.fleet.v1.judging import judge
 
-from agents.quality.canary import Canary, CanaryUnreadable, judge, score
+from agents.quality.canary import Canary, CanaryUnreadable, score
 from agents.quality.runtime import Quality
 from agents.router.router import Router
 from agents.workers.table import NOT_SERVING, WorkerEntry

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from agents.gateway.requests import Inference
-from agents.quality.answers import prompt_text
-from agents.quality.canary import Canary, Verdict
-from agents.quality.detectors import DETECTORS, Answer, suspect
+from meridian_pb.fleet.v1.judging import DETECTORS, Verdict
+
+from agents.quality.canary import Canary
+from agents.quality.detectors import Answer, suspect
 from agents.quality.guard import Event, Guard
 from agents.quality.peers import PREFIX_BYTES, Source
 from agents.router.view import WorkerView
@@ -52,14 +52,17 @@ class Quality:
         worker: str,
         request_id: str,
         answer: Answer | None,
-        inference: Inference,
+        prompt: Callable[[], str],
+        key: bytes,
         tenant: str,
     ) -> None:
-        """One ended answer of `worker`, to a request of `tenant`'s."""
+        """One ended answer of `worker`, to a request of `tenant`'s: `prompt`, its prompt's
+        text (made only if a detector asks for it); `key`, the prompt as the prefix index
+        keys it."""
         if answer is None:
             return
-        flags = suspect(answer, lambda: prompt_text(inference))
-        source = Source(tenant, hash(inference.key[:PREFIX_BYTES]))
+        flags = suspect(answer, prompt)
+        source = Source(tenant, hash(key[:PREFIX_BYTES]))
         self.guard.book.record(worker, flags, request_id, source)
 
     def canary(self, model: str, canary: Canary, verdicts: list[Verdict]) -> None:

@@ -24,7 +24,10 @@ class Decision:
     def best_ttft_s(self) -> float | None:
         return self.ranked[0].ttft_s if self.ranked and self.policy == "cost" else None
 
-    def describe(self, chosen: str | None, top: int = 3) -> dict[str, object]:
+    def describe(
+        self, chosen: str | None, top: int = 3, wait_s: float | None = None
+    ) -> dict[str, object]:
+        """`wait_s`: the wait for a first byte admission predicted at the best worker."""
         pd = {"pd": self.pd, "prefill_worker": self.prefill.worker.id if self.prefill else None}
         return {
             "policy": self.policy,
@@ -36,8 +39,9 @@ class Decision:
                  "matched_tokens": c.matched_tokens, "load": c.load,
                  **({"score_ms": round(c.score_s * 1000, 1)} if self.policy == "cost" else {}),
                  **({"decode_ms": round(c.decode_s * 1000, 1)} if c.decode_s else {}),
-                 **({"wait_ms": round(c.wait_s * 1000, 1)} if c.wait_s is not None else {})}
-                for c in self.ranked[:top]
+                 **({"wait_ms": round(wait_s * 1000, 1)} if i == 0 and wait_s is not None
+                    else {})}
+                for i, c in enumerate(self.ranked[:top])
             ],
             "vetoed": {c.worker.id: c.veto for c in self.vetoed},
         }  # fmt: skip

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agents.control.compile import FallbackChain, Peer
+from agents.config import FallbackChain, Peer
 from agents.held import Held
 from agents.router.breaker import Breaker
 

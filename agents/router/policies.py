@@ -12,10 +12,11 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from agents.control.compile import WorkerSpec
-from agents.router.params import CacheAwareParams, CostParams, PolicyParams
-from agents.router.prefix import PrefixIndex
+from meridian_pb.fleet.v1.params import CacheAwareParams, CostParams, PolicyParams
+
+from agents.config import WorkerSpec
 from agents.router.view import WorkerView
+from agents.workers.prefix import PrefixIndex
 from agents.workers.table import WorkerEntry
 
 
@@ -46,7 +47,6 @@ class Candidate:
     ttft_s: float = 0.0  # predicted time to first token (cost policy)
     decode_s: float = 0.0  # predicted time from its first token to its last (cost policy)
     score_s: float = 0.0  # what the cost policy ranks by: its latency and what it costs others
-    wait_s: float | None = None  # the wait for a first byte admission predicted, admitting
     veto: str = ""
 
     @property

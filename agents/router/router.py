@@ -13,13 +13,27 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agents.control.compile import RegionConfig, RouteConfig
+from meridian_pb.fleet.v1.params import CostParams
+
+from agents.config import RegionConfig, RouteConfig
+from agents.engines.tokenizers import PromptTokenizer
+from agents.router.admission import Admission
 from agents.router.decision import Decision, Ticket
-from agents.router.params import CostParams
+from agents.router.escalation import Escalations
+from agents.router.plan import (
+    Ask,
+    Placement,
+    Plan,
+    Progress,
+    Reject,
+    Tiering,
+    before_placing,
+    over,
+    refused,
+)
 from agents.router.policies import POLICIES, Candidate, Policy, RouteRequest, places
-from agents.router.prefix import PrefixIndex, salt_root
-from agents.router.tokens import PromptTokenizer
 from agents.router.view import WorkerView
+from agents.workers.prefix import PrefixIndex, salt_root
 from agents.workers.table import WorkerTable
 
 log = logging.getLogger(__name__)
@@ -52,11 +66,42 @@ class Router:
         self._pd_models: set[str] = set()  # models with prefill workers
         self.pd_choices: Counter[str] = Counter()  # "local" / "disaggregated", as sent
         self.exact: dict[str, Exact] = {}  # model -> its event-kept index
-        self._recent: deque[tuple[float, str, Decision]] = deque(maxlen=DECISIONS_KEPT)
+        # (when, request id, decision, the wait admission predicted at its best worker)
+        self._recent: deque[tuple[float, str, Decision, float | None]] = deque(
+            maxlen=DECISIONS_KEPT
+        )
         self.live: dict[str, dict[int, Ticket]] = {}  # worker: its tickets not yet ended
         # (agents/router/audit.py checks them against the engines)
         self.repairs: Counter[str] = Counter()  # worker: tickets the audit ended
         self.config: RegionConfig | None = None
+        self.admission = Admission(self, clock)
+        self.escalations = Escalations(clock)
+
+    async def plan(
+        self,
+        ask: Ask,
+        placement: Placement,
+        progress: Progress,
+        tiering: Tiering | None = None,
+    ) -> Plan:
+        """Where the request goes next (agents/router/plan.py), the only place that decides:
+        what stops it or sends it away before a worker is looked for; a move to another tier
+        under load; else admission here, where it waits, bounded, for a worker that can take
+        it within the SLO (agents/router/admission.py)."""
+        chain = placement.chain
+        failing = chain is not None and self.escalations.failing(chain, placement.model)
+        first = before_placing(ask, placement, progress, failing)
+        if first is not None:
+            return first
+        if tiering is not None and not progress.attempts:
+            moved = await self.admission.by_tier(ask, progress, tiering)
+            if moved is not None:
+                return moved
+        limits = over(ask, placement, progress)
+        plan = await self.admission.admit(ask, placement, progress, limits)
+        if isinstance(plan, Reject):
+            return refused(ask, placement, progress, plan)
+        return plan
 
     def configure(self, config: RegionConfig) -> None:
         """A new snapshot: keep the policies and views of what did not change."""
@@ -84,6 +129,11 @@ class Router:
             exact.index.forget_others(set(views))
         self.config = config
 
+    def event_index(self, model: str) -> tuple[PrefixIndex, int] | None:
+        """The model's index kept by KV-cache events, and its page size, once it has one."""
+        exact = self.exact.get(model)
+        return (exact.index, exact.page_size) if exact is not None else None
+
     def use_events(
         self, model: str, tokenizer: PromptTokenizer, page_size: int, capacity_blocks: int
     ) -> PrefixIndex:
@@ -94,16 +144,16 @@ class Router:
             exact = self.exact[model] = Exact(tokenizer, index, page_size)
         return exact.index
 
-    def record(self, request_id: str, decision: Decision) -> None:
+    def record(self, request_id: str, decision: Decision, wait_s: float | None = None) -> None:
         """Keep the decision acted on (only a reference: it is described when asked for)."""
-        self._recent.append((time.time(), request_id, decision))
+        self._recent.append((time.time(), request_id, decision, wait_s))
 
     def recent_decisions(self, limit: int) -> list[dict[str, object]]:
         newest = list(self._recent)[-limit:][::-1]
         return [
             {"at": round(at, 3), "request_id": rid, "model": d.model,
-             **d.describe(d.ranked[0].worker.id if d.ranked else None)}
-            for at, rid, d in newest
+             **d.describe(d.ranked[0].worker.id if d.ranked else None, wait_s=wait)}
+            for at, rid, d, wait in newest
         ]  # fmt: skip
 
     def status(self) -> dict[str, object]:
@@ -238,10 +288,15 @@ class Router:
         )  # fmt: skip
 
     def dispatched(
-        self, chosen: Candidate, request: RouteRequest, prefilled_elsewhere: bool = False
+        self,
+        chosen: Candidate,
+        request: RouteRequest,
+        prefilled_elsewhere: bool = False,
+        wait_s: float | None = None,
     ) -> Ticket:
         """`prefilled_elsewhere`: a PD decode worker, whose KV cache comes from the prefill
-        worker; it holds the prompt afterwards but does not compute it."""
+        worker; it holds the prompt afterwards but does not compute it. `wait_s`: its wait for
+        a first byte as admission predicted it (else the policy's stands)."""
         view = chosen.view
         policy = self._by_model.get(request.model)
         if policy is not None:
@@ -264,7 +319,7 @@ class Router:
             learns_prefill=not prefilled_elsewhere and load.waiting == 0,
             step_s=view.decode_step_s if busy else 0.0, polls=chosen.entry.polls,
             max_new=request.max_new,
-            predicted_s=chosen.ttft_s if chosen.wait_s is None else chosen.wait_s,
+            predicted_s=chosen.ttft_s if wait_s is None else wait_s,
         )  # fmt: skip
         ticket.active_at = ticket.sent_at
         view.flew(id(ticket), ticket.sent_at, view.answer(request.max_new), uncached)

@@ -24,18 +24,18 @@ import asyncio
 import contextlib
 import logging
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import msgpack
 import zmq
 import zmq.asyncio
 
-from agents.control.compile import WorkerSpec
-from agents.router import tokens
-from agents.router.prefix import PrefixIndex, salt_root
-from agents.router.router import Router
+from agents.config import RegionConfig, WorkerSpec
+from agents.engines.tokenizers import PromptTokenizer
+from agents.workers.prefix import PrefixIndex, salt_root
 from agents.workers.table import WorkerTable
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,23 @@ TOPIC = b"kv-events"
 RECONCILE_S = 1.0
 RESYNC_EVERY_S = 5.0  # between flushes asked of one engine whose events were missed
 RESYNC_TIMEOUT_S = 5.0
+
+
+class Indexes(Protocol):
+    """The exact prefix indexes the subscriber keeps as the engines say (the router's)."""
+
+    config: RegionConfig | None
+
+    def event_index(self, model: str) -> tuple[PrefixIndex, int] | None:
+        """The model's event-kept index and its page size, once it has one."""
+        ...
+
+    def use_events(
+        self, model: str, tokenizer: PromptTokenizer, page_size: int, capacity_blocks: int
+    ) -> PrefixIndex: ...
+
+
+Tokenizers = Callable[[str | None, str], PromptTokenizer | None]  # (tokenizer_path, version)
 
 
 @dataclass
@@ -104,9 +121,13 @@ class Subscription:
 
 
 class KvEventSubscriber:
-    def __init__(self, router: Router, table: WorkerTable) -> None:
+    """`tokenizers`: an engine's tokenizer, by what it says of itself (its backend's to say:
+    agents/engines/backends.py `tokenizer`)."""
+
+    def __init__(self, router: Indexes, table: WorkerTable, tokenizers: Tokenizers) -> None:
         self.router = router
         self.table = table
+        self.tokenizers = tokenizers
         self.context = zmq.asyncio.Context.instance()
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._specs: dict[tuple[str, int], WorkerSpec] = {}
@@ -183,14 +204,14 @@ class KvEventSubscriber:
 
     async def _index(self, model: str, capacity_blocks: int) -> PrefixIndex | None:
         """The model's exact index, once a worker has said what tokenizer and pages it uses."""
-        exact = self.router.exact.get(model)
+        exact = self.router.event_index(model)
         infos = [e.info for e in self.table.entries.values() if e.spec.model == model and e.info]
         if not infos:
-            return exact.index if exact is not None else None
+            return exact[0] if exact is not None else None
         info = infos[0]
-        if exact is not None and exact.page_size == info.page_size:
-            return exact.index
-        tokenizer = await asyncio.to_thread(tokens.load, info.tokenizer_path, info.version)
+        if exact is not None and exact[1] == info.page_size:
+            return exact[0]
+        tokenizer = await asyncio.to_thread(self.tokenizers, info.tokenizer_path, info.version)
         if tokenizer is None:
             log.warning("no tokenizer for %s at %s: matching approximately", model, info)
             return None

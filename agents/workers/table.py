@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from agents.control.compile import WorkerSpec
+from agents.config import WorkerSpec
 from agents.engines.contract import ServerInfo
 
 # Engine states (the supervisor's) under which a local engine takes no new work.

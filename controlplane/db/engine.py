@@ -12,25 +12,6 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-# The spellings of a PostgreSQL URL that operators and other tools use; all mean the same
-# database, reached here through psycopg 3.
-SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+asyncpg",
-           "postgresql+psycopg2", "postgresql+psycopg_async")  # fmt: skip
-
-
-def url_problem(url: str) -> str | None:
-    """Why `url` is not a PostgreSQL URL that Meridian can use; None when it is."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() not in SCHEMES:
-        return f"must be a postgresql:// URL (or {', '.join(s + '://' for s in SCHEMES[1:])})"
-    try:
-        parsed = make_url(f"postgresql://{rest}")
-    except ValueError as error:
-        return f"cannot be parsed: {error}"
-    if not parsed.host and not parsed.query.get("host"):
-        return "names no host"
-    return None
-
 
 def async_url(url: str) -> str:
     """The URL with the psycopg driver, whatever spelling of PostgreSQL's it came in."""

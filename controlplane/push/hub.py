@@ -21,6 +21,17 @@ from dataclasses import dataclass
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from meridian_pb.fleet.v1.content import combine, plan_digest, shared_digest
 from meridian_pb.fleet.v1.delta import diff
+from meridian_pb.fleet.v1.framing import (
+    DELTA,
+    DELTA_BASE_DIGEST,
+    DELTA_CHANGES,
+    DELTA_DIGEST,
+    DELTA_REPLACED,
+    DIGEST,
+    NODES,
+    SNAPSHOT,
+    field,
+)
 from opentelemetry.trace import SpanContext, Tracer
 from sqlalchemy import select
 
@@ -39,26 +50,6 @@ log = logging.getLogger(__name__)
 
 
 Held = tuple[str, int | None]  # a region, and the intent revision held there (None: newest)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """One length-delimited field of a message, as protobuf encodes it: messages written one
-    after another merge, which is how a node's message is made from shared bytes."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-SNAPSHOT, DELTA = 1, 3  # ControlMessage's fields
-DIGEST, NODES = 2, 6  # Snapshot's
-DELTA_BASE_DIGEST, DELTA_DIGEST, DELTA_CHANGES, DELTA_REPLACED = 2, 4, 5, 6  # SnapshotDelta's
 
 
 @dataclass(frozen=True)
@@ -112,8 +103,8 @@ class RegionFeed:
         plan = self.plans.get(node)
         body = self._shared_bytes + self._load
         if plan is not None:
-            body += _field(NODES, plan.encoded)
-        return _field(SNAPSHOT, body + _field(DIGEST, self.digest(node).encode()))
+            body += field(NODES, plan.encoded)
+        return field(SNAPSHOT, body + field(DIGEST, self.digest(node).encode()))
 
     def delta(self, node: str, held: tuple[int, str]) -> bytes | None:
         """The node's delta from what it holds, as a ControlMessage; None unless it holds
@@ -122,13 +113,13 @@ class RegionFeed:
         if base is None or held != (base.revision, base.digest(node)):
             return None
         plan, before = self.plans.get(node), base.plans.get(node)
-        body = self._delta_bytes + _field(DELTA_CHANGES, self._load)  # peer_load: replaced
-        body += _field(DELTA_BASE_DIGEST, held[1].encode())
-        body += _field(DELTA_DIGEST, self.digest(node).encode())
+        body = self._delta_bytes + field(DELTA_CHANGES, self._load)  # peer_load: replaced
+        body += field(DELTA_BASE_DIGEST, held[1].encode())
+        body += field(DELTA_DIGEST, self.digest(node).encode())
         if (plan and plan.digest) != (before and before.digest):
-            changes = _field(NODES, plan.encoded) if plan is not None else b""
-            body += _field(DELTA_CHANGES, changes) + _field(DELTA_REPLACED, b"nodes")
-        return _field(DELTA, body)
+            changes = field(NODES, plan.encoded) if plan is not None else b""
+            body += field(DELTA_CHANGES, changes) + field(DELTA_REPLACED, b"nodes")
+        return field(DELTA, body)
 
 
 class SnapshotHub:

@@ -12,6 +12,8 @@ from typing import Any
 
 import grpc
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.demand import TenantDemand
+from meridian_pb.fleet.v1.framing import STREAM_ACCEPTED
 from opentelemetry.trace import SpanKind
 
 from controlplane.coord.base import AgentPresence, Coordinator
@@ -29,7 +31,7 @@ from controlplane.push.status import guarded
 from controlplane.push.wire import telemetry_doc
 from controlplane.services import agents
 from controlplane.services.kind import parse
-from controlplane.services.quotas.demand import DemandBook, NodeDemand, TenantDemand
+from controlplane.services.quotas.demand import DemandBook, NodeDemand
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
 from controlplane.tracing import child_of
@@ -62,9 +64,6 @@ def bearer(context: Context) -> str:
         if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
             return value.removeprefix("Bearer ").strip()
     raise InvalidCredential("send the agent credential as `authorization: Bearer <credential>`")
-
-
-STREAM_ACCEPTED = "meridian-stream-accepted"
 
 
 class FleetService:
@@ -305,11 +304,5 @@ class FleetService:
 
 
 def demand_of(node: str, region: str, demand: pb.Demand) -> NodeDemand:
-    tenants = {}
-    for t in demand.tenants:
-        reasons = dict(t.refused_by_reason)
-        tenants[t.tenant] = TenantDemand(
-            t.admitted_requests, t.refused_requests, t.admitted_tokens, t.refused_tokens, reasons,
-            t.peak_concurrent, t.refused_concurrent,
-        )  # fmt: skip
+    tenants = {t.tenant: TenantDemand.from_message(t) for t in demand.tenants}
     return NodeDemand(node, region, datetime.now(UTC), tenants)

@@ -6,10 +6,10 @@ import itertools
 from datetime import datetime
 from typing import Annotated, Any, Literal, Self
 
+from meridian_pb.fleet.v1.features import FEATURES
+from meridian_pb.fleet.v1.params import params_for
 from pydantic import Field, ValidationError, model_validator
 
-from agents.router.params import params_for
-from agents.router.tiers import FEATURES
 from controlplane.domain import (
     Capability,
     CascadeSignal,

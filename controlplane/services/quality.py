@@ -24,9 +24,7 @@ from collections.abc import Iterable, Mapping
 from statistics import median
 from typing import Any
 
-from agents.quality.canary import judge
-from agents.quality.detectors import DETECTORS
-from agents.quality.peers import MIN_ANSWERS, MIN_FLAGGED, bound
+from meridian_pb.fleet.v1.judging import DETECTORS, MIN_ANSWERS, MIN_FLAGGED, bound, judge
 
 
 def region_quality(live: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

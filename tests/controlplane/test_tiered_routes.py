@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agents.control.compile import compile_config
+from agents.config import compile_config
 from controlplane.push.wire import to_wire
 from controlplane.snapshot import compile_region
 from tests.controlplane.conftest import Api

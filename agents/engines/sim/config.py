@@ -12,7 +12,8 @@ from agents.engines.sim.cost import CostModel
 from agents.engines.sim.kv_events import KvEventsConfig
 from agents.engines.sim.tokens import MODEL_DIR
 
-VERSION = f"{SGLANG_VERSION}-meridian-sim"  # the SGLang it imitates
+SUFFIX = "-meridian-sim"  # of its version: what tells a simulator from SGLang
+VERSION = f"{SGLANG_VERSION}{SUFFIX}"  # the SGLang it imitates
 
 
 class SimConfig(BaseModel):

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 ERRORS = frozenset({"internal_error", "upstream_failed", "no_healthy_worker", "not_ready"})
 # not quota_exceeded, tenant_concurrency or tenant_share: a tenant's own limits, and its
-# requests over its fair share of a saturated model (agents/gateway/admission.py)
+# requests over its fair share of a saturated model (agents/router/admission.py)
 REFUSALS = frozenset({"queue_full", "overloaded"})
 K = TypeVar("K", str, float)
 

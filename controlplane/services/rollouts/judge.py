@@ -18,7 +18,7 @@ one tenant. Where the others had too few answers to judge by (a fleet that one t
 traffic is all of), that tenant's answers are the evidence.
 
 Nor does one tenant's load: a request that waited while another tenant held well over its
-fair share of the model (agents/gateway/admission.py) is counted apart by the agent, its
+fair share of the model (agents/router/admission.py) is counted apart by the agent, its
 refusal as "crowded" and its first token's time as `@crowded`; both are left out. TTFT with
 an SLO is judged as a rate, the share of timed answers past the SLO, like the others.
 """
@@ -169,7 +169,7 @@ class Timed:
 
     def total(self, counts: Counts) -> int:
         """Answers timed, less those of tenants left out and those that waited on another
-        tenant's load (agents/gateway/admission.py: `crowded`)."""
+        tenant's load (agents/router/admission.py: `crowded`)."""
         timed = max(getattr(counts, self.histogram).values(), default=0)
         timed -= counts.left_out.get(self.timed, 0) + counts.tenants_count(self.crowded)
         return max(0, timed)

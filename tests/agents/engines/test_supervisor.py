@@ -4,6 +4,7 @@ loop, hang, drain."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -283,3 +284,33 @@ async def test_a_new_engine_starts_beside_a_draining_one_unless_they_share_a_gpu
     await supervisor.settled()
     assert str(engine.state) == "stopped"  # (read again: mypy narrowed it above)
     assert supervisor.runners[same_gpu.id].spec == same_gpu
+
+
+async def test_an_engine_that_cannot_be_started_stops_no_other(tmp_path: Path) -> None:
+    """One engine's start fails (its backend is not on this node): it is logged and tried
+    again, and the engine beside it starts, serves and is left running; the supervisor goes
+    on reconciling."""
+    sim = backends()["sim"]
+    sup = Supervisor(SETTINGS, {"sim": sim}, tmp_path)
+    task = asyncio.create_task(sup.run())
+    try:
+        broken = dataclasses.replace(sim_spec("d/a-external"), backend="external")
+        spec = sim_spec("d/b-unified")
+        sup.want([broken, spec])
+        await until(lambda: spec.id in sup.runners)
+        engine = runner(sup, spec)
+        await until(lambda: engine.state is EngineState.READY)
+        pid = engine.pid
+        await asyncio.sleep(1.5)  # a retry of the broken one, at least
+        assert not task.done()
+        assert engine.state is EngineState.READY
+        assert engine.pid == pid
+        assert broken.id not in sup.runners
+        # the broken engine taken out of the snapshot: all is settled
+        sup.want([spec])
+        async with asyncio.timeout(10):
+            await sup.settled()
+        assert engine.pid == pid
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

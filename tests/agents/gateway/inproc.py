@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from meridian_pb.fleet.v1.params import CostParams
 
-from agents.control.compile import (
+from agents.config import (
     ApiKey,
     FallbackChain,
     ModelConfig,
@@ -33,7 +34,6 @@ from agents.control.compile import (
 from agents.gateway.requests import DEFAULT_LIMITS, Limits
 from agents.gateway.service import Gateway
 from agents.http import build_app
-from agents.router.params import CostParams
 from agents.router.router import Router
 from agents.workers.poller import LoadPoller
 from agents.workers.table import WorkerTable

@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
-from agents.control.compile import RegionConfig, compile_config
+from agents.config import RegionConfig, compile_config
 from agents.gateway import assertion
 from agents.gateway.errors import Forbidden, Unauthenticated
 

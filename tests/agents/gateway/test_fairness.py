@@ -3,8 +3,8 @@ the outcome over real engines: test_isolation.py)."""
 
 from __future__ import annotations
 
-from agents.control.compile import Tenant
-from agents.gateway.admission import Fairness
+from agents.config import Tenant
+from agents.router.admission import Fairness
 
 
 def _tenant(name: str, weight: float = 1.0) -> Tenant:

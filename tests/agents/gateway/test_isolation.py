@@ -13,10 +13,10 @@ from contextlib import AsyncExitStack
 from dataclasses import replace
 
 import httpx
+from meridian_pb.fleet.v1.params import CostParams
 
-from agents.control.compile import ModelConfig, RouteConfig
+from agents.config import ModelConfig, RouteConfig
 from agents.gateway.requests import Limits, cache_salt
-from agents.router.params import CostParams
 from tests.agents.gateway.inproc import KEY, MODEL, OTHER_KEY, local_gateway, region_config
 from tests.agents.sim_kit import running_sim, sse
 

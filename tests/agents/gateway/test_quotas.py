@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
-from agents.control.compile import Tenant
+from agents.config import Tenant
 from agents.gateway.errors import QuotaExceeded, TenantConcurrency
 from agents.gateway.quotas import Quotas, duration
 

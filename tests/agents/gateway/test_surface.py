@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from agents.control.compile import ModelConfig
+from agents.config import ModelConfig
 from tests.agents.gateway.inproc import KEY, MODEL, local_gateway, region_config
 from tests.agents.sim_kit import running_sim, sse
 

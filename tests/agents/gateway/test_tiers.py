@@ -21,8 +21,10 @@ from typing import Any
 import httpx
 import orjson
 from aiohttp import web
+from meridian_pb.fleet.v1.features import Table, default_table
+from meridian_pb.fleet.v1.params import CostParams
 
-from agents.control.compile import (
+from agents.config import (
     ApiKey,
     Cascade,
     ModelConfig,
@@ -32,8 +34,6 @@ from agents.control.compile import (
     TieredRouteConfig,
     WorkerSpec,
 )
-from agents.router.params import CostParams
-from agents.router.tiers import Table, default_table
 from meridian.procs import free_port
 from tests.agents.gateway.inproc import Local, local_gateway
 from tests.agents.sim_kit import Sim, running_sim

@@ -8,8 +8,9 @@ from contextlib import AsyncExitStack
 
 import httpx
 import pytest
+from meridian_pb.fleet.v1.judging import judge
 
-from agents.quality.canary import Canary, CanaryUnreadable, judge, score
+from agents.quality.canary import Canary, CanaryUnreadable, score
 from tests.agents.sim_kit import running_sim
 
 CANARY = Canary("river", "The old man walked to the river and", " saw the boats go by.")

@@ -6,9 +6,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from meridian_pb.fleet.v1.judging import MIN_FLAGGED
+
 from agents.engines.sim import tokens
 from agents.quality.detectors import EMPTY_JUDGED_FROM, LENGTH_JUDGED_FROM, Answer, suspect
-from agents.quality.peers import MIN_FLAGGED, Book, Source
+from agents.quality.peers import Book, Source
 
 PROMPT = "Tell me about the river and the old man who lived near it."
 STORY = (

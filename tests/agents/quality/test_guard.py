@@ -3,9 +3,9 @@ model's last worker is alerted on and keeps serving, canaries bring a worker bac
 
 from __future__ import annotations
 
-from agents.control.compile import WorkerSpec
-from agents.quality.canary import Verdict
-from agents.quality.detectors import DETECTORS
+from meridian_pb.fleet.v1.judging import DETECTORS, Verdict
+
+from agents.config import WorkerSpec
 from agents.quality.guard import FAILS_IN_ROW, PASSES_IN_ROW, Guard
 from agents.quality.peers import Finding, Source
 from agents.quality.runtime import Quality

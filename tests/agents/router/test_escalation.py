@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.control.compile import FallbackChain, Peer
+from agents.config import FallbackChain, Peer
 from agents.router.escalation import Escalations, load_header
 
 CHAIN = FallbackChain(

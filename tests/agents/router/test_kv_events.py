@@ -8,10 +8,10 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-from agents.control.compile import WorkerSpec
+from agents.config import WorkerSpec
 from agents.engines.sim.kv_events import page_hashes
-from agents.router.prefix import PrefixIndex, salt_root
 from agents.workers.kv_events import Subscription
+from agents.workers.prefix import PrefixIndex, salt_root
 
 PAGE = 4
 WORKER = WorkerSpec("w0", "m", "d", "unified", "http://127.0.0.1:30000", None, None, 32000)

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.params import CostParams
 
-from agents.control.compile import RegionConfig, compile_config
+from agents.config import RegionConfig, RouteConfig, compile_config
 from agents.errors import SnapshotInvalid
-from agents.gateway.admission import Admission
-from agents.gateway.errors import Overloaded
-from agents.router.params import CostParams
+from agents.router.admission import Admission
+from agents.router.plan import Ask, Local, Placement, Plan, Progress, Refusal, Reject
+from agents.router.policies import RouteRequest
 from agents.router.router import Router
 from agents.router.view import WorkerView
 from agents.workers.table import EngineLoad, WorkerTable
@@ -75,6 +76,30 @@ def _ticking_admission(router: Router, clock: list[float]) -> Admission:
         return clock[0]
 
     return Admission(router, clock=ticking)
+
+
+async def plan_of(
+    admission: Admission, route: RouteConfig, request: RouteRequest, since: float
+) -> Plan:
+    """Admission's plan for a request of a tenant without a fallback rule."""
+    placement = Placement(MODEL, route, request, None)
+    return await admission.admit(Ask("r", "t"), placement, Progress(since), None)
+
+
+async def admitted(
+    admission: Admission, route: RouteConfig, request: RouteRequest, since: float
+) -> Local:
+    plan = await plan_of(admission, route, request, since)
+    assert isinstance(plan, Local), plan
+    return plan
+
+
+async def overloaded(
+    admission: Admission, route: RouteConfig, request: RouteRequest, since: float
+) -> bool:
+    """Refused 429 `overloaded`: its SLO passed while it waited."""
+    plan = await plan_of(admission, route, request, since)
+    return isinstance(plan, Reject) and plan.code is Refusal.OVERLOADED
 
 
 def test_cost_follows_the_cached_prefix_while_the_worker_is_not_busier() -> None:
@@ -197,8 +222,7 @@ async def test_admission_scales_its_prediction_by_how_late_first_bytes_have_come
     predicted = router.route(route, request, set()).best_ttft_s
     assert predicted is not None
     assert 0.8 <= predicted < 1.0  # within the SLO at face value
-    with pytest.raises(Overloaded):
-        await admission.place(route, request, set(), clock[0])
+    assert await overloaded(admission, route, request, clock[0])
     for _ in range(1000):
         view.learn_bias(0.5, 0.1)
     assert view.bias == 1.0
@@ -275,15 +299,14 @@ async def test_admission_holds_a_request_while_the_engine_has_not_started_older_
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
     admission = _ticking_admission(router, clock)
     request = router.request(MODEL, SYSTEM + b"first")
-    stuck = router.dispatched((await admission.place(route, request, set(), 0.0)).ranked[0],
-                              request)  # fmt: skip
+    first = await admitted(admission, route, request, 0.0)
+    stuck = router.dispatched(first.decision.ranked[0], request, wait_s=first.wait_s)
     clock[0] = 1.5
     table.polled("w0", EngineLoad(running=1, max_total_tokens=100_000), 2)
-    with pytest.raises(Overloaded):
-        await admission.place(route, router.request(MODEL, SYSTEM + b"b"), set(), 0.5)
+    assert await overloaded(admission, route, router.request(MODEL, SYSTEM + b"b"), 0.5)
     router.first_byte(stuck)
-    decision = await admission.place(route, router.request(MODEL, SYSTEM + b"c"), set(), clock[0])
-    assert decision.ranked[0].worker.id == "w0"
+    plan = await admitted(admission, route, router.request(MODEL, SYSTEM + b"c"), clock[0])
+    assert plan.decision.ranked[0].worker.id == "w0"
 
 
 async def test_admission_counts_what_the_engine_holds_back_by_requests() -> None:
@@ -299,11 +322,10 @@ async def test_admission_counts_what_the_engine_holds_back_by_requests() -> None
     admission = _ticking_admission(router, clock)
     holding = EngineLoad(running=20, waiting=10, used_tokens=40_000, max_total_tokens=100_000)
     table.polled("w0", holding, 2)
-    with pytest.raises(Overloaded):
-        await admission.place(route, router.request(MODEL, SYSTEM + b"a"), set(), clock[0])
+    assert await overloaded(admission, route, router.request(MODEL, SYSTEM + b"a"), clock[0])
     table.polled("w0", dataclasses.replace(holding, waiting=0), 2)
-    decision = await admission.place(route, router.request(MODEL, SYSTEM + b"b"), set(), clock[0])
-    assert decision.ranked[0].worker.id == "w0"
+    plan = await admitted(admission, route, router.request(MODEL, SYSTEM + b"b"), clock[0])
+    assert plan.decision.ranked[0].worker.id == "w0"
 
 
 async def test_admission_keeps_at_most_max_unstarted_requests_at_an_engine_that_holds_back() -> (
@@ -321,14 +343,13 @@ async def test_admission_keeps_at_most_max_unstarted_requests_at_an_engine_that_
     tickets = []
     for key in (b"a", b"b"):
         request = router.request(MODEL, SYSTEM + key)
-        decision = await admission.place(route, request, set(), clock[0])
-        tickets.append(router.dispatched(decision.ranked[0], request))
-    with pytest.raises(Overloaded):
-        await admission.place(route, router.request(MODEL, SYSTEM + b"c"), set(), clock[0])
+        plan = await admitted(admission, route, request, clock[0])
+        tickets.append(router.dispatched(plan.decision.ranked[0], request, wait_s=plan.wait_s))
+    assert await overloaded(admission, route, router.request(MODEL, SYSTEM + b"c"), clock[0])
     for ticket in tickets:
         router.first_byte(ticket)
-    decision = await admission.place(route, router.request(MODEL, SYSTEM + b"d"), set(), clock[0])
-    assert decision.ranked[0].worker.id == "w0"
+    plan = await admitted(admission, route, router.request(MODEL, SYSTEM + b"d"), clock[0])
+    assert plan.decision.ranked[0].worker.id == "w0"
 
 
 async def test_an_engine_with_room_takes_a_burst_at_once() -> None:
@@ -341,8 +362,8 @@ async def test_an_engine_with_room_takes_a_burst_at_once() -> None:
     table.polled("w0", EngineLoad(running=5, used_tokens=10_000, max_total_tokens=100_000), 2)
     for key in (b"a", b"b", b"c", b"d", b"e", b"f"):
         request = router.request(MODEL, SYSTEM + key)
-        decision = await admission.place(route, request, set(), clock[0])
-        router.dispatched(decision.ranked[0], request)
+        plan = await admitted(admission, route, request, clock[0])
+        router.dispatched(plan.decision.ranked[0], request, wait_s=plan.wait_s)
     assert router.views["w0"].unstarted == 6
 
 

@@ -7,11 +7,18 @@ import dataclasses
 
 import pytest
 
-from agents.gateway.admission import Admission
-from agents.gateway.errors import Overloaded
+from agents.router.admission import Admission
+from agents.router.plan import Ask, Local, Placement, Progress
 from agents.router.view import WorkerView
 from agents.workers.table import EngineLoad
-from tests.agents.router.test_policies import MODEL, SYSTEM, _router, _ticking_admission
+from tests.agents.router.test_policies import (
+    MODEL,
+    SYSTEM,
+    _router,
+    _ticking_admission,
+    admitted,
+    overloaded,
+)
 
 STEP_S = 0.01
 ANSWER = 100  # tokens each answer takes
@@ -99,16 +106,14 @@ async def test_an_engine_holding_requests_back_keeps_the_third_here_whatever_the
     admission = _ticking_admission(router, clock)
     for key in (b"a", b"b"):
         request = router.request(MODEL, SYSTEM + key)
-        decision = await admission.place(route, request, set(), clock[0])
-        router.dispatched(decision.ranked[0], request)
+        plan = await admitted(admission, route, request, clock[0])
+        router.dispatched(plan.decision.ranked[0], request, wait_s=plan.wait_s)
         assert not request.full  # nothing of the model has waited here yet
-    with pytest.raises(Overloaded):
-        await admission.place(route, router.request(MODEL, SYSTEM + b"c"), set(), clock[0])
+    assert await overloaded(admission, route, router.request(MODEL, SYSTEM + b"c"), clock[0])
     # the model is full: for a while its requests are routed by their first token (a copy
     # of a prefix would take prefill that others wait for)
     later = router.request(MODEL, SYSTEM + b"d")
-    with pytest.raises(Overloaded):
-        await admission.place(route, later, set(), clock[0])
+    assert await overloaded(admission, route, later, clock[0])
     assert later.full
 
 
@@ -124,11 +129,12 @@ async def test_first_bytes_later_than_admission_predicted_raise_the_bias() -> No
     router.dispatched(router.route(route, first, set()).ranked[0], first)
     clock[0] = 1.0
     request = router.request(MODEL, SYSTEM + b"b")
-    decision = await Admission(router, clock=lambda: clock[0]).place(
-        route, request, set(), clock[0]
+    plan = await Admission(router, clock=lambda: clock[0]).admit(
+        Ask("r", "t"), Placement(MODEL, route, request, None), Progress(clock[0]), None
     )
-    assert decision.ranked[0].ttft_s < 0.5  # the policy's estimate: a short prefill
-    ticket = router.dispatched(decision.ranked[0], request)
+    assert isinstance(plan, Local)
+    assert plan.decision.ranked[0].ttft_s < 0.5  # the policy's estimate: a short prefill
+    ticket = router.dispatched(plan.decision.ranked[0], request, wait_s=plan.wait_s)
     assert ticket.predicted_s == pytest.approx(1.0)  # what the oldest unstarted has waited
     clock[0] = 4.0
     router.first_byte(ticket)

@@ -3,7 +3,9 @@ request, and where the built-in table and an operator's table put requests."""
 
 from __future__ import annotations
 
-from agents.router.tiers import SCAN_CHARS, Table, default_table, features, last_turn
+from meridian_pb.fleet.v1.features import Table, default_table
+
+from agents.router.tiers import SCAN_CHARS, features, last_turn
 
 
 def _tier(text: str, tokens: int = 20, **given: object) -> int:

@@ -7,11 +7,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from meridian_pb.fleet.v1.demand import TenantDemand
 
-from agents.control.compile import compile_config
+from agents.config import compile_config
 from controlplane.push.wire import to_wire
 from controlplane.services.quotas.allocate import FLOOR, Claim, allocate, settle
-from controlplane.services.quotas.demand import NodeDemand, TenantDemand
+from controlplane.services.quotas.demand import NodeDemand
 from controlplane.services.quotas.plan import Timing, plan
 from controlplane.snapshot.compiler import compile_region
 from tests.controlplane.fleet import example

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from agents.engines import tiny_model
-from agents.router.tokens import HfTokenizer
+from agents.engines.tokenizers import HfTokenizer
 from meridian.procs import free_port
 from tests.agents.sim_kit import Sim, running_sim, sse
 

@@ -1,13 +1,11 @@
 """The engine's own tokens for a prompt, where the router needs them exactly: matching a request
 against the KV-cache events an engine publishes, which name token ids, not text.
 
-Loaded from the directory the engine reports as its `tokenizer_path` (its `/server_info`),
-off the event loop, once per directory. A real engine's directory holds a Hugging Face
-`tokenizer.json` and a `tokenizer_config.json` with the chat template, which is rendered as
-the engine renders it (Jinja, sandboxed). Meridian's simulator, with its shipped model
-directory, counts tokens its own way (words the vocabulary lacks get stable hashed ids), so
-for it the simulator's tokenizer is used; a simulator given another model directory counts
-with that one's, as SGLang does.
+A real engine's tokenizer is loaded from the directory it reports as its `tokenizer_path`
+(its `/server_info`): a Hugging Face `tokenizer.json` and a `tokenizer_config.json` with the
+chat template, rendered as the engine renders it (Jinja, sandboxed). Which tokenizer an engine
+uses is its backend's to say (agents/engines/backends.py `tokenizer`): the simulator counts
+tokens its own way.
 """
 
 from __future__ import annotations
@@ -16,24 +14,10 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
-SIMULATOR_VERSION_SUFFIX = "-meridian-sim"
-
 
 class PromptTokenizer(Protocol):
     def chat(self, messages: list[Any]) -> list[int]: ...
     def text(self, text: str) -> list[int]: ...
-
-
-class SimTokenizer:
-    def chat(self, messages: list[Any]) -> list[int]:
-        from agents.engines.sim import tokens  # the simulator's, when the engine is one
-
-        return tokens.encode(tokens.chat_prompt(messages))
-
-    def text(self, text: str) -> list[int]:
-        from agents.engines.sim import tokens
-
-        return tokens.encode(text)
 
 
 class HfTokenizer:
@@ -63,19 +47,6 @@ class HfTokenizer:
 
     def text(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text).ids)
-
-
-def load(tokenizer_path: str | None, version: str) -> PromptTokenizer | None:
-    """The tokenizer an engine uses, or None when it cannot be had here (the router then
-    matches prompts approximately). Reads files: call it off the event loop."""
-    from agents.engines.sim import tokens  # the simulator's own word tokens, when it uses them
-
-    simulated = version.endswith(SIMULATOR_VERSION_SUFFIX)
-    if simulated and (tokenizer_path is None or tokens.bundled(tokenizer_path)):
-        return SimTokenizer()
-    if not tokenizer_path or not (Path(tokenizer_path) / "tokenizer.json").is_file():
-        return None
-    return HfTokenizer(Path(tokenizer_path))
 
 
 def _token_text(value: Any) -> str:

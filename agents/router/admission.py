@@ -42,37 +42,41 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from agents.control.compile import RouteConfig, Tenant
-from agents.gateway.errors import NoHealthyWorker, Overloaded, QueueFull, TenantShare
+from meridian_pb.fleet.v1.params import CostParams
+
+from agents.config import RouteConfig, Tenant
 from agents.held import Held
 from agents.router.decision import Decision
-from agents.router.params import CostParams
+from agents.router.plan import (
+    Ask,
+    Call,
+    Over,
+    Peer,
+    Placement,
+    Plan,
+    Progress,
+    Reason,
+    Refusal,
+    Reject,
+    Tiering,
+    call,
+    moved_tier,
+    overloaded,
+)
 from agents.router.policies import RouteRequest
-from agents.router.router import Router
 from agents.router.view import RESERVE_RATIO
+
+if TYPE_CHECKING:
+    from agents.router.router import Router
 
 DEFAULT_WAIT_S = 10.0  # the longest wait of a model without an SLO
 RECHECK_S = 0.05  # a waiting request is placed again at least this often
 FULL_S = 5.0  # a model is full for this long after a request of it last had to wait
 RATE_S = 5.0  # the window of a model's admission rate
 CROWDED_BY = 0.25  # another tenant's places over its fair share, of all held: it crowds
-
-
-class Escalate(Exception):
-    """Overload: the region should send this request to a peer rather than wait here."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-        self.why = why
-
-
-@dataclass(frozen=True)
-class EscalateOver:
-    """Past these, a request of a model with a fallback rule escalates instead of waiting."""
-
-    ttft_s: float | None  # its predicted TTFT here, counting what it has waited
-    queue_depth: int | None  # requests of the model waiting here
+DEADLINE = frozenset({Reason.OVERLOADED, Reason.TENANT_SHARE})  # refused once its SLO passed
 
 
 class Places(Held):
@@ -160,6 +164,70 @@ class Fairness:
             del waiting[tenant]
 
 
+@dataclass(frozen=True, slots=True)
+class Look:
+    """What admission sees of a request at one look: the input of `judge`."""
+
+    model: str
+    tenant: str
+    decision: Decision
+    fits: bool  # the best worker can start it within the SLO (`fits`)
+    wait_s: float | None  # the wait for a first byte predicted there, when `fits` ran
+    standing: int  # the tenant's, on the model: -1 under its fair share, 1 over it, 0 even
+    under_waiting: bool  # a tenant under its share waits for the model
+    waiting: int  # requests of the model waiting here
+    ahead_s: float  # a request about to queue: how long those ahead of it take to go
+    waited_s: float  # since its SLO clock started
+    left_s: float  # until its SLO passes (or the wait of a model without one)
+    queued: bool  # it waits here already
+    queue: Reject | None  # what a full queue says to it, when it is not queued yet
+    limits: Over | None  # the rule's overload thresholds, when they apply
+    tried: int  # workers that failed it
+    slo_s: float | None
+    continuing: bool = False
+
+
+def judge(look: Look) -> Call | Peer | Reject | None:
+    """Admitted (the call to make), sent to a peer, refused, or None: it waits. Pure."""
+    decision = look.decision
+    if decision.ranked and look.fits and not (look.standing > 0 and look.under_waiting):
+        return call(decision, look.continuing, look.wait_s)
+    if not decision.ranked and not decision.vetoed:
+        failed = f"{look.tried} failed it, " if look.tried else ""
+        return Reject(
+            Refusal.NO_HEALTHY_WORKER,
+            f"no worker of {look.model} is serving "
+            f"({failed}{decision.unavailable} of {decision.total} unavailable)",
+            2,
+            Reason.NO_WORKER,
+        )
+    if look.limits is not None:
+        waited = look.waited_s + (0.0 if look.queued else look.ahead_s)
+        peer = overloaded(look.limits, decision, look.waiting, waited, look.queued, look.wait_s)
+        if peer is not None:
+            return peer
+    if not look.queued and look.queue is not None:
+        return look.queue
+    if look.left_s <= 0:
+        retry = _retry_s(look.slo_s)
+        if look.standing > 0:
+            return Reject(
+                Refusal.TENANT_SHARE,
+                f"{look.model} is saturated here and tenant {look.tenant} holds more than its "
+                "fair share of it; others' requests go first",
+                retry,
+                Reason.TENANT_SHARE,
+            )
+        return Reject(
+            Refusal.OVERLOADED,
+            f"no worker of {look.model} could start it within "
+            f"{(look.slo_s or DEFAULT_WAIT_S) * 1000:.0f} ms",
+            retry,
+            Reason.OVERLOADED,
+        )
+    return None
+
+
 class Admission:
     def __init__(self, router: Router, clock: Callable[[], float] = time.monotonic) -> None:
         self.router = router
@@ -195,129 +263,122 @@ class Admission:
         """The request's place among its tenant's on `model`, held by `with` until it ends."""
         return Places(self.fair, model, tenant)
 
-    async def place(
-        self,
-        route: RouteConfig,
-        request: RouteRequest,
-        exclude: set[str],
-        since: float,
-        escalate: EscalateOver | None = None,
-        tenant: str = "",
-    ) -> Decision:
-        """The decision to act on; raises QueueFull, Overloaded, TenantShare or
-        NoHealthyWorker, and Escalate when `escalate` is given and passed. A request that fits
-        here never escalates."""
-        slo = route.slo_ttft_s
+    async def by_tier(self, ask: Ask, progress: Progress, tiering: Tiering) -> Plan | None:
+        """A tiered request whose tier would break its SLO moves to the next tier that would
+        not (down to its floor, then up); None when every tier would (it then waits on its
+        own tier, is refused or escalates, as any request)."""
+        full: list[str] = []
+        for index in tiering.order:
+            placement = tiering.placement(index)
+            if placement is None:
+                continue  # a tier it does not fit (its context): not one to move to
+            slo = placement.route.slo_ttft_s
+            plan = await self.admit(ask, placement, progress, Over(slo, None) if slo else None)
+            match plan:
+                case Reject(Refusal.OVERLOADED):
+                    return plan  # its SLO passed, waiting on a tier: refused
+                case Peer(why=why) | Reject(message=why):
+                    full.append(f"{placement.model}: {why}")
+                case _:
+                    return moved_tier(tiering, tiering.current, index, placement, plan, full)
+        return None
+
+    async def admit(
+        self, ask: Ask, placement: Placement, progress: Progress, limits: Over | None
+    ) -> Call | Peer | Reject:
+        """Admission: the call to make, or, past `limits`, a peer (before it waits), or a
+        refusal. A request that fits here never escalates."""
+        route, request, model, tenant = (
+            placement.route, placement.request, placement.model, ask.tenant,
+        )  # fmt: skip
+        slo, since, exclude = route.slo_ttft_s, progress.since, progress.tried
         deadline = since + (slo if slo is not None else DEFAULT_WAIT_S)
         queued = False
-        fair, model = self.fair, route.model
+        fair = self.fair
         try:
             while True:
-                request.full = self.clock() - self._full_at.get(route.model, -FULL_S) < FULL_S
+                request.full = self.clock() - self._full_at.get(model, -FULL_S) < FULL_S
                 decision = self.router.route(route, request, exclude)
                 now = self.clock()
                 standing = fair.standing(model, tenant)
                 ratio = RESERVE_RATIO if standing < 0 else 1.0
-                if (
-                    decision.ranked
-                    and _fits(decision, route, request, since, now, ratio)
-                    and not (standing > 0 and fair.under_waiting(model))
+                fit, wait = (
+                    fits(decision, route, request, since, now, ratio)
+                    if decision.ranked else (False, None)
+                )  # fmt: skip
+                waiting = self.waiting.get(model, 0)
+                look = Look(
+                    model, tenant, decision, fit, wait, standing,
+                    standing > 0 and fair.under_waiting(model), waiting,
+                    0.0 if queued else self._drain_s(model, waiting, now), now - since,
+                    deadline - now, queued,
+                    None if queued else self._queue(route, tenant, standing), limits,
+                    len(exclude), slo, progress.continuing,
+                )  # fmt: skip
+                verdict = judge(look)
+                if isinstance(verdict, Peer) or (
+                    isinstance(verdict, Reject) and verdict.reason not in DEADLINE
                 ):
-                    self._admitted(route.model, now)
-                    return decision
-                if not decision.ranked and not decision.vetoed:
-                    failed = f"{len(exclude)} failed it, " if exclude else ""
-                    raise NoHealthyWorker(
-                        f"no worker of {route.model} is serving "
-                        f"({failed}{decision.unavailable} of {decision.total} unavailable)",
-                        retry_after_s=2,
-                    )
-                if escalate is not None:
-                    waiting = self.waiting.get(route.model, 0)
-                    # a request about to queue waits for those ahead of it to be admitted
-                    ahead = 0.0 if queued else self._drain_s(route.model, waiting, now)
-                    _check_escalation(escalate, decision, waiting, now - since + ahead, queued)
-                if not queued:
-                    self._may_queue(route, tenant, standing)
-                    self.waiting[route.model] = self.waiting.get(route.model, 0) + 1
+                    return verdict
+                if verdict is not None and not isinstance(verdict, Reject):
+                    self._admitted(model, now)
+                    return verdict
+                if not queued:  # it waits (or its wait is over: it was one of the waiting)
+                    self.waiting[model] = waiting + 1
                     fair.queued(model, tenant, 1)
                     queued = True
-                self._full_at[route.model] = now
-                left = deadline - self.clock()
-                if left <= 0 and standing > 0:
-                    raise TenantShare(
-                        f"{model} is saturated here and tenant {tenant} holds more than its "
-                        "fair share of it; others' requests go first",
-                        retry_after_s=_retry_s(slo),
-                    )
-                if left <= 0:
-                    raise Overloaded(
-                        f"no worker of {route.model} could start it within "
-                        f"{(slo or DEFAULT_WAIT_S) * 1000:.0f} ms",
-                        retry_after_s=_retry_s(slo),
-                    )
-                event = self._events.setdefault(route.model, asyncio.Event())
+                self._full_at[model] = now
+                if verdict is not None:
+                    return verdict
+                event = self._events.setdefault(model, asyncio.Event())
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), min(left, RECHECK_S))
+                    await asyncio.wait_for(event.wait(), min(deadline - now, RECHECK_S))
         finally:
             if queued:
-                self.waiting[route.model] -= 1
+                self.waiting[model] -= 1
                 fair.queued(model, tenant, -1)
             if queued or request.full:
                 request.crowded = request.crowded or fair.crowded(model, tenant)
 
-    def _may_queue(self, route: RouteConfig, tenant: str, standing: int) -> None:
-        """A full queue takes no more, but from a tenant under its fair share, up to its
-        share of the queue."""
+    def _queue(self, route: RouteConfig, tenant: str, standing: int) -> Reject | None:
+        """What a full queue says to a request about to join it: it takes no more, but from
+        a tenant under its fair share, up to its share of the queue."""
         model, waiting = route.model, self.waiting.get(route.model, 0)
         if waiting < route.max_queue:
-            return
+            return None
         mine = self.fair.waiting.get(model, {}).get(tenant, 0)
         if standing < 0 and mine < self.fair.queue_share(model, tenant, route.max_queue):
-            return
+            return None
         retry = _retry_s(route.slo_ttft_s)
         if standing > 0:
-            raise TenantShare(
+            return Reject(
+                Refusal.TENANT_SHARE,
                 f"{model}'s queue is full and tenant {tenant} holds more than its fair share "
-                "of it", retry_after_s=retry,
+                "of it", retry, Reason.QUEUE_FULL,
             )  # fmt: skip
-        raise QueueFull(f"{model} has {route.max_queue} requests waiting already",
-                        retry_after_s=retry)  # fmt: skip
+        return Reject(Refusal.QUEUE_FULL, f"{model} has {route.max_queue} requests waiting "
+                      "already", retry, Reason.QUEUE_FULL)  # fmt: skip
 
 
-def _check_escalation(
-    over: EscalateOver, decision: Decision, waiting: int, waited_s: float, queued: bool
-) -> None:
-    if not decision.ranked:
-        raise Escalate("every worker of the model is busy or vetoed")
-    if over.queue_depth is not None and not queued and waiting >= over.queue_depth:
-        raise Escalate(f"{waiting} requests of the model wait here")
-    best = decision.ranked[0]
-    # the wait admission predicted there (with the engine's room and queue), else the policy's;
-    # not scaled up by how late first bytes lately came, as admission's is: that guards the
-    # SLO of what is admitted, and would send requests away that wait here in time
-    predicted = best.wait_s if best.wait_s is not None else decision.best_ttft_s
-    if over.ttft_s is not None and predicted is not None and predicted + waited_s > over.ttft_s:
-        raise Escalate(f"predicted TTFT here {(predicted + waited_s) * 1000:.0f} ms")
-
-
-def _fits(
+def fits(
     decision: Decision,
     route: RouteConfig,
     request: RouteRequest,
     since: float,
     now: float,
     ratio: float = 1.0,
-) -> bool:
-    """`ratio`: of each running answer's rest, the room kept for it (1: every answer there
+) -> tuple[bool, float | None]:
+    """Whether the best worker can start the request within the SLO, and the wait for its
+    first byte predicted there (None where admission predicts none: the policy's stands).
+    `ratio`: of each running answer's rest, the room kept for it (1: every answer there
     finishes; RESERVE_RATIO: as the engine itself admits)."""
     slo = route.slo_ttft_s
     predicted = decision.best_ttft_s
     if slo is None or predicted is None:
-        return True
+        return True, None
     best = decision.ranked[0]
     if best.view.inflight == 0 and best.load == 0:
-        return True  # an idle worker: nothing to wait for, whatever the estimate says
+        return True, None  # an idle worker: nothing to wait for, whatever the estimate says
     # a request there waits at least as long as the oldest one sent there has, unstarted,
     # and as the requests the engine holds back take to start; and it is admitted only with
     # room for every answer there to finish (when room runs out an engine retracts its
@@ -329,7 +390,6 @@ def _fits(
     # what the model misses (a step it has not learned, answers that run long) it misses
     # again: the prediction is scaled by how late first bytes have lately come here
     wait = max(predicted, view.head_age(now), held, room)
-    best.wait_s = wait
     if (
         (held > 0 or room > 0 or load.waiting > 0)
         and isinstance(params, CostParams)
@@ -338,8 +398,8 @@ def _fits(
         # an engine that holds requests back for room (its queue says so, or the model
         # does): what it cannot start at once waits here, where it can be shed (one that
         # has room starts a burst together, in a batch)
-        return False
-    return now - since + wait * view.bias <= slo
+        return False, wait
+    return now - since + wait * view.bias <= slo, wait
 
 
 def _retry_s(slo: float | None) -> int:

@@ -21,11 +21,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from google.protobuf import json_format
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.features import FEATURES, Table, default_table
+from meridian_pb.fleet.v1.params import PolicyParams, params_for
 from pydantic import ValidationError
 
 from agents.errors import SnapshotInvalid
-from agents.router.params import PolicyParams, params_for
-from agents.router.tiers import FEATURES, Table, default_table
 
 
 @dataclass(frozen=True)
