@@ -10,20 +10,21 @@ unnoticed while the gateway goes on serving.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
-from prometheus_client.core import Metric
 
+from agents import report
+from agents.books import Books
 from agents.config import compile_config
 from agents.control.link import ControlLink, QuotaHooks
-from agents.control.plan import engine_specs, inventory
+from agents.control.plan import engine_specs
 from agents.control.store import Store
 from agents.engines import gpus
 from agents.engines.backends import backends, tokenizer
@@ -33,11 +34,10 @@ from agents.errors import SnapshotInvalid
 from agents.gateway.requests import Limits
 from agents.gateway.service import Gateway
 from agents.http import Runner, build_app
-from agents.metrics import state_families
 from agents.quality.prober import Prober
 from agents.router.router import Router
 from agents.settings import AgentSettings
-from agents.telemetry import TelemetryWindow, add_quality, add_tenant_answers, add_tiers
+from agents.telemetry import TelemetryWindow
 from agents.tracing import Tracing
 from agents.workers.kv_events import KvEventSubscriber
 from agents.workers.poller import LoadPoller
@@ -54,7 +54,8 @@ class Agent:
         self.nvml = gpus.discover()
         self.backends = backends(cpu=self.nvml is None, sglang_python=settings.sglang_python)
         self.table = WorkerTable()
-        self.router = Router(self.table)
+        self.books = Books()  # every count the agent keeps: its parts write, its reports read
+        self.router = Router(self.table, books=self.books)
         # /agent/* always needs a token: a tenant must not read which worker served whom
         token = settings.operator_token
         self.operator_token = (
@@ -92,7 +93,7 @@ class Agent:
             self.store,
             current=lambda: self.snapshot,
             apply=self.apply,
-            telemetry=self.telemetry,
+            telemetry=functools.partial(report.telemetry, self),
             gpus=self.nvml,
             quotas=QuotaHooks(self.gateway.quotas.take_leases, self.gateway.quotas.demand.report),
         )
@@ -143,7 +144,12 @@ class Agent:
         await asyncio.to_thread(self.store.prepare)
         self.prober.canaries.update(await asyncio.to_thread(self.store.load_canaries))
         await self._from_disk()
-        app = build_app(self.gateway, self.status, self.operator_token, self.metric_state)
+        app = build_app(
+            self.gateway,
+            functools.partial(report.status, self),
+            self.operator_token,
+            functools.partial(report.metric_families, self),
+        )
         runner = Runner(app, self.settings.header_timeout_s)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.host, self.settings.port, backlog=4096)
@@ -181,84 +187,6 @@ class Agent:
             await self.gateway.close()
             if self.tracing is not None:
                 await asyncio.to_thread(self.tracing.shutdown)  # what is batched goes out
-
-    def status(self) -> dict[str, Any]:
-        link = self.link.state
-        gpu_list = inventory(self.snapshot, link.node, self.nvml)
-        return {
-            "region": self.settings.region,
-            "node": link.node or None,
-            "revision": self.snapshot.revision if self.snapshot else None,
-            "digest": self.snapshot.digest if self.snapshot else None,
-            "source": self.source,
-            "control_plane": {
-                "target": self.settings.control_plane,
-                "connected": link.connected,
-                "last_error": link.last_error or None,
-            },
-            "engines": self.supervisor.status(),
-            "router": self.gateway.router.status()
-            | {"kv_events": {w: s.events for w, s in self.kv_events.subscriptions.items()}},
-            "escalation": self.gateway.escalations.status(),
-            "admission": {"waiting": dict(self.gateway.admission.waiting)},
-            "quota_leases": self.gateway.quotas.status(),
-            "faults": dict(self.gateway.faults),
-            "quality": self.gateway.quality.status() | {"canaries": self.prober.status()},
-            "tiers": self.gateway.tiers.status(),
-            "migrations": [  # streams carried on after their worker failed, or not
-                {"model": m, "to": to, "why": why, "count": n}
-                for (m, to, why), n in sorted(self.gateway.carrier.migrations.items())
-            ],
-            "gpus": [
-                {"index": g.index, "model": g.model, "memory_gb": g.memory_gb, "source": g.source}
-                for g in gpu_list
-            ],
-        }
-
-    def metric_state(self) -> list[Metric]:
-        """The families of /metrics that the agent's state holds (read on the event loop)."""
-        gateway = self.gateway
-        breakers = [("worker", v.worker_id, str(v.breaker.state))
-                    for v in gateway.router.views.values()]  # fmt: skip
-        breakers += [
-            ("peer", r, str(v.breaker.state)) for r, v in gateway.escalations.peers.items()
-        ]
-        return state_families(
-            revision=self.snapshot.revision if self.snapshot is not None else None,
-            applied_at=self.applied_at,
-            waiting=dict(gateway.admission.waiting),
-            rejections=dict(gateway.rejections),
-            decisions=dict(gateway.decisions),
-            escalations=gateway.escalations.report(),
-            breakers=breakers,
-            faults=dict(gateway.faults),
-            repairs=dict(gateway.router.repairs),
-            migrations=dict(gateway.carrier.migrations),
-            quality=dict(gateway.quality.counts),
-            held=gateway.quality.held_states(),
-            tiered=dict(gateway.tiers.answered),
-            tier_moves=dict(gateway.tiers.moves),
-            cascades=dict(gateway.tiers.cascades),
-        )
-
-    async def telemetry(self) -> pb.Telemetry:
-        gpu_list = inventory(self.snapshot, self.link.state.node, self.nvml)
-        used = await asyncio.to_thread(gpus.memory) if self.nvml is not None else []
-        telemetry = self.window.report(
-            self.supervisor.all(),
-            gpu_list,
-            used,
-            self.gateway.escalations.report(),
-            self.gateway.receipts.kept,
-            {v.worker_id: str(v.breaker.state) for v in self.gateway.router.views.values()},
-            self.gateway.answered,
-            self.gateway.forwarder.escalated,
-            self.gateway.metrics.latency_totals(),
-        )
-        add_quality(telemetry, self.gateway.quality)
-        add_tenant_answers(telemetry, self.gateway.by_tenant, self.gateway.by_load)
-        add_tiers(telemetry, self.gateway.tiers)
-        return telemetry
 
 
 async def _forever(name: str, run: Callable[[], Awaitable[None]]) -> None:

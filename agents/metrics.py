@@ -26,6 +26,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from agents.books import Books
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0)  # fmt: skip
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -36,9 +38,11 @@ OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completio
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-@dataclass
-class Served:
-    """What one request came to, noted by the gateway as it goes."""
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What one request came to, derived once at its end (agents/gateway/service.py) from
+    what arrived, where it went and how it fared: the metrics, its route receipt, its span and
+    the per-tenant counts all read it."""
 
     model: str = ""
     tenant: str = ""
@@ -49,18 +53,13 @@ class Served:
     cached_tokens: int | None = None  # as the engine reports them
     routed_prompt: int = 0  # as the router predicted: the prompt, and its cached part
     routed_cached: int = 0
-    span: Any = None  # the request's trace span, when tracing is on
-    trace: bytes = b""  # its context as header lines, for the engine or a peer
     decision: dict[str, Any] | None = None  # meridian.* attributes of the routing decision
     policy: str = ""  # the routing policy, or "escalation"
     reason: str = ""  # the router's reason, or the escalation's
     came_from: str = ""  # the region that escalated it here
     migrated: str = ""  # where its stream was carried on, and why: "a → b (broke); ..."
-    insider: bool = False  # a peer region, the operator or a tenant marked to see routes
-    client_stalled: bool = False  # its client stopped reading: the stream was cut
     crowded: bool = False  # it waited on another tenant's load (agents/router/admission.py)
     load: float = 0.0  # requests of its model in flight here per serving worker, when sent
-    fault: BaseException | None = None  # a fault of ours that ended its stream
 
 
 Counts = dict[float, int]
@@ -93,7 +92,7 @@ class RequestMetrics:
                               "as routed (the router's prediction) and as the engines report",
                               ["model", "source", "kind"], registry=r)  # fmt: skip
 
-    def answered(self, path: str, status: int, started: float, now: float, served: Served,
+    def answered(self, path: str, status: int, started: float, now: float, served: Settled,
                  error: str | None) -> None:  # fmt: skip
         """One request's observations; the labelled series are looked up once per key and
         kept (prometheus_client's `labels()` takes a lock and builds a key each call)."""
@@ -168,24 +167,21 @@ async def render(metrics: RequestMetrics, state: Iterable[Metric]) -> bytes:
 
 
 def state_families(
+    books: Books,
     *,
     revision: int | None,
     applied_at: float | None,
     waiting: dict[str, int],
-    rejections: dict[tuple[str, str], int],
-    decisions: dict[tuple[str, str, str], int],
-    escalations: list[tuple[str, str, str, int]],
     breakers: list[tuple[str, str, str]],
-    faults: dict[str, int],
-    repairs: dict[str, int],
-    migrations: dict[tuple[str, str, str], int] | None = None,
-    quality: dict[tuple[str, str, str, str], int] | None = None,
     held: dict[tuple[str, str], str] | None = None,
-    tiered: dict[tuple[str, str, str], int] | None = None,
-    tier_moves: dict[tuple[str, str, str, str], int] | None = None,
-    cascades: dict[tuple[str, str], int] | None = None,
 ) -> list[Metric]:
-    """Meridian's families that the agent's state holds, built on the event loop."""
+    """Meridian's families that the agent's books and state hold, built on the event loop."""
+    rejections, decisions, faults, repairs = (
+        books.rejections, books.decisions, books.faults, books.repairs,
+    )  # fmt: skip
+    escalations = [(d, p, r, n) for (d, p, r), n in sorted(books.escalations.items())]
+    migrations, quality = books.migrations, books.quality
+    tiered, tier_moves, cascades = books.tier_answered, books.tier_moves, books.cascades
     out: list[Metric] = []
     rev = GaugeMetricFamily("meridian_snapshot_revision", "Revision of the snapshot in force")
     age = GaugeMetricFamily("meridian_snapshot_age_seconds", "Seconds since it was applied")
@@ -281,7 +277,7 @@ ITL_CODES = ("@itl_timed", "@slow_itl", "@crowded_itl", "@crowded_slow_itl")
 def count_by_tenant(
     counts: MutableMapping[tuple[str, str, str], int],  # a collections.Counter
     by_load: MutableMapping[tuple[str, int, str], int],
-    served: Served,
+    served: Settled,
     code: str,
     started: float,
     now: float,

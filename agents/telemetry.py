@@ -6,16 +6,16 @@ errors by their code too."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
+from agents.books import Books
 from agents.engines import gpus
 from agents.engines.metrics import Counters, quantile
 from agents.engines.runner import EngineRunner
 from agents.gateway.receipts import Receipt
-from agents.gateway.tiers import Tiers
 from agents.metrics import Bucketed
 from agents.quality.guard import Event
 from agents.quality.runtime import Quality
@@ -33,19 +33,19 @@ class TelemetryWindow:
         runners: Iterable[EngineRunner],
         gpu_list: Iterable[gpus.Gpu],
         memory: Iterable[gpus.GpuMemory],
-        escalations: Sequence[tuple[str, str, str, int]] = (),
+        books: Books | None = None,
         receipts: Iterable[Receipt] = (),
         breakers: Mapping[str, str] | None = None,
-        answered: Mapping[tuple[str, str], int] | None = None,
-        escalated: Mapping[str, int] | None = None,
         latency: Mapping[str, Mapping[str, Bucketed]] | None = None,
     ) -> pb.Telemetry:
-        """`memory` is NVML's reading, taken off the event loop by the caller; `answered`, the
-        gateway's answers since it started by (model, code); `escalated`, those a peer
-        answered, by model; `latency`, its TTFT and ITL histograms by model, since start."""
+        """`memory` is NVML's reading, taken off the event loop by the caller; `books`, what
+        the agent counted since it started (the gateway's answers by model and code, those a
+        peer answered, the escalations); `latency`, the TTFT and ITL histograms by model."""
         runners = list(runners)
+        books = books if books is not None else Books()
         served, seconds = self._since_last(runners)
-        answers = self._answers(dict(answered or {}), seconds, escalated or {}, latency or {})
+        escalations = [(d, p, r, n) for (d, p, r), n in sorted(books.escalations.items())]
+        answers = self._answers(dict(books.answered), seconds, books.escalated, latency or {})
         now = Timestamp()
         now.GetCurrentTime()
         engines = [
@@ -172,20 +172,16 @@ def add_quality(telemetry: pb.Telemetry, quality: Quality) -> None:
 TENANTS_TOLD = 16  # per model: the tenants with the most answers that were not "ok"
 
 
-def add_tenant_answers(
-    telemetry: pb.Telemetry,
-    by_tenant: Mapping[tuple[str, str, str], int],
-    by_load: Mapping[tuple[str, int, str], int],
-) -> None:
+def add_tenant_answers(telemetry: pb.Telemetry, books: Books) -> None:
     """Per model, the tenants with the most answers that were not "ok" (or came past the
     SLO), since the start: their answers, and those by code (with `@timed`, `@slow_ttft` and
     the rest of agents/metrics.py's TTFT_CODES and ITL_CODES); and the model's timed answers
     by the load they met."""
     models: dict[str, dict[str, dict[str, int]]] = {}  # model: tenant: code: count
-    for (model, tenant, code), count in by_tenant.items():
+    for (model, tenant, code), count in books.by_tenant.items():
         models.setdefault(model, {}).setdefault(tenant, {})[code] = count
     bands: dict[str, dict[int, dict[str, int]]] = {}  # model: band: what: count
-    for (model, band, what), count in by_load.items():
+    for (model, band, what), count in books.by_load.items():
         bands.setdefault(model, {}).setdefault(band, {})[what] = count
     for answers in telemetry.answers:
         met = sorted(bands.get(answers.model, {}).items())
@@ -202,19 +198,19 @@ def add_tenant_answers(
             ))  # fmt: skip
 
 
-def add_tiers(telemetry: pb.Telemetry, tiers: Tiers) -> None:
+def add_tiers(telemetry: pb.Telemetry, books: Books) -> None:
     """The tiered routes' counts since the agent started."""
     telemetry.tiers.extend(
         pb.TierCount(route=r, kind="answered", model=m, why=w, count=n)
-        for (r, m, w), n in sorted(tiers.answered.items())
+        for (r, m, w), n in sorted(books.tier_answered.items())
     )
     telemetry.tiers.extend(
         pb.TierCount(route=r, kind="moved", model=to, from_model=came, why=w, count=n)
-        for (r, came, to, w), n in sorted(tiers.moves.items())
+        for (r, came, to, w), n in sorted(books.tier_moves.items())
     )
     telemetry.tiers.extend(
         pb.TierCount(route=r, kind="cascade", why=signal, count=n)
-        for (r, signal), n in sorted(tiers.cascades.items())
+        for (r, signal), n in sorted(books.cascades.items())
     )
 
 

@@ -27,6 +27,7 @@ from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
 from controlplane.snapshot.placement import KV_EVENTS_PORT_OFFSET
+from meridian import procs
 from meridian.procs import ControlPlane, free_port, start_control_plane, stop_child, wait_ready
 
 MODEL = "llama"
@@ -78,7 +79,7 @@ async def start_sims(
         events = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port + KV_EVENTS_PORT_OFFSET}",
                   "topic": "kv-events"}  # fmt: skip
         args = [
-            "--model", model, "--port", str(port),
+            "--model", model,
             "--max-total-tokens", str(max_total_tokens),
             "--stream-interval", str(stream_interval),
             "--speed-factor", str(speed),
@@ -86,13 +87,12 @@ async def start_sims(
             "--kv-events-config", json.dumps(events),
             "--enable-metrics", "--enable-cache-report", *extra,
         ]  # fmt: skip
-        log = (log_dir / f"sim-{model}-{i}.log").open("wb")
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "meridian", "sim", *args, stdout=log, stderr=log
+        child = await procs.start_sim(
+            args, port=port, log=log_dir / f"sim-{model}-{i}.log", ready_timeout_s=None
         )
-        stack.push_async_callback(stop_child, process)
-        sims.append(Sim(process, f"http://127.0.0.1:{port}", speed))
-    for sim in sims:
+        stack.push_async_callback(stop_child, child.process)
+        sims.append(Sim(child.process, child.url, speed))
+    for sim in sims:  # started together, awaited together
         await wait_ready(sim.url, sim.process, 30, path="/ready", what="a simulator")
     return sims
 
@@ -318,23 +318,14 @@ async def start_agent(
     """A node's agent, registered with a fresh bootstrap token; its process and URL."""
     made = await admin.post("/v1/bootstrap-tokens", json={"region": region})
     made.raise_for_status()
-    port = port or free_port()
-    args = [
-        "--control-plane", cp.grpc_target, "--region", region, "--node", node,
-        "--hostname", "127.0.0.1", "--data-dir", str(root / node),
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    agent_env = {**os.environ, "MERIDIAN_AGENT_BOOTSTRAP_TOKEN": made.json()["token"],
-                 "MERIDIAN_AGENT_OPERATOR_TOKEN": operator, **(env or {})}  # fmt: skip
-    log = (root / f"agent-{node}.log").open("wb")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "meridian", "agent", "run", *args,
-        env=agent_env, stdout=log, stderr=log,
+    agent = await procs.start_agent(
+        cp.grpc_target, region, root / node, node=node, hostname="127.0.0.1", port=port,
+        bootstrap_token=made.json()["token"], operator_token=operator, env=env,
+        log=root / f"agent-{node}.log", ready_timeout_s=None,
     )  # fmt: skip
-    stack.push_async_callback(stop_child, process)
-    url = f"http://127.0.0.1:{port}"
-    await wait_ready(url, process, 30, path="/healthz", what="an agent")
-    return process, url
+    stack.push_async_callback(stop_child, agent.process)
+    await wait_ready(agent.url, agent.process, 30, path="/healthz", what="an agent")
+    return agent.process, agent.url
 
 
 @dataclass

@@ -13,7 +13,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,8 @@ from rich.table import Table
 
 from agents.engines.sim.cost import CostModel
 from bench.procfs import cpu_seconds, rss_mb
-from meridian.procs import free_port, stop_child, wait_ready
+from meridian import procs
+from meridian.procs import stop_child, wait_ready
 
 PUBLISHED_PREFILL_TOK_S = 27_670.26  # sglang PR #1060, Llama-3.1-8B-Instruct, one H100
 
@@ -39,12 +39,9 @@ class Sim:
 async def start_sims(count: int, *extra: str) -> list[Sim]:
     sims = []
     for _ in range(count):
-        port = free_port()
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "meridian", "sim", "--model", "llama", "--port", str(port), *extra
-        )
-        sims.append(Sim(process, f"http://127.0.0.1:{port}"))
-    for sim in sims:
+        child = await procs.start_sim(["--model", "llama", *extra], ready_timeout_s=None)
+        sims.append(Sim(child.process, child.url))
+    for sim in sims:  # started together, awaited together
         await wait_ready(sim.url, sim.process, 20, path="/ready", what="a simulator")
     return sims
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agents.engines.runner import open_log
+from meridian import procs
 from meridian.procs import free_port, stop_child
 
 ENGINES_TIMEOUT_S = 180.0
@@ -81,27 +79,16 @@ async def start_agents(
     stack.push_async_callback(stop_all)
     for node in nodes:
         node_dir = data_dir / node.name
-        args = [
-            "--control-plane", grpc_target,
-            "--region", node.region,
-            "--node", node.name,
-            "--hostname", node.hostname,
-            "--data-dir", str(node_dir),
-            "--host", node.host,
-            "--port", str(node.port),
-        ]  # fmt: skip
-        env = dict(os.environ)
-        env["MERIDIAN_AGENT_OPERATOR_TOKEN"] = admin_token  # one token for the local fleet
+        token = None
         if not await asyncio.to_thread((node_dir / "identity.json").exists):
             token = await _bootstrap_token(api, admin_token, node.region)
-            env["MERIDIAN_AGENT_BOOTSTRAP_TOKEN"] = token
-        log = await asyncio.to_thread(open_log, log_dir / f"agent-{node.name}.log")
-        with log:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "meridian", "agent", "run", *args,
-                env=env, stdout=log, stderr=log,
-            )  # fmt: skip
-        agents.append(RunningAgent(node, process))
+        child = await procs.start_agent(
+            grpc_target, node.region, node_dir, node=node.name, hostname=node.hostname,
+            host=node.host, port=node.port, bootstrap_token=token,
+            operator_token=admin_token,  # one token for the local fleet
+            log=log_dir / f"agent-{node.name}.log", ready_timeout_s=None,
+        )  # fmt: skip
+        agents.append(RunningAgent(node, child.process))
     return agents
 
 

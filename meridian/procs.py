@@ -1,7 +1,9 @@
-"""Child processes of Meridian's own: the control plane (and etcd) started, awaited, stopped.
+"""Child processes of Meridian's own, started one way: the control plane, etcd (Debian's
+etcd-server), node agents and simulated engines, each started, awaited until it answers, and
+stopped.
 
-`meridian up`, the benchmarks and the tests all start `meridian controlplane serve` this way,
-and the benchmarks and tests start etcd (Debian's etcd-server) this way.
+`meridian up`, the benchmarks and the tests all start them here; what differs between them
+(the settings a test speeds up, where the logs go) is what they pass.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,3 +170,93 @@ async def running_etcd(data_dir: Path) -> AsyncIterator[tuple[str, asyncio.subpr
     finally:
         await stop_child(proc)
         log.close()
+
+
+@dataclass
+class Child:
+    """A child process of Meridian's own, and the URL it answers on."""
+
+    process: asyncio.subprocess.Process
+    url: str
+
+
+async def _spawn(
+    argv: Sequence[str], env: Mapping[str, str] | None, log: Path | None
+) -> asyncio.subprocess.Process:
+    """`argv` with `env` over this process's environment; its output to `log` (appended),
+    else to this process's own."""
+    environ = {**os.environ, **(env or {})}
+    if log is None:
+        return await asyncio.create_subprocess_exec(*argv, env=environ)
+    await asyncio.to_thread(log.parent.mkdir, parents=True, exist_ok=True)
+    with await asyncio.to_thread(log.open, "ab") as out:
+        return await asyncio.create_subprocess_exec(*argv, env=environ, stdout=out, stderr=out)
+
+
+async def start_agent(
+    control_plane: str,
+    region: str,
+    data_dir: Path,
+    *,
+    node: str = "",
+    hostname: str | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    bootstrap_token: str | None = None,
+    operator_token: str | None = None,
+    env: Mapping[str, str] | None = None,
+    inside: Sequence[str] = (),
+    log: Path | None = None,
+    ready_timeout_s: float | None = 30,
+) -> Child:
+    """`meridian agent run`, awaited until its port answers (`ready_timeout_s` None: not
+    awaited). Its tokens go in its environment, never on its command line. `inside`: a
+    prefix that runs it elsewhere (a network namespace); `env`: more settings
+    (MERIDIAN_AGENT_*)."""
+    port = port or free_port()
+    args = ["--control-plane", control_plane, "--region", region, "--data-dir", str(data_dir)]
+    args += ["--host", host, "--port", str(port)]
+    args += ["--node", node] if node else []
+    args += ["--hostname", hostname] if hostname else []
+    told = dict(env or {})
+    if bootstrap_token:
+        told["MERIDIAN_AGENT_BOOTSTRAP_TOKEN"] = bootstrap_token
+    if operator_token:
+        told["MERIDIAN_AGENT_OPERATOR_TOKEN"] = operator_token
+    argv = [*inside, sys.executable, "-m", "meridian", "agent", "run", *args]
+    process = await _spawn(argv, told, log)
+    agent = Child(process, f"http://{host}:{port}")
+    if ready_timeout_s is not None:
+        try:
+            await wait_ready(agent.url, process, ready_timeout_s, path="/healthz", what="an agent")
+        except BaseException:
+            await stop_child(process)
+            raise
+    return agent
+
+
+async def start_sim(
+    args: Sequence[str],
+    *,
+    port: int | None = None,
+    log: Path | None = None,
+    ready_timeout_s: float | None = 30,
+) -> Child:
+    """`meridian sim` (the SGLang simulator) on `port` with `args`, awaited until it is ready
+    (`/ready`; `ready_timeout_s` None: not awaited, for several started together)."""
+    port = port or free_port()
+    argv = [sys.executable, "-m", "meridian", "sim", "--port", str(port), *args]
+    process = await _spawn(argv, None, log)
+    sim = Child(process, f"http://127.0.0.1:{port}")
+    if ready_timeout_s is not None:
+        await sim_ready(sim, ready_timeout_s)
+    return sim
+
+
+async def sim_ready(sim: Child, timeout_s: float = 30) -> None:
+    """Until the simulator is ready; stopped if it is not."""
+    try:
+        await wait_ready(sim.url, sim.process, timeout_s, path="/ready", what="a simulator")
+    except BaseException:
+        await stop_child(sim.process)
+        raise

@@ -6,18 +6,11 @@ pg_ctl). The schema is migrated once into a template; each test gets a copy of i
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
-import click
-import psycopg
 import pytest
 import pytest_asyncio
 
@@ -25,16 +18,14 @@ import meridian  # noqa: F401  (before gRPC starts: its fork handlers off, as in
 from controlplane.db import migrate
 from controlplane.db.embedded import UNSAFE_FAST, Credentials, EmbeddedPostgres
 from controlplane.db.engine import Database
-from meridian import procs
 from tests import report
-from tests.agents.agent_kit import stop_leftovers
+from tests.kits.agents import stop_leftovers
+from tests.kits.services import TEMPLATE, running_etcd, scratch_database, sql
 
-TEMPLATE = "meridian_template"
 IMMEDIATE = (
     "INSERT INTO rollout_policies (name, version, strategy, canary, waves, bake_s, checks) "
     "VALUES ('default', 1, 'immediate', 'node', '[]', 0, '{}')"
 )
-_counter = itertools.count()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session", autouse=True)
@@ -54,15 +45,6 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-async def sql(url: str, statement: str, timeout_s: float = 10) -> list[tuple[Any, ...]]:
-    """One statement on its own connection, outside a transaction; the rows it returns."""
-    async with await psycopg.AsyncConnection.connect(
-        url, autocommit=True, connect_timeout=max(2, int(timeout_s))
-    ) as conn:
-        cursor = await conn.execute(statement.encode())
-        return await cursor.fetchall() if cursor.description else []
-
-
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def postgres(workdir: Path) -> AsyncIterator[Credentials]:
     server = EmbeddedPostgres(workdir / "postgres", server_settings=UNSAFE_FAST)
@@ -79,24 +61,10 @@ async def postgres(workdir: Path) -> AsyncIterator[Credentials]:
     await server.stop()
 
 
-@asynccontextmanager
-async def _scratch_database(
-    postgres: Credentials, prefix: str, template: str | None
-) -> AsyncIterator[str]:
-    """A database for one test, dropped afterwards; a copy of `template` when given."""
-    name = f"{prefix}_{os.getpid()}_{next(_counter)}"
-    clause = f' TEMPLATE "{template}"' if template else ""
-    await sql(postgres.url("postgres"), f'CREATE DATABASE "{name}"{clause}')
-    try:
-        yield postgres.url(name)
-    finally:
-        await sql(postgres.url("postgres"), f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def database_url(postgres: Credentials) -> AsyncIterator[str]:
     """A database of its own for one test, migrated to head."""
-    async with _scratch_database(postgres, "test", TEMPLATE) as url:
+    async with scratch_database(postgres, "test", TEMPLATE) as url:
         yield url
 
 
@@ -104,7 +72,7 @@ async def database_url(postgres: Credentials) -> AsyncIterator[str]:
 async def module_database_url(postgres: Credentials) -> AsyncIterator[str]:
     """A database of its own for a whole module, migrated to head: for a module whose
     processes start once for all its tests (the real SGLang's)."""
-    async with _scratch_database(postgres, "module", TEMPLATE) as url:
+    async with scratch_database(postgres, "module", TEMPLATE) as url:
         yield url
 
 
@@ -118,20 +86,8 @@ async def waved_database_url(database_url: str) -> str:
 @pytest_asyncio.fixture(loop_scope="session")
 async def empty_database_url(postgres: Credentials) -> AsyncIterator[str]:
     """A database with no schema at all."""
-    async with _scratch_database(postgres, "empty", None) as url:
+    async with scratch_database(postgres, "empty", None) as url:
         yield url
-
-
-@asynccontextmanager
-async def running_etcd(data_dir: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
-    """A real single-member etcd (Debian's etcd-server) on loopback: (host:port, process)."""
-    if shutil.which("etcd") is None:
-        pytest.fail("etcd is not installed; ./scripts/test installs Debian's etcd-server")
-    try:
-        async with procs.running_etcd(data_dir) as running:
-            yield running
-    except click.ClickException as error:
-        pytest.fail(error.message)
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -10,7 +10,6 @@ from agents.gateway import assertion, auth
 from agents.gateway.errors import GatewayError, UpstreamFailed
 from agents.gateway.flight import OPERATOR, Caller, Flight
 from agents.gateway.requests import Inference, cache_salt, context_error, parse
-from agents.metrics import Served
 from agents.router.escalation import Escalations
 from agents.router.plan import Ask, Placement, Progress
 from agents.router.router import Router
@@ -19,13 +18,20 @@ from agents.router.router import Router
 class Arrival:
     """The gateway's steps that read a request."""
 
-    router: Router
-    assertions: assertion.Seen
-    escalations: Escalations
-    operator_token: str | None
+    def __init__(
+        self,
+        router: Router,
+        assertions: assertion.Seen,
+        escalations: Escalations,
+        operator_token: str | None,
+    ) -> None:
+        self.router = router
+        self.assertions = assertions  # the nonces of the escalations accepted here
+        self.escalations = escalations
+        self.operator_token = operator_token
 
     def authenticate(
-        self, request: web.Request, config: RegionConfig, body: bytes, rid: str, served: Served
+        self, request: web.Request, config: RegionConfig, body: bytes, rid: str
     ) -> Caller:
         """Who asks: a peer region's signed word for its tenant, the operator, or a tenant's
         key."""
@@ -34,14 +40,12 @@ class Arrival:
             seen = self.assertions
             claim = assertion.verify(signed, config, body=body, request_id=rid, seen=seen)
             self.escalations.received(claim.origin, claim.reason)
-            served.came_from, served.insider, served.tenant = claim.origin, True, claim.tenant.name
             scope = f"{claim.origin}/{claim.tenant.name}"  # the peer's word: its tenant
-            return Caller(claim.tenant, scope, claim.origin, claim.debug, claim.waited_s)
+            return Caller(claim.tenant, scope, claim.origin, claim.debug, claim.waited_s, True)
         tenant, insider, scope = auth.caller(request.headers.get("Authorization"), config,
                                              self.operator_token)  # fmt: skip
-        served.insider, served.tenant = insider, tenant.name
         debug = insider and request.headers.get("x-meridian-debug") == "1"
-        return Caller(tenant, scope, debug=debug)
+        return Caller(tenant, scope, debug=debug, insider=insider)
 
     def parse(
         self,
@@ -51,7 +55,6 @@ class Arrival:
         caller: Caller,
         request_id: str,
         headers: dict[str, str],
-        served: Served,
         arrived: float,
     ) -> Flight:
         """What is asked, checked whole (its parameters, and its prompt and answer against the
@@ -61,14 +64,14 @@ class Arrival:
         fits = model  # a tiered request: what its tiers take together (its tier is chosen next)
         if inference.tiered is not None:
             model = config.models[inference.tiered.tiers[-1]]  # meanwhile, the strongest
-        served.model = model.name
         placement = placed(self.router, config, model, inference, caller, fits)
         if isinstance(placement, GatewayError):
+            placement.model = model.name  # a refusal of the model's: counted as its
             raise placement
         ask = Ask(request_id, caller.tenant.name, caller.came_from, caller.tenant is OPERATOR)
         progress = Progress(since=arrived - caller.waited_s)  # the SLO is the client's, end to end
         return Flight(
-            request, request_id, headers, served, arrived, body, caller, inference, ask,
+            request, request_id, headers, arrived, body, caller, inference, ask,
             placement, progress,
         )  # fmt: skip
 

@@ -69,13 +69,13 @@ class EngineCalls:
         prefill = plan.prefill if isinstance(plan, Pair | Continue) else None
         worker, inference, rid = chosen.worker, flight.inference, flight.rid
         if decision.pd is not None:
-            self.router.pd_choices[decision.pd] += 1
+            self.router.books.pd_choices[decision.pd] += 1
         stream = flight.stream
         given = stream.continuation.body if stream and stream.continuation else None
         request = flight.placement.request
         with self.dispatch(chosen, request, rid, bool(prefill), wait_s) as slot:
             ticket, slot.batch = slot.ticket, inference.batch
-            sent_headers = upstream_headers(rid) + flight.served.trace
+            sent_headers = upstream_headers(rid) + flight.trace
             if prefill is not None:
                 slot.prefill = self._prefill(prefill, flight, sent_headers, given)
                 body = inference.upstream_body(rid, slot.prefill.fields, given)

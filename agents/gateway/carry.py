@@ -14,9 +14,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 
+from agents.books import Books
 from agents.gateway.flight import Flight
 from agents.gateway.migration import continuation
 from agents.gateway.relay import Cut, Usage, stream_error, write_quietly
@@ -29,12 +29,13 @@ DONE = b"data: [DONE]\n\n"
 
 
 class Carrier:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, books: Books | None = None
+    ) -> None:
         self.clock = clock
+        self.books = books if books is not None else Books()
         self.streams: set[Flight] = set()  # streamed answers under way, for the watch
         self._seen: dict[Flight, tuple[int, float]] = {}  # bytes sent, and since when
-        # (model, where it went on: "region", "peer" or "ended", why it was cut)
-        self.migrations: Counter[tuple[str, str, str]] = Counter()
 
     def cut(self, flight: Flight, cut: Cut) -> str | None:
         """The stream broke after part of it reached the client: its continuation is made
@@ -62,8 +63,9 @@ class Carrier:
             return
         why = _why(stream.cut[1])
         note = stream.carried_to(by)
-        self.migrations[flight.model, "peer" if by.startswith("peer:") else "region", why] += 1
-        flight.served.migrated = "; ".join(stream.migrations)
+        self.books.migrations[
+            flight.model, "peer" if by.startswith("peer:") else "region", why
+        ] += 1
         log.info("request %s: carried on, %s", flight.id, note, extra={"request_id": flight.id})
 
     async def end(self, flight: Flight, why: str) -> None:
@@ -73,7 +75,7 @@ class Carrier:
         assert stream is not None
         if stream.cut is not None:
             by, cause = stream.cut
-            self.migrations[flight.model, "ended", _why(cause)] += 1
+            self.books.migrations[flight.model, "ended", _why(cause)] += 1
             stream.cut = None
             why = f"the answer broke off at {by} ({cause}) and could not go on: {why}"
         finished = stream.transcript.finished

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -21,10 +22,11 @@ from agents.gateway.relay import Usage
 from agents.gateway.requests import Inference
 from agents.gateway.tiers import TierChoice
 from agents.gateway.upstream import Answer
-from agents.metrics import Served
+from agents.metrics import Settled
 from agents.router.plan import Ask, Placement, Progress
 
 OPERATOR = Tenant("operator", "operator", None, None, None)  # the operator's token's
+ESCALATION = "escalation"  # the policy of a peer region's answer
 
 
 @dataclass(eq=False, slots=True)
@@ -36,6 +38,7 @@ class Caller:
     came_from: str | None = None  # the peer region that escalated it here
     debug: bool = False  # the route receipt goes back in x-meridian-route
     waited_s: float = 0.0  # what the client waited before it came here (a peer's word)
+    insider: bool = False  # a peer region, the operator or a tenant marked to see routes
 
 
 @dataclass(eq=False, slots=True)
@@ -64,7 +67,6 @@ class Flight:
     http: web.Request
     id: str
     headers: dict[str, str]  # what every answer's head carries
-    served: Served  # the receipt: what metrics, the route receipts and the span are told
     arrived: float  # when it came here (the gateway's monotonic clock)
     body: bytes  # as the client sent it
     caller: Caller
@@ -77,6 +79,10 @@ class Flight:
     answer: tuple[web.StreamResponse, Usage] | None = None  # what the client got
     tier: TierChoice | None = None  # a tiered route's request: its tier, and why
     rid: str = ""  # the engine's id for it: the gateway's own, never only what a client chose
+    span: Any = None  # its trace span, when tracing is on
+    trace: bytes = b""  # the span's context as header lines, for the engine (a kept trace)
+    client_stalled: bool = False  # its client stopped reading: the stream was cut
+    fault: BaseException | None = None  # a fault of ours that ended its stream
 
     def __post_init__(self) -> None:
         # a client's X-Request-ID is its to choose, and another tenant may choose the same:
@@ -95,3 +101,46 @@ class Flight:
     @property
     def model(self) -> str:
         return self.placement.model
+
+
+@dataclass(eq=False, slots=True)
+class Trail:
+    """What the request's path has made of it so far, whatever step it ends at: who asks
+    (once authenticated), the flight (once parsed), its span."""
+
+    span: Any = None
+    trace: bytes = b""
+    caller: Caller | None = None
+    flight: Flight | None = None
+
+    def settled(self, model: str | None, first_at: float | None) -> Settled:
+        """What it came to, derived once at its end. `model`: the one its refusal names,
+        when it was refused before a flight was made of it."""
+        caller, flight = self.caller, self.flight
+        tenant = caller.tenant.name if caller is not None else ""
+        came_from = (caller.came_from or "") if caller is not None else ""
+        if flight is None:
+            return Settled(model or "", tenant, first_at=first_at, came_from=came_from)
+        usage = flight.answer[1] if flight.answer is not None else Usage()
+        progress, stream = flight.progress, flight.stream
+        # the goes that were noted: every local call, and a peer's that answered
+        noted = [a for a in progress.attempts if a.policy]
+        last = noted[-1] if noted else None
+        local = next((a for a in reversed(noted) if a.policy != ESCALATION), None)
+        return Settled(
+            flight.model, tenant,
+            worker=last.by if last is not None else "",
+            first_at=first_at,
+            completion_tokens=usage.completion_tokens,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            routed_prompt=local.routed_prompt if local is not None else 0,
+            routed_cached=local.routed_cached if local is not None else 0,
+            decision=last.attributes if last is not None else None,
+            policy=last.policy if last is not None else "",
+            reason=last.reason if last is not None else "",
+            came_from=came_from,
+            migrated="; ".join(stream.migrations) if stream is not None else "",
+            crowded=progress.crowded,
+            load=local.load if local is not None else 0.0,
+        )  # fmt: skip

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,7 +23,7 @@ from aiohttp import web
 from agents.config import Peer, RegionConfig
 from agents.gateway import assertion
 from agents.gateway.carry import Carrier
-from agents.gateway.flight import Flight
+from agents.gateway.flight import ESCALATION, Flight
 from agents.gateway.migration import Transcript
 from agents.gateway.relay import (
     Answered,
@@ -85,7 +84,6 @@ class Forwarder:
         self.upstream = upstream
         self.carrier = carrier
         self.clock = clock
-        self.escalated: Counter[str] = Counter()  # answers a peer gave, by model
 
     async def escalate(
         self,
@@ -98,7 +96,7 @@ class Forwarder:
     ) -> Outcome | None:
         """A peer's answer (its receipt then says where it went and why), or its stream that
         broke off after it began; None when no peer took it."""
-        chain, served = flight.placement.chain, flight.served
+        chain = flight.placement.chain
         if chain is None:
             return None
         outcome = await self.forward(flight, config, reason, why, headers, trace)
@@ -108,12 +106,12 @@ class Forwarder:
             return outcome.ended
         if outcome.response is None:
             return None
-        served.worker = f"peer:{outcome.peer}"
-        self.escalated[flight.model] += 1
-        served.policy, served.reason = "escalation", f"{reason}: {why}"
-        served.decision = {"meridian.escalated": True, "meridian.escalation.reason": reason,
-                           "meridian.escalation.why": why, "meridian.peer": outcome.peer,
-                           "meridian.escalation.rule": chain.rule}  # fmt: skip
+        self.escalations.books.escalated[flight.model] += 1
+        attempt = flight.progress.attempts[-1]  # the peer's that answered: noted
+        attempt.policy, attempt.reason = ESCALATION, f"{reason}: {why}"
+        attempt.attributes = {"meridian.escalated": True, "meridian.escalation.reason": reason,
+                              "meridian.escalation.why": why, "meridian.peer": outcome.peer,
+                              "meridian.escalation.rule": chain.rule}  # fmt: skip
         return Answered(outcome.response, outcome.usage or Usage())
 
     async def forward(

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agents.metrics import Served
+from agents.metrics import Settled
 
 KEEP = 12
 
@@ -44,7 +44,7 @@ class Receipts:
         self.kept: deque[Receipt] = deque(maxlen=KEEP)
         self._last = float("-inf")
 
-    def note(self, request_id: str, status: int, started: float, now: float, served: Served,
+    def note(self, request_id: str, status: int, started: float, now: float, served: Settled,
              error: str | None) -> None:  # fmt: skip
         """`started` and `now` are the gateway's monotonic clock."""
         since = now - self._last

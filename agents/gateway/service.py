@@ -28,7 +28,6 @@ import asyncio
 import logging
 import re
 import time
-from collections import Counter
 from collections.abc import Mapping
 
 import orjson
@@ -51,7 +50,7 @@ from agents.gateway.errors import (
     UnsupportedMediaType,
     refusal_error,
 )
-from agents.gateway.flight import OPERATOR, Flight
+from agents.gateway.flight import OPERATOR, Caller, Flight, Trail
 from agents.gateway.forced import forced_call_made
 from agents.gateway.forward import Forwarder
 from agents.gateway.quotas import Charge, Quotas, uncharged
@@ -71,7 +70,7 @@ from agents.gateway.requests import DEFAULT_LIMITS, Limits, read_body
 from agents.gateway.tiered_path import TieredPath
 from agents.gateway.tiers import Tiers
 from agents.gateway.upstream import Upstream
-from agents.metrics import CROWDED_OUT, OPERATIONS, RequestMetrics, Served, count_by_tenant
+from agents.metrics import CROWDED_OUT, OPERATIONS, RequestMetrics, count_by_tenant
 from agents.quality.runtime import Quality
 from agents.router.audit import audit
 from agents.router.escalation import LOAD_HEADER, load_header
@@ -84,7 +83,11 @@ AUDIT_EVERY_S = 1.0
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-ID: visible ASCII
 
 
-class Gateway(Arrival, TieredPath):
+class Gateway:
+    """The request's path, composed: arrival (authenticate, parse), the tiered steps, quotas,
+    the router's plan carried out (engine calls, peers, carried streams), the answer
+    counted."""
+
     def __init__(
         self,
         router: Router,
@@ -96,6 +99,7 @@ class Gateway(Arrival, TieredPath):
         quality_guard: bool = True,
     ) -> None:
         self.router = router
+        self.books = books = router.books  # every count the agent keeps (agents/books.py)
         self.limits = limits
         self.tracing = tracing
         clock = self.clock = router.clock
@@ -107,21 +111,15 @@ class Gateway(Arrival, TieredPath):
         self.operator_token = operator_token
         self._upstream = Upstream(connect_timeout_s)
         self.calls = EngineCalls(router, self.admission, self._upstream)
-        self.quality = Quality(router.table, router.views)
+        self.quality = Quality(router.table, router.views, books=books)
         self.calls.quality = self.quality if quality_guard else None
-        self.carrier = Carrier(clock=clock)
-        self.tiers = Tiers(clock)
+        self.carrier = Carrier(clock, books)
+        self.tiers = Tiers(clock, books)
         self.forwarder = Forwarder(self.escalations, self._upstream, self.carrier, clock)
         self._load: dict[str, tuple[float | None, int]] = {}  # model: (best TTFT, serving)
         self.metrics = RequestMetrics(lambda: self.config.region if self.config else "")
-        self.rejections: Counter[tuple[str, str]] = Counter()  # (model, code)
-        self.faults: Counter[str] = Counter()  # requests failed by a fault of ours, by model
-        self.answered: Counter[tuple[str, str]] = Counter()  # (model, "ok" or the error's code)
-        # (model, tenant, code): the same per tenant, so that a rollout's checks can leave out
-        # the tenant that gave the most refusals or errors
-        self.by_tenant: Counter[tuple[str, str, str]] = Counter()
-        self.by_load: Counter[tuple[str, int, str]] = Counter()  # model, band, what
-        self.decisions: Counter[tuple[str, str, str]] = Counter()  # (model, policy, choice)
+        self.arrival = Arrival(router, self.assertions, self.escalations, operator_token)
+        self.tiered = TieredPath(router, self.tiers, clock, self.config_or_refuse, self.serve)
         self.receipts = Receipts()
         self.created = int(time.time())  # the models' `created`: when this gateway started
         router.table.on_change(self.admission.notify_all)
@@ -164,76 +162,82 @@ class Gateway(Arrival, TieredPath):
         return load_header(ttft, self.admission.waiting.get(model, 0), serving)
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
-        started = self.clock()
+        started, books = self.clock(), self.books
         given = request.headers.get("X-Request-ID")
         request_id = given if given is not None and _REQUEST_ID.fullmatch(given) else new_id()
         headers = self.headers(request_id)
-        served, error_type = Served(), None
+        trail, error_type = Trail(), None
+        fault: BaseException | None = None
         if self.tracing is not None:
             operation = OPERATIONS.get(request.path, "chat")
-            served.span = self.tracing.start(operation, request.headers, time.time_ns())
+            trail.span = self.tracing.start(operation, request.headers, time.time_ns())
             # the engine needs the context only of a trace that is kept; a peer gets it always
             # (it follows this region's sampling), made when it escalates
-            if served.span is not None and served.span.is_recording():
-                served.trace = tracing.context_headers(served.span)
+            if trail.span is not None and trail.span.is_recording():
+                trail.trace = tracing.context_headers(trail.span)
         try:
             if given is not None and given != request_id:
                 raise BadRequest(
                     "X-Request-ID must be 1 to 128 visible ASCII characters", param="x-request-id"
                 )
-            answered = await self._infer(request, request_id, headers, served)
+            answered = await self._infer(request, request_id, headers, trail)
         except GatewayError as error:  # a request this gateway does not take: what it says
             answered = error
         except Exception as error:  # a fault of ours: the client gets an OpenAI-shaped 500
-            served.fault = error
-            answered = InternalError()
+            fault, answered = error, InternalError()
         response: web.StreamResponse
+        refused: GatewayError | None = None
         if isinstance(answered, GatewayError):
-            response, error_type = self._refused(answered, headers, served), answered.code
+            refused, error_type = answered, answered.code
+            response = self._refused(answered, headers, trail)
         else:
             response = answered
-        if served.fault is not None:  # a fault of ours, maybe after its stream began
-            self._fault(request_id, served, served.fault)
+        flight = trail.flight
+        fault = fault or (flight.fault if flight is not None else None)
+        settled = trail.settled(refused.model if refused is not None else None,
+                                response.get(FIRST_AT))  # fmt: skip
+        if fault is not None:  # a fault of ours, maybe after its stream began
+            self._fault(request_id, settled.model, fault)
             error_type = InternalError.code
-        served.first_at = response.get(FIRST_AT)
-        if served.client_stalled:
+        if flight is not None and flight.client_stalled:
             error_type = "client_stalled"  # counted as such: it was cut, not answered
         code = error_type or ("ok" if response.status < 400 else f"http_{response.status}")
-        if served.crowded and code in CROWDED_OUT:
+        if settled.crowded and code in CROWDED_OUT:
             code = "crowded"  # refused for another tenant's load, not the region's own
-        self.answered[served.model, code] += 1
+        books.answered[settled.model, code] += 1
         now = self.clock()
-        if served.tenant:
+        if settled.tenant:
             routes = self.config.routes if self.config is not None else {}
-            count_by_tenant(self.by_tenant, self.by_load, served, code, started, now, routes)
-        self.metrics.answered(request.path, response.status, started, now, served, error_type)
-        self.receipts.note(request_id, response.status, started, now, served, error_type)
-        if served.span is not None and served.span.is_recording():
+            count_by_tenant(books.by_tenant, books.by_load, settled, code, started, now, routes)
+        self.metrics.answered(request.path, response.status, started, now, settled, error_type)
+        self.receipts.note(request_id, response.status, started, now, settled, error_type)
+        if trail.span is not None and trail.span.is_recording():
             region = self.config.region if self.config else None
-            spans.finished(request.path, response.status, served, started, error_type, region)
+            spans.finished(
+                trail.span, request.path, response.status, settled, started, error_type, region
+            )
         return response
 
-    def _refused(
-        self, error: GatewayError, headers: dict[str, str], served: Served
-    ) -> web.Response:
+    def _refused(self, error: GatewayError, headers: dict[str, str], trail: Trail) -> web.Response:
         """An error's answer, counted."""
-        served.model = served.model or error.model or ""
-        if error.model is not None and served.insider:
+        caller, flight = trail.caller, trail.flight
+        model = flight.model if flight is not None else (error.model or "")
+        if error.model is not None and caller is not None and caller.insider:
             headers[LOAD_HEADER] = self.load_of(error.model)
-        if error.status in (429, 503) and served.model:
-            self.rejections[served.model, error.code] += 1
+        if error.status in (429, 503) and model:
+            self.books.rejections[model, error.code] += 1
         if (
             error.status in (429, 503)
-            and served.tenant
+            and caller is not None
             and not isinstance(error, QuotaExceeded | TenantConcurrency)
-        ):
-            self.quotas.demand.tally(served.tenant).refused(error.code)  # the quota's: there
+        ):  # the quota's own are counted there
+            self.quotas.demand.tally(caller.tenant.name).refused(error.code)
         return error.response(headers)
 
-    def _fault(self, request_id: str, served: Served, error: BaseException) -> None:
+    def _fault(self, request_id: str, model: str, error: BaseException) -> None:
         """Logged once, with its traceback, and counted; what it held was given back on the
         way out."""
-        self.faults[served.model or "unknown"] += 1
+        self.books.faults[model or "unknown"] += 1
         log.error(
             "request %s failed on a fault of the gateway's", request_id,
             exc_info=error, extra={"request_id": request_id},
@@ -245,32 +249,35 @@ class Gateway(Arrival, TieredPath):
         return self.config
 
     async def _infer(
-        self, request: web.Request, request_id: str, headers: dict[str, str], served: Served
+        self, request: web.Request, request_id: str, headers: dict[str, str], trail: Trail
     ) -> web.StreamResponse | GatewayError:
-        """The whole path, step by step: the answer, or the error that refused it."""
+        """The whole path, step by step: the answer, or the error that refused it. What it
+        makes of the request on the way goes in `trail`."""
         arrived = self.clock()
         config = self.config_or_refuse()
         if request.content_type not in ("application/json", ""):
             raise UnsupportedMediaType(f"send application/json, not {request.content_type}")
         body = await read_body(request, self.limits)
-        caller = self.authenticate(request, config, body, request_id, served)
-        flight = self.parse(request, config, body, caller, request_id, headers, served, arrived)
+        caller = trail.caller = self.arrival.authenticate(request, config, body, request_id)
+        flight = trail.flight = self.arrival.parse(
+            request, config, body, caller, request_id, headers, arrived
+        )
+        flight.span, flight.trace = trail.span, trail.trace
         if flight.inference.tiered is not None:
-            await self.tier(flight)
+            await self.tiered.tier(flight)
         # everything above only reads; from here on what is taken is held by `with`
-        hold = self.router.admission.hold(flight.model, flight.tenant)
-        with self.admit(flight) as charge, hold:
+        admission = self.router.admission
+        with self.admit(flight) as charge, admission.hold(flight.model, flight.tenant):
             answered = await self.serve(flight)
             if isinstance(answered, GatewayError):
                 charge.used = 0  # refused: only the request counts
                 return answered
             response, usage = answered
             if flight.tier is not None:
-                response, usage = await self.cascade(flight, response, usage)
+                response, usage = await self.tiered.cascade(flight, response, usage)
+                flight.answer = response, usage
             if usage.prompt_tokens is not None:
                 charge.used = usage.prompt_tokens + (usage.completion_tokens or 0)
-        served.prompt_tokens, served.cached_tokens = usage.prompt_tokens, usage.cached_tokens
-        served.completion_tokens = usage.completion_tokens
         if flight.inference.tool_forced is not None:
             forced_call_made(flight.inference, response)
         return response
@@ -290,12 +297,12 @@ class Gateway(Arrival, TieredPath):
         try:
             while flight.answer is None:
                 plan = await self.router.plan(
-                    flight.ask, flight.placement, flight.progress, self.tiering(flight)
+                    flight.ask, flight.placement, flight.progress, self.tiered.tiering(flight)
                 )
                 refusal: GatewayError | None = None
                 match plan:
                     case MoveTier():
-                        self.move(flight, plan)
+                        self.tiered.move(flight, plan)
                         refusal = await self.call(flight, plan.then)
                     case Local() | Pair() | Continue():
                         refusal = await self.call(flight, plan)
@@ -310,27 +317,25 @@ class Gateway(Arrival, TieredPath):
                     await self.carrier.end(flight, refusal.message)
         finally:
             self.carrier.streams.discard(flight)
-            flight.served.crowded = flight.served.crowded or flight.placement.request.crowded
         return flight.answer
 
     async def call(self, flight: Flight, plan: Call) -> GatewayError | None:
         """One worker's go: its answer, or what its failure leaves for the next plan."""
-        served, model, decision = flight.served, flight.model, plan.decision
+        model, decision = flight.model, plan.decision
         self.router.record(flight.id, decision, plan.wait_s)
         chosen = decision.ranked[0]
         attempt = flight.progress.attempt(chosen.worker.id)
         self.carrier.carried(flight, attempt.by)
-        served.worker, served.policy, served.reason = attempt.by, decision.policy, decision.reason
-        if served.trace:  # a trace that is kept
-            served.decision = spans.decision_attributes(decision, chosen)
-        request = flight.placement.request
-        served.routed_prompt = request.prompt_tokens
-        served.routed_cached = min(chosen.matched_tokens, served.routed_prompt)
-        self.decisions[model, decision.policy, decision.pd or "unified"] += 1
+        attempt.policy, attempt.reason = decision.policy, decision.reason
+        if flight.trace:  # a trace that is kept
+            attempt.attributes = spans.decision_attributes(decision, chosen)
+        prompt = attempt.routed_prompt = flight.placement.request.prompt_tokens
+        attempt.routed_cached = min(chosen.matched_tokens, prompt)
+        self.books.decisions[model, decision.policy, decision.pd or "unified"] += 1
         serving = decision.total - decision.unavailable
         self._load[model] = (decision.best_ttft_s, serving)
-        served.load = self.router.admission.fair.places(model) / max(1, serving)
-        out = self._answer_headers(flight.headers, model, served)
+        attempt.load = self.router.admission.fair.places(model) / max(1, serving)
+        out = self._answer_headers(flight.headers, model, flight.caller)
         if flight.caller.debug:
             queued_ms = round((self.clock() - flight.progress.since) * 1000, 1)  # in admission
             extra: dict[str, object] = {
@@ -361,7 +366,7 @@ class Gateway(Arrival, TieredPath):
                 if ending is not None:
                     await self.carrier.end(flight, ending)
             case Broken(response, cause):  # a fault of ours: the stream ended with an error
-                flight.served.fault = cause
+                flight.fault = cause
                 flight.answer = response, Usage()
             case Refused(error):
                 return error
@@ -370,8 +375,8 @@ class Gateway(Arrival, TieredPath):
     async def escalate(self, flight: Flight, plan: Peer) -> GatewayError | None:
         """To a peer region, under the tenant's fallback rule; if none takes it, what the plan
         says: a refusal, or (None) another plan without this escalation."""
-        headers = self._answer_headers(flight.headers, flight.model, flight.served)
-        trace = spans.peer_context(flight.served, self.tracing)
+        headers = self._answer_headers(flight.headers, flight.model, flight.caller)
+        trace = spans.peer_context(flight.span, self.tracing)
         config = self.config_or_refuse()
         outcome = await self.forwarder.escalate(
             flight, config, plan.trigger, plan.why, headers, trace
@@ -382,10 +387,10 @@ class Gateway(Arrival, TieredPath):
         return refusal_error(plan.otherwise) if plan.otherwise is not None else None
 
     def _answer_headers(
-        self, headers: dict[str, str], model: str, served: Served
+        self, headers: dict[str, str], model: str, caller: Caller
     ) -> dict[str, str]:
         """The load header goes to peers (it is how they choose) and insiders, not tenants."""
         out = dict(headers)
-        if served.insider:
+        if caller.insider:
             out[LOAD_HEADER] = self.load_of(model)
         return out

@@ -4,21 +4,28 @@ Meridian's own of the routing decision (agents/tracing.py makes and exports the 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from agents import tracing
-from agents.metrics import OPERATIONS, Served
+from agents.metrics import OPERATIONS, Settled
 from agents.router.decision import Decision
 from agents.router.policies import Candidate
 
 
 def finished(
-    path: str, status: int, served: Served, started: float, error: str | None, region: str | None
+    span: Any,
+    path: str,
+    status: int,
+    served: Settled,
+    started: float,
+    error: str | None,
+    region: str | None,
 ) -> None:
     operation = OPERATIONS.get(path, "chat")
     if served.model:
-        served.span.update_name(f"{operation} {served.model}")
+        span.update_name(f"{operation} {served.model}")
     first = served.first_at - started if served.first_at is not None else None
-    tracing.finish(served.span, {
+    tracing.finish(span, {
         "gen_ai.operation.name": operation, "gen_ai.request.model": served.model or None,
         "gen_ai.usage.input_tokens": served.prompt_tokens,
         "gen_ai.usage.output_tokens": served.completion_tokens,
@@ -31,10 +38,10 @@ def finished(
     }, error, time.time_ns())  # fmt: skip
 
 
-def peer_context(served: Served, tracer: tracing.Tracing | None) -> bytes:
+def peer_context(span: Any, tracer: tracing.Tracing | None) -> bytes:
     """The trace context a peer region gets: the span's, or one saying it is not kept."""
-    if served.span is not None:
-        return tracing.context_headers(served.span)
+    if span is not None:
+        return tracing.context_headers(span)
     return tracer.unkept_headers() if tracer is not None else b""
 
 

@@ -113,7 +113,7 @@ async def relay_stream(
     if gone is not None:  # what the answer held is given back by its holder
         assert stream is not None  # only writes to the client find it gone
         if gone.stalled:  # it held the slot reading nothing: cut, and said so
-            flight.served.client_stalled = True
+            flight.client_stalled = True
             log.info("request %s: %s; its stream is cut", flight.id, gone.why,
                      extra={"request_id": flight.id})  # fmt: skip
             if flight.http.transport is not None:

@@ -5,7 +5,7 @@ cheaper tier's failing answer to the strongest. The gateway (service.py) takes t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
@@ -22,18 +22,24 @@ from agents.router.router import Router
 log = logging.getLogger(__name__)
 
 
+Serve = Callable[[Flight], Awaitable[tuple[web.StreamResponse, Usage] | GatewayError]]
+
+
 class TieredPath:
-    """The gateway's steps for requests to tiered routes."""
+    """The gateway's steps for requests to tiered routes. `config`: the region's config in
+    force (or the refusal of a gateway that has none); `serve`: the gateway's serve loop,
+    which the cascade takes the request through again."""
 
-    router: Router
-    tiers: Tiers
-    clock: Callable[[], float]
-
-    def config_or_refuse(self) -> RegionConfig:
-        raise NotImplementedError
-
-    async def serve(self, flight: Flight) -> tuple[web.StreamResponse, Usage] | GatewayError:
-        raise NotImplementedError
+    def __init__(
+        self,
+        router: Router,
+        tiers: Tiers,
+        clock: Callable[[], float],
+        config: Callable[[], RegionConfig],
+        serve: Serve,
+    ) -> None:
+        self.router, self.tiers, self.clock = router, tiers, clock
+        self.config_or_refuse, self.serve = config, serve
 
     async def tier(self, flight: Flight) -> None:
         """A tiered route's request: the tier it starts on (agents/gateway/tiers.py)."""
@@ -71,7 +77,7 @@ class TieredPath:
         assert choice.doc is not None
         assert index is not None
         choice.index = index
-        inference.model = flight.served.model = placement.model
+        inference.model = placement.model
         changes: dict[str, object] = {"model": placement.model}
         cascade, cheaper = choice.route.cascade, index < choice.top and choice.cascaded is None
         # a stream the cascade may judge is asked whole of a cheaper tier, and streamed to the
@@ -148,7 +154,7 @@ class TieredPath:
                 return as_stream(response, inference, choice.wants_usage), usage
             return response, usage
         came = choice.model
-        self.tiers.cascades[choice.route.name, signal] += 1
+        self.tiers.books.cascades[choice.route.name, signal] += 1
         inference.extra = b""
         kept = as_stream(response, inference, choice.wants_usage) if choice.streamed else response
         top = self.on_tier(flight, choice.top)

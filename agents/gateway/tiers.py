@@ -26,7 +26,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +35,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from agents.books import Books
 from agents.config import Cascade, ModelConfig, Tenant, TieredRouteConfig
 from agents.gateway import answers
 from agents.gateway.requests import Inference
@@ -98,32 +99,32 @@ class Tiers:
     """The gateway's tiered routes: conversations' tiers, the external classifiers' client,
     and what was chosen, moved and cascaded, counted."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, books: Books | None = None
+    ) -> None:
         self.clock = clock
+        self.books = books if books is not None else Books()  # what each tier answered, moved
         self._conversations: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
         self._session: aiohttp.ClientSession | None = None
-        # (route, model, why): requests answered by each tier
-        self.answered: Counter[tuple[str, str, str]] = Counter()
-        self.moves: Counter[tuple[str, str, str, str]] = Counter()  # (route, from, to, why)
-        self.cascades: Counter[tuple[str, str]] = Counter()  # (route, signal)
-        self.external_late: Counter[str] = Counter()  # by route: the budget passed or failed
 
     def status(self) -> list[dict[str, Any]]:
         """Per tiered route: the requests each tier answered and why, the moves under load,
         the cascades (agent status, and the heartbeat's)."""
-        routes = {k[0] for k in self.answered} | {k[0] for k in self.moves}
-        routes |= {k[0] for k in self.cascades}
+        books = self.books
+        routes = {k[0] for k in books.tier_answered} | {k[0] for k in books.tier_moves}
+        routes |= {k[0] for k in books.cascades}
         return [self._route_status(route) for route in sorted(routes)]
 
     def _route_status(self, route: str) -> dict[str, Any]:
-        answered = sorted((k, n) for k, n in self.answered.items() if k[0] == route)
-        moves = sorted((k, n) for k, n in self.moves.items() if k[0] == route)
+        books = self.books
+        answered = sorted((k, n) for k, n in books.tier_answered.items() if k[0] == route)
+        moves = sorted((k, n) for k, n in books.tier_moves.items() if k[0] == route)
         return {
             "route": route,
             "answered": [{"model": m, "why": w, "count": n} for (_, m, w), n in answered],
             "moves": [{"from": a, "to": b, "why": w, "count": n} for (_, a, b, w), n in moves],
-            "cascades": {s: n for (r, s), n in sorted(self.cascades.items()) if r == route},
-            "external_late": self.external_late.get(route, 0),
+            "cascades": {s: n for (r, s), n in sorted(books.cascades.items()) if r == route},
+            "external_late": books.external_late.get(route, 0),
         }
 
     async def close(self) -> None:
@@ -187,7 +188,7 @@ class Tiers:
         """The request was answered on `choice`'s tier: counted, and its conversation keeps
         the tier."""
         route = choice.route
-        self.answered[route.name, choice.model, choice.why] += 1
+        self.books.tier_answered[route.name, choice.model, choice.why] += 1
         if choice.remember is not None:
             expires = self.clock() + route.conversation_ttl_s
             self._conversations[choice.remember] = (choice.model, expires)
@@ -200,7 +201,7 @@ class Tiers:
         came = choice.model
         choice.index, choice.why, choice.detail = to, why, detail
         choice.moves.append(f"{came} → {choice.model} ({detail})")
-        self.moves[route.name, came, choice.model, why] += 1
+        self.books.tier_moves[route.name, came, choice.model, why] += 1
 
     def _held(self, key: bytes | None, route: TieredRouteConfig) -> int | None:
         if key is None:
@@ -234,7 +235,7 @@ class Tiers:
                         raise ValueError(f"answered {answer.status}")
                     doc = orjson.loads(await answer.read())
         except (TimeoutError, OSError, ValueError, aiohttp.ClientError) as error:
-            self.external_late[route.name] += 1
+            self.books.external_late[route.name] += 1
             log.info("external classifier of %s: %s", route.name, error or "past its budget")
             return None
         return _external_answer(doc, route)

@@ -166,12 +166,19 @@ class Prober:
                 return entry.spec.id, None
             self.sent[entry.spec.id] += 1
             rid = f"meridian-canary-{canary.name}-{next(self._ids)}"
+            text = f"{canary.prompt}{canary.reference}".encode()
+            ticket = self.router.probe(entry.spec.id, text)  # in flight, as any request
             try:
                 answer = await _post(http, entry.spec.url, canary.body(rid))
                 return entry.spec.id, score(answer)
             except (aiohttp.ClientError, TimeoutError, ValueError, CanaryUnreadable) as error:
                 log.info("canary %s on %s: no score: %s", canary.name, entry.spec.id, error)
                 return entry.spec.id, None
+            finally:  # ended either way; a canary's failure is the guard's to judge, not the
+                # breaker's
+                if ticket is not None:
+                    self.router.abandoned(ticket)
+                    self.router.admission.notify(entry.spec.model)
 
         got = await asyncio.gather(*(one(e) for e in entries))
         return {worker: s for worker, s in got if s is not None}

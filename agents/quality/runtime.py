@@ -10,13 +10,14 @@ import hashlib
 import logging
 import statistics
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
 from meridian_pb.fleet.v1.judging import DETECTORS, Verdict
 
+from agents.books import Books
 from agents.quality.canary import Canary
 from agents.quality.detectors import Answer, suspect
 from agents.quality.guard import Event, Guard
@@ -36,14 +37,15 @@ class Quality:
         table: WorkerTable,
         views: Mapping[str, WorkerView] | None = None,
         clock: Callable[[], float] = time.time,
+        books: Books | None = None,
     ) -> None:
         self.table = table
+        self.books = books if books is not None else Books()  # its events, counted
         self.views = views if views is not None else {}  # the router's, for latency
         self.clock = clock  # wall clock: events carry when they happened
         self.guard = Guard()
         self.recent: deque[Event] = deque(maxlen=RECENT)
         self.unsent: list[Event] = []  # for the next heartbeat
-        self.counts: Counter[tuple[str, str, str, str]] = Counter()  # model, worker, kind, check
         # (model, canary): the digest of its reference, and the last score of each worker
         self.scores: dict[tuple[str, str], tuple[str, dict[str, float]]] = {}
 
@@ -91,7 +93,7 @@ class Quality:
         for event in events:
             self.recent.append(event)
             self.unsent.append(event)
-            self.counts[(event.model, event.worker, event.kind, event.check)] += 1
+            self.books.quality[event.model, event.worker, event.kind, event.check] += 1
             log.warning(
                 "quality: %s %s (%s): %s %.3g against its peers' %.3g; e.g. %s%s",
                 event.worker, event.kind, event.model, event.check, event.figure,

@@ -338,7 +338,7 @@ class Admission:
                 self.waiting[model] -= 1
                 fair.queued(model, tenant, -1)
             if queued or request.full:
-                request.crowded = request.crowded or fair.crowded(model, tenant)
+                progress.crowded = progress.crowded or fair.crowded(model, tenant)
 
     def _queue(self, route: RouteConfig, tenant: str, standing: int) -> Reject | None:
         """What a full queue says to a request about to join it: it takes no more, but from

@@ -34,18 +34,13 @@ def audit(router: Router) -> list[tuple[str, int]]:
             idle_before = entry.load.at - AUDIT_GRACE_S  # the engine had them by its poll
             ours = sum(1 for t in live.values() if t.active_at < idle_before)
             excess = ours - (entry.load.running + entry.load.waiting)
-        if excess <= 0:
-            view.mismatch = None
+        ending = view.audited(excess, now, AUDIT_S)
+        if not ending:
             continue
-        since, least = view.mismatch or (now, excess)
-        view.mismatch = (since, min(least, excess))
-        if now - since < AUDIT_S:
-            continue
-        oldest = sorted(live.values(), key=lambda t: t.active_at)[: view.mismatch[1]]
+        oldest = sorted(live.values(), key=lambda t: t.active_at)[:ending]
         for ticket in oldest:
             router.abandoned(ticket)
-        view.mismatch = None
-        router.repairs[worker_id] += len(oldest)
+        router.books.repairs[worker_id] += len(oldest)
         repaired.append((worker_id, len(oldest)))
         log.warning(
             "worker %s: %d request(s) in flight from here that its engine has not held "

@@ -66,3 +66,4 @@ class Ticket:
     predicted_s: float = 0.0  # its wait for a first byte there, as admission or the cost
     # policy predicted it
     active_at: float = 0.0  # when it was sent, or its answer last moved (the audit's)
+    probe: bool = False  # a canary: in flight as any request, but the router learns nothing of it

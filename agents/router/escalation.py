@@ -17,10 +17,10 @@ opens on failures and half-opens to probe, as a worker's does.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from agents.books import Books
 from agents.config import FallbackChain, Peer
 from agents.held import Held
 from agents.router.breaker import Breaker
@@ -83,10 +83,12 @@ class PeerChoice:
 
 
 class Escalations:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, books: Books | None = None
+    ) -> None:
         self.clock = clock
+        self.books = books if books is not None else Books()  # the escalations in and out
         self.peers: dict[str, PeerView] = {}
-        self.counts: Counter[tuple[str, str, str]] = Counter()  # (in|out, peer, reason)
         self.error_share: dict[str, float] = {}  # model: smoothed share of failed attempts
 
     def configure(self, regions: Iterable[str], health: Mapping[str, str]) -> None:
@@ -127,7 +129,7 @@ class Escalations:
     def sending(self, region: str, reason: str) -> PeerTry:
         """One request's try of a peer, held by `with`: it counts in the peer's in-flight
         requests, and probes a half-open peer, until the block ends, however it ends."""
-        self.counts["out", region, reason] += 1
+        self.books.escalations["out", region, reason] += 1
         view = self.peers.get(region)
         if view is None:  # a snapshot dropped the peer: its try is counted nowhere
             view = PeerView(region)
@@ -136,7 +138,7 @@ class Escalations:
         return PeerTry(view)
 
     def received(self, region: str, reason: str) -> None:
-        self.counts["in", region, reason] += 1
+        self.books.escalations["in", region, reason] += 1
 
     def answered(
         self,
@@ -187,7 +189,7 @@ class Escalations:
         }  # fmt: skip
 
     def report(self) -> list[tuple[str, str, str, int]]:
-        return [(d, p, r, n) for (d, p, r), n in sorted(self.counts.items())]
+        return [(d, p, r, n) for (d, p, r), n in sorted(self.books.escalations.items())]
 
 
 def load_header(ttft_s: float | None, waiting: int, serving: int) -> str:

@@ -92,10 +92,17 @@ class Placement:
 
 @dataclass(eq=False, slots=True)
 class Attempt:
-    """One worker's (or peer's) go at the request, and how it ended."""
+    """One worker's (or peer's) go at the request, and how it ended: what its receipt, its
+    metrics and its span say of it (the gateway writes it as it makes the call)."""
 
     by: str  # the worker id, or peer:<region>
     ended: str = ""  # why it failed ("" while it runs, or when it answered)
+    policy: str = ""  # the routing policy, or "escalation"
+    reason: str = ""  # the router's reason, or the escalation's
+    routed_prompt: int = 0  # the prompt's tokens as the router took them
+    routed_cached: int = 0  # of them, those it expected cached there
+    load: float = 0.0  # requests of its model here per serving worker, when sent
+    attributes: dict[str, object] | None = None  # the span's, of the decision (a kept trace)
 
 
 @dataclass(eq=False, slots=True)
@@ -110,6 +117,9 @@ class Progress:
     cuts: int = 0  # times its stream broke off after the client saw part of it
     continuing: bool = False  # the client has seen part of the answer
     declined: set[Reason] = field(default_factory=set)  # escalations no peer took
+    # it waited (or its model was full) while another tenant held well over its fair share of
+    # the model here: what it met was that tenant's load (a rollout's checks leave it out)
+    crowded: bool = False
 
     def attempt(self, by: str) -> Attempt:
         attempt = Attempt(by)

@@ -33,9 +33,6 @@ class RouteRequest:
     now: float = 0.0  # the router's clock when it is routed
     full: bool = False  # requests of its model have lately waited in admission for room
     root: int = 0  # where its prefix's chain starts: its cache namespace (prefix.salt_root)
-    # it waited (or the model was full) while another tenant held well over its fair share of
-    # the model here: what it met was that tenant's load (a rollout's checks leave it out)
-    crowded: bool = False
 
 
 @dataclass

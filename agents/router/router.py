@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from meridian_pb.fleet.v1.params import CostParams
 
+from agents.books import Books
 from agents.config import RegionConfig, RouteConfig
 from agents.engines.tokenizers import PromptTokenizer
 from agents.router.admission import Admission
@@ -56,15 +57,20 @@ SERVING_ROLES = ("unified", "decode")
 
 
 class Router:
-    def __init__(self, table: WorkerTable, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        table: WorkerTable,
+        clock: Callable[[], float] = time.monotonic,
+        books: Books | None = None,
+    ) -> None:
         self.table = table
         self.clock = clock
+        self.books = books if books is not None else Books()
         self.views: dict[str, WorkerView] = {}
         self._policies: dict[tuple[str, str, str], Policy] = {}
         self._by_model: dict[str, Policy] = {}
         self._bytes: dict[str, tuple[float, float]] = {}  # model -> (prompt bytes, tokens)
         self._pd_models: set[str] = set()  # models with prefill workers
-        self.pd_choices: Counter[str] = Counter()  # "local" / "disaggregated", as sent
         self.exact: dict[str, Exact] = {}  # model -> its event-kept index
         # (when, request id, decision, the wait admission predicted at its best worker)
         self._recent: deque[tuple[float, str, Decision, float | None]] = deque(
@@ -72,10 +78,9 @@ class Router:
         )
         self.live: dict[str, dict[int, Ticket]] = {}  # worker: its tickets not yet ended
         # (agents/router/audit.py checks them against the engines)
-        self.repairs: Counter[str] = Counter()  # worker: tickets the audit ended
         self.config: RegionConfig | None = None
         self.admission = Admission(self, clock)
-        self.escalations = Escalations(clock)
+        self.escalations = Escalations(clock, self.books)
 
     async def plan(
         self,
@@ -160,7 +165,7 @@ class Router:
         """What the router has learned of each worker, what its engine said of its load at
         the last poll, and its PD choices."""
         return {
-            "pd_choices": dict(self.pd_choices),
+            "pd_choices": dict(self.books.pd_choices),
             "workers": {
                 v.worker_id: {
                     "inflight": v.inflight,
@@ -261,12 +266,7 @@ class Router:
             view = self.views.get(worker.id)
             if view is None or worker.id in exclude:
                 continue
-            if entry.polls != view.poll_seen:  # the engine's load now counts what we sent
-                view.poll_seen, view.sent_since_poll, view.tokens_since_poll = entry.polls, 0, 0
-                view.observe_queue(entry.load.waiting, entry.load.at)
-                if entry.load.step_s > 0:
-                    view.batch_step_s = entry.load.step_s
-                    view.line.observe(entry.load.running, entry.load.step_s)
+            view.polled(entry.polls, entry.load)
             if not entry.serving or not view.breaker.allows(now):
                 unavailable += 1
                 continue
@@ -293,37 +293,45 @@ class Router:
         request: RouteRequest,
         prefilled_elsewhere: bool = False,
         wait_s: float | None = None,
+        probe: bool = False,
     ) -> Ticket:
         """`prefilled_elsewhere`: a PD decode worker, whose KV cache comes from the prefill
         worker; it holds the prompt afterwards but does not compute it. `wait_s`: its wait for
         a first byte as admission predicted it (else the policy's stands)."""
         view = chosen.view
         policy = self._by_model.get(request.model)
-        if policy is not None:
+        if policy is not None and not probe:
             policy.dispatched(chosen.worker.id, request)
         uncached = 0 if prefilled_elsewhere else request.prompt_tokens - chosen.matched_tokens
         uncached = max(0, uncached)
         load = chosen.entry.load
         ahead = round(view.queued_work(load.pending_tokens))
         busy = chosen.busy  # before this request counts
-        view.count_dispatch(
-            self.clock(), placed=not prefilled_elsewhere and places(chosen, request)
-        )
-        view.inflight += 1
-        view.queued_tokens += uncached
-        view.sent_since_poll += 1
-        view.tokens_since_poll += uncached
-        view.breaker.dispatched()
+        placed = not prefilled_elsewhere and places(chosen, request)
         ticket = Ticket(
             chosen.worker.id, request.model, self.clock(), request.prompt_tokens, uncached, ahead,
-            learns_prefill=not prefilled_elsewhere and load.waiting == 0,
+            learns_prefill=not prefilled_elsewhere and load.waiting == 0 and not probe,
             step_s=view.decode_step_s if busy else 0.0, polls=chosen.entry.polls,
             max_new=request.max_new,
-            predicted_s=chosen.ttft_s if wait_s is None else wait_s,
+            predicted_s=chosen.ttft_s if wait_s is None else wait_s, probe=probe,
         )  # fmt: skip
         ticket.active_at = ticket.sent_at
-        view.flew(id(ticket), ticket.sent_at, view.answer(request.max_new), uncached)
+        answer = view.answer(request.max_new)
+        view.sent(id(ticket), ticket.sent_at, uncached, answer, placed, probe)
         self.live.setdefault(ticket.worker_id, {})[id(ticket)] = ticket
+        return ticket
+
+    def probe(self, worker_id: str, text: bytes) -> Ticket | None:
+        """A canary of `text` sent to the worker (agents/quality/prober.py): in flight as any
+        request, so that admission and the audit count it; it teaches the router nothing.
+        None when the worker is not in the table."""
+        entry, view = self.table.get(worker_id), self.views.get(worker_id)
+        if entry is None or view is None:
+            return None
+        model = entry.spec.model
+        request = RouteRequest(model, text, max(1, int(len(text) * self.tokens_per_byte(model))),
+                               self.tokens_per_byte(model), max_new=1)  # fmt: skip
+        ticket = self.dispatched(Candidate(entry.spec, entry, view), request, probe=True)
         return ticket
 
     def _end(self, ticket: Ticket) -> None:
@@ -345,11 +353,10 @@ class Router:
         view = self.views.get(ticket.worker_id)
         if view is None:
             return
-        view.started(id(ticket), ticket.first_at)
+        view.first_byte(id(ticket), ticket.first_at, ticket.uncached_tokens, self._unpolled(ticket))
+        if ticket.probe:  # a canary (it asks for log-probabilities): no speed of the worker's
+            return
         view.learn_bias(ticket.predicted_s, ticket.first_at - ticket.sent_at)
-        view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
-        if self._unpolled(ticket):  # its prefill is done: no longer queued work
-            view.tokens_since_poll = max(0, view.tokens_since_poll - ticket.uncached_tokens)
         if ticket.learns_prefill and ticket.queued_ahead == 0:
             # only a request with nothing known ahead of it times the prefill alone (less the
             # decode step it waited for): under load a TTFT is mostly queueing, which the cost
@@ -357,7 +364,6 @@ class Router:
             view.learn_prefill(
                 ticket.uncached_tokens, ticket.first_at - ticket.sent_at - ticket.step_s
             )
-        view.breaker.succeeded()
 
     def progressed(self, ticket: Ticket, events: int) -> None:
         """Events of its stream relayed to the client."""
@@ -378,10 +384,7 @@ class Router:
         now = self.clock()
         view = self.views.get(ticket.worker_id)
         if view is not None:
-            view.inflight = max(0, view.inflight - 1)
-            flight = view.landed(id(ticket))
-            if self._unpolled(ticket):
-                view.sent_since_poll = max(0, view.sent_since_poll - 1)
+            flight = view.finished(id(ticket), self._unpolled(ticket))
             if completion:
                 view.learn_output(completion, ticket.max_new)
                 if flight is not None:
@@ -402,30 +405,19 @@ class Router:
             return
         self._end(ticket)
         view = self.views.get(ticket.worker_id)
-        if view is None:
-            return
-        view.inflight = max(0, view.inflight - 1)
-        self._forget(view, ticket)
-        view.breaker.failed(self.clock())
+        if view is not None:
+            view.failed(id(ticket), _unstarted(ticket), self._unpolled(ticket), self.clock())
 
     def abandoned(self, ticket: Ticket) -> None:
-        """The client went away: not the worker's fault."""
+        """The client went away (or the audit ended it): not the worker's fault."""
         if ticket.done:
             return
         self._end(ticket)
         view = self.views.get(ticket.worker_id)
         if view is not None:
-            view.inflight = max(0, view.inflight - 1)
-            self._forget(view, ticket)
-            view.breaker.probing = False
+            view.abandoned(id(ticket), _unstarted(ticket), self._unpolled(ticket), ticket.probe)
 
-    def _forget(self, view: WorkerView, ticket: Ticket) -> None:
-        """A request that ended without an answer: its work is no longer the worker's."""
-        unpolled = self._unpolled(ticket)
-        view.landed(id(ticket))
-        if ticket.first_at is None:
-            view.queued_tokens = max(0, view.queued_tokens - ticket.uncached_tokens)
-            if unpolled:
-                view.tokens_since_poll = max(0, view.tokens_since_poll - ticket.uncached_tokens)
-        if unpolled:
-            view.sent_since_poll = max(0, view.sent_since_poll - 1)
+
+def _unstarted(ticket: Ticket) -> int:
+    """Its uncached prompt tokens, still queued work if its first byte has not come."""
+    return ticket.uncached_tokens if ticket.first_at is None else 0

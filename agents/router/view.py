@@ -71,15 +71,101 @@ class WorkerView:
     _counted_firsts: float = 0.0  # the sums of their first-byte times and of their events
     _events: int = 0
 
+    # The ledger: what the router saw of the requests it sent, and only through these. The
+    # router (agents/router/router.py) calls them as the gateway reports each ticket.
+
+    def polled(self, polls: int, load: EngineLoad) -> None:
+        """The engine's load poll `polls` landed: its load now counts what was sent here."""
+        if polls == self.poll_seen:
+            return
+        self.poll_seen, self.sent_since_poll, self.tokens_since_poll = polls, 0, 0
+        self.observe_queue(load.waiting, load.at)
+        if load.step_s > 0:
+            self.batch_step_s = load.step_s
+            self.line.observe(load.running, load.step_s)
+
+    def sent(
+        self, key: int, at: float, uncached: int, answer: float, placed: bool, probe: bool = False
+    ) -> None:
+        """A request sent here: `uncached`, its prompt tokens the engine computes; `answer`,
+        the tokens its answer is expected to take; `placed`, its prefix new here; `probe`, a
+        canary (in flight, but not one of the worker's users': nothing is learned of it)."""
+        if not probe:
+            self.count_dispatch(at, placed)
+        self.inflight += 1
+        self.queued_tokens += uncached
+        self.sent_since_poll += 1
+        self.tokens_since_poll += uncached
+        if not probe:  # a canary is no half-open breaker's probe
+            self.breaker.dispatched()
+        self.flew(key, at, answer, uncached, learn=not probe)
+
+    def first_byte(self, key: int, at: float, uncached: int, unpolled: bool) -> None:
+        """Its first byte came: its prefill is done, no longer queued work (nor, before the
+        next poll, work sent since the last); the worker answers."""
+        self.started(key, at)
+        self.queued_tokens = max(0, self.queued_tokens - uncached)
+        if unpolled:
+            self.tokens_since_poll = max(0, self.tokens_since_poll - uncached)
+        self.breaker.succeeded()
+
+    def finished(self, key: int, unpolled: bool) -> Flight | None:
+        """Its answer is complete; the flight, as it was."""
+        self.inflight = max(0, self.inflight - 1)
+        flight = self.landed(key)
+        if unpolled:
+            self.sent_since_poll = max(0, self.sent_since_poll - 1)
+        return flight
+
+    def failed(self, key: int, unstarted: int, unpolled: bool, now: float) -> None:
+        """The worker failed it (refused, reset, 5xx), before or while answering.
+        `unstarted`: its uncached prompt tokens, if its first byte had not come (else 0)."""
+        self._ended(key, unstarted, unpolled)
+        self.breaker.failed(now)
+
+    def abandoned(self, key: int, unstarted: int, unpolled: bool, probe: bool = False) -> None:
+        """It ended without an answer, not by the worker's fault (the client left, the audit
+        ended it, or it was a canary)."""
+        self._ended(key, unstarted, unpolled)
+        if not probe:
+            self.breaker.probing = False
+
+    def _ended(self, key: int, unstarted: int, unpolled: bool) -> None:
+        """A request that ended without an answer: its work is no longer the worker's."""
+        self.inflight = max(0, self.inflight - 1)
+        self.landed(key)
+        self.queued_tokens = max(0, self.queued_tokens - unstarted)
+        if unpolled:
+            self.tokens_since_poll = max(0, self.tokens_since_poll - unstarted)
+        if unpolled:
+            self.sent_since_poll = max(0, self.sent_since_poll - 1)
+
+    def audited(self, excess: int, now: float, hold_s: float) -> int:
+        """The audit found `excess` of this gateway's requests here that the engine does not
+        hold (0: none): how many of them to end now, once it has disagreed for `hold_s` (the
+        least excess it has shown meanwhile), else 0."""
+        if excess <= 0:
+            self.mismatch = None
+            return 0
+        since, least = self.mismatch or (now, excess)
+        self.mismatch = (since, min(least, excess))
+        if now - since < hold_s:
+            return 0
+        self.mismatch = None
+        return min(least, excess)
+
     def answer(self, max_new: int | None) -> float:
         """The tokens an answer is expected to take: its max_tokens at the share answers here
         take of theirs, or the mean of answers here when the request sets none."""
         return self.mean_output if max_new is None else max(1.0, max_new * self.answer_share)
 
-    def flew(self, key: int, at: float, answer: float, tokens: float = 0.0) -> None:
+    def flew(
+        self, key: int, at: float, answer: float, tokens: float = 0.0, learn: bool = True
+    ) -> None:
         self._flights[key] = Flight(at, answer, tokens)
         self._unstarted += 1
-        self.mean_output += LEARN_ALPHA * (answer - self.mean_output)
+        if learn:
+            self.mean_output += LEARN_ALPHA * (answer - self.mean_output)
 
     def started(self, key: int, at: float) -> None:
         flight = self._flights.get(key)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.controlplane.conftest import run_cli
+from tests.kits.controlplane import run_cli
 
 
 async def test_a_first_start_without_a_bootstrap_token_is_refused(tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ import httpx
 
 from agents.engines.children import start_ticks
 from meridian.procs import free_port, start_control_plane, stop_child
-from tests.agents.agent_kit import AgentProc, engines_ready, running_agent, start_agent
-from tests.controlplane.conftest import ADMIN_TOKEN, Server, start_server
-from tests.controlplane.push.kit import bootstrap_token, eventually, get, patch, seed
+from tests.kits.agents import AgentProc, engines_ready, running_agent, start_agent
+from tests.kits.controlplane import ADMIN_TOKEN, Server, start_server
+from tests.kits.push import bootstrap_token, eventually, get, patch, seed
 
 
 async def _status_when(agent: Any, check: Any, within_s: float = 30) -> dict[str, Any]:

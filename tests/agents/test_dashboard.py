@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.core import Metric
 
+from agents.books import Books
 from agents.metrics import RequestMetrics, state_families
 from controlplane.metrics import ControlPlaneMetrics
 
@@ -19,9 +20,7 @@ def _served_names() -> set[str]:
     """Every sample name the agent and the control plane expose, labels or not."""
     families: list[Metric] = [*RequestMetrics(lambda: "r").registry.collect()]
     families += ControlPlaneMetrics().registry.collect()
-    families += state_families(revision=1, applied_at=0.0, waiting={}, rejections={},
-                               decisions={}, escalations=[], breakers=[], faults={},
-                               repairs={})  # fmt: skip
+    families += state_families(Books(), revision=1, applied_at=0.0, waiting={}, breakers=[])
     names = set()
     for family in families:
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"]}

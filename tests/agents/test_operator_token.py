@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from meridian.procs import free_port
-from tests.agents.agent_kit import running_agent
+from tests.kits.agents import running_agent
 
 GUARDED = ("/agent/status", "/agent/decisions", "/metrics")
 

@@ -4,15 +4,15 @@ most (controlplane/services/rollouts/judge.py); and its timed answers by the loa
 
 from __future__ import annotations
 
-from collections import Counter
-
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
+from agents.books import Books
 from agents.telemetry import TENANTS_TOLD, add_tenant_answers
 
 
 def test_the_tenants_with_the_most_answers_not_ok_are_told_per_model() -> None:
-    by_tenant: Counter[tuple[str, str, str]] = Counter()
+    books = Books()
+    by_tenant = books.by_tenant
     by_tenant["llama", "acme", "ok"] = 40
     by_tenant["llama", "acme", "queue_full"] = 30
     by_tenant["llama", "beta", "ok"] = 100  # nothing went wrong for beta: not told
@@ -21,11 +21,11 @@ def test_the_tenants_with_the_most_answers_not_ok_are_told_per_model() -> None:
     by_tenant["qwen", "acme", "internal_error"] = 2
     telemetry = pb.Telemetry(answers=[pb.ModelAnswers(model="llama"),
                                       pb.ModelAnswers(model="qwen")])  # fmt: skip
-    by_load: Counter[tuple[str, int, str]] = Counter()
+    by_load = books.by_load
     by_load["llama", 4, "ttft_timed"] = 12
     by_load["llama", 4, "ttft_slow"] = 3
     by_load["llama", 1, "itl_timed"] = 7
-    add_tenant_answers(telemetry, by_tenant, by_load)
+    add_tenant_answers(telemetry, books)
     llama, qwen = telemetry.answers
     assert [(b.band, b.ttft_timed, b.ttft_slow, b.itl_timed) for b in llama.bands] == [
         (1, 0, 0, 7), (4, 12, 3, 0)]  # fmt: skip

@@ -29,11 +29,11 @@ from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
 from meridian.procs import ControlPlane, free_port, start_control_plane, stop_child
-from tests.agents.agent_kit import AgentProc, engines_ready, start_agent
-from tests.controlplane.conftest import ADMIN_TOKEN
-from tests.controlplane.fleet import EXAMPLE
-from tests.controlplane.push.kit import eventually
-from tests.fleet.kit import OPERATOR, applied_deployments, fleet_document
+from tests.kits.agents import AgentProc, engines_ready, start_agent
+from tests.kits.controlplane import ADMIN_TOKEN
+from tests.kits.fleet import OPERATOR, applied_deployments, fleet_document
+from tests.kits.fleet_docs import EXAMPLE
+from tests.kits.push import eventually
 from tests.report import SECTIONS, add
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

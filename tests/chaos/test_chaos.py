@@ -23,7 +23,7 @@ from tests.chaos.kit import (
     kill9,
     report,
 )
-from tests.controlplane.push.kit import eventually
+from tests.kits.push import eventually
 
 BROKEN_S = 5.0  # how long each part stays dead under load
 

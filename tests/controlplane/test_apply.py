@@ -6,8 +6,8 @@ from typing import Any
 
 import yaml
 
-from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import EXAMPLE, example
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import EXAMPLE, example
 
 
 async def _apply(api: Api, document: object, **params: str) -> dict[str, object]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.controlplane.conftest import Api
+from tests.kits.controlplane import Api
 
 BIGINT = 2**63 - 1
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.controlplane.conftest import ADMIN_TOKEN, Server, run_cli
-from tests.controlplane.fleet import EXAMPLE
+from tests.kits.controlplane import ADMIN_TOKEN, Server, run_cli
+from tests.kits.fleet_docs import EXAMPLE
 
 
 async def test_apply_command_shows_the_diff_and_is_idempotent(server: Server) -> None:

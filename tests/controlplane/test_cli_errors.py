@@ -15,7 +15,7 @@ import httpx
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from meridian.procs import free_port
-from tests.controlplane.conftest import run_cli
+from tests.kits.controlplane import run_cli
 
 
 def _one_clear_line(output: str) -> str:

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from tests.controlplane.conftest import ADMIN_TOKEN, Server
+from tests.kits.controlplane import ADMIN_TOKEN, Server
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import BASE
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import BASE
 
 # kind -> (a valid create body, a merge patch that changes it, the field it changes)
 CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {

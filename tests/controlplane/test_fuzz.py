@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 
 from tests import fuzz_kit
-from tests.controlplane.conftest import ADMIN_TOKEN, Server
-from tests.controlplane.fleet import EXAMPLE
+from tests.kits.controlplane import ADMIN_TOKEN, Server
+from tests.kits.fleet_docs import EXAMPLE
 
 CONFIG = Path(__file__).with_name("fuzz") / "schemathesis.toml"
 # A fixed seed, so that CI is repeatable; MERIDIAN_FUZZ_SEED explores further, and

@@ -9,8 +9,8 @@ from sqlalchemy.engine import Connection
 from controlplane.db import migrate
 from controlplane.db.engine import Database
 from controlplane.db.rows import Base
-from tests.conftest import sql
-from tests.controlplane.conftest import run_cli
+from tests.kits.controlplane import run_cli
+from tests.kits.services import sql
 
 
 async def _tables(url: str) -> set[str]:

@@ -11,8 +11,8 @@ from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import EngineSlotRow
 from controlplane.services.fleet_state import region_snapshots
 from controlplane.services.placements import seed_slots
-from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import example
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import example
 
 H100 = {"model": "H100-SXM-80GB", "memory_gb": 80}
 

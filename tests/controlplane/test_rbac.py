@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from controlplane.services.agents import AgentRegistration, register
-from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import BASE
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import BASE
 
 # (method, path, body, least role that may)
 ACTIONS = [

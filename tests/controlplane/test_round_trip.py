@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from controlplane.services.registry import KINDS
-from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import EXAMPLE
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import EXAMPLE
 
 UPDATABLE = [kind.plural for kind in KINDS if kind.updatable]
 

@@ -7,14 +7,14 @@ from typing import Any
 
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
-from agents.gateway.tiers import Tiers
+from agents.books import Books
 from agents.telemetry import add_tiers
 from controlplane.db.fleet_rows import NodeRow
 from controlplane.push.wire import telemetry_doc
 from controlplane.services.liveness import UP, summarize
-from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import BASE
-from tests.controlplane.push.kit import eventually
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import BASE
+from tests.kits.push import eventually
 
 
 async def test_the_page_is_a_shell_that_loads_nothing_from_elsewhere(api: Api) -> None:
@@ -97,13 +97,13 @@ def test_the_tiered_routes_counts_of_a_regions_agents_are_summed() -> None:
     """From the agents' counters, through the heartbeat's message, to the status document."""
     beats = {}
     for node in (1, 2):
-        tiers = Tiers()
-        tiers.answered["chat-auto", "small", "difficulty"] += 3 * node
-        tiers.answered["chat-auto", "large", "not opted in"] += 1
-        tiers.moves["chat-auto", "large", "small", "capacity"] += node
-        tiers.cascades["chat-auto", "length"] += 1
+        books = Books()
+        books.tier_answered["chat-auto", "small", "difficulty"] += 3 * node
+        books.tier_answered["chat-auto", "large", "not opted in"] += 1
+        books.tier_moves["chat-auto", "large", "small", "capacity"] += node
+        books.cascades["chat-auto", "length"] += 1
         telemetry = pb.Telemetry()
-        add_tiers(telemetry, tiers)
+        add_tiers(telemetry, books)
         beats[node] = telemetry_doc(telemetry)
     nodes = [NodeRow(id=i, name=f"n{i}", health=UP) for i in (1, 2)]
     (route,) = summarize("r", nodes, beats)["tiers"]

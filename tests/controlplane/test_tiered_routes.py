@@ -12,9 +12,8 @@ import pytest
 from agents.config import compile_config
 from controlplane.push.wire import to_wire
 from controlplane.snapshot import compile_region
-from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import BASE, example
-from tests.controlplane.snapshot.test_compiler import state_from
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import BASE, example, state_from
 
 STRONG = {"name": "llama-70b", "source": "meta-llama/Llama-3.1-70B-Instruct",
           "context_length": 8192}  # fmt: skip

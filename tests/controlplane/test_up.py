@@ -20,8 +20,8 @@ import pytest
 
 from controlplane.db.embedded import UNSAFE_FAST, EmbeddedPostgres
 from meridian.procs import free_port
-from tests.conftest import sql
-from tests.controlplane.push.kit import eventually
+from tests.kits.push import eventually
+from tests.kits.services import sql
 
 
 async def test_embedded_postgres_keeps_data_across_restarts(workdir: Path) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import BASE
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import BASE
 
 
 @pytest.fixture

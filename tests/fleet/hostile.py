@@ -17,9 +17,9 @@ import pytest
 import pytest_asyncio
 
 from controlplane.db.embedded import Credentials
-from tests.conftest import TEMPLATE, _scratch_database
-from tests.controlplane.push.kit import eventually
-from tests.fleet.kit import LLAMA, Fleet, fleet_of
+from tests.kits.fleet import LLAMA, Fleet, fleet_of
+from tests.kits.push import eventually
+from tests.kits.services import TEMPLATE, scratch_database
 
 HEADER_TIMEOUT_S = 2.0
 BODY_TIMEOUT_S = 2.0
@@ -37,7 +37,7 @@ async def fleet(postgres: Credentials, tmp_path_factory: pytest.TempPathFactory)
     }
     data: Path = tmp_path_factory.mktemp("hostile")
     async with (
-        _scratch_database(postgres, "hostile", TEMPLATE) as url,
+        scratch_database(postgres, "hostile", TEMPLATE) as url,
         fleet_of(url, data, REGIONS, agent_env=env) as fleet,
     ):
         yield fleet

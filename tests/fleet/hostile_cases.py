@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from tests.fleet.hostile import Raw, raw
-from tests.fleet.kit import LLAMA
+from tests.kits.fleet import LLAMA
 
 PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")
 SURROGATE = "LONE-SURROGATE"  # sent as a lone surrogate's escape, or as bytes not UTF-8

@@ -13,8 +13,8 @@ from typing import Any
 
 import openai
 
-from tests.controlplane.push.kit import eventually, patch
-from tests.fleet.kit import LLAMA, Fleet, fleet_of
+from tests.kits.fleet import LLAMA, Fleet, fleet_of
+from tests.kits.push import eventually, patch
 
 DEPLOYMENT = "/v1/deployments/llama-us-east"
 ASK: Any = {"role": "user", "content": "tell me about the sea"}

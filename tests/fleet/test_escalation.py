@@ -15,9 +15,9 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.controlplane.push.kit import eventually, get
-from tests.fleet.kit import LLAMA, Fleet, fleet_of
-from tests.fleet.netns import namespace
+from tests.kits.fleet import LLAMA, Fleet, fleet_of
+from tests.kits.netns import namespace
+from tests.kits.push import eventually, get
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 

@@ -22,7 +22,7 @@ from tests.fleet.hostile import (
     raw,
     request_bytes,
 )
-from tests.fleet.kit import LLAMA, OPERATOR, Fleet
+from tests.kits.fleet import LLAMA, OPERATOR, Fleet
 
 __all__ = ["fleet"]  # the module's fixture
 CHAT = "/v1/chat/completions"

@@ -9,8 +9,8 @@ import httpx
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.controlplane.push.kit import ADMIN
-from tests.fleet.kit import LLAMA, OPERATOR, Fleet, fleet_of
+from tests.kits.fleet import LLAMA, OPERATOR, Fleet, fleet_of
+from tests.kits.push import ADMIN
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 

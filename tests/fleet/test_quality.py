@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import openai
 
-from tests.controlplane.push.kit import ADMIN, eventually
-from tests.fleet.kit import LLAMA, Fleet, fleet_of
+from tests.kits.fleet import LLAMA, Fleet, fleet_of
+from tests.kits.push import ADMIN, eventually
 
 ASK: Any = {"role": "user", "content": "tell me about the river"}
 

@@ -22,10 +22,10 @@ import pytest
 import pytest_asyncio
 
 from controlplane.db.embedded import Credentials
-from tests.agents.agent_kit import AgentProc, start_agent
-from tests.conftest import TEMPLATE, _scratch_database
-from tests.controlplane.push.kit import ADMIN, bootstrap_token, eventually
-from tests.fleet.kit import LLAMA, OPERATOR, Fleet, fleet_of
+from tests.kits.agents import AgentProc, start_agent
+from tests.kits.fleet import LLAMA, OPERATOR, Fleet, fleet_of
+from tests.kits.push import ADMIN, bootstrap_token, eventually
+from tests.kits.services import TEMPLATE, scratch_database
 
 QUOTA = 600  # requests a minute: 10 a second
 TOKENS = 30_000  # tokens a minute, for the tenant limited by tokens
@@ -65,7 +65,7 @@ async def quotas(
 ) -> AsyncIterator[Quotas]:
     data = tmp_path_factory.mktemp("quotas")
     async with (
-        _scratch_database(postgres, "quotas", TEMPLATE) as url,
+        scratch_database(postgres, "quotas", TEMPLATE) as url,
         fleet_of(url, data, change=_tenants) as fleet,
     ):
         async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as http:

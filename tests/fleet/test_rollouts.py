@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import openai
 
-from tests.controlplane.conftest import ADMIN_TOKEN, run_cli
-from tests.controlplane.push.kit import ADMIN, eventually
-from tests.fleet.kit import LLAMA, Fleet, fleet_of
+from tests.kits.controlplane import ADMIN_TOKEN, run_cli
+from tests.kits.fleet import LLAMA, Fleet, fleet_of
+from tests.kits.push import ADMIN, eventually
 
 REGIONS = ("us-east", "us-west", "eu-west")
 POLICY = {

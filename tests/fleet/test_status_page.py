@@ -17,8 +17,8 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Locator, Page, async_playwright
 
-from tests.controlplane.push.kit import ADMIN
-from tests.fleet.kit import LLAMA, fleet_of
+from tests.kits.fleet import LLAMA, fleet_of
+from tests.kits.push import ADMIN
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ENGINE = "llama-us-west/unified-0"

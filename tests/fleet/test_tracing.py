@@ -19,8 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from meridian.procs import free_port
-from tests.controlplane.push.kit import ADMIN, eventually
-from tests.fleet.kit import LLAMA, fleet_of
+from tests.kits.fleet import LLAMA, fleet_of
+from tests.kits.push import ADMIN, eventually
 
 CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 ADMIN_TRACE = "5bf92f3577b34da6a3ce929d0e0e4737"

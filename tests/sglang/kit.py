@@ -21,9 +21,9 @@ from agents.engines import sglang_env, tiny_model
 from agents.engines.base import Backend, EngineSpec
 from agents.engines.children import kill_group, kill_leader
 from meridian.procs import free_port, stop_child
-from tests.agents.agent_kit import AgentProc, running_agent
-from tests.controlplane.conftest import Server, start_server
-from tests.controlplane.push.kit import ADMIN, admin, bootstrap_token, eventually
+from tests.kits.agents import AgentProc, running_agent
+from tests.kits.controlplane import Server, start_server
+from tests.kits.push import ADMIN, admin, bootstrap_token, eventually
 
 MODEL = "tiny-llama"
 REGION = "local"

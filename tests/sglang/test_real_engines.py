@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from agents.engines import sglang_env
-from tests.controlplane.push.kit import eventually
+from tests.kits.push import eventually
 from tests.sglang.kit import MODEL, REGION, RealRegion, real_region, route
 
 

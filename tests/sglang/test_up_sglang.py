@@ -12,8 +12,8 @@ from rich.console import Console
 
 from meridian import real_engines
 from meridian.procs import stop_child
-from tests.controlplane.conftest import start_server
-from tests.controlplane.push.kit import ADMIN
+from tests.kits.controlplane import start_server
+from tests.kits.push import ADMIN
 from tests.sglang.kit import sglang_python
 
 

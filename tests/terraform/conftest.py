@@ -1,6 +1,6 @@
 """The control plane's fixtures, for the tests that give it what Terraform renders: its API
 in-process, and a real server for `meridian join`."""
 
-from tests.controlplane.conftest import api, server
+from tests.kits.controlplane import api, server
 
 __all__ = ["api", "server"]

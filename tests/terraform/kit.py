@@ -99,3 +99,14 @@ def fake_clouds(workdir: Path) -> FakeClouds:
         path.write_text(f'#!/bin/sh\nexec {sys.executable} {script} {cli} "$@"\n')
         path.chmod(0o755)
     return clouds
+
+
+CLOUDS = {"aws": {"provider": "aws"}, "gcp": {"provider": "gcp"}, "azure": {"provider": "azure"}}
+REGIONS: list[dict[str, Any]] = [
+    {"name": "us-east", "cloud": "aws", "geography": "us-east", "jurisdiction": "us",
+     "gateway_url": "http://gpu-east-0123.elb.us-east-1.amazonaws.com:8500"},
+    {"name": "eu-west", "cloud": "gcp", "geography": "eu-west", "jurisdiction": "eu",
+     "gateway_url": "http://203.0.113.7:8500"},
+    {"name": "us-west", "cloud": "azure", "geography": "us-west", "jurisdiction": "us",
+     "gateway_url": "http://198.51.100.9:8500"},
+]  # fmt: skip

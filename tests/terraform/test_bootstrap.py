@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from meridian.procs import free_port, stop_child
-from tests.controlplane.conftest import ADMIN_TOKEN, run_cli, start_server
-from tests.controlplane.push.kit import ADMIN, eventually
-from tests.fleet.kit import OPERATOR, fleet_document
+from tests.kits.controlplane import ADMIN_TOKEN, run_cli, start_server
+from tests.kits.fleet import OPERATOR, fleet_document
+from tests.kits.push import ADMIN, eventually
 from tests.terraform.kit import TERRAFORM, fake_clouds, render, terraform
 
 REPO = Path(__file__).resolve().parents[2]

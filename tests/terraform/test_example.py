@@ -18,8 +18,8 @@ import hcl2
 import yaml
 
 from controlplane.snapshot import compile_region
-from tests.controlplane.conftest import Api
-from tests.controlplane.snapshot.test_compiler import state_from
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import state_from
 from tests.terraform.kit import TERRAFORM, render
 
 EXAMPLE = TERRAFORM / "examples" / "three-clouds"

@@ -4,22 +4,11 @@ regions that the pools made, and the control plane takes the document as it is."
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.controlplane.conftest import Api
-from tests.terraform.kit import render
-
-CLOUDS = {"aws": {"provider": "aws"}, "gcp": {"provider": "gcp"}, "azure": {"provider": "azure"}}
-REGIONS: list[dict[str, Any]] = [
-    {"name": "us-east", "cloud": "aws", "geography": "us-east", "jurisdiction": "us",
-     "gateway_url": "http://gpu-east-0123.elb.us-east-1.amazonaws.com:8500"},
-    {"name": "eu-west", "cloud": "gcp", "geography": "eu-west", "jurisdiction": "eu",
-     "gateway_url": "http://203.0.113.7:8500"},
-    {"name": "us-west", "cloud": "azure", "geography": "us-west", "jurisdiction": "us",
-     "gateway_url": "http://198.51.100.9:8500"},
-]  # fmt: skip
+from tests.kits.controlplane import Api
+from tests.terraform.kit import CLOUDS, REGIONS, render
 
 
 async def test_the_rendered_document_is_applied_as_it_is(tmp_path: Path, api: Api) -> None:

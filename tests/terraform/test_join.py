@@ -12,10 +12,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.controlplane.conftest import ADMIN_TOKEN, Server, run_cli
-from tests.controlplane.push.kit import ADMIN
-from tests.terraform.kit import FakeClouds, fake_clouds, render
-from tests.terraform.test_fleet_document import CLOUDS, REGIONS
+from tests.kits.controlplane import ADMIN_TOKEN, Server, run_cli
+from tests.kits.push import ADMIN
+from tests.terraform.kit import CLOUDS, REGIONS, FakeClouds, fake_clouds, render
 
 STORES: dict[str, dict[str, str]] = {
     "us-east": {"kind": "aws-secretsmanager", "region": "us-east-1",

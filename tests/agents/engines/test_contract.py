@@ -10,7 +10,7 @@ import time
 import httpx
 
 from agents.engines import contract
-from tests.agents.sim_kit import running_sim
+from tests.kits.sim import running_sim
 
 
 async def _step(client: httpx.AsyncClient) -> float:

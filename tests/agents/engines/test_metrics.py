@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agents.engines.metrics import Counters, parse, quantile
-from tests.agents.sim_kit import running_sim
+from tests.kits.sim import running_sim
 
 
 async def test_counters_read_from_a_simulator() -> None:

@@ -20,7 +20,7 @@ from agents.engines.runner import EngineRunner, EngineState, backoff_s
 from agents.engines.supervisor import Supervisor
 from agents.settings import AgentSettings
 from meridian.procs import free_port
-from tests.agents.sim_kit import running_sim
+from tests.kits.sim import running_sim
 
 SETTINGS = AgentSettings(
     control_plane="127.0.0.1:1",

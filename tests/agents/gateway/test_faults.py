@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -20,11 +21,11 @@ from agents.gateway import calls, forward, requests
 from agents.gateway.relay import StreamMeter
 from agents.router.router import Router
 from meridian.procs import free_port
-from tests.agents.gateway.inproc import KEY, MODEL, Local, escalating_pair, local_gateway
-from tests.agents.gateway.inproc import region_config as config_of
-from tests.agents.gateway.kit import sim_load
-from tests.agents.sim_kit import running_sim, sse
-from tests.controlplane.push.kit import eventually
+from tests.kits.gateway import sim_load
+from tests.kits.inproc import KEY, MODEL, TENANT, Local, escalating_pair, local_gateway
+from tests.kits.inproc import region_config as config_of
+from tests.kits.push import eventually
+from tests.kits.sim import running_sim, sse
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = "tell me a story " * 60  # about 240 tokens, as the router estimates them
@@ -109,7 +110,7 @@ async def test_a_fault_of_ours_is_an_openai_500_and_leaves_nothing_held(
         assert error["code"] == "internal_error"
         assert error["type"] == "api_error"
         assert tokens_after >= tokens_before  # the prompt's tokens came back
-    assert r.gateway.faults[MODEL] == 1
+    assert r.gateway.books.faults[MODEL] == 1
     assert again.status_code == 200
 
 
@@ -160,3 +161,21 @@ async def test_a_client_that_leaves_at_any_moment_leaves_nothing_held() -> None:
         async with httpx.AsyncClient(base_url=r.url, headers=AUTH, timeout=10) as http:
             again = await http.post("/v1/chat/completions", json=_chat())
     assert again.status_code == 200
+
+
+async def test_a_request_its_quota_refuses_holds_no_place_among_its_tenants() -> None:
+    """Refused by its tenant's quota before anything else is taken, a request leaves no place
+    held in fair admission: a place left would count against the tenant (and inflate the
+    load every later answer is judged at) for as long as the gateway runs."""
+    async with running_sim(model=MODEL) as sim:
+        tenant = replace(TENANT, requests_per_minute=1.0)
+        config = config_of("r", [sim.url], tenants={TENANT.name: tenant})
+        keys = {h: replace(k, tenant=tenant) if k.tenant.name == TENANT.name else k
+                for h, k in config.keys.items()}  # fmt: skip
+        config = replace(config, keys=keys)
+        async with local_gateway(config) as region, _client(region) as client:
+            codes = [(await client.post("/v1/chat/completions", json=_chat())).status_code
+                     for _ in range(3)]  # fmt: skip
+            assert codes[0] == 200
+            assert codes.count(429) == 2
+            await _nothing_held(region, engines=[sim.url])

@@ -15,8 +15,8 @@ import pytest
 
 from agents.engines import metrics as engine_metrics
 from meridian.procs import stop_child
-from tests.agents.gateway.kit import OPERATOR, region_of, sim_load
-from tests.controlplane.push.kit import eventually
+from tests.kits.gateway import OPERATOR, region_of, sim_load
+from tests.kits.push import eventually
 
 LLAMA = "llama-3.1-8b-instruct"
 QWEN = "qwen2.5-32b-instruct"

@@ -17,8 +17,8 @@ from meridian_pb.fleet.v1.params import CostParams
 
 from agents.config import ModelConfig, RouteConfig
 from agents.gateway.requests import Limits, cache_salt
-from tests.agents.gateway.inproc import KEY, MODEL, OTHER_KEY, local_gateway, region_config
-from tests.agents.sim_kit import running_sim, sse
+from tests.kits.inproc import KEY, MODEL, OTHER_KEY, local_gateway, region_config
+from tests.kits.sim import running_sim, sse
 
 LONG = {MODEL: ModelConfig(MODEL, 131072, frozenset())}  # room for a very long answer
 
@@ -47,7 +47,7 @@ async def test_a_tenant_leaving_under_anothers_request_id_aborts_only_its_own() 
             async for _ in leaving.aiter_bytes():
                 break  # the first bytes, and gone: the gateway aborts its engine request
         answer = await victim
-        counted = dict(region.gateway.by_tenant)
+        counted = dict(region.gateway.books.by_tenant)
     assert answer.status_code == 200
     # each tenant's answers are counted as its own (a rollout's checks read them per tenant)
     assert counted[MODEL, "beta", "ok"] == 1
@@ -77,7 +77,9 @@ async def test_a_client_that_stops_reading_is_cut_and_frees_its_slot() -> None:
         async with httpx.AsyncClient(timeout=10) as http:
             load = (await http.get(f"{sim.url}/v1/loads")).json()["loads"][0]
         assert load["num_running_reqs"] == 0  # the engine stopped generating it
-        assert region.gateway.answered[MODEL, "client_stalled"] == 1, region.gateway.answered
+        assert region.gateway.books.answered[MODEL, "client_stalled"] == 1, (
+            region.gateway.books.answered
+        )
 
 
 async def _eventually(check: Callable[[], bool], within_s: float) -> bool:

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from tests.agents.gateway.inproc import KEY, MODEL, Local, escalating_pair
-from tests.agents.sim_kit import Sim, running_sim
+from tests.kits.inproc import KEY, MODEL, Local, escalating_pair
+from tests.kits.sim import Sim, running_sim
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 TOKENS = 48
@@ -119,7 +119,7 @@ async def test_streams_cut_by_a_killed_engine_finish_elsewhere_token_for_token()
                 victim.process.kill()  # kill -9, mid-answer
                 assert not any(await run)
                 await _check(streams, expected, a)
-                assert a.gateway.carrier.migrations, "nothing migrated"
+                assert a.gateway.books.migrations, "nothing migrated"
                 sims = {w: s for w, s in sims.items() if s is not victim}
             # every engine of the region killed: the streams go on in the peer region
             numbers = range(200, 220)
@@ -131,7 +131,7 @@ async def test_streams_cut_by_a_killed_engine_finish_elsewhere_token_for_token()
                 sim.process.kill()
             assert not any(await run)
             await _check(streams, expected, a)
-            peered = {k: n for k, n in a.gateway.carrier.migrations.items() if k[1] == "peer"}
-            assert peered, a.gateway.carrier.migrations
+            peered = {k: n for k, n in a.gateway.books.migrations.items() if k[1] == "peer"}
+            assert peered, a.gateway.books.migrations
             assert a.idle()
             assert b.idle()

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import orjson
 
-from tests.agents.gateway.inproc import KEY, MODEL, OTHER_KEY, Local, local_gateway, region_config
-from tests.agents.sim_kit import Sim, running_sim
+from tests.kits.inproc import KEY, MODEL, OTHER_KEY, Local, local_gateway, region_config
+from tests.kits.sim import Sim, running_sim
 
 AUTHS = [{"Authorization": f"Bearer {key}"} for key in (KEY, OTHER_KEY)]
 

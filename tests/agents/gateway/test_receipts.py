@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from agents.gateway.receipts import KEEP, Receipts
-from agents.metrics import Served
+from agents.metrics import Settled
 
 
-def _served(worker: str = "llama/unified-0", came_from: str = "") -> Served:
-    return Served(model="llama", tenant="acme", worker=worker, policy="cost",
+def _served(worker: str = "llama/unified-0", came_from: str = "") -> Settled:
+    return Settled(model="llama", tenant="acme", worker=worker, policy="cost",
                   reason="cheapest", came_from=came_from)  # fmt: skip
 
 

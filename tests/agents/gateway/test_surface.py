@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 
 from agents.config import ModelConfig
-from tests.agents.gateway.inproc import KEY, MODEL, local_gateway, region_config
-from tests.agents.sim_kit import running_sim, sse
+from tests.kits.inproc import KEY, MODEL, local_gateway, region_config
+from tests.kits.sim import running_sim, sse
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {

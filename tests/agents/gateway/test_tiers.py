@@ -35,8 +35,8 @@ from agents.config import (
     WorkerSpec,
 )
 from meridian.procs import free_port
-from tests.agents.gateway.inproc import Local, local_gateway
-from tests.agents.sim_kit import Sim, running_sim
+from tests.kits.inproc import Local, local_gateway
+from tests.kits.sim import Sim, running_sim
 
 ROUTE = "chat-auto"
 OPTED = Tenant("acme", "standard", None, None, None, tiering=True)
@@ -136,7 +136,7 @@ async def test_easy_and_hard_requests_go_to_their_tiers_and_an_operators_table_c
         assert _tier(await _chat(http, region, OPTED, HARD))[0] == "small"
         long = " ".join(f"word{i}" for i in range(3000))
         assert _tier(await _chat(http, region, OPTED, long))[0] == "large"
-        counted = region.gateway.tiers.answered
+        counted = region.gateway.books.tier_answered
         assert counted[ROUTE, "small", "difficulty"] == 3
         assert counted[ROUTE, "large", "not opted in"] == 1
         # a tier whose model does not take what the request needs is passed over
@@ -173,7 +173,7 @@ async def test_under_a_saturated_strong_pool_only_opted_in_tenants_move_down() -
                 assert _tier(plain)[0] == "large"
             else:  # the strong tier or a refusal, never a silent downgrade
                 assert plain.status_code == 429, plain.text
-            moves = region.gateway.tiers.moves
+            moves = region.gateway.books.tier_moves
             assert moves[ROUTE, "large", "small", "capacity"] == 1
         finally:
             for request in flood:
@@ -202,16 +202,16 @@ async def test_a_cascade_asks_the_strong_tier_once_on_each_failure_signal() -> N
             model, why = _tier(answer)
             assert (model, why) == ("large", f"cascade (small: {signal})"), answer.headers
             assert answer.json()["choices"][0]["logprobs"] is None  # the client asked none
-            assert region.gateway.tiers.cascades[ROUTE, signal] == 1
+            assert region.gateway.books.cascades[ROUTE, signal] == 1
         # an answer that shows no signal stands, without the log-probabilities asked for it
         plain = await _chat(http, region, OPTED, EASY, response_format={"type": "json_object"})
         assert _tier(plain)[0] == "small"
         assert plain.json()["choices"][0]["logprobs"] is None
-        assert sum(region.gateway.tiers.cascades.values()) == 4
+        assert sum(region.gateway.books.cascades.values()) == 4
         # asked of the strongest once: a strong answer that shows a signal too is the answer
         strong_too = await _chat(http, region, OPTED, HARD + f" {MARK}:length")
         assert _tier(strong_too)[0] == "large"
-        assert sum(region.gateway.tiers.cascades.values()) == 4
+        assert sum(region.gateway.books.cascades.values()) == 4
 
 
 async def test_a_buffered_stream_is_judged_whole_then_streamed_or_cascaded() -> None:
@@ -233,7 +233,7 @@ async def test_a_buffered_stream_is_judged_whole_then_streamed_or_cascaded() -> 
                            for e in events if e["choices"])  # fmt: skip
             assert text.strip()
             assert events[-1]["usage"]["completion_tokens"] == 8
-        assert region.gateway.tiers.cascades[ROUTE, "length"] == 1
+        assert region.gateway.books.cascades[ROUTE, "length"] == 1
 
 
 async def test_a_conversation_stays_on_its_tier_and_goes_up_when_a_turn_is_harder() -> None:
@@ -318,4 +318,4 @@ async def test_an_external_classifier_decides_within_its_budget_and_no_later() -
             took = time.monotonic() - began
             assert _tier(late)[0] == "small"  # the built-in score's choice
             assert took < 1.5, f"the request waited {took:.2f} s on a 0.05 s budget"
-            assert region.gateway.tiers.external_late[ROUTE] == 1
+            assert region.gateway.books.external_late[ROUTE] == 1

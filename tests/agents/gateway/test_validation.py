@@ -14,9 +14,9 @@ import httpx
 import orjson
 
 from agents.gateway import assertion
-from tests.agents.gateway.inproc import KEY, MODEL, TENANT, escalating_pair, local_gateway
-from tests.agents.gateway.inproc import region_config as config_of
-from tests.agents.sim_kit import Sim, running_sim
+from tests.kits.inproc import KEY, MODEL, TENANT, escalating_pair, local_gateway
+from tests.kits.inproc import region_config as config_of
+from tests.kits.sim import Sim, running_sim
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 POISON = "kills-the-engine"
@@ -117,7 +117,7 @@ async def test_a_request_that_broke_two_workers_is_not_tried_on_a_third() -> Non
     assert poisoned.json()["error"]["code"] == "upstream_failed"
     assert "not tried again" in poisoned.json()["error"]["message"]
     assert len(alive) == 1  # two engines died of it; the third never saw it
-    assert b.gateway.escalations.counts == {}  # nor did the peer region
+    assert b.gateway.escalations.books.escalations == {}  # nor did the peer region
     assert fine.status_code == 200
 
 

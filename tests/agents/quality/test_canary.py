@@ -11,7 +11,7 @@ import pytest
 from meridian_pb.fleet.v1.judging import judge
 
 from agents.quality.canary import Canary, CanaryUnreadable, score
-from tests.agents.sim_kit import running_sim
+from tests.kits.sim import running_sim
 
 CANARY = Canary("river", "The old man walked to the river and", " saw the boats go by.")
 

@@ -15,8 +15,8 @@ from agents.engines import metrics as engine_metrics
 from agents.quality.canary import Canary
 from agents.quality.guard import FAILS_IN_ROW, PASSES_IN_ROW
 from agents.quality.prober import GOLDEN, Prober
-from tests.agents.gateway.inproc import KEY, MODEL, Local, local_gateway, region_config
-from tests.agents.sim_kit import running_sim
+from tests.kits.inproc import KEY, MODEL, Local, local_gateway, region_config
+from tests.kits.sim import running_sim
 
 
 def _prober(region: Local, saved: list[dict[str, list[Canary]]]) -> Prober:
@@ -151,3 +151,33 @@ async def test_pd_workers_get_no_canary() -> None:
             for sim in sims:  # not one request reached them
                 metrics = (await client.get(f"{sim.url}/metrics")).text
                 assert engine_metrics.parse(metrics).requests == 0, metrics
+
+
+async def test_a_canary_is_in_flight_as_any_request_and_trips_no_breaker() -> None:
+    """A canary takes the router's ticket: while one hangs on a worker, admission and the audit
+    count it there (the worker has one request in flight, unstarted); when it times out, the
+    ticket is given back and the worker's breaker is as it was: a canary's failure is the
+    quality guard's to judge."""
+    async with AsyncExitStack() as stack:
+        sims = [await stack.enter_async_context(running_sim(model=MODEL)) for _ in range(2)]
+        region = await stack.enter_async_context(
+            local_gateway(region_config("r", [s.url for s in sims]))
+        )
+        made = {MODEL: [Canary(name, prompt, " and so on.") for name, prompt in GOLDEN]}
+        prober = Prober(region.gateway.router, region.gateway.quality, made)
+        view = region.gateway.router.views["r-w1"]
+        timeout = aiohttp.ClientTimeout(total=2)  # the canary's, as the prober's own session
+        async with aiohttp.ClientSession(timeout=timeout) as http, httpx.AsyncClient() as client:
+            await client.post(f"{sims[1].url}/sim/faults", json={"hang": True})
+            tick = asyncio.create_task(prober.tick(http))
+            async with asyncio.timeout(5):
+                while view.inflight == 0:  # noqa: ASYNC110 - the prober's task sends it
+                    await asyncio.sleep(0.02)
+            assert (view.inflight, view.unstarted) == (1, 1)
+            assert region.gateway.router.views["r-w0"].learned == 0  # it teaches nothing
+            await tick
+            await client.post(f"{sims[1].url}/sim/faults", json={"hang": False})
+        assert prober.sent["r-w1"] == 1
+        assert (view.inflight, view.unstarted) == (0, 0)
+        assert str(view.breaker.state) == "closed"
+        assert not region.gateway.router.live.get("r-w1")

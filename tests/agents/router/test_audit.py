@@ -8,7 +8,7 @@ from agents.router.audit import AUDIT_S, audit
 from agents.router.decision import Ticket
 from agents.router.router import Router
 from agents.workers.table import EngineLoad, WorkerTable
-from tests.agents.router.test_policies import MODEL, _router
+from tests.kits.router import MODEL, router_of
 
 
 def _dispatch(router: Router) -> Ticket:
@@ -27,7 +27,7 @@ def _poll(table: WorkerTable, clock: list[float], held: int) -> None:
 
 def test_a_slot_the_engine_never_held_is_repaired_after_a_while() -> None:
     clock = [0.0]
-    router, _, table = _router("cost", clock=clock)
+    router, _, table = router_of("cost", clock=clock)
     leaked = _dispatch(router)
     served = _dispatch(router)
     repaired: list[tuple[str, int]] = []
@@ -39,14 +39,14 @@ def test_a_slot_the_engine_never_held_is_repaired_after_a_while() -> None:
     assert leaked.done  # the oldest is taken to be the leak
     assert not served.done
     assert router.views["w0"].inflight == 1
-    assert router.repairs["w0"] == 1
+    assert router.books.repairs["w0"] == 1
     router.finished(served, 5, 1, 1)
     assert router.views["w0"].inflight == 0
 
 
 def test_requests_the_engine_holds_or_may_not_have_yet_are_left_alone() -> None:
     clock = [0.0]
-    router, _, table = _router("cost", clock=clock)
+    router, _, table = router_of("cost", clock=clock)
     for _ in range(3):
         _dispatch(router)
     for _ in range(int(AUDIT_S * 4)):
@@ -63,7 +63,7 @@ def test_a_mismatch_that_comes_and_goes_is_not_repaired() -> None:
     """The engine's count lags (a request it finished while ours is still relayed): a gap
     that closes before AUDIT_S is no leak."""
     clock = [0.0]
-    router, _, table = _router("cost", clock=clock)
+    router, _, table = router_of("cost", clock=clock)
     ticket = _dispatch(router)
     for step in range(int(AUDIT_S * 2) + 6):
         clock[0] += 0.5
@@ -76,7 +76,7 @@ def test_a_stream_still_relayed_after_its_engine_finished_is_alive() -> None:
     """The engine ended the answer, the client reads it slowly: the gateway still relays its
     events, and the slot is the client's until the stream ends."""
     clock = [0.0]
-    router, _, table = _router("cost", clock=clock)
+    router, _, table = router_of("cost", clock=clock)
     ticket = _dispatch(router)
     router.first_byte(ticket)
     for _ in range(int(AUDIT_S * 4)):

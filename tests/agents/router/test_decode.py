@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from agents.router.steps import StepLine
 from agents.workers.table import EngineLoad
-from tests.agents.router.test_policies import MODEL, SYSTEM, _router
+from tests.kits.router import MODEL, SYSTEM, router_of
 
 
 def test_the_step_line_is_fitted_from_polls_and_unknown_while_the_batch_holds_still() -> None:
@@ -28,7 +28,7 @@ def test_a_hot_prefix_is_copied_to_an_idle_worker_once_its_batch_slows_every_ans
     costs more than sharing w0's steps); once w0's batch makes every answer there slower by
     more than a prefill of the prefix, w1 takes a copy; unless an engine queues requests or
     the region is full, when a copy would take prefill that others wait for."""
-    router, config, table = _router("cost", params={"price_answers": True})
+    router, config, table = router_of("cost", params={"price_answers": True})
     route = config.routes[MODEL]
     first = router.request(MODEL, SYSTEM + b"first")
     chosen = next(c for c in router.route(route, first, set()).ranked if c.worker.id == "w0")
@@ -60,7 +60,7 @@ def test_a_hot_prefix_is_copied_to_an_idle_worker_once_its_batch_slows_every_ans
 def test_without_answer_prices_a_hot_prefix_stays_where_it_is_cached() -> None:
     """The default prices the first token: w0's batch of 40 does not delay it much, so the
     prefix stays (cache affinity keeps capacity; the answers there run slower)."""
-    router, config, table = _router("cost")
+    router, config, table = router_of("cost")
     route = config.routes[MODEL]
     first = router.request(MODEL, SYSTEM + b"first")
     chosen = next(c for c in router.route(route, first, set()).ranked if c.worker.id == "w0")

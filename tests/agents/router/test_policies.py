@@ -4,111 +4,33 @@ vetoes, SGLang's cache_aware semantics, and the breaker."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import pytest
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from meridian_pb.fleet.v1.params import CostParams
 
-from agents.config import RegionConfig, RouteConfig, compile_config
+from agents.config import compile_config
 from agents.errors import SnapshotInvalid
-from agents.router.admission import Admission
-from agents.router.plan import Ask, Local, Placement, Plan, Progress, Refusal, Reject
-from agents.router.policies import RouteRequest
-from agents.router.router import Router
 from agents.router.view import WorkerView
-from agents.workers.table import EngineLoad, WorkerTable
-
-MODEL = "m"
-SYSTEM = ("you are a careful assistant who answers in full sentences. " * 40).encode()
-
-
-def _config(
-    policy: str, workers: int = 2, itl_ms: int | None = None, params: dict[str, Any] | None = None
-) -> RegionConfig:
-    route = pb.Route(model=MODEL, policy=policy, slo_itl_ms=itl_ms)
-    route.params.update(params or {})
-    snapshot = pb.Snapshot(
-        revision=1,
-        region=pb.RegionInfo(name="r", cloud="c", jurisdiction="us"),
-        models=[pb.ModelInfo(name=MODEL, context_length=100_000)],
-        workers=[
-            pb.Worker(id=f"w{i}", model=MODEL, deployment="d", role="unified",
-                      url=f"http://127.0.0.1:{30000 + i}")
-            for i in range(workers)
-        ],
-        routes=[route],
-    )  # fmt: skip
-    return compile_config(snapshot)
-
-
-def _router(
-    policy: str,
-    workers: int = 2,
-    itl_ms: int | None = None,
-    params: dict[str, Any] | None = None,
-    clock: list[float] | None = None,
-) -> tuple[Router, RegionConfig, WorkerTable]:
-    clock = clock if clock is not None else [0.0]
-    table = WorkerTable(clock=lambda: clock[0])
-    config = _config(policy, workers, itl_ms, params)
-    table.replace(config.workers)
-    for worker in config.workers:
-        table.polled(worker.id, EngineLoad(max_total_tokens=100_000), fail_after=2)
-    router = Router(table, clock=lambda: clock[0])
-    router.configure(config)
-    return router, config, table
-
-
-def _send(router: Router, config: RegionConfig, key: bytes) -> str:
-    request = router.request(MODEL, key)
-    decision = router.route(config.routes[MODEL], request, set())
-    chosen = decision.ranked[0]
-    router.dispatched(chosen, request)
-    return chosen.worker.id
-
-
-def _ticking_admission(router: Router, clock: list[float]) -> Admission:
-    """Admission on the router's clock, which moves on 0.1 s each time it is read."""
-
-    def ticking() -> float:
-        clock[0] += 0.1
-        return clock[0]
-
-    return Admission(router, clock=ticking)
-
-
-async def plan_of(
-    admission: Admission, route: RouteConfig, request: RouteRequest, since: float
-) -> Plan:
-    """Admission's plan for a request of a tenant without a fallback rule."""
-    placement = Placement(MODEL, route, request, None)
-    return await admission.admit(Ask("r", "t"), placement, Progress(since), None)
-
-
-async def admitted(
-    admission: Admission, route: RouteConfig, request: RouteRequest, since: float
-) -> Local:
-    plan = await plan_of(admission, route, request, since)
-    assert isinstance(plan, Local), plan
-    return plan
-
-
-async def overloaded(
-    admission: Admission, route: RouteConfig, request: RouteRequest, since: float
-) -> bool:
-    """Refused 429 `overloaded`: its SLO passed while it waited."""
-    plan = await plan_of(admission, route, request, since)
-    return isinstance(plan, Reject) and plan.code is Refusal.OVERLOADED
+from agents.workers.table import EngineLoad
+from tests.kits.router import (
+    MODEL,
+    SYSTEM,
+    admitted,
+    overloaded,
+    router_of,
+    send,
+    ticking_admission,
+)
 
 
 def test_cost_follows_the_cached_prefix_while_the_worker_is_not_busier() -> None:
-    router, config, _ = _router("cost")
-    first = _send(router, config, SYSTEM + b"question one")
+    router, config, _ = router_of("cost")
+    first = send(router, config, SYSTEM + b"question one")
     for ticket_worker in list(router.views.values()):
         ticket_worker.inflight = ticket_worker.queued_tokens = 0  # all finished
         ticket_worker.sent_since_poll = ticket_worker.tokens_since_poll = 0
-    again = _send(router, config, SYSTEM + b"question two")
+    again = send(router, config, SYSTEM + b"question two")
     assert again == first
 
 
@@ -116,22 +38,22 @@ def test_cost_does_not_hot_spot_one_worker_on_a_single_hot_prefix() -> None:
     """sglang issue #21199: every request shares one prefix; a router gated on request counts
     piles them on one worker. Queued work there makes the other cheaper, once it outweighs
     recomputing the prefix on the other (at `miss_weight` 1, twice its prefill)."""
-    router, config, _ = _router("cost")
+    router, config, _ = router_of("cost")
     questions = [f"question {i}: ".encode() + b"please say more about it " * 8 for i in range(60)]
-    chosen = [_send(router, config, SYSTEM + q) for q in questions]
+    chosen = [send(router, config, SYSTEM + q) for q in questions]
     assert set(chosen) == {"w0", "w1"}
     assert min(chosen.count("w0"), chosen.count("w1")) >= 15
 
 
 def test_a_kv_pool_past_the_configured_limit_vetoes_a_worker() -> None:
-    router, config, table = _router("cost", params={"max_kv_usage": 0.95})
+    router, config, table = router_of("cost", params={"max_kv_usage": 0.95})
     table.polled("w0", EngineLoad(used_tokens=99_000, max_total_tokens=100_000), fail_after=2)
     request = router.request(MODEL, SYSTEM)
     decision = router.route(config.routes[MODEL], request, set())
     assert [c.worker.id for c in decision.ranked] == ["w1"]
     assert "kv usage" in decision.vetoed[0].veto
     # by default a full pool is no veto: the engine queues for room, and the wait is priced
-    router, config, table = _router("cost")
+    router, config, table = router_of("cost")
     table.polled("w0", EngineLoad(used_tokens=99_000, max_total_tokens=100_000), fail_after=2)
     decision = router.route(config.routes[MODEL], router.request(MODEL, SYSTEM), set())
     assert not decision.vetoed
@@ -141,8 +63,8 @@ def test_a_kv_pool_past_the_configured_limit_vetoes_a_worker() -> None:
 def test_a_busy_worker_whose_decode_step_is_past_the_itl_slo_takes_no_more_work() -> None:
     """The other face of a hot spot: the cached worker's batch has grown until its tokens come
     slower than the SLO allows; more work there would break the SLO of all it runs."""
-    router, config, table = _router("cost", itl_ms=50)
-    first = _send(router, config, SYSTEM + b"question one")
+    router, config, table = router_of("cost", itl_ms=50)
+    first = send(router, config, SYSTEM + b"question one")
     table.polled(first, EngineLoad(running=40, max_total_tokens=100_000), fail_after=2)
     router.views[first].decode_step_s = 0.055
     request = router.request(MODEL, SYSTEM + b"question two")
@@ -159,8 +81,8 @@ def test_a_busy_worker_whose_decode_step_is_past_the_itl_slo_takes_no_more_work(
 def test_a_worker_whose_kv_pool_holds_requests_back_is_priced_for_the_wait() -> None:
     """Its prefill queue is short, but its KV pool is full and 20 requests wait for room: they
     and this one are admitted only as running requests finish and free theirs."""
-    router, config, table = _router("cost")
-    first = _send(router, config, SYSTEM + b"question one")
+    router, config, table = router_of("cost")
+    first = send(router, config, SYSTEM + b"question one")
     for view in router.views.values():
         view.inflight = view.queued_tokens = view.sent_since_poll = view.tokens_since_poll = 0
     full = EngineLoad(
@@ -209,9 +131,9 @@ async def test_admission_scales_its_prediction_by_how_late_first_bytes_have_come
     predicted at 0.8 s is held against a 2 s SLO and answered 429, as it would have missed;
     early first bytes lower the scale again, never below the prediction."""
     clock = [0.0]
-    router, config, table = _router("cost", workers=1, clock=clock)
+    router, config, table = router_of("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
-    admission = _ticking_admission(router, clock)
+    admission = ticking_admission(router, clock)
     view = router.views["w0"]
     for _ in range(50):
         view.learn_bias(0.5, 1.5)
@@ -231,7 +153,7 @@ async def test_admission_scales_its_prediction_by_how_late_first_bytes_have_come
 def test_a_new_prefix_goes_where_less_traffic_is_drawn() -> None:
     """Both workers idle: the prefix no worker holds goes to the one whose cached prefixes
     draw less traffic, which it will share for as long as affinity keeps it there."""
-    router, config, _ = _router("cost")
+    router, config, _ = router_of("cost")
     tickets = []
     for i in range(6):
         request = router.request(MODEL, SYSTEM + f"question {i}".encode())
@@ -241,13 +163,13 @@ def test_a_new_prefix_goes_where_less_traffic_is_drawn() -> None:
     for ticket in tickets:
         router.finished(ticket, 0, None, 16)
     other = ("an unrelated system prompt about tides and harbours. " * 40).encode()
-    assert _send(router, config, other) == "w1"
+    assert send(router, config, other) == "w1"
 
 
 def test_a_prefix_both_hold_goes_by_price_not_by_the_traffic_drawn() -> None:
     """Both workers hold the prefix and w1 has drawn the traffic lately, but w0 has a short
     queue: the cheaper w1 serves. Traffic drawn only decides where a new prefix is placed."""
-    router, config, table = _router("cost")
+    router, config, table = router_of("cost")
 
     def send_to(worker_id: str, key: bytes) -> None:
         request = router.request(MODEL, key)
@@ -272,7 +194,7 @@ def test_a_prefix_both_hold_goes_by_price_not_by_the_traffic_drawn() -> None:
 def test_a_prefix_both_hold_goes_to_fewer_requests_when_prices_are_within_the_noise() -> None:
     """w0's learned decode step is a little shorter, but it lags: w0 runs five times the
     requests. Prices 2 ms apart are the model's noise; the fewer requests win."""
-    router, config, table = _router("cost")
+    router, config, table = router_of("cost")
     for worker in ("w0", "w1"):
         request = router.request(MODEL, SYSTEM + worker.encode())
         decision = router.route(config.routes[MODEL], request, set())
@@ -295,9 +217,9 @@ async def test_admission_holds_a_request_while_the_engine_has_not_started_older_
     shed, and is answered 429 when its SLO passes. Once the engine starts what it holds,
     requests go again."""
     clock = [0.0]
-    router, config, table = _router("cost", workers=1, clock=clock)
+    router, config, table = router_of("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
-    admission = _ticking_admission(router, clock)
+    admission = ticking_admission(router, clock)
     request = router.request(MODEL, SYSTEM + b"first")
     first = await admitted(admission, route, request, 0.0)
     stuck = router.dispatched(first.decision.ranked[0], request, wait_s=first.wait_s)
@@ -315,11 +237,11 @@ async def test_admission_counts_what_the_engine_holds_back_by_requests() -> None
     as one of its 20 running requests finishes, in 256 steps of 20 ms: 2.6 s, past a 2 s SLO.
     The request is held here and answered 429; once the engine's queue is gone it goes."""
     clock = [0.0]
-    router, config, table = _router("cost", workers=1, clock=clock)
+    router, config, table = router_of("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
     view = router.views["w0"]
     view.mean_output, view.decode_step_s = 256, 0.02
-    admission = _ticking_admission(router, clock)
+    admission = ticking_admission(router, clock)
     holding = EngineLoad(running=20, waiting=10, used_tokens=40_000, max_total_tokens=100_000)
     table.polled("w0", holding, 2)
     assert await overloaded(admission, route, router.request(MODEL, SYSTEM + b"a"), clock[0])
@@ -335,9 +257,9 @@ async def test_admission_keeps_at_most_max_unstarted_requests_at_an_engine_that_
     requests sent to it (`max_unstarted`, 2) not yet started: a third waits here and is
     answered 429 when its SLO passes. Once they start, requests go."""
     clock = [0.0]
-    router, config, table = _router("cost", workers=1, clock=clock)
+    router, config, table = router_of("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
-    admission = _ticking_admission(router, clock)
+    admission = ticking_admission(router, clock)
     holding = EngineLoad(running=5, waiting=1, used_tokens=10_000, max_total_tokens=100_000)
     table.polled("w0", holding, 2)
     tickets = []
@@ -356,9 +278,9 @@ async def test_an_engine_with_room_takes_a_burst_at_once() -> None:
     """A busy worker with room and an empty queue starts a burst together, in one prefill
     batch: six requests sent at the same moment are all admitted, none held back."""
     clock = [0.0]
-    router, config, table = _router("cost", workers=1, clock=clock)
+    router, config, table = router_of("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
-    admission = _ticking_admission(router, clock)
+    admission = ticking_admission(router, clock)
     table.polled("w0", EngineLoad(running=5, used_tokens=10_000, max_total_tokens=100_000), 2)
     for key in (b"a", b"b", b"c", b"d", b"e", b"f"):
         request = router.request(MODEL, SYSTEM + key)
@@ -370,8 +292,8 @@ async def test_an_engine_with_room_takes_a_burst_at_once() -> None:
 def test_a_busy_fleet_keeps_a_prefix_where_it_is_cached() -> None:
     """Both engines have had requests queued for seconds; the other's queue is empty at this
     poll. Recomputing the prefix there would delay what queues there next: stay."""
-    router, config, table = _router("cost")
-    first = _send(router, config, SYSTEM + b"question one")
+    router, config, table = router_of("cost")
+    first = send(router, config, SYSTEM + b"question one")
     other = "w1" if first == "w0" else "w0"
     for view in router.views.values():
         view.inflight = view.queued_tokens = view.sent_since_poll = view.tokens_since_poll = 0
@@ -392,15 +314,15 @@ def test_a_busy_fleet_keeps_a_prefix_where_it_is_cached() -> None:
 
 
 def test_cache_aware_balances_when_loads_are_far_apart_as_sglang_does() -> None:
-    router, config, _ = _router("cache_aware")
-    first = _send(router, config, SYSTEM)
+    router, config, _ = router_of("cache_aware")
+    first = send(router, config, SYSTEM)
     router.views[first].inflight = 100  # far past balance_abs_threshold 64 and 1.5x
-    other = _send(router, config, SYSTEM)
+    other = send(router, config, SYSTEM)
     assert other != first
 
 
 def test_three_failures_eject_a_worker_until_its_breaker_half_opens() -> None:
-    router, config, _ = _router("round_robin")
+    router, config, _ = router_of("round_robin")
     request = router.request(MODEL, b"x" * 100)
     for _ in range(3):
         decision = router.route(config.routes[MODEL], request, {"w1"})

@@ -11,13 +11,13 @@ from agents.router.admission import Admission
 from agents.router.plan import Ask, Local, Placement, Progress
 from agents.router.view import WorkerView
 from agents.workers.table import EngineLoad
-from tests.agents.router.test_policies import (
+from tests.kits.router import (
     MODEL,
     SYSTEM,
-    _router,
-    _ticking_admission,
     admitted,
     overloaded,
+    router_of,
+    ticking_admission,
 )
 
 STEP_S = 0.01
@@ -94,7 +94,7 @@ async def test_an_engine_holding_requests_back_keeps_the_third_here_whatever_the
     429 when its SLO passes, rather than joining the engine's queue; and the model is marked
     full."""
     clock = [0.0]
-    router, config, table = _router("cost", workers=1, clock=clock)
+    router, config, table = router_of("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
     view = router.views["w0"]
     for n in range(5):
@@ -103,7 +103,7 @@ async def test_an_engine_holding_requests_back_keeps_the_third_here_whatever_the
     holding = EngineLoad(running=5, waiting=1, used_tokens=10_000, max_total_tokens=100_000)
     table.polled("w0", holding, 2)
     assert view.room_wait(128, holding, 0.0) == 0.0  # the model sees room
-    admission = _ticking_admission(router, clock)
+    admission = ticking_admission(router, clock)
     for key in (b"a", b"b"):
         request = router.request(MODEL, SYSTEM + key)
         plan = await admitted(admission, route, request, clock[0])
@@ -122,7 +122,7 @@ async def test_first_bytes_later_than_admission_predicted_raise_the_bias() -> No
     wait that second (not the policy's prefill estimate); its first byte comes after three,
     and the worker's bias rises, so that admission expects more next time."""
     clock = [0.0]
-    router, config, table = _router("cost", workers=1, clock=clock)
+    router, config, table = router_of("cost", workers=1, clock=clock)
     route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
     table.polled("w0", EngineLoad(running=5, used_tokens=10_000, max_total_tokens=100_000), 2)
     first = router.request(MODEL, SYSTEM + b"a")

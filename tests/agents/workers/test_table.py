@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from agents.router.router import Router
 from agents.workers.table import WorkerTable
-from tests.agents.router.test_policies import MODEL, _config
+from tests.kits.router import MODEL, config_of
 
 
 def test_a_local_engine_serves_the_moment_its_supervisor_finds_it_ready() -> None:
     """Before any load poll has answered: the supervisor's health check is proof of reach."""
-    config = _config("cost", workers=1)
+    config = config_of("cost", workers=1)
     table = WorkerTable()
     table.replace(config.workers)
     router = Router(table)

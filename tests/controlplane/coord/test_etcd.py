@@ -14,7 +14,7 @@ import aetcd
 from controlplane.coord.base import ReplicaInfo
 from controlplane.coord.etcd import EtcdCoordinator
 from meridian.procs import running_etcd
-from tests.controlplane.push.kit import eventually
+from tests.kits.push import eventually
 
 
 async def test_etcd_frozen_then_back_the_replica_leads_and_hears_revisions_again(

@@ -15,9 +15,8 @@ import pytest_asyncio
 
 from agents.control.fleet import spread
 from meridian.procs import stop_child
-from tests.conftest import running_etcd
-from tests.controlplane.conftest import Server, start_server
-from tests.controlplane.push.kit import (
+from tests.kits.controlplane import Server, start_server
+from tests.kits.push import (
     ADMIN,
     Agent,
     bootstrap_token,
@@ -26,6 +25,7 @@ from tests.controlplane.push.kit import (
     patch,
     seed,
 )
+from tests.kits.services import running_etcd
 
 _prefixes = itertools.count()
 

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 
 from meridian.procs import stop_child
-from tests.controlplane.conftest import Server, start_server
-from tests.controlplane.push.kit import Agent, bootstrap_token, seed
+from tests.kits.controlplane import Server, start_server
+from tests.kits.push import seed
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -20,9 +20,3 @@ async def cp(database_url: str) -> AsyncIterator[Server]:
         yield server
     finally:
         await stop_child(server.process)
-
-
-async def registered(server: Server, region: str, node: str = "") -> Agent:
-    agent = Agent(server.grpc_target, region)
-    await agent.register(await bootstrap_token(server.url, region), node=node)
-    return agent

@@ -7,9 +7,8 @@ import httpx
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.controlplane.conftest import Server
-from tests.controlplane.push.conftest import registered
-from tests.controlplane.push.kit import ADMIN, Agent, patch
+from tests.kits.controlplane import Server
+from tests.kits.push import ADMIN, Agent, patch, registered
 
 
 async def counted(server: Server) -> dict[str, float]:

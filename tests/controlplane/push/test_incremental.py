@@ -17,9 +17,9 @@ from controlplane.services.fleet_state import FleetReader, read_fleet_state
 from controlplane.services.rollouts import store
 from controlplane.services.rollouts.compose import compose
 from controlplane.snapshot import FleetState, compile_region
-from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import example
 from tests.controlplane.push.writes import Writer
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import example
 
 WRITES = 200
 

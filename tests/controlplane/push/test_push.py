@@ -8,9 +8,8 @@ import grpc
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.control.fleet import error_code
-from tests.controlplane.conftest import Server
-from tests.controlplane.push.conftest import registered
-from tests.controlplane.push.kit import eventually, get, patch
+from tests.kits.controlplane import Server
+from tests.kits.push import eventually, get, patch, registered
 
 
 async def node_status(server: Server, node: str) -> dict[str, Any]:

@@ -6,10 +6,9 @@ import grpc
 import pytest
 
 from agents.control.fleet import FleetClient, error_code
-from tests.conftest import sql
-from tests.controlplane.conftest import Server
-from tests.controlplane.push.conftest import registered
-from tests.controlplane.push.kit import Agent, bootstrap_token, get
+from tests.kits.controlplane import Server
+from tests.kits.push import Agent, bootstrap_token, get, registered
+from tests.kits.services import sql
 
 
 async def refused(client: FleetClient, token: str, **given: str) -> tuple[grpc.StatusCode, str]:

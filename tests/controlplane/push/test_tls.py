@@ -16,8 +16,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agents.control.fleet import ChannelTls, FleetClient
 from meridian.procs import stop_child
-from tests.controlplane.conftest import start_server
-from tests.controlplane.push.kit import Agent, bootstrap_token, seed
+from tests.kits.controlplane import start_server
+from tests.kits.push import Agent, bootstrap_token, seed
 
 
 @dataclass

@@ -10,7 +10,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tests.controlplane.conftest import Api
+from tests.kits.controlplane import Api
 
 REGIONS = ["us-east", "us-west", "eu-west"]
 MODELS = ["llama-3.1-8b-instruct", "qwen2.5-32b-instruct"]

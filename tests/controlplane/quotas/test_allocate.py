@@ -15,8 +15,7 @@ from controlplane.services.quotas.allocate import FLOOR, Claim, allocate, settle
 from controlplane.services.quotas.demand import NodeDemand
 from controlplane.services.quotas.plan import Timing, plan
 from controlplane.snapshot.compiler import compile_region
-from tests.controlplane.fleet import example
-from tests.controlplane.snapshot.test_compiler import state_from
+from tests.kits.fleet_docs import example, state_from
 
 NOW = datetime(2026, 11, 25, 12, tzinfo=UTC)
 TIMING = Timing(ttl_s=10, forget_s=60)

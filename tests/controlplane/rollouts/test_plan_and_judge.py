@@ -11,8 +11,7 @@ from controlplane.services.rollouts.counts import Counts, Reading, quantile
 from controlplane.services.rollouts.judge import Sides, judge_traffic
 from controlplane.services.rollouts.waves import affected, plan
 from controlplane.snapshot import compile_region
-from tests.controlplane.fleet import example
-from tests.controlplane.snapshot.test_compiler import state_from
+from tests.kits.fleet_docs import example, state_from
 
 LLAMA = "llama-3.1-8b-instruct"
 QWEN = "qwen2.5-32b-instruct"

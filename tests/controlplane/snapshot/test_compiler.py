@@ -5,20 +5,10 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from controlplane.snapshot import FleetState, compile_region
+from controlplane.snapshot import compile_region
 from controlplane.snapshot.shares import split
 from controlplane.snapshot.types import ApiKeyState
-from tests.controlplane.fleet import example
-
-
-def state_from(document: dict[str, Any], revision: int = 7, **extra: Any) -> FleetState:
-    state: dict[str, Any] = {"revision": revision, **extra}
-    for key, items in document.items():
-        if key != "apiVersion":
-            state[key] = {
-                item["name"]: {k: v for k, v in item.items() if k != "name"} for item in items
-            }
-    return FleetState.model_validate(state)
+from tests.kits.fleet_docs import example, state_from
 
 
 def test_engines_get_their_own_gpus() -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from controlplane.db.engine import Database
 from controlplane.services.fleet_state import load_fleet_state, region_snapshots
 from controlplane.snapshot import compile_region
-from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import example
-from tests.controlplane.snapshot.test_compiler import state_from
+from tests.kits.controlplane import Api
+from tests.kits.fleet_docs import example, state_from
 
 
 async def test_loaded_state_compiles_like_the_document(api: Api, database_url: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 from agents.engines import tiny_model
 from agents.engines.tokenizers import HfTokenizer
 from meridian.procs import free_port
-from tests.agents.sim_kit import Sim, running_sim, sse
+from tests.kits.sim import Sim, running_sim, sse
 
 JSON = {"content-type": "application/json"}
 # (a labelled series shows once it has a value, as SGLang's: no abort here, so no

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agents.engines.sim import tokens
-from tests.agents.sim_kit import Sim, running_sim
+from tests.kits.sim import Sim, running_sim
 
 PROMPT = "the old man walked to the river and saw"
 

@@ -12,7 +12,7 @@ import httpx
 
 from agents.engines import metrics
 from meridian.procs import free_port, stop_child
-from tests.agents.sim_kit import Sim, running_sim, sse
+from tests.kits.sim import Sim, running_sim, sse
 
 
 async def _served(sim: Sim) -> float:

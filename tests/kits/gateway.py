@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 
 from meridian.procs import stop_child
-from tests.agents.agent_kit import AgentProc, engines_ready, running_agent
-from tests.controlplane.conftest import Server, start_server
-from tests.controlplane.push.kit import admin, bootstrap_token, eventually, seed
+from tests.kits.agents import AgentProc, engines_ready, running_agent
+from tests.kits.controlplane import Server, start_server
+from tests.kits.push import admin, bootstrap_token, eventually, seed
 
 OPERATOR = "operator-token-0123456789"
 

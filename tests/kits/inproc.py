@@ -65,11 +65,13 @@ class Local:
         return self.gateway.quotas._tokens[TENANT.name].level
 
     def idle(self) -> bool:
-        """Nothing held: no request in flight to a worker or a peer, none waiting."""
+        """Nothing held: no request in flight to a worker or a peer, none waiting, no
+        tenant's place on a model (fair admission's)."""
         return (
             not any(self.inflight().values())
             and not any(self.peers_inflight().values())
             and not any(self.gateway.admission.waiting.values())
+            and not self.gateway.admission.fair.held
         )
 
 

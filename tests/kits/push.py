@@ -12,8 +12,8 @@ import httpx
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.control.fleet import ChannelTls, FleetClient, SyncStream
-from tests.controlplane.conftest import ADMIN_TOKEN
-from tests.controlplane.fleet import example
+from tests.kits.controlplane import ADMIN_TOKEN, Server
+from tests.kits.fleet_docs import example
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -206,3 +206,9 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def registered(server: Server, region: str, node: str = "") -> Agent:
+    agent = Agent(server.grpc_target, region)
+    await agent.register(await bootstrap_token(server.url, region), node=node)
+    return agent

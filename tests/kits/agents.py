@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +12,8 @@ from typing import Any
 import httpx
 
 from agents.engines.children import reap_strays
-from meridian.procs import free_port, stop_child, wait_ready
+from meridian import procs
+from meridian.procs import stop_child
 
 FAST = {
     "MERIDIAN_AGENT_HEARTBEAT_S": "1",
@@ -77,28 +76,18 @@ async def start_agent(
     host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
 ) -> AgentProc:
-    """`inside`: a prefix that runs it elsewhere (a network namespace), listening on `host`;
-    `env`: more settings (MERIDIAN_AGENT_*)."""
-    port = port or free_port()
-    args = ["--control-plane", control_plane, "--region", region, "--data-dir", str(data_dir)]
-    args += ["--port", str(port)] + (["--bootstrap-token", token] if token else [])
-    args += ["--node", node] if node else []
-    env = {**os.environ, **FAST, **(env or {})}
-    if operator != "":  # "": none given (the agent makes its own)
-        operator = operator or OPERATOR
-        env["MERIDIAN_AGENT_OPERATOR_TOKEN"] = operator
-    if host != "127.0.0.1":
-        env["MERIDIAN_AGENT_HOST"] = host
-    process = await asyncio.create_subprocess_exec(
-        *(inside or []), sys.executable, "-m", "meridian", "agent", "run", *args, env=env
-    )
-    agent = AgentProc(process, f"http://{host}:{port}", operator or None, data_dir)
+    """Started by the one kit (meridian/procs.py), with the settings that make tests quick.
+    `inside`: a prefix that runs it elsewhere (a network namespace), listening on `host`;
+    `env`: more settings (MERIDIAN_AGENT_*); `operator` "": none given (the agent makes its
+    own)."""
+    operator = None if operator == "" else operator or OPERATOR
+    child = await procs.start_agent(
+        control_plane, region, data_dir, node=node, host=host, port=port,
+        bootstrap_token=token, operator_token=operator, env={**FAST, **(env or {})},
+        inside=inside or (), ready_timeout_s=10,
+    )  # fmt: skip
+    agent = AgentProc(child.process, child.url, operator, data_dir)
     STARTED.add(agent)
-    try:
-        await wait_ready(agent.url, process, 10, path="/healthz", what="the agent")
-    except BaseException:
-        await stop_child(process)
-        raise
     return agent
 
 

@@ -18,11 +18,11 @@ import openai
 import yaml
 
 from meridian.procs import free_port, stop_child
-from tests.agents.agent_kit import AgentProc, engines_ready, start_agent
-from tests.controlplane.conftest import Server, start_server
-from tests.controlplane.fleet import EXAMPLE
-from tests.controlplane.push.kit import ADMIN, bootstrap_token, eventually
-from tests.fleet.netns import Netns
+from tests.kits.agents import AgentProc, engines_ready, start_agent
+from tests.kits.controlplane import Server, start_server
+from tests.kits.fleet_docs import EXAMPLE
+from tests.kits.netns import Netns
+from tests.kits.push import ADMIN, bootstrap_token, eventually
 
 LLAMA = "llama-3.1-8b-instruct"
 OPERATOR = "operator-token-0123456789"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from meridian import procs
 from meridian.procs import free_port, stop_child, wait_ready
 
 
@@ -33,24 +33,11 @@ async def running_sim(
     *args: str, model: str = "llama", port: int | None = None
 ) -> AsyncIterator[Sim]:
     port = port or free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "meridian",
-        "sim",
-        "--model",
-        model,
-        "--port",
-        str(port),
-        *args,
-    ]
-    process = await asyncio.create_subprocess_exec(*command)
-    sim = Sim(process, f"http://127.0.0.1:{port}", port)
+    child = await procs.start_sim(["--model", model, *args], port=port)
     try:
-        await sim.healthy()
-        yield sim
+        yield Sim(child.process, child.url, port)
     finally:
-        await stop_child(process, grace_s=5)
+        await stop_child(child.process, grace_s=5)
 
 
 async def sse(response: httpx.Response) -> list[Any]:

@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from controlplane.snapshot import FleetState
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
 
 BASE: dict[str, Any] = {
@@ -46,3 +48,13 @@ def example(*, rollouts: bool = False) -> dict[str, Any]:
     if not rollouts:
         del loaded["rollout_policies"]
     return loaded
+
+
+def state_from(document: dict[str, Any], revision: int = 7, **extra: Any) -> FleetState:
+    state: dict[str, Any] = {"revision": revision, **extra}
+    for key, items in document.items():
+        if key != "apiVersion":
+            state[key] = {
+                item["name"]: {k: v for k, v in item.items() if k != "name"} for item in items
+            }
+    return FleetState.model_validate(state)

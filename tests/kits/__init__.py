@@ -1,0 +1,2 @@
+"""What the suites share: starting the parts, fleets, clients and documents (no suite imports
+another's conftest or tests)."""
