@@ -20,8 +20,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -38,11 +37,11 @@ OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completio
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-@dataclass(frozen=True, slots=True)
-class Settled:
+class Settled(NamedTuple):
     """What one request came to, derived once at its end (agents/gateway/service.py) from
     what arrived, where it went and how it fared: the metrics, its route receipt, its span and
-    the per-tenant counts all read it."""
+    the per-tenant counts all read it. Immutable, and a tuple: cheap to make on every
+    request."""
 
     model: str = ""
     tenant: str = ""

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 JSON = b"Content-Type: application/json\r\n"
+PAIRED = (Pair, Continue)  # the calls that may name a prefill worker
 PREFILL_SLACK_S = 2.0  # past its predicted first token, a request is no longer in prefill
 
 
@@ -66,7 +67,7 @@ class EngineCalls:
         failed before the client saw a byte of it) or Cut (after)."""
         decision, wait_s = plan.decision, plan.wait_s
         chosen = decision.ranked[0]
-        prefill = plan.prefill if isinstance(plan, Pair | Continue) else None
+        prefill = plan.prefill if isinstance(plan, PAIRED) else None
         worker, inference, rid = chosen.worker, flight.inference, flight.rid
         if decision.pd is not None:
             self.router.books.pd_choices[decision.pd] += 1

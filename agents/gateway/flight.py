@@ -122,25 +122,28 @@ class Trail:
         if flight is None:
             return Settled(model or "", tenant, first_at=first_at, came_from=came_from)
         usage = flight.answer[1] if flight.answer is not None else Usage()
-        progress, stream = flight.progress, flight.stream
-        # the goes that were noted: every local call, and a peer's that answered
-        noted = [a for a in progress.attempts if a.policy]
-        last = noted[-1] if noted else None
-        local = next((a for a in reversed(noted) if a.policy != ESCALATION), None)
+        # the goes that were noted (every local call, and a peer's that answered): the last,
+        # and the last local one
+        last = local = None
+        for attempt in reversed(flight.progress.attempts):
+            if not attempt.policy:
+                continue
+            last = last or attempt
+            if attempt.policy != ESCALATION:
+                local = attempt
+                break
+        stream = flight.stream
         return Settled(
             flight.model, tenant,
-            worker=last.by if last is not None else "",
-            first_at=first_at,
-            completion_tokens=usage.completion_tokens,
-            prompt_tokens=usage.prompt_tokens,
-            cached_tokens=usage.cached_tokens,
-            routed_prompt=local.routed_prompt if local is not None else 0,
-            routed_cached=local.routed_cached if local is not None else 0,
-            decision=last.attributes if last is not None else None,
-            policy=last.policy if last is not None else "",
-            reason=last.reason if last is not None else "",
-            came_from=came_from,
-            migrated="; ".join(stream.migrations) if stream is not None else "",
-            crowded=progress.crowded,
-            load=local.load if local is not None else 0.0,
+            last.by if last is not None else "",
+            first_at, usage.completion_tokens, usage.prompt_tokens, usage.cached_tokens,
+            local.routed_prompt if local is not None else 0,
+            local.routed_cached if local is not None else 0,
+            last.attributes if last is not None else None,
+            last.policy if last is not None else "",
+            last.reason if last is not None else "",
+            came_from,
+            "; ".join(stream.migrations) if stream is not None else "",
+            flight.progress.crowded,
+            local.load if local is not None else 0.0,
         )  # fmt: skip

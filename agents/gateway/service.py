@@ -79,6 +79,7 @@ from agents.router.router import Router
 from agents.tracing import Tracing
 
 log = logging.getLogger(__name__)
+UNTRIED = (Broken, Refused)  # outcomes that say nothing of how local attempts fare
 AUDIT_EVERY_S = 1.0
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-ID: visible ASCII
 
@@ -296,8 +297,9 @@ class Gateway:
             self.carrier.streams.add(flight)
         try:
             while flight.answer is None:
+                tiering = self.tiered.tiering(flight) if flight.tier is not None else None
                 plan = await self.router.plan(
-                    flight.ask, flight.placement, flight.progress, self.tiered.tiering(flight)
+                    flight.ask, flight.placement, flight.progress, tiering
                 )
                 refusal: GatewayError | None = None
                 match plan:
@@ -347,13 +349,23 @@ class Gateway:
                 decision.describe(chosen.worker.id, wait_s=plan.wait_s) | extra
             ).decode()
         outcome = await self.calls.attempt(flight, plan, out)
-        if not isinstance(outcome, Broken | Refused):
+        if not isinstance(outcome, UNTRIED):
             self.router.escalations.attempted(model, ok=isinstance(outcome, Answered))
-        return await self.ended(flight, outcome)
+        if isinstance(outcome, Cut):
+            return await self.ended(flight, outcome)
+        return self.noted(flight, outcome)  # no coroutine for what needs no I/O
 
-    async def ended(self, flight: Flight, outcome: Outcome | Refused) -> GatewayError | None:
+    async def ended(self, flight: Flight, outcome: Outcome) -> GatewayError | None:
         """What a worker's (or peer's) go came to, noted for the next plan; an engine's
         refusal is the client's answer."""
+        if isinstance(outcome, Cut):  # after the client saw part of it: carried on, or it ends
+            ending = self.carrier.cut(flight, outcome)
+            if ending is not None:
+                await self.carrier.end(flight, ending)
+            return None
+        return self.noted(flight, outcome)
+
+    def noted(self, flight: Flight, outcome: Outcome) -> GatewayError | None:
         progress = flight.progress
         match outcome:
             case Answered(response, usage):
@@ -361,10 +373,6 @@ class Gateway:
             case Retry(worker, _, broke):  # before the client saw a byte: the next is tried
                 log.warning("request %s: %s", flight.id, outcome, extra={"request_id": flight.id})
                 progress.failed(worker, str(outcome), broke, self.clock())
-            case Cut():  # after: carried on by the next, or it ends
-                ending = self.carrier.cut(flight, outcome)
-                if ending is not None:
-                    await self.carrier.end(flight, ending)
             case Broken(response, cause):  # a fault of ours: the stream ended with an error
                 flight.fault = cause
                 flight.answer = response, Usage()

@@ -22,6 +22,7 @@ from agents.quality.canary import Canary
 from agents.quality.detectors import Answer, suspect
 from agents.quality.guard import Event, Guard
 from agents.quality.peers import PREFIX_BYTES, Source
+from agents.router import predict
 from agents.router.view import WorkerView
 from agents.workers.table import WorkerTable
 
@@ -110,7 +111,7 @@ class Quality:
         for worker, kind in kinds.items():
             view = self.views.get(worker)
             if view is not None and view.learned >= MIN_LEARNED:
-                steps.setdefault(kind, {})[worker] = view.step_at(1.0)
+                steps.setdefault(kind, {})[worker] = predict.step_at(view, 1.0)
         now = self.clock()
         for mine in steps.values():
             for worker, step in mine.items():

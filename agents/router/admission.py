@@ -47,8 +47,9 @@ from typing import TYPE_CHECKING
 from meridian_pb.fleet.v1.params import CostParams
 
 from agents.config import RouteConfig, Tenant
-from agents.held import Held
+from agents.router import predict
 from agents.router.decision import Decision
+from agents.router.fairness import Fairness, Places
 from agents.router.plan import (
     Ask,
     Call,
@@ -75,96 +76,10 @@ DEFAULT_WAIT_S = 10.0  # the longest wait of a model without an SLO
 RECHECK_S = 0.05  # a waiting request is placed again at least this often
 FULL_S = 5.0  # a model is full for this long after a request of it last had to wait
 RATE_S = 5.0  # the window of a model's admission rate
-CROWDED_BY = 0.25  # another tenant's places over its fair share, of all held: it crowds
 DEADLINE = frozenset({Reason.OVERLOADED, Reason.TENANT_SHARE})  # refused once its SLO passed
 
 
-class Places(Held):
-    """A request's place among its tenant's on a model, held until it ends."""
-
-    __slots__ = ("fair", "model", "tenant")
-
-    def __init__(self, fair: Fairness, model: str, tenant: Tenant) -> None:
-        super().__init__()
-        self.fair, self.model, self.tenant = fair, model, tenant
-        fair.take(model, tenant)
-
-    def release(self, error: BaseException | None) -> None:
-        self.fair.give(self.model, self.tenant.name)
-
-
-class Fairness:
-    """Each model's places by tenant, and the tenants' weights; what each tenant's fair
-    share is, and who waits."""
-
-    def __init__(self) -> None:
-        self.held: dict[str, dict[str, int]] = {}  # model: tenant: places
-        self.weight: dict[str, dict[str, float]] = {}  # model: tenant: weight, while held
-        self.total_weight: dict[str, float] = {}
-        self.waiting: dict[str, dict[str, int]] = {}  # model: tenant: requests queued
-
-    def take(self, model: str, tenant: Tenant) -> None:
-        held = self.held.setdefault(model, {})
-        n = held.get(tenant.name, 0)
-        if not n:
-            self.weight.setdefault(model, {})[tenant.name] = tenant.weight
-            self.total_weight[model] = self.total_weight.get(model, 0.0) + tenant.weight
-        held[tenant.name] = n + 1
-
-    def give(self, model: str, tenant: str) -> None:
-        held = self.held[model]
-        held[tenant] -= 1
-        if not held[tenant]:
-            del held[tenant]
-            weight = self.weight[model].pop(tenant)
-            self.total_weight[model] -= weight
-            if not held:
-                del self.held[model], self.weight[model], self.total_weight[model]
-
-    def standing(self, model: str, tenant: str) -> int:
-        """-1 under its fair share, 1 over it, 0 even (alone, or all alike)."""
-        held = self.held.get(model)
-        if held is None or len(held) < 2:
-            return 0
-        places = held.get(tenant, 0)
-        share = sum(held.values()) * self.weight[model].get(tenant, 1.0) / self.total_weight[model]
-        if places < share - 0.5:
-            return -1
-        return 1 if places > share + 0.5 else 0
-
-    def places(self, model: str) -> int:
-        """The model's places held: its requests here, waiting or in flight."""
-        return sum(self.held.get(model, {}).values())
-
-    def crowded(self, model: str, tenant: str) -> bool:
-        """Another tenant holds well over its fair share of the model: by `CROWDED_BY` of
-        the places held and at least two, not by the ups and downs of tenants alike."""
-        held = self.held.get(model)
-        if held is None or len(held) < 2:
-            return False
-        total, weights = sum(held.values()), self.weight[model]
-        excess = max(n - total * weights[t] / self.total_weight[model]
-                     for t, n in held.items() if t != tenant)  # fmt: skip
-        return excess >= max(2.0, CROWDED_BY * total)
-
-    def queue_share(self, model: str, tenant: str, max_queue: int) -> float:
-        weights = self.weight.get(model, {})
-        total = self.total_weight.get(model, 0.0)
-        return max(1.0, max_queue * weights.get(tenant, 1.0) / total) if total else max_queue
-
-    def under_waiting(self, model: str) -> bool:
-        """A tenant under its share waits for the model."""
-        return any(n and self.standing(model, t) < 0
-                   for t, n in self.waiting.get(model, {}).items())  # fmt: skip
-
-    def queued(self, model: str, tenant: str, by: int) -> None:
-        waiting = self.waiting.setdefault(model, {})
-        waiting[tenant] = waiting.get(tenant, 0) + by
-        if not waiting[tenant]:
-            del waiting[tenant]
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made at every look: not frozen (a frozen one costs more to make)
 class Look:
     """What admission sees of a request at one look: the input of `judge`."""
 
@@ -187,10 +102,16 @@ class Look:
     continuing: bool = False
 
 
+def admits(decision: Decision, fit: bool, standing: int, under_waiting: bool) -> bool:
+    """The best worker can start it within the SLO, and its tenant, if over its fair share,
+    does not go before one under its share that waits. Pure."""
+    return bool(decision.ranked) and fit and not (standing > 0 and under_waiting)
+
+
 def judge(look: Look) -> Call | Peer | Reject | None:
     """Admitted (the call to make), sent to a peer, refused, or None: it waits. Pure."""
     decision = look.decision
-    if decision.ranked and look.fits and not (look.standing > 0 and look.under_waiting):
+    if admits(decision, look.fits, look.standing, look.under_waiting):
         return call(decision, look.continuing, look.wait_s)
     if not decision.ranked and not decision.vetoed:
         failed = f"{look.tried} failed it, " if look.tried else ""
@@ -306,11 +227,15 @@ class Admission:
                     fits(decision, route, request, since, now, ratio)
                     if decision.ranked else (False, None)
                 )  # fmt: skip
+                under = standing > 0 and fair.under_waiting(model)
+                if admits(decision, fit, standing, under):  # most requests: at the first look
+                    self._admitted(model, now)
+                    return call(decision, progress.continuing, wait)
                 waiting = self.waiting.get(model, 0)
                 look = Look(
-                    model, tenant, decision, fit, wait, standing,
-                    standing > 0 and fair.under_waiting(model), waiting,
-                    0.0 if queued else self._drain_s(model, waiting, now), now - since,
+                    model, tenant, decision, fit, wait, standing, under, waiting,
+                    0.0 if queued or limits is None else self._drain_s(model, waiting, now),
+                    now - since,
                     deadline - now, queued,
                     None if queued else self._queue(route, tenant, standing), limits,
                     len(exclude), slo, progress.continuing,
@@ -386,10 +311,13 @@ def fits(
     view, load, params = best.view, best.entry.load, route.params
     uncached = max(0, request.prompt_tokens - best.matched_tokens)
     answer = view.answer(request.max_new)
-    held, room = view.held_wait(load, now), view.room_wait(uncached, load, now, answer, ratio)
+    held, room = (
+        predict.held_wait(view, load, now),
+        predict.room_wait(view, uncached, load, now, answer, ratio),
+    )
     # what the model misses (a step it has not learned, answers that run long) it misses
     # again: the prediction is scaled by how late first bytes have lately come here
-    wait = max(predicted, view.head_age(now), held, room)
+    wait = max(predicted, predict.head_age(view, now), held, room)
     if (
         (held > 0 or room > 0 or load.waiting > 0)
         and isinstance(params, CostParams)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from agents.config import FallbackChain, RouteConfig
 from agents.router.decision import Decision
@@ -68,9 +69,9 @@ class Refusal(StrEnum):
     UPSTREAM_FAILED = "upstream_failed"
 
 
-@dataclass(frozen=True, slots=True)
-class Ask:
-    """What arrived, as the router reads it."""
+class Ask(NamedTuple):
+    """What arrived, as the router reads it. Immutable (a tuple: cheap to make on every
+    request)."""
 
     id: str
     tenant: str
@@ -78,10 +79,10 @@ class Ask:
     operator: bool = False  # the operator's own request: never escalated
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(NamedTuple):
     """Where the request is going: its model's route here, the request as the router takes
-    it for that model, the tenant's fallback rule for it, and its tier (a tiered route's)."""
+    it for that model, the tenant's fallback rule for it, and its tier (a tiered route's).
+    Immutable: a tier change replaces it whole."""
 
     model: str
     route: RouteConfig

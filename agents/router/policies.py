@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from meridian_pb.fleet.v1.params import CacheAwareParams, CostParams, PolicyParams
 
 from agents.config import WorkerSpec
+from agents.router import predict
 from agents.router.view import WorkerView
 from agents.workers.prefix import PrefixIndex
 from agents.workers.table import WorkerEntry
@@ -226,11 +227,11 @@ class Cost(Policy):
             elif limit is not None and busy and view.decode_step_s > limit:
                 slow.append(c)
             uncached = request.prompt_tokens - c.matched_tokens
-            ahead = view.queued_work(load.pending_tokens)
+            ahead = predict.queued_work(view, load.pending_tokens)
             steps = math.ceil((ahead + uncached) / p.chunk_tokens) if busy else 0
             # the queue ahead is served as fast as its prefill and the pool's room allow
             answer = view.answer(request.max_new)
-            room = view.room_wait(uncached, load, request.now, answer)
+            room = predict.room_wait(view, uncached, load, request.now, answer)
             wait = max(ahead / view.prefill_tokens_per_s, room)
             c.ttft_s = wait + uncached / view.prefill_tokens_per_s + steps * view.decode_step_s
             recompute = (best_match - c.matched_tokens) / view.prefill_tokens_per_s
@@ -293,9 +294,11 @@ def _answer_price(
     later request that recomputes what it evicts. Cache affinity alone keeps a hot prefix's
     requests on one worker, each slower for the others, while another stands idle."""
     load, view = c.entry.load, c.view
-    c.decode_s = tokens * view.step_at(c.load + 1)
+    c.decode_s = tokens * predict.step_at(view, c.load + 1)
     slope = view.line.slope() or 0.0
-    price = c.decode_s + slope * min(view.to_come(load, request.now), load.running * tokens)
+    price = c.decode_s + slope * min(
+        predict.to_come(view, load, request.now), load.running * tokens
+    )
     price += load.running * uncached / view.prefill_tokens_per_s
     if load.max_total_tokens > 0 and uncached > 0:
         free = load.max_total_tokens - load.used_tokens - cached

@@ -18,6 +18,7 @@ from meridian_pb.fleet.v1.params import CostParams
 from agents.books import Books
 from agents.config import RegionConfig, RouteConfig
 from agents.engines.tokenizers import PromptTokenizer
+from agents.router import predict
 from agents.router.admission import Admission
 from agents.router.decision import Decision, Ticket
 from agents.router.escalation import Escalations
@@ -305,7 +306,7 @@ class Router:
         uncached = 0 if prefilled_elsewhere else request.prompt_tokens - chosen.matched_tokens
         uncached = max(0, uncached)
         load = chosen.entry.load
-        ahead = round(view.queued_work(load.pending_tokens))
+        ahead = round(predict.queued_work(view, load.pending_tokens))
         busy = chosen.busy  # before this request counts
         placed = not prefilled_elsewhere and places(chosen, request)
         ticket = Ticket(

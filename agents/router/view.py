@@ -1,10 +1,11 @@
 """The router's own view of one worker: its requests in flight from this gateway, the work it
 sent there since the last load poll, a circuit breaker, and the worker's speed as learned
-from what the gateway observed (prefill rate from TTFT, decode step from inter-token gaps)."""
+from what the gateway observed (prefill rate from TTFT, decode step from inter-token gaps).
+It changes only through its own methods (the ledger: sent, first byte, finished, failed,
+abandoned, polled, audited); what the router predicts from it is agents/router/predict.py."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from math import exp
 
@@ -216,49 +217,10 @@ class WorkerView:
             self._counted = self._events = 0
         return flight
 
-    def _ran(self, flight: Flight, now: float, step: float) -> float:
-        """Tokens a started answer has run: counted from its stream's events, or by time."""
-        assert flight.first_at is not None
-        if flight.events and self.tokens_per_event > 0:
-            return flight.events * self.tokens_per_event
-        return (now - flight.first_at) / step
-
     @property
     def unstarted(self) -> int:
         """Requests sent here from this gateway that have not started (no first byte)."""
         return self._unstarted
-
-    def head_age(self, now: float) -> float:
-        """How long the oldest request sent here that has not started has waited: the delay
-        the engine's queue puts on a request now (as CoDel reads a queue by its packets'
-        sojourn), whatever holds it back (prefill ahead, KV room, retractions). It rises at
-        once when an engine stalls and falls to nothing when its queue from here empties."""
-        if self._unstarted:
-            for flight in self._flights.values():
-                if flight.first_at is None:
-                    return max(0.0, now - flight.sent_at)
-        return 0.0
-
-    def finish_s(self, share: float, now: float, batch: float = 0.0) -> float:
-        """Seconds until `share` of the engine's running batch has finished. The requests
-        this gateway has running there say when theirs end (each its expected answer at the
-        decode step, less what it has run): a batch that started together finishes together,
-        which an average over the batch does not show. Past the batch, or with none of ours
-        running, answers end at the batch's turnover (Little's law)."""
-        if share <= 0:
-            return 0.0
-        step = self._running_step(now, batch)
-        turnover_s = self.mean_output * step
-        left = sorted(
-            max(0.0, (f.answer - self._ran(f, now, step)) * step)
-            for f in self._flights.values()
-            if f.first_at is not None
-        )
-        if not left:
-            return share * turnover_s
-        if share > 1:
-            return left[-1] + (share - 1) * turnover_s
-        return left[max(0, math.ceil(share * len(left)) - 1)]
 
     def rate(self, now: float) -> float:
         """Requests a second this gateway sends here: under cache affinity, the traffic its
@@ -299,143 +261,6 @@ class WorkerView:
             self.answer_share += LEARN_ALPHA * (min(1.0, tokens / max_new) - self.answer_share)
         else:
             self.mean_output += LEARN_ALPHA * (tokens - self.mean_output)
-
-    def room_wait(
-        self,
-        need: float,
-        load: EngineLoad,
-        now: float,
-        answer: float | None = None,
-        reserve_ratio: float = RESERVE_RATIO,
-    ) -> float:
-        """Seconds until the engine's KV pool has room for `need` more tokens after what is
-        queued there: SGLang admits a request only with room for its uncached prompt and a
-        share of each running answer's rest and of its own (`answer` tokens, by default the
-        mean here). At a `reserve_ratio` of 1, room for every answer to finish, so that
-        nothing started is retracted (when room runs out an engine retracts its newest
-        request, which then waits for room again, often before its first chunk). When the
-        pool is short, a request waits for running ones to end and free theirs (`_room_at`).
-        Without the pool's size, waiting requests are taken to be held back for room."""
-        if load.running <= 0 and self.sent_since_poll <= 0:
-            return 0.0
-        if load.max_total_tokens <= 0:
-            return self.held_wait(load, now)  # one finished request each
-        answer = self.mean_output if answer is None else answer
-        queued = (
-            load.pending_tokens
-            + self.tokens_since_poll
-            + (load.waiting + self.sent_since_poll) * self.mean_output * reserve_ratio
-        )
-        free = load.max_total_tokens - load.used_tokens - queued - need
-        reserve = (self.to_come(load, now) + answer) * reserve_ratio
-        if free >= reserve:
-            return 0.0
-        at = self._room_at(load, now, free, answer, reserve_ratio)
-        if at is not None:
-            return at
-        # the requests queued for room go first (when prefixes are evicted for room, tokens
-        # count short), then this one as room for it frees; a finishing share of the batch
-        # frees that share of what it holds
-        used = max(load.used_tokens, 1)
-        own = need + answer * reserve_ratio
-        short = reserve - free
-        share = max(short / used, self._held_share(load) + own / used)
-        return self.finish_s(share, now, load.running)
-
-    def _room_at(
-        self, load: EngineLoad, now: float, free: float, answer: float, ratio: float
-    ) -> float | None:
-        """Seconds until the pool, short of room now by what `free` lacks, has it: the
-        running answers go on a token a step (each taking pool, and needing that much less
-        reserved), and each frees, as it ends, what it holds (its uncached prompt and its
-        answer). The requests this gateway has running here stand for the engine's whole
-        batch (others' are taken to be like them). None: none of ours run here."""
-        step = self._running_step(now, load.running)
-        rest = sorted(
-            (max(0.0, f.answer - self._ran(f, now, step)), f.tokens + f.answer)
-            for f in self._flights.values()
-            if f.first_at is not None
-        )
-        if not rest:
-            return None
-        scale = max(1.0, load.running / len(rest))
-        to_come = sum(r for r, _ in rest)
-        # what they hold now, shared prefixes once: an end frees its share of the pool used
-        held = sum(holds for _, holds in rest) - to_come
-        share = min(1.0, load.used_tokens / scale / held) if held > 0 else 1.0
-        growing, freed = len(rest), 0.0
-        for r, holds in rest:  # r steps from now, just after this one ends
-            growing -= 1
-            freed += (holds - r) * share  # what it held now; it grew its rest first
-            to_come -= r
-            taken = scale * (growing * r - freed)
-            reserve = ratio * (scale * (to_come - growing * r) + answer)
-            if free - taken >= reserve:
-                return r * step
-        return rest[-1][0] * step
-
-    def step_at(self, batch: float) -> float:
-        """The time per token of an answer here with `batch` requests running: as answers
-        here have lately run (their mean gaps, measured, not a gauge of the moment), moved
-        along the engine's step line from the batch they ran in to this one."""
-        slope = self.line.slope() or 0.0
-        slope = min(slope, self.decode_step_s / max(self.decode_batch, 1.0))
-        return max(self.decode_step_s / 4, self.decode_step_s + slope * (batch - self.decode_batch))
-
-    def to_come(self, load: EngineLoad, now: float) -> float:
-        """Answer tokens the engine's running requests have still to generate: of those this
-        gateway has running there, their expected answers less what they have run (counted
-        from their streams' events, else by time at the step; a batch that started together
-        has nearly all of its answers to come); of others, half an answer each."""
-        step = self._running_step(now, load.running)
-        if self.tokens_per_event > 0:  # the streams' events count; the others run by time
-            timed = self._running - self._counted
-            run = self._events * self.tokens_per_event
-            run += (timed * now - (self._firsts - self._counted_firsts)) / step
-        else:
-            run = (self._running * now - self._firsts) / step
-        left = max(0.0, self._answers - run)
-        others = max(0, load.running - self._running)
-        # ours that the engine has started and that have sent no byte yet (sent before the
-        # poll, and not among those it holds back): their whole answers are to come
-        mine = min(others, max(0, self._unstarted - self.sent_since_poll - load.waiting))
-        return left + mine * self.mean_output + (others - mine) * self.mean_output / 2
-
-    def _answer_step(self) -> float:
-        return max(self.decode_step_s, self.batch_step_s)
-
-    def _running_step(self, now: float, batch: float) -> float:
-        """The time per token of the answers running here: as learned, and at least as the
-        engine's step at this batch (the step line); and when one runs past its expected end
-        (it has not run all of its tokens), as that one shows, with a margin: an answer taken
-        to have ended while it runs would be taken to have freed its room, and the requests
-        waiting for that room taken to start now. The oldest sent stands for the longest
-        running."""
-        step = max(self._answer_step(), self.step_at(batch)) if batch > 0 else self._answer_step()
-        if not self._running:
-            return step
-        # the oldest sent of those started (flights are kept in the order they were sent)
-        oldest = next(f for f in self._flights.values() if f.first_at is not None)
-        shown = (now - (oldest.first_at or now)) / max(oldest.answer, 1.0)
-        return step if shown <= step else OVERDUE_MARGIN * shown
-
-    def held_wait(self, load: EngineLoad, now: float) -> float:
-        """Seconds the requests an engine holds back (as polled, and sent since) take to
-        start when each waits for a running one to finish and free its room. An engine that
-        reserves more room than the pool arithmetic shows, or retracts, holds them so."""
-        return self.finish_s(self._held_share(load), now, load.running)
-
-    def _held_share(self, load: EngineLoad) -> float:
-        if load.waiting <= 0 or load.running <= 0:
-            return 0.0
-        return (load.waiting + self.sent_since_poll) / load.running
-
-    def queued_work(self, pending_tokens: int) -> float:
-        """Prefill tokens ahead of a new request here: the engine's waiting uncached prompt
-        tokens (as it estimates them: `num_waiting_uncached_tokens`), plus what was sent
-        since the poll; at least what this gateway knows it has queued there."""
-        engine = pending_tokens + self.tokens_since_poll
-        return max(engine, self.queued_tokens)
 
     def learn_prefill(self, tokens: float, seconds: float) -> None:
         if tokens < MIN_LEARN_TOKENS or seconds <= 0:

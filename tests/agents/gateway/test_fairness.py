@@ -4,7 +4,7 @@ the outcome over real engines: test_isolation.py)."""
 from __future__ import annotations
 
 from agents.config import Tenant
-from agents.router.admission import Fairness
+from agents.router.fairness import Fairness
 
 
 def _tenant(name: str, weight: float = 1.0) -> Tenant:

@@ -11,6 +11,7 @@ from meridian_pb.fleet.v1.params import CostParams
 
 from agents.config import compile_config
 from agents.errors import SnapshotInvalid
+from agents.router import predict
 from agents.router.view import WorkerView
 from agents.workers.table import EngineLoad
 from tests.kits.router import (
@@ -103,10 +104,10 @@ def test_room_is_priced_by_what_a_request_needs_of_the_pool() -> None:
     view.mean_output = 256
     full = EngineLoad(running=40, waiting=4, used_tokens=50_000, pending_tokens=2_000,
                       max_total_tokens=52_000)  # fmt: skip
-    hit, miss = view.room_wait(128, full, 0.0), view.room_wait(2_176, full, 0.0)
+    hit, miss = predict.room_wait(view, 128, full, 0.0), predict.room_wait(view, 2_176, full, 0.0)
     assert 0 < hit < miss
     roomy = EngineLoad(running=10, used_tokens=10_000, max_total_tokens=52_000)
-    assert view.room_wait(2_176, roomy, 0.0) == 0
+    assert predict.room_wait(view, 2_176, roomy, 0.0) == 0
 
 
 def test_a_batch_that_started_together_holds_the_queue_until_it_ends() -> None:
@@ -118,12 +119,12 @@ def test_a_batch_that_started_together_holds_the_queue_until_it_ends() -> None:
         view.flew(key, 0.0, view.answer(256))
         view.started(key, 0.0)
     holding = EngineLoad(running=20, waiting=2, used_tokens=40_000, max_total_tokens=100_000)
-    assert view.held_wait(holding, 0.5) == pytest.approx(4.62)
+    assert predict.held_wait(view, holding, 0.5) == pytest.approx(4.62)
     for key in range(10):  # the first ten started long before: they end at once
         view.landed(key)
         view.flew(100 + key, 0.0, view.answer(256))
         view.started(100 + key, -5.0)
-    assert view.held_wait(holding, 0.5) == 0.0
+    assert predict.held_wait(view, holding, 0.5) == 0.0
 
 
 async def test_admission_scales_its_prediction_by_how_late_first_bytes_have_come() -> None:

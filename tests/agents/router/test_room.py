@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from agents.router import predict
 from agents.router.admission import Admission
 from agents.router.plan import Ask, Local, Placement, Progress
 from agents.router.view import WorkerView
@@ -39,14 +40,14 @@ def test_a_staggered_batch_makes_room_as_its_first_answer_ends() -> None:
     """Twenty answers ending 5 steps apart: the pool lacks room for every answer to finish
     now, and has it once the first ends and frees its 500 tokens, 5 steps from now."""
     view, load = _view([5 * i for i in range(1, 21)])
-    assert view.room_wait(128, load, 0.0, ANSWER, 1.0) == pytest.approx(5 * STEP_S)
+    assert predict.room_wait(view, 128, load, 0.0, ANSWER, 1.0) == pytest.approx(5 * STEP_S)
 
 
 def test_a_batch_that_started_together_makes_room_only_when_it_ends() -> None:
     """The same twenty answers started together: nothing ends, and nothing is freed, for the
     100 steps they all take; room comes then."""
     view, load = _view([ANSWER] * 20)
-    assert view.room_wait(128, load, 0.0, ANSWER, 1.0) == pytest.approx(ANSWER * STEP_S)
+    assert predict.room_wait(view, 128, load, 0.0, ANSWER, 1.0) == pytest.approx(ANSWER * STEP_S)
 
 
 def test_answers_running_past_their_expected_end_have_not_freed_their_room() -> None:
@@ -60,7 +61,7 @@ def test_answers_running_past_their_expected_end_have_not_freed_their_room() -> 
         view.flew(key, -2.0, ANSWER, PROMPT)
         view.started(key, -150 * STEP_S)
     load = EngineLoad(running=20, used_tokens=20 * (PROMPT + 95), max_total_tokens=10_000)
-    wait = view.room_wait(128, load, 0.0, ANSWER, 1.0)
+    wait = predict.room_wait(view, 128, load, 0.0, ANSWER, 1.0)
     assert 0.1 * ANSWER * STEP_S < wait < ANSWER * STEP_S
 
 
@@ -76,14 +77,16 @@ def test_what_a_streamed_answer_has_run_is_counted_from_its_events_not_its_age()
         view.started(key, -50 * STEP_S)
     for key in range(20):
         view.progressed(key, 2)
-    assert view.to_come(load, 0.0) == pytest.approx(20 * 90 + 50)
+    assert predict.to_come(view, load, 0.0) == pytest.approx(20 * 90 + 50)
     view.landed(0)
-    assert view.to_come(dataclasses.replace(load, running=20), 0.0) == pytest.approx(19 * 90 + 50)
+    assert predict.to_come(view, dataclasses.replace(load, running=20), 0.0) == pytest.approx(
+        19 * 90 + 50
+    )
 
 
 def test_a_pool_with_room_for_every_answer_makes_none_wait() -> None:
     view, load = _view([ANSWER] * 10)
-    assert view.room_wait(128, load, 0.0, ANSWER, 1.0) == 0.0
+    assert predict.room_wait(view, 128, load, 0.0, ANSWER, 1.0) == 0.0
 
 
 async def test_an_engine_holding_requests_back_keeps_the_third_here_whatever_the_model_says() -> (
@@ -102,7 +105,7 @@ async def test_an_engine_holding_requests_back_keeps_the_third_here_whatever_the
         view.started(1000 + n, -0.5)  # half their answers to come
     holding = EngineLoad(running=5, waiting=1, used_tokens=10_000, max_total_tokens=100_000)
     table.polled("w0", holding, 2)
-    assert view.room_wait(128, holding, 0.0) == 0.0  # the model sees room
+    assert predict.room_wait(view, 128, holding, 0.0) == 0.0  # the model sees room
     admission = ticking_admission(router, clock)
     for key in (b"a", b"b"):
         request = router.request(MODEL, SYSTEM + key)
