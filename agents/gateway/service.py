@@ -67,10 +67,11 @@ from agents.gateway.relay import (
     new_id,
 )
 from agents.gateway.requests import DEFAULT_LIMITS, Limits, read_body
+from agents.gateway.settle import Accounts
 from agents.gateway.tiered_path import TieredPath
 from agents.gateway.tiers import Tiers
 from agents.gateway.upstream import Upstream
-from agents.metrics import CROWDED_OUT, OPERATIONS, RequestMetrics, count_by_tenant
+from agents.metrics import OPERATIONS, RequestMetrics
 from agents.quality.runtime import Quality
 from agents.router.audit import audit
 from agents.router.escalation import LOAD_HEADER, load_header
@@ -122,6 +123,7 @@ class Gateway:
         self.arrival = Arrival(router, self.assertions, self.escalations, operator_token)
         self.tiered = TieredPath(router, self.tiers, clock, self.config_or_refuse, self.serve)
         self.receipts = Receipts()
+        self.accounts = Accounts(books, self.metrics, self.receipts, clock, lambda: self.config)
         self.created = int(time.time())  # the models' `created`: when this gateway started
         router.table.on_change(self.admission.notify_all)
 
@@ -163,7 +165,7 @@ class Gateway:
         return load_header(ttft, self.admission.waiting.get(model, 0), serving)
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
-        started, books = self.clock(), self.books
+        started = self.clock()
         given = request.headers.get("X-Request-ID")
         request_id = given if given is not None and _REQUEST_ID.fullmatch(given) else new_id()
         headers = self.headers(request_id)
@@ -198,25 +200,13 @@ class Gateway:
         settled = trail.settled(refused.model if refused is not None else None,
                                 response.get(FIRST_AT))  # fmt: skip
         if fault is not None:  # a fault of ours, maybe after its stream began
-            self._fault(request_id, settled.model, fault)
+            self.accounts.fault(request_id, settled.model, fault)
             error_type = InternalError.code
         if flight is not None and flight.client_stalled:
             error_type = "client_stalled"  # counted as such: it was cut, not answered
-        code = error_type or ("ok" if response.status < 400 else f"http_{response.status}")
-        if settled.crowded and code in CROWDED_OUT:
-            code = "crowded"  # refused for another tenant's load, not the region's own
-        books.answered[settled.model, code] += 1
-        now = self.clock()
-        if settled.tenant:
-            routes = self.config.routes if self.config is not None else {}
-            count_by_tenant(books.by_tenant, books.by_load, settled, code, started, now, routes)
-        self.metrics.answered(request.path, response.status, started, now, settled, error_type)
-        self.receipts.note(request_id, response.status, started, now, settled, error_type)
-        if trail.span is not None and trail.span.is_recording():
-            region = self.config.region if self.config else None
-            spans.finished(
-                trail.span, request.path, response.status, settled, started, error_type, region
-            )
+        self.accounts.settle(
+            request.path, request_id, response.status, settled, error_type, started, trail.span
+        )
         return response
 
     def _refused(self, error: GatewayError, headers: dict[str, str], trail: Trail) -> web.Response:
@@ -234,15 +224,6 @@ class Gateway:
         ):  # the quota's own are counted there
             self.quotas.demand.tally(caller.tenant.name).refused(error.code)
         return error.response(headers)
-
-    def _fault(self, request_id: str, model: str, error: BaseException) -> None:
-        """Logged once, with its traceback, and counted; what it held was given back on the
-        way out."""
-        self.books.faults[model or "unknown"] += 1
-        log.error(
-            "request %s failed on a fault of the gateway's", request_id,
-            exc_info=error, extra={"request_id": request_id},
-        )  # fmt: skip
 
     def config_or_refuse(self) -> RegionConfig:
         if self.config is None:

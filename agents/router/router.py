@@ -18,7 +18,7 @@ from meridian_pb.fleet.v1.params import CostParams
 from agents.books import Books
 from agents.config import RegionConfig, RouteConfig
 from agents.engines.tokenizers import PromptTokenizer
-from agents.router import predict
+from agents.router import predict, ranking
 from agents.router.admission import Admission
 from agents.router.decision import Decision, Ticket
 from agents.router.escalation import Escalations
@@ -54,7 +54,6 @@ class Exact:
 
 DEFAULT_TOKENS_PER_BYTE = 0.25
 DECISIONS_KEPT = 256  # the latest decisions, for /agent/decisions
-SERVING_ROLES = ("unified", "decode")
 
 
 class Router:
@@ -222,71 +221,15 @@ class Router:
                             root=root)  # fmt: skip
 
     def route(self, route: RouteConfig, request: RouteRequest, exclude: set[str]) -> Decision:
-        request.itl_limit_s, request.now = route.slo_itl_s, self.clock()
-        decision = self._rank(route, request, exclude, SERVING_ROLES)
+        """The model's workers that may take the request, ranked by its policy
+        (agents/router/ranking.py), with a PD pair where the model has prefill workers."""
+        now = request.now = self.clock()
+        request.itl_limit_s = route.slo_itl_s
+        policy, views = self._by_model[route.model], self.views
+        decision = ranking.rank(policy, self.table, views, route, request, exclude, now)
         if route.model in self._pd_models and decision.ranked:
-            self._pair(route, request, exclude, decision)
+            ranking.pair(policy, self.table, views, route, request, exclude, now, decision)
         return decision
-
-    def _pair(
-        self, route: RouteConfig, request: RouteRequest, exclude: set[str], decision: Decision
-    ) -> None:
-        """PD: prefill on the chosen decode worker when little of the prompt is uncached there,
-        else on the best prefill worker (and locally anyway if none can take it)."""
-        params = route.params
-        decode = decision.ranked[0]
-        uncached = max(0, request.prompt_tokens - decode.matched_tokens)
-        short = uncached <= params.pd_local_max_tokens
-        if short or uncached <= params.pd_local_max_ratio * request.prompt_tokens:
-            decision.pd = "local"
-            decision.reason += f"; prefill here: {uncached} tokens uncached"
-            return
-        prefill = self._rank(route, request, exclude, ("prefill",))
-        if not prefill.ranked:
-            decision.pd = "local"
-            decision.reason += f"; prefill here: no prefill worker ({prefill.reason})"
-            return
-        decision.pd, decision.prefill = "disaggregated", prefill.ranked[0]
-        decision.reason += f"; prefill on {prefill.ranked[0].worker.id}: {prefill.reason}"
-
-    def _rank(
-        self,
-        route: RouteConfig,
-        request: RouteRequest,
-        exclude: set[str],
-        roles: tuple[str, ...],
-    ) -> Decision:
-        policy = self._by_model[route.model]
-        now = self.clock()
-        candidates, total, unavailable = [], 0, 0
-        for entry in self.table.entries.values():
-            worker = entry.spec
-            if worker.model != route.model or worker.role not in roles:
-                continue
-            total += 1
-            view = self.views.get(worker.id)
-            if view is None or worker.id in exclude:
-                continue
-            view.polled(entry.polls, entry.load)
-            if not entry.serving or not view.breaker.allows(now):
-                unavailable += 1
-                continue
-            if route.max_inflight is not None and view.inflight >= route.max_inflight:
-                candidates.append(Candidate(worker, entry, view, veto="max in flight"))
-                continue
-            candidates.append(Candidate(worker, entry, view))
-        full = [c for c in candidates if c.veto]
-        open_ = [c for c in candidates if not c.veto]
-        if not open_:
-            return Decision(
-                policy.name, [], "no worker can take it", full, unavailable, total,
-                model=route.model,
-            )  # fmt: skip
-        ranking = policy.rank(open_, request)
-        return Decision(
-            policy.name, ranking.ranked, ranking.reason, full + ranking.vetoed, unavailable, total,
-            model=route.model,
-        )  # fmt: skip
 
     def dispatched(
         self,

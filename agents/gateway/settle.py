@@ -1,0 +1,65 @@
+"""A request's end, counted once, from what it came to (`Settled`, agents/gateway/flight.py):
+its answer in the books (by code, per tenant and by the load it met), its metrics, its route
+receipt and its span. A fault of the gateway's own is logged here with its traceback."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from agents.books import Books
+from agents.config import RegionConfig
+from agents.gateway import spans
+from agents.gateway.receipts import Receipts
+from agents.metrics import CROWDED_OUT, RequestMetrics, Settled, count_by_tenant
+
+log = logging.getLogger(__name__)
+
+
+class Accounts:
+    def __init__(
+        self,
+        books: Books,
+        metrics: RequestMetrics,
+        receipts: Receipts,
+        clock: Callable[[], float],
+        config: Callable[[], RegionConfig | None],
+    ) -> None:
+        self.books, self.metrics, self.receipts = books, metrics, receipts
+        self.clock, self.config = clock, config
+
+    def settle(
+        self,
+        path: str,
+        request_id: str,
+        status: int,
+        settled: Settled,
+        error_type: str | None,
+        started: float,
+        span: Any,
+    ) -> None:
+        """`error_type`: the code of the error that answered it, if one did."""
+        books, config = self.books, self.config()
+        code = error_type or ("ok" if status < 400 else f"http_{status}")
+        if settled.crowded and code in CROWDED_OUT:
+            code = "crowded"  # refused for another tenant's load, not the region's own
+        books.answered[settled.model, code] += 1
+        now = self.clock()
+        if settled.tenant:
+            routes = config.routes if config is not None else {}
+            count_by_tenant(books.by_tenant, books.by_load, settled, code, started, now, routes)
+        self.metrics.answered(path, status, started, now, settled, error_type)
+        self.receipts.note(request_id, status, started, now, settled, error_type)
+        if span is not None and span.is_recording():
+            region = config.region if config is not None else None
+            spans.finished(span, path, status, settled, started, error_type, region)
+
+    def fault(self, request_id: str, model: str, error: BaseException) -> None:
+        """Logged once, with its traceback, and counted; what it held was given back on the
+        way out."""
+        self.books.faults[model or "unknown"] += 1
+        log.error(
+            "request %s failed on a fault of the gateway's", request_id,
+            exc_info=error, extra={"request_id": request_id},
+        )  # fmt: skip
