@@ -137,22 +137,11 @@ async def running_etcd(data_dir: Path) -> AsyncIterator[tuple[str, asyncio.subpr
     if binary is None:
         raise click.ClickException("etcd is not installed (Debian: apt-get install etcd-server)")
     client_port, peer_port = free_port(), free_port()
-    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
-    await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
-    log = (data_dir / "etcd.log").open("wb")
-    proc = await asyncio.create_subprocess_exec(
-        binary,
-        "--name=meridian",
-        f"--data-dir={data_dir / 'data'}",
-        f"--listen-client-urls={client}",
-        f"--advertise-client-urls={client}",
-        f"--listen-peer-urls={peer}",
-        f"--initial-advertise-peer-urls={peer}",
-        f"--initial-cluster=meridian={peer}",
-        "--log-level=error",
-        stdout=log,
-        stderr=log,
-    )
+    peer = f"127.0.0.1:{peer_port}"
+    proc = await start_etcd_member(
+        "meridian", data_dir / "data", f"127.0.0.1:{client_port}", peer,
+        f"meridian=http://{peer}", log=data_dir / "etcd.log", binary=binary,
+    )  # fmt: skip
     try:
         async with asyncio.timeout(30):
             while True:
@@ -169,7 +158,38 @@ async def running_etcd(data_dir: Path) -> AsyncIterator[tuple[str, asyncio.subpr
         yield f"127.0.0.1:{client_port}", proc
     finally:
         await stop_child(proc)
-        log.close()
+
+
+async def start_etcd_member(
+    name: str,
+    data_dir: Path,
+    client: str,
+    peer: str,
+    cluster: str,
+    *,
+    new: bool = True,
+    cluster_name: str = "etcd-cluster",
+    fast: bool = False,
+    log: Path | None = None,
+    binary: str = "etcd",
+) -> asyncio.subprocess.Process:
+    """One etcd member on loopback (`client` and `peer`: host:port), of `cluster` (etcd's
+    `--initial-cluster`: name=http://peer,...), a new cluster's or one joining (`new`);
+    `cluster_name`: etcd's initial cluster token (its default unless given).
+    `fast`: heartbeats of 100 ms and elections within a second, as a test that kills
+    members wants."""
+    await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
+    argv = [
+        binary, f"--name={name}", f"--data-dir={data_dir}",
+        f"--listen-client-urls=http://{client}", f"--advertise-client-urls=http://{client}",
+        f"--listen-peer-urls=http://{peer}", f"--initial-advertise-peer-urls=http://{peer}",
+        f"--initial-cluster={cluster}",
+        f"--initial-cluster-state={'new' if new else 'existing'}",
+        f"--initial-cluster-token={cluster_name}", "--log-level=error",
+    ]  # fmt: skip
+    if fast:
+        argv += ["--heartbeat-interval=100", "--election-timeout=1000"]
+    return await _spawn(argv, None, log)
 
 
 @dataclass

@@ -28,6 +28,7 @@ import yaml
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
+from meridian import procs
 from meridian.procs import ControlPlane, free_port, start_control_plane, stop_child
 from tests.kits.agents import AgentProc, engines_ready, start_agent
 from tests.kits.controlplane import ADMIN_TOKEN
@@ -70,18 +71,10 @@ class Etcd:
         if binary is None:
             pytest.fail("etcd is not installed; ./scripts/test installs Debian's etcd-server")
         cluster = ",".join(f"{m.name}=http://{m.peer}" for m in self.members)
-        log = (member.data_dir.parent / f"{member.name}.log").open("ab")
-        member.process = await asyncio.create_subprocess_exec(
-            binary, f"--name={member.name}", f"--data-dir={member.data_dir}",
-            f"--listen-client-urls=http://{member.client}",
-            f"--advertise-client-urls=http://{member.client}",
-            f"--listen-peer-urls=http://{member.peer}",
-            f"--initial-advertise-peer-urls=http://{member.peer}",
-            f"--initial-cluster={cluster}",
-            f"--initial-cluster-state={'new' if new else 'existing'}",
-            "--initial-cluster-token=chaos", "--log-level=error",
-            "--heartbeat-interval=100", "--election-timeout=1000",
-            stdout=log, stderr=log,
+        member.process = await procs.start_etcd_member(
+            member.name, member.data_dir, member.client, member.peer, cluster, new=new,
+            cluster_name="chaos", fast=True, log=member.data_dir.parent / f"{member.name}.log",
+            binary=binary,
         )  # fmt: skip
 
     async def leader(self) -> EtcdMember:
