@@ -333,20 +333,20 @@ class Gateway:
         if not isinstance(outcome, UNTRIED):
             self.router.escalations.attempted(model, ok=isinstance(outcome, Answered))
         if isinstance(outcome, Cut):
-            return await self.ended(flight, outcome)
+            await self.cut(flight, outcome)
+            return None
         return self.noted(flight, outcome)  # no coroutine for what needs no I/O
 
-    async def ended(self, flight: Flight, outcome: Outcome) -> GatewayError | None:
-        """What a worker's (or peer's) go came to, noted for the next plan; an engine's
-        refusal is the client's answer."""
-        if isinstance(outcome, Cut):  # after the client saw part of it: carried on, or it ends
-            ending = self.carrier.cut(flight, outcome)
-            if ending is not None:
-                await self.carrier.end(flight, ending)
-            return None
-        return self.noted(flight, outcome)
+    async def cut(self, flight: Flight, cut: Cut) -> None:
+        """The answer broke off after the client saw part of it: carried on by the next
+        plan, or it ends here."""
+        ending = self.carrier.cut(flight, cut)
+        if ending is not None:
+            await self.carrier.end(flight, ending)
 
     def noted(self, flight: Flight, outcome: Outcome) -> GatewayError | None:
+        """What a worker's (or peer's) go came to, noted for the next plan; an engine's
+        refusal is the client's answer."""
         progress = flight.progress
         match outcome:
             case Answered(response, usage):
@@ -370,8 +370,11 @@ class Gateway:
         outcome = await self.forwarder.escalate(
             flight, config, plan.trigger, plan.why, headers, trace
         )
+        if isinstance(outcome, Cut):  # the peer's stream broke off: carried on, or it ends
+            await self.cut(flight, outcome)
+            return None
         if outcome is not None:
-            return await self.ended(flight, outcome)
+            return self.noted(flight, outcome)
         flight.progress.declined.add(plan.reason)
         return refusal_error(plan.otherwise) if plan.otherwise is not None else None
 

@@ -240,13 +240,10 @@ class Admission:
                     None if queued else self._queue(route, tenant, standing), limits,
                     len(exclude), slo, progress.continuing,
                 )  # fmt: skip
-                verdict = judge(look)
+                verdict = judge(look)  # not admitted at this look (`admits` said so above)
                 if isinstance(verdict, Peer) or (
                     isinstance(verdict, Reject) and verdict.reason not in DEADLINE
                 ):
-                    return verdict
-                if verdict is not None and not isinstance(verdict, Reject):
-                    self._admitted(model, now)
                     return verdict
                 if not queued:  # it waits (or its wait is over: it was one of the waiting)
                     self.waiting[model] = waiting + 1
