@@ -77,11 +77,14 @@ class Agent:
             ),
             quality_guard=settings.quality_guard,
         )
+        self.poller = LoadPoller(
+            self.table, settings.load_poll_s, settings.probe_timeout_s,
+            local=lambda: self.supervisor.engines(),
+        )  # fmt: skip
         self.supervisor = Supervisor(
             settings, self.backends, settings.data_dir / "engines", self._engine_state,
-            evacuate=self.gateway.evacuate,
+            evacuate=self.gateway.evacuate, observe=self.poller.observed,
         )  # fmt: skip
-        self.poller = LoadPoller(self.table, settings.load_poll_s, settings.probe_timeout_s)
         self.prober = Prober(self.router, self.gateway.quality, save=self.store.save_canaries,
                              every_s=settings.canary_every_s)  # fmt: skip
         self.kv_events = KvEventSubscriber(self.router, self.table, tokenizer)
@@ -166,8 +169,8 @@ class Agent:
             loop.add_signal_handler(sig, stop.set)
         try:
             async with asyncio.TaskGroup() as group:
+                supervising = group.create_task(_forever("supervisor", self.supervisor.run))
                 loops = [
-                    group.create_task(_forever("supervisor", self.supervisor.run)),
                     group.create_task(_forever("control-link", self.link.run)),
                     group.create_task(_forever("load-poller", self.poller.run)),
                     group.create_task(_forever("kv-events", self.kv_events.run)),
@@ -177,6 +180,8 @@ class Agent:
                     loops.append(group.create_task(_forever("canaries", self.prober.run)))
                 await stop.wait()
                 log.info("stopping: engines drain first")
+                supervising.cancel()  # it stops its engines, drained, as the poller watches
+                await asyncio.wait([supervising])
                 for task in loops:
                     task.cancel()
         finally:

@@ -21,6 +21,7 @@ from agents.quality.prober import Prober
 from agents.settings import AgentSettings
 from agents.telemetry import TelemetryWindow, add_quality, add_tenant_answers, add_tiers
 from agents.workers.kv_events import KvEventSubscriber
+from agents.workers.poller import LoadPoller
 
 
 class Agent(Protocol):
@@ -30,6 +31,7 @@ class Agent(Protocol):
     books: Books
     gateway: Gateway
     supervisor: Supervisor
+    poller: LoadPoller
     link: ControlLink
     kv_events: KvEventSubscriber
     prober: Prober
@@ -99,10 +101,13 @@ async def telemetry(agent: Agent) -> pb.Telemetry:
     gateway = agent.gateway
     gpu_list = inventory(agent.snapshot, agent.link.state.node, agent.nvml)
     used = await asyncio.to_thread(gpus.memory) if agent.nvml is not None else []
+    runners = agent.supervisor.all()
+    counters = await agent.poller.counters((r.spec.id, r.spec.url) for r in runners)
     told = agent.window.report(
-        agent.supervisor.all(),
+        runners,
         gpu_list,
         used,
+        counters,
         agent.books,
         gateway.receipts.kept,
         {v.worker_id: str(v.breaker.state) for v in gateway.router.views.values()},

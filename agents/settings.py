@@ -53,7 +53,8 @@ class AgentSettings(BaseSettings):
         gt=0,
         le=86400,
         description="between an engine's /health checks, which run a generation on SGLang "
-        "0.5.23 (a second or more each); readiness is /ready and /v1/loads at every probe",
+        "0.5.23 (a second or more each); readiness is /ready at every probe, and the load "
+        "poller's /v1/loads answering",
     )
     engine_start_timeout_s: float = Field(default=900.0, gt=0, description="SGLang loads weights")
     restart_backoff_s: float = Field(default=1.0, gt=0, le=600)
@@ -67,7 +68,13 @@ class AgentSettings(BaseSettings):
         "x-meridian-route; required when the port listens beyond loopback; unset on loopback: "
         "the agent makes one in its data directory (operator-token)",
     )
-    load_poll_s: float = Field(default=0.2, gt=0, le=60, description="workers' /v1/loads")
+    load_poll_s: float = Field(
+        default=0.2,
+        gt=0,
+        le=60,
+        description="every worker's /v1/loads, and this node's engines': the one observer of "
+        "their load (drains, engine status and health checks read it)",
+    )
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     quality_guard: bool = Field(
         default=True,

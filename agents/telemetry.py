@@ -33,17 +33,19 @@ class TelemetryWindow:
         runners: Iterable[EngineRunner],
         gpu_list: Iterable[gpus.Gpu],
         memory: Iterable[gpus.GpuMemory],
+        counters: Mapping[str, Counters] | None = None,
         books: Books | None = None,
         receipts: Iterable[Receipt] = (),
         breakers: Mapping[str, str] | None = None,
         latency: Mapping[str, Mapping[str, Bucketed]] | None = None,
     ) -> pb.Telemetry:
-        """`memory` is NVML's reading, taken off the event loop by the caller; `books`, what
+        """`memory` is NVML's reading, taken off the event loop by the caller; `counters`, the
+        engines' own metrics now, by engine id; `books`, what
         the agent counted since it started (the gateway's answers by model and code, those a
         peer answered, the escalations); `latency`, the TTFT and ITL histograms by model."""
         runners = list(runners)
         books = books if books is not None else Books()
-        served, seconds = self._since_last(runners)
+        served, seconds = self._since_last(counters or {})
         escalations = [(d, p, r, n) for (d, p, r), n in sorted(books.escalations.items())]
         answers = self._answers(dict(books.answered), seconds, books.escalated, latency or {})
         now = Timestamp()
@@ -119,19 +121,16 @@ class TelemetryWindow:
             )
         return out
 
-    def _since_last(self, runners: list[EngineRunner]) -> tuple[Counters, float]:
+    def _since_last(self, counters: Mapping[str, Counters]) -> tuple[Counters, float]:
         """Summed over the engines; an engine seen for the first time adds nothing yet."""
         now = self._clock()
-        total, current = Counters(), {}
-        for runner in runners:
-            if runner.counters is None:
-                continue
-            current[runner.spec.id] = runner.counters
-            before = self._last.get(runner.spec.id)
+        total = Counters()
+        for engine_id, now_counted in counters.items():
+            before = self._last.get(engine_id)
             if before is not None:
-                total = total.plus(runner.counters.minus(before))
+                total = total.plus(now_counted.minus(before))
         seconds = now - self._at if self._at is not None else 0.0
-        self._last, self._at = current, now
+        self._last, self._at = dict(counters), now
         return total, seconds
 
 

@@ -37,6 +37,23 @@ class LoadReading:
     version: str
 
 
+SILENT_AFTER = 2  # polls of `/v1/loads` in a row without an answer: it does not answer
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the load poller (the one observer of an engine's load) saw of it lately."""
+
+    reading: LoadReading | None  # its last answer, kept through the polls it missed since
+    failed: int  # polls in a row it did not answer
+
+    @property
+    def silent(self) -> bool:
+        """It stopped answering `/v1/loads`, which goes through its scheduler: wedged, or
+        gone."""
+        return self.failed >= SILENT_AFTER
+
+
 def _int(value: Any) -> int:
     try:
         return int(value or 0)

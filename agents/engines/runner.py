@@ -5,6 +5,10 @@ and started again after 1, 2, 4 ... seconds (capped); after `crash_loop_restarts
 in a row it is left down as `crash_loop` until the snapshot changes it. A stop drains first
 (no new work is routed to a draining engine; it waits for running requests), then SIGTERM to
 the engine's process group, then SIGKILL after the grace period.
+
+The runner keeps readiness only: `/ready` at every probe and, now and then, `/health`. What
+the engine runs (its load, its version, whether its scheduler still answers) is read from
+the one observer of engines' load, the load poller, through `observe`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import IO
 
 import httpx
 
-from agents.engines import contract, metrics, ports
+from agents.engines import contract, ports
 from agents.engines.base import Backend, EngineSpec, Launch
 from agents.engines.children import Adopted, PidFile, kill_group, kill_leader
 from agents.errors import AgentError
@@ -49,6 +53,11 @@ class Load:
 
 
 StateListener = Callable[[str, EngineState], None]
+Observe = Callable[[str], contract.Seen | None]  # the load poller's, by engine id
+
+
+def unobserved(engine_id: str) -> contract.Seen | None:
+    return None
 
 
 class EngineRunner:
@@ -59,9 +68,11 @@ class EngineRunner:
         settings: AgentSettings,
         log_dir: Path,
         on_state: StateListener | None = None,
+        observe: Observe = unobserved,
     ):
         self.spec, self.backend, self.settings = spec, backend, settings
         self._on_state = on_state
+        self._observe = observe
         self._state = EngineState.STARTING
         self.log_path = log_dir / f"{file_stem(spec.id)}.log"
         self.pidfile = PidFile(pid_path(log_dir, spec.id))
@@ -69,11 +80,8 @@ class EngineRunner:
         self.restarts = 0
         self.last_exit: int | None = None
         self.reason = ""
-        self.load = Load()
         self.notes: tuple[str, ...] = ()  # what its launch says of itself (CPU, stand-ins)
-        self.version = ""  # the engine's own, from its answers
         self._generated_at = float("-inf")  # loop time of the last /health that generated
-        self.counters: metrics.Counters | None = None  # as of the last probe
         self.process: asyncio.subprocess.Process | Adopted | None = None
         self._task: asyncio.Task[None] | None = None
         self._http = httpx.AsyncClient(timeout=settings.probe_timeout_s)
@@ -89,6 +97,20 @@ class EngineRunner:
             self._state = state
             if self._on_state is not None:
                 self._on_state(self.spec.id, state)
+
+    @property
+    def load(self) -> Load:
+        """What it runs, as the load poller last read it."""
+        seen = self._observe(self.spec.id)
+        if seen is None or seen.reading is None:
+            return Load()
+        return Load(seen.reading.running, seen.reading.waiting)
+
+    @property
+    def version(self) -> str:
+        """The engine's own, from its answers."""
+        seen = self._observe(self.spec.id)
+        return seen.reading.version if seen is not None and seen.reading is not None else ""
 
     @property
     def pid(self) -> int | None:
@@ -206,7 +228,7 @@ class EngineRunner:
         while loop.time() < deadline:
             if self._exited():
                 return None
-            if await self._probe() and await self._answered_by_ours():
+            if await self._probe(starting=True) and await self._answered_by_ours():
                 self.state = EngineState.READY
                 self.reason = ""
                 return loop.time()
@@ -270,23 +292,19 @@ class EngineRunner:
             self.process.alive()
         return self.process.returncode is not None
 
-    async def _probe(self) -> bool:
-        """Ready (`/ready`, cheap), its load and version (`/v1/loads`, which goes through the
-        scheduler, so a wedged one fails it), its metrics; and now and then `/health`, which
-        runs a generation (a second or more on SGLang 0.5.23)."""
-        url = self.spec.url
+    async def _probe(self, starting: bool = False) -> bool:
+        """Ready (`/ready`, cheap); its scheduler answering (`/v1/loads`, as the load poller
+        sees it; not yet asked of an engine still starting); and now and then `/health`,
+        which runs a generation (a second or more on SGLang 0.5.23)."""
         try:
-            ready = await self._http.get(url + contract.READY)
+            ready = await self._http.get(self.spec.url + contract.READY)
             if ready.status_code != 200:
                 return False
-            reading = contract.read_loads((await self._http.get(url + contract.LOADS)).json())
-            self.load = Load(reading.running, reading.waiting)
-            self.version = reading.version or self.version
-            scrape = await self._http.get(url + contract.METRICS)
-            if scrape.status_code == 200:  # engines started without --enable-metrics: 404
-                self.counters = await asyncio.to_thread(metrics.parse, scrape.text)
+            seen = self._observe(self.spec.id)
+            if not starting and seen is not None and seen.silent:
+                return False
             return await self._generates()
-        except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+        except httpx.HTTPError:
             return False
 
     async def _generates(self) -> bool:

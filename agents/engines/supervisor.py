@@ -20,7 +20,14 @@ from pathlib import Path
 
 from agents.engines.base import Backend, EngineSpec
 from agents.engines.children import reap_strays
-from agents.engines.runner import EngineRunner, EngineState, StateListener, pid_path
+from agents.engines.runner import (
+    EngineRunner,
+    EngineState,
+    Observe,
+    StateListener,
+    pid_path,
+    unobserved,
+)
 from agents.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -36,8 +43,12 @@ class Supervisor:
         log_dir: Path,
         on_state: StateListener | None = None,
         evacuate: Evacuate | None = None,
+        observe: Observe = unobserved,
     ):
+        """`observe`: the load poller's reading of an engine (what it runs, whether its
+        scheduler answers), which drains and health checks read."""
         self.settings = settings
+        self.observe = observe
         self.on_state = on_state
         self.evacuate = evacuate
         self.backends = backends
@@ -64,6 +75,10 @@ class Supervisor:
     def all(self) -> list[EngineRunner]:
         """The wanted engines and the retiring ones."""
         return [*self.runners.values(), *self.retiring.values()]
+
+    def engines(self) -> list[tuple[str, str]]:
+        """(id, URL) of every engine here, the retiring ones too: what the poller watches."""
+        return [(r.spec.id, r.spec.url) for r in self.all()]
 
     async def run(self) -> None:
         """Reconciles on every change until cancelled (the agent stops), then stops its
@@ -154,8 +169,9 @@ class Supervisor:
 
     def _start(self, spec: EngineSpec) -> None:
         runner = EngineRunner(
-            spec, self.backends[spec.backend], self.settings, self.log_dir, self._state
-        )
+            spec, self.backends[spec.backend], self.settings, self.log_dir, self._state,
+            self.observe,
+        )  # fmt: skip
         self._state(spec.id, runner.state)
         self.runners[spec.id] = runner
         runner.start()

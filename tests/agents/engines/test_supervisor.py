@@ -14,11 +14,13 @@ import pytest
 
 from agents.engines import ports
 from agents.engines.backends import backends
-from agents.engines.base import EngineSpec, Scalar
+from agents.engines.base import Backend, EngineSpec, Scalar
 from agents.engines.children import start_ticks
 from agents.engines.runner import EngineRunner, EngineState, backoff_s
 from agents.engines.supervisor import Supervisor
 from agents.settings import AgentSettings
+from agents.workers.poller import LoadPoller
+from agents.workers.table import WorkerTable
 from meridian.procs import free_port
 from tests.kits.sim import running_sim
 
@@ -50,10 +52,28 @@ def sim_spec(engine_id: str = "d/unified-0", args: dict[str, Scalar] | None = No
     )
 
 
+def start(
+    tmp_path: Path, found: dict[str, Backend] | None = None
+) -> tuple[Supervisor, asyncio.Task[None]]:
+    """A supervisor and its engines' load poller (what drains and health checks read), as an
+    agent runs them: the supervisor stops its engines (drained) before the poller stops."""
+    poller = LoadPoller(WorkerTable(), 0.1, SETTINGS.probe_timeout_s, local=lambda: sup.engines())
+    sup = Supervisor(SETTINGS, found or backends(), tmp_path, observe=poller.observed)
+
+    async def both() -> None:
+        polling = asyncio.create_task(poller.run())
+        try:
+            await sup.run()
+        finally:
+            polling.cancel()
+            await asyncio.gather(polling, return_exceptions=True)
+
+    return sup, asyncio.create_task(both())
+
+
 @pytest.fixture
 async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
-    sup = Supervisor(SETTINGS, backends(), tmp_path)
-    task = asyncio.create_task(sup.run())
+    sup, task = start(tmp_path)
     yield sup
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -189,15 +209,13 @@ async def _abandon(sup: Supervisor, task: asyncio.Task[None]) -> None:
 
 async def test_a_new_supervisor_adopts_a_wanted_engine_and_stops_strays(tmp_path: Path) -> None:
     wanted, stray = sim_spec("wanted/unified-0"), sim_spec("stray/unified-0")
-    old = Supervisor(SETTINGS, backends(), tmp_path)
-    old_task = asyncio.create_task(old.run())
+    old, old_task = start(tmp_path)
     old.want([wanted, stray])
     await until(lambda: len(old.ready()) == 2)
     pids = {i: r.pid for i, r in old.runners.items()}
     await _abandon(old, old_task)
 
-    new = Supervisor(SETTINGS, backends(), tmp_path)
-    new_task = asyncio.create_task(new.run())
+    new, new_task = start(tmp_path)
     try:
         new.want([wanted])
         await until(lambda: len(new.ready()) == 1)
@@ -291,8 +309,7 @@ async def test_an_engine_that_cannot_be_started_stops_no_other(tmp_path: Path) -
     again, and the engine beside it starts, serves and is left running; the supervisor goes
     on reconciling."""
     sim = backends()["sim"]
-    sup = Supervisor(SETTINGS, {"sim": sim}, tmp_path)
-    task = asyncio.create_task(sup.run())
+    sup, task = start(tmp_path, {"sim": sim})
     try:
         broken = dataclasses.replace(sim_spec("d/a-external"), backend="external")
         spec = sim_spec("d/b-unified")
