@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ import meridian  # noqa: F401  (before gRPC starts: its fork handlers off, as in
 from controlplane.db import migrate
 from controlplane.db.embedded import UNSAFE_FAST, Credentials, EmbeddedPostgres
 from controlplane.db.engine import Database
-from tests import report
+from tests import report as notes
 from tests.kits.agents import stop_leftovers
 from tests.kits.services import TEMPLATE, running_etcd, scratch_database, sql
 
@@ -97,9 +97,53 @@ async def etcd(workdir: Path) -> AsyncIterator[str]:
         yield endpoint
 
 
+# The modules that take longest, longest first: pytest-xdist's workers (scripts/test) take
+# modules in the order collected, so these start first and the run ends on short ones. An
+# order only: a module not listed runs after them, as collected.
+LONGEST_FIRST = (
+    "chaos/test_chaos.py",
+    "fleet/test_quotas.py",
+    "fleet/test_rollouts.py",
+    "agents/gateway/test_gateway.py",
+    "fleet/test_escalation.py",
+    "controlplane/test_fuzz.py",
+    "controlplane/test_up.py",
+    "fleet/test_hostile.py",
+    "agents/gateway/test_quality.py",
+    "controlplane/push/test_push.py",
+    "fleet/test_quality.py",
+    "agents/engines/test_supervisor.py",
+    "controlplane/test_rbac.py",
+    "agents/test_daemon.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):  # one process: the order written
+        return
+    tests = Path(__file__).parent
+    rank = {str(tests / name): i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """The lines the test added to tests/report.py go with its report (to xdist's
+    controller too)."""
+    made = yield
+    made.user_properties.extend((notes.KEY, line) for line in notes.taken())
+    return made
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    notes.collect(report.user_properties)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The sections tests added to tests/report.py, after the run."""
-    for title, lines in report.SECTIONS.items():
+    for title, lines in notes.SECTIONS.items():
         terminalreporter.section(title)
         for line in lines:
             terminalreporter.write_line(line)

@@ -35,7 +35,7 @@ from tests.kits.controlplane import ADMIN_TOKEN
 from tests.kits.fleet import OPERATOR, applied_deployments, fleet_document
 from tests.kits.fleet_docs import EXAMPLE
 from tests.kits.push import eventually
-from tests.report import SECTIONS, add
+from tests.report import add
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 JSON = {"Content-Type": "application/json"}
@@ -491,12 +491,11 @@ class Writes:
 
 def report(scenario: str, traffic: Traffic, writes: Writes, found: int, revision: int) -> None:
     """A row of the run's chaos table."""
-    if SECTION not in SECTIONS:
-        add(SECTION, "scenario | requests served | failed | bad key refused | writes "
-                     "acknowledged | found | refused | agents converged to revision")  # fmt: skip
     add(SECTION, f"{scenario} | {traffic.served} | {len(traffic.failed)} | "
                  f"{traffic.refused_bad_key} | {len(writes.acknowledged)} | {found} | "
-                 f"{writes.refused} | {revision}")  # fmt: skip
+                 f"{writes.refused} | {revision}",
+        header="scenario | requests served | failed | bad key refused | writes "
+               "acknowledged | found | refused | agents converged to revision")  # fmt: skip
 
 
 def kill9(pid: int) -> None:

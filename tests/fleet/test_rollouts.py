@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from tests.kits.controlplane import ADMIN_TOKEN, run_cli
 from tests.kits.fleet import LLAMA, Fleet, fleet_of
@@ -158,6 +159,9 @@ async def _heard_from(fleet: Fleet, node: str, *, after: datetime) -> None:
     await eventually(heard, within_s=20)
 
 
+# Its verdicts are judged from latencies and shares of refusals under load, in bakes of a few
+# seconds: timing is what it tests, so it runs with nothing beside it (scripts/test).
+@pytest.mark.alone
 async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every_region(
     waved_database_url: str, tmp_path: Path
 ) -> None:

@@ -20,6 +20,10 @@ from agents.engines.backends import SglangBackend, SimBackend
 from tests.sglang import probes
 from tests.sglang.kit import engine_spec, launched, sglang_python
 
+# Real engines on the CPU: run with nothing beside them (scripts/test runs the rest in
+# parallel first), since what they measure takes the CPU they would share.
+pytestmark = pytest.mark.alone
+
 # Where the simulator's answers differ from SGLang 0.5.23's, and why that is left so. Keys
 # are the probe and the path of the difference, as `probes.differences` writes them.
 KNOWN: dict[str, str] = {}

@@ -23,6 +23,10 @@ from agents.engines import sglang_env
 from tests.kits.push import eventually
 from tests.sglang.kit import MODEL, REGION, RealRegion, real_region, route
 
+# Real engines on the CPU: run with nothing beside them (scripts/test runs the rest in
+# parallel first), since what they measure takes the CPU they would share.
+pytestmark = pytest.mark.alone
+
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def region(
