@@ -139,14 +139,18 @@ async def test_bad_workers_are_quarantined_readmitted_and_reported(
             assert evidence["check"]  # a detector, or canary:<name>
             assert garbage["principal"] == "node:us-east-1"
 
-            async def rolled_up() -> bool:
+            async def rolled_up() -> dict[str, Any] | None:
+                """The model's view and the status page both show the region's answers (each
+                is built from the heartbeats as they come: one may show them before the
+                other)."""
                 model = (await cp.get(f"/v1/models/{LLAMA}")).json()
                 regions = ((model.get("status") or {}).get("quality") or {}).get("regions", {})
-                return bool(regions.get("us-east", {}).get("answers", 0) > 0)
+                page: dict[str, Any] = (await cp.get("/v1/status")).json()
+                shown = page["quality"]["models"].get(LLAMA, {}).get("regions", {})
+                ok = regions.get("us-east", {}).get("answers", 0) > 0
+                return page if ok and shown.get("us-east", {}).get("answers", 0) > 0 else None
 
-            await eventually(rolled_up, within_s=20)
-            page = (await cp.get("/v1/status")).json()
-            assert page["quality"]["models"][LLAMA]["regions"]["us-east"]["answers"] > 0
+            page = await eventually(rolled_up, within_s=20)
             assert {e["worker"] for e in page["quality"]["events"]} == {second, third}
 
 
