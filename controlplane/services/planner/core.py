@@ -1,0 +1,266 @@
+"""The capacity planner's core: from what each (model, region) is asked and can serve, how
+many engines it should run. A pure function of its inputs, no I/O: a loop in the leader reads
+the heartbeats' demand and the fleet, calls `plan`, and acts on or advises what it returns.
+
+Per deployment with an `autoscale` block (the others keep their fixed replicas):
+
+- Demand it cannot trust holds it: if its freshest heartbeat is older than `stale_after_s`
+  (a partition, an agent gone), nothing changes, and above all nothing shrinks.
+- The forecast is the arrival rate one engine start ahead. It is the larger of two things:
+  the recent level and trend (a least-squares line over the window, the slope held to the
+  window's own range), and the region's daily shape at that time of day (`DailyShape`,
+  learned from the days seen).
+- Engines needed: the forecast, plus headroom, over what one engine serves within the SLO.
+  That is learned from the answers engines gave while the SLO's attainment met its target;
+  until then, a prior. Three more rules apply:
+  - never fewer than the work in flight needs;
+  - one more than now while the SLO is missed with requests waiting;
+  - never zero while requests are refused for want of an engine.
+  The result is held to [min, max].
+- A scale-down waits out the cool-down since the deployment's last change, and removes at
+  most half its engines at a time.
+
+Across the fleet, scale-ups are granted first, the largest shortfall first, within the
+budgets in GPUs and in money an hour. Then scale-downs, and at most `max_changes` changes in
+all. A change not made is returned too, not taken, with its reason, as the audit wants it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A deployment's `autoscale` block."""
+
+    min_engines: int
+    max_engines: int
+    target: float = 0.95  # the share of timed answers within the TTFT SLO to keep
+    headroom: float = 0.2  # over the forecast
+    scale_to_zero: bool = False
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: str
+    region: str
+    engines: int  # what it is planned to run now
+    limits: Limits
+    gpus_per_engine: int
+    price_per_gpu_hour: float  # of the pool its engines run on
+    start_s: float  # how long its engines took to become ready, lately
+    max_running: int  # requests an engine runs at once
+    last_change_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A (model, region)'s demand, from its agents' heartbeats."""
+
+    at: float  # the freshest heartbeat's time
+    rates: Sequence[tuple[float, float]]  # (time, arrivals a second), oldest first
+    inflight: int = 0  # requests running or waiting now
+    queued: int = 0  # of those, waiting
+    attainment: float | None = None  # share of timed answers within the SLO, last period
+    served_per_engine: float | None = None  # answers a second an engine gave within the SLO
+    refused_per_s: float = 0.0  # refused for want of capacity (queue full, no engine)
+
+
+@dataclass(frozen=True)
+class DailyShape:
+    """A region's arrival rate by time of day: `buckets` equal parts of a day of `day_s`
+    seconds (compressed in the benchmark), each the moving average of the rates seen then;
+    None where none was seen yet."""
+
+    day_s: float
+    rates: tuple[float | None, ...]
+
+    @classmethod
+    def empty(cls, day_s: float = 86_400.0, buckets: int = 96) -> DailyShape:
+        return cls(day_s, (None,) * buckets)
+
+    def _bucket(self, t: float) -> int:
+        return int((t % self.day_s) / self.day_s * len(self.rates)) % len(self.rates)
+
+    def at(self, t: float) -> float | None:
+        return self.rates[self._bucket(t)]
+
+    def learn(self, t: float, rate: float, weight: float = 0.3) -> DailyShape:
+        """The shape with the rate seen at `t` taken in (the newest days weigh most)."""
+        i = self._bucket(t)
+        old = self.rates[i]
+        new = rate if old is None else (1 - weight) * old + weight * rate
+        return replace(self, rates=(*self.rates[:i], new, *self.rates[i + 1 :]))
+
+
+@dataclass(frozen=True)
+class Guards:
+    now: float
+    stale_after_s: float = 30.0
+    cooldown_s: float = 300.0
+    max_changes: int = 10  # a period
+    gpu_budget: int | None = None  # GPUs in all
+    money_budget: float | None = None  # an hour, in all
+    engine_rps_prior: float = 1.0  # what one engine serves, before anything is learned
+
+
+@dataclass(frozen=True)
+class Decision:
+    model: str
+    region: str
+    current: int
+    target: int  # what it would run; `current` when it holds
+    taken: bool  # False: a change the guards or budgets did not allow (`reason` says which)
+    reason: str
+    forecast_rps: float
+    per_engine_rps: float
+
+    @property
+    def change(self) -> int:
+        return self.target - self.current if self.taken else 0
+
+    def describe(self) -> str:
+        """The audit's line: `us-east llama 2→4: ...`."""
+        arrow = f"{self.current}→{self.target}" if self.target != self.current else "holds"
+        done = "" if self.taken else " (not taken)"
+        return f"{self.region} {self.model} {arrow}{done}: {self.reason}"
+
+
+def forecast(
+    rates: Sequence[tuple[float, float]], at: float, shape: DailyShape | None = None
+) -> float:
+    """The arrival rate expected at `at`: the larger of the trend's and the daily shape's."""
+    trend = _trend(rates, at)
+    seasonal = shape.at(at) if shape is not None else None
+    return max(trend, seasonal or 0.0)
+
+
+def _trend(rates: Sequence[tuple[float, float]], at: float) -> float:
+    if not rates:
+        return 0.0
+    if len(rates) == 1:
+        return max(0.0, rates[0][1])
+    n = len(rates)
+    mean_t = sum(t for t, _ in rates) / n
+    mean_r = sum(r for _, r in rates) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in rates)
+    slope = sum((t - mean_t) * (r - mean_r) for t, r in rates) / spread if spread else 0.0
+    line = mean_r + slope * (at - mean_t)
+    # the line may run on past what the window saw by at most the window's own range
+    low, high = min(r for _, r in rates), max(r for _, r in rates)
+    return max(0.0, min(line, high + (high - low)))
+
+
+def plan(
+    deployments: Iterable[Deployment],
+    observed: Mapping[tuple[str, str], Observed],
+    shapes: Mapping[str, DailyShape],
+    guards: Guards,
+) -> list[Decision]:
+    """A decision for every deployment given, in (region, model) order."""
+    wanted = [
+        _wanted(d, observed.get((d.model, d.region)), shapes.get(d.region), guards)
+        for d in deployments
+    ]
+    decided = _within_fleet_limits(wanted, {(d.model, d.region): d for d in deployments}, guards)
+    return sorted(decided, key=lambda d: (d.region, d.model))
+
+
+def _wanted(
+    d: Deployment, seen: Observed | None, shape: DailyShape | None, guards: Guards
+) -> Decision:
+    limits, now = d.limits, guards.now
+    per_engine = (seen.served_per_engine if seen else None) or guards.engine_rps_prior
+
+    def holds(reason: str, expected: float = 0.0) -> Decision:
+        return Decision(d.model, d.region, d.engines, d.engines, True, reason, expected,
+                        per_engine)  # fmt: skip
+
+    if seen is None or now - seen.at > guards.stale_after_s:
+        age = "no heartbeat" if seen is None else f"the last heartbeat is {now - seen.at:.0f} s old"
+        return holds(f"no fresh demand ({age})")
+    expected = forecast(seen.rates, now + d.start_s, shape)
+    need = math.ceil(round(expected * (1 + limits.headroom) / per_engine, 6))
+    why = (f"forecast {expected:.1f} rps in {d.start_s:.0f} s (start time), "
+           f"{per_engine:.2f} rps an engine, headroom {limits.headroom:.0%}")  # fmt: skip
+    flight = math.ceil(seen.inflight / max(1, d.max_running))
+    if flight > need:
+        need, why = flight, f"{seen.inflight} requests in flight need {flight}"
+    missed = seen.attainment is not None and seen.attainment < limits.target
+    if missed and seen.queued > 0 and need <= d.engines:
+        need = d.engines + 1
+        why = (f"SLO attainment {seen.attainment:.0%} under its target {limits.target:.0%} "
+               f"with {seen.queued} waiting")  # fmt: skip
+    if seen.refused_per_s > 0 and need < 1:
+        need, why = 1, f"{seen.refused_per_s:.1f} rps refused: never zero while refusing"
+    floor = limits.min_engines if limits.scale_to_zero else max(1, limits.min_engines)
+    target = min(limits.max_engines, max(floor, need))
+    if target == limits.max_engines and need > target:
+        why += f"; held to its maximum, {limits.max_engines}"
+    if target >= d.engines:
+        return Decision(d.model, d.region, d.engines, target, True, why, expected, per_engine)
+    if d.last_change_at is not None and now - d.last_change_at < guards.cooldown_s:
+        left = guards.cooldown_s - (now - d.last_change_at)
+        return Decision(d.model, d.region, d.engines, target, False,
+                        f"{why}; cool-down: {left:.0f} s left", expected, per_engine)  # fmt: skip
+    step = max(target, d.engines - max(1, d.engines // 2))
+    if step > target:
+        why += f"; down by half at most, to {step}"
+    return Decision(d.model, d.region, d.engines, step, True, why, expected, per_engine)
+
+
+def _within_fleet_limits(
+    wanted: list[Decision], by_key: Mapping[tuple[str, str], Deployment], guards: Guards
+) -> list[Decision]:
+    """Scale-ups within the budgets (largest shortfall first), then scale-downs; at most
+    `max_changes` changes."""
+    gpus = sum(d.engines * d.gpus_per_engine for d in by_key.values())
+    money = sum(d.engines * d.gpus_per_engine * d.price_per_gpu_hour for d in by_key.values())
+    out: list[Decision] = []
+    changes, many = 0, f"at most {guards.max_changes} changes a period"
+    ups = sorted((w for w in wanted if w.taken and w.target > w.current),
+                 key=lambda w: (w.current - w.target, w.region, w.model))  # fmt: skip
+    downs = [w for w in wanted if w.taken and w.target < w.current]
+    for w in ups:
+        d = by_key[(w.model, w.region)]
+        fits = w.target - w.current
+        if guards.gpu_budget is not None:
+            fits = min(fits, (guards.gpu_budget - gpus) // max(1, d.gpus_per_engine))
+        hourly = d.gpus_per_engine * d.price_per_gpu_hour
+        if guards.money_budget is not None and hourly > 0:
+            fits = min(fits, math.floor(round((guards.money_budget - money) / hourly, 6)))
+        if changes >= guards.max_changes:
+            out.append(replace(w, taken=False, reason=f"{w.reason}; {many}"))
+            continue
+        if fits <= 0:
+            out.append(replace(w, taken=False, reason=f"{w.reason}; {_budget(guards)} reached"))
+            continue
+        if fits < w.target - w.current:
+            out.append(replace(w, target=w.current + fits,
+                               reason=f"{w.reason}; {_budget(guards)}: {fits} of "
+                                      f"{w.target - w.current} more"))  # fmt: skip
+        else:
+            out.append(w)
+        gpus += fits * d.gpus_per_engine
+        money += fits * hourly
+        changes += 1
+    for w in downs:
+        if changes >= guards.max_changes:
+            out.append(replace(w, taken=False, reason=f"{w.reason}; {many}"))
+            continue
+        out.append(w)
+        changes += 1
+    out.extend(w for w in wanted if not w.taken or w.target == w.current)
+    return out
+
+
+def _budget(guards: Guards) -> str:
+    named = []
+    if guards.gpu_budget is not None:
+        named.append(f"{guards.gpu_budget} GPUs")
+    if guards.money_budget is not None:
+        named.append(f"{guards.money_budget:g} an hour")
+    return "the budget of " + " and ".join(named) if named else "the budget"

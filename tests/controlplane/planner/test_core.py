@@ -1,0 +1,249 @@
+"""The capacity planner's core as a pure function, over a table of situations: what it
+plans for each deployment, and why."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from controlplane.services.planner.core import (
+    DailyShape,
+    Decision,
+    Deployment,
+    Guards,
+    Limits,
+    Observed,
+    forecast,
+    plan,
+)
+
+NOW = 10_000.0
+LIMITS = Limits(min_engines=1, max_engines=10, target=0.95, headroom=0.2)
+LLAMA = Deployment("llama", "us-east", engines=2, limits=LIMITS, gpus_per_engine=1,
+                   price_per_gpu_hour=2.0, start_s=60.0, max_running=16)  # fmt: skip
+GUARDS = Guards(now=NOW, stale_after_s=30, cooldown_s=300, max_changes=10,
+                engine_rps_prior=5.0)  # fmt: skip
+
+
+def steady(rps: float, **more: object) -> Observed:
+    """A minute of a steady rate, heard a second ago."""
+    rates = [(NOW - 60 + 10 * i, rps) for i in range(7)]
+    return Observed(at=NOW - 1, rates=rates, **more)  # type: ignore[arg-type]
+
+
+def one(
+    deployment: Deployment = LLAMA,
+    seen: Observed | None = None,
+    guards: Guards = GUARDS,
+    shape: DailyShape | None = None,
+) -> Decision:
+    observed = {} if seen is None else {(deployment.model, deployment.region): seen}
+    shapes = {} if shape is None else {deployment.region: shape}
+    (decided,) = plan([deployment], observed, shapes, guards)
+    return decided
+
+
+RISING = Observed(at=NOW - 1, rates=[(NOW - 60 + 10 * i, 10.0 + 10 * i / 6) for i in range(7)])
+
+# (what, deployment, observed, guards, target, taken, the reason says)
+TABLE: list[tuple[str, Deployment, Observed | None, Guards, int, bool, str]] = [
+    (
+        "steady demand the engines carry holds",
+        LLAMA,
+        steady(8.0),
+        GUARDS,
+        2,
+        True,
+        "forecast 8.0 rps",
+    ),
+    (
+        "rising demand: the trend one start time ahead, with headroom",
+        LLAMA,
+        RISING,
+        GUARDS,
+        8,
+        True,
+        "forecast 30.0 rps in 60 s",
+    ),
+    ("no heartbeat: holds", LLAMA, None, GUARDS, 2, True, "no fresh demand (no heartbeat)"),
+    (
+        "stale heartbeats: holds, never scales down on missing data",
+        LLAMA,
+        replace(steady(0.0), at=NOW - 45),
+        GUARDS,
+        2,
+        True,
+        "the last heartbeat is 45 s old",
+    ),
+    ("held to its maximum", LLAMA, steady(100.0), GUARDS, 10, True, "held to its maximum, 10"),
+    (
+        "in-flight work sets a floor",
+        LLAMA,
+        steady(1.0, inflight=50),
+        GUARDS,
+        4,
+        True,
+        "50 requests in flight need 4",
+    ),
+    (
+        "SLO missed with requests waiting: one more",
+        LLAMA,
+        steady(8.0, attainment=0.8, queued=5),
+        GUARDS,
+        3,
+        True,
+        "SLO attainment 80%",
+    ),
+    (
+        "SLO missed, nothing waiting: the forecast stands",
+        LLAMA,
+        steady(8.0, attainment=0.8),
+        GUARDS,
+        2,
+        True,
+        "forecast 8.0 rps",
+    ),
+    (
+        "learned rate an engine serves beats the prior",
+        LLAMA,
+        steady(8.0, served_per_engine=2.0),
+        GUARDS,
+        5,
+        True,
+        "2.00 rps an engine",
+    ),
+    (
+        "a scale-down within the cool-down is not taken",
+        replace(LLAMA, engines=6, last_change_at=NOW - 100),
+        steady(1.0),
+        GUARDS,
+        1,
+        False,
+        "cool-down: 200 s left",
+    ),
+    (
+        "a scale-down after it: by half at most",
+        replace(LLAMA, engines=8, last_change_at=NOW - 400),
+        steady(1.0),
+        GUARDS,
+        4,
+        True,
+        "down by half at most, to 4",
+    ),
+    (
+        "idle, zero not allowed: its minimum of one",
+        replace(LLAMA, engines=1),
+        steady(0.0),
+        GUARDS,
+        1,
+        True,
+        "forecast 0.0 rps",
+    ),
+    (
+        "idle, zero allowed: to zero",
+        replace(LLAMA, engines=1, limits=replace(LIMITS, min_engines=0, scale_to_zero=True)),
+        steady(0.0),
+        GUARDS,
+        0,
+        True,
+        "forecast 0.0 rps",
+    ),
+    (
+        "at zero while requests are refused: back to one",
+        replace(LLAMA, engines=0, limits=replace(LIMITS, min_engines=0, scale_to_zero=True)),
+        steady(0.0, refused_per_s=0.5),
+        GUARDS,
+        1,
+        True,
+        "never zero while refusing",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("deployment", "seen", "guards", "target", "taken", "says"),
+    [row[1:] for row in TABLE],
+    ids=[row[0] for row in TABLE],
+)
+def test_the_plan_for_one_deployment(
+    deployment: Deployment,
+    seen: Observed | None,
+    guards: Guards,
+    target: int,
+    taken: bool,
+    says: str,
+) -> None:
+    decided = one(deployment, seen, guards)
+    assert (decided.target, decided.taken) == (target, taken), decided.describe()
+    assert says in decided.reason, decided.reason
+
+
+def test_the_daily_shape_plans_ahead_of_a_peak_the_trend_cannot_see() -> None:
+    shape = DailyShape.empty(day_s=600, buckets=10)
+    for day in range(3):  # a peak of 40 rps every day at its 8th tenth
+        for bucket in range(10):
+            shape = shape.learn(day * 600 + bucket * 60 + 1, 40.0 if bucket == 7 else 5.0)
+    quiet = Observed(at=NOW - 1, rates=[(NOW - 60 + 10 * i, 5.0) for i in range(7)])
+    # NOW is 40 s into the day's 7th tenth: one start time (60 s) ahead is the peak
+    assert shape.at(NOW + 60) == pytest.approx(40.0)
+    assert forecast(quiet.rates, NOW + 60, shape) == pytest.approx(40.0)
+    decided = one(LLAMA, quiet, GUARDS, shape)
+    assert decided.target == 10  # 40 * 1.2 / 5, held to its maximum
+    assert one(LLAMA, quiet, GUARDS).target == 2  # without the shape: 5 * 1.2 / 5
+
+
+def test_learning_weighs_the_newest_days_most() -> None:
+    shape = DailyShape.empty(day_s=100, buckets=4)
+    assert shape.at(10) is None
+    shape = shape.learn(10, 10.0).learn(110, 20.0, weight=0.5)
+    assert shape.at(210) == pytest.approx(15.0)
+    assert shape.at(60) is None  # another part of the day
+
+
+def test_the_trend_runs_on_no_further_than_the_window_ranged() -> None:
+    spike = [(0.0, 1.0), (10.0, 1.0), (20.0, 50.0)]
+    assert forecast(spike, 1_000.0) == pytest.approx(99.0)  # 50 + (50 - 1), not thousands
+    assert forecast([(0.0, 10.0), (10.0, 0.0)], 1_000.0) == 0.0  # never below zero
+    assert forecast([], 5.0) == 0.0
+
+
+def test_scale_ups_share_the_gpu_budget_largest_shortfall_first() -> None:
+    east = replace(LLAMA, engines=2)
+    west = replace(LLAMA, region="us-west", engines=2)
+    seen = {("llama", "us-east"): steady(40.0), ("llama", "us-west"): steady(15.0)}
+    guards = replace(GUARDS, gpu_budget=10)  # 4 used, 6 more at most
+    decided = {d.region: d for d in plan([east, west], seen, {}, guards)}
+    assert (decided["us-east"].target, decided["us-east"].taken) == (8, True)  # wants 10: +6
+    assert "the budget of 10 GPUs: 6 of 8 more" in decided["us-east"].reason
+    assert (decided["us-west"].target, decided["us-west"].taken) == (4, False)
+    assert "the budget of 10 GPUs reached" in decided["us-west"].reason
+    used = sum(d.target * 1 for d in decided.values() if d.taken)
+    used += sum(d.current for d in decided.values() if not d.taken)
+    assert used <= 10
+
+
+def test_the_money_budget_holds_as_the_gpu_budget_does() -> None:
+    dear = replace(LLAMA, price_per_gpu_hour=4.0, gpus_per_engine=2)  # 8 an hour an engine
+    guards = replace(GUARDS, money_budget=40.0)  # 16 now: 3 more engines at most
+    decided = one(dear, steady(40.0), guards)
+    assert (decided.target, decided.taken) == (5, True)
+    assert "the budget of 40 an hour: 3 of 8 more" in decided.reason
+
+
+def test_at_most_so_many_changes_a_period() -> None:
+    regions = [f"r{i}" for i in range(4)]
+    deployments = [replace(LLAMA, region=r) for r in regions]
+    seen = {("llama", r): steady(10.0 * (i + 2)) for i, r in enumerate(regions)}
+    decided = plan(deployments, seen, {}, replace(GUARDS, max_changes=2))
+    taken = {d.region for d in decided if d.taken and d.target != d.current}
+    assert taken == {"r3", "r2"}  # the largest shortfalls
+    refused = [d for d in decided if not d.taken]
+    assert {d.region for d in refused} == {"r0", "r1"}
+    assert all("at most 2 changes a period" in d.reason for d in refused)
+
+
+def test_every_decision_reads_as_an_audit_line() -> None:
+    decided = one(LLAMA, RISING)
+    assert decided.describe().startswith("us-east llama 2→8: forecast 30.0 rps in 60 s")
+    assert one(LLAMA, None).describe() == "us-east llama holds: no fresh demand (no heartbeat)"
