@@ -111,6 +111,7 @@ class DeploymentRow(NamedRow):
     engine_args: Mapped[Json] = mapped_column(JSONB, default=dict)
     external_urls: Mapped[list[str]] = mapped_column(JSONB, default=list)
     drain_timeout_s: Mapped[float] = mapped_column(Float, default=120.0, server_default="120")
+    autoscale: Mapped[Json | None] = mapped_column(JSONB, nullable=True)  # AutoscaleSpec
 
     model: Mapped[ModelRow] = relationship(lazy="joined")
     region: Mapped[RegionRow] = relationship(lazy="joined")

@@ -86,6 +86,35 @@ class ModelSpec(Spec):
     min_gpu_memory_gb: int = Field(default=0, ge=0, le=4096)
 
 
+class AutoscaleSpec(Spec):
+    """What the capacity planner may decide for a deployment (its region's engines)."""
+
+    min_replicas: int = Field(ge=0, le=1024, description="engines it keeps at the least")
+    max_replicas: int = Field(ge=1, le=1024, description="engines it runs at the most")
+    target_attainment: float = Field(
+        default=0.95,
+        ge=0.5,
+        le=0.999,
+        description="the share of timed answers within the routing policy's TTFT SLO to keep",
+    )
+    headroom: float = Field(
+        default=0.2, ge=0, le=4, description="capacity kept over the forecast demand, a share"
+    )
+    scale_to_zero: bool = Field(
+        default=False,
+        description="whether it may run no engine while nothing asks for its model here "
+        "(requests then go to a region that serves it, within residency, while one starts)",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        if self.min_replicas == 0 and not self.scale_to_zero:
+            raise ValueError("min_replicas 0 needs scale_to_zero: true")
+        return self
+
+
 class DeploymentSpec(Spec):
     model: Name
     region: Name
@@ -114,9 +143,28 @@ class DeploymentSpec(Spec):
         description="how long an engine that is stopped or replaced may finish its running "
         "requests (it takes no new ones); those still running then go on on another engine",
     )
+    autoscale: AutoscaleSpec | None = Field(
+        default=None,
+        description="engines sized by the capacity planner within these bounds; `replicas` "
+        "is then where it starts. Unset: `replicas` engines, fixed",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        scaled = self.autoscale
+        if scaled is not None:
+            if self.pd_mode is PdMode.DISAGGREGATED:
+                raise ValueError("autoscale sizes unified deployments; a disaggregated one "
+                                 "keeps its prefill_replicas and decode_replicas")  # fmt: skip
+            if self.backend is EngineBackend.EXTERNAL:
+                raise ValueError("autoscale starts and stops engines: not external ones")
+            if self.replicas is None:
+                self.replicas = max(1, scaled.min_replicas)
+            if not scaled.min_replicas <= self.replicas <= scaled.max_replicas:
+                raise ValueError(
+                    f"replicas ({self.replicas}) must be within autoscale's min_replicas "
+                    f"({scaled.min_replicas}) and max_replicas ({scaled.max_replicas})"
+                )
         if self.pd_mode is PdMode.DISAGGREGATED:
             if self.prefill_replicas < 1 or self.decode_replicas < 1:
                 raise ValueError("disaggregated mode needs prefill_replicas and decode_replicas")
