@@ -61,6 +61,7 @@ class TelemetryWindow:
                 restarts=r.restarts,
                 reason=r.reason[:500],
                 breaker=(breakers or {}).get(r.spec.id, ""),
+                ready_after_s=r.ready_after_s,
             )
             for r in runners
         ]

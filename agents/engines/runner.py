@@ -81,6 +81,8 @@ class EngineRunner:
         self.last_exit: int | None = None
         self.reason = ""
         self.notes: tuple[str, ...] = ()  # what its launch says of itself (CPU, stand-ins)
+        self.ready_after_s = 0.0  # its last start, launch to ready; 0: not known
+        self._launched_at: float | None = None  # loop time of the launch being awaited
         self._generated_at = float("-inf")  # loop time of the last /health that generated
         self.process: asyncio.subprocess.Process | Adopted | None = None
         self._task: asyncio.Task[None] | None = None
@@ -210,6 +212,7 @@ class EngineRunner:
             )
         finally:
             output.close()
+        self._launched_at = asyncio.get_running_loop().time()
         await asyncio.to_thread(self.pidfile.write, self.process.pid, launch)
         self.state = EngineState.STARTING
         log.info("engine %s started, pid %s", self.spec.id, self.process.pid)
@@ -231,6 +234,9 @@ class EngineRunner:
             if await self._probe(starting=True) and await self._answered_by_ours():
                 self.state = EngineState.READY
                 self.reason = ""
+                if self._launched_at is not None:  # an adopted engine's start is not known
+                    self.ready_after_s = round(loop.time() - self._launched_at, 3)
+                    self._launched_at = None
                 return loop.time()
             await asyncio.sleep(min(0.2, self.settings.probe_interval_s))
         self.reason = f"not healthy within {self.settings.engine_start_timeout_s:.0f} s"

@@ -218,6 +218,7 @@ class Supervisor:
                 "state": str(r.state),
                 "pid": r.pid,
                 "restarts": r.restarts,
+                "ready_after_s": r.ready_after_s,
                 "last_exit": r.last_exit,
                 "reason": r.reason,
                 "version": r.version,

@@ -23,6 +23,7 @@ from controlplane.db.agent_rows import (
 )
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import NODES, ModelRow, NodeRow, RegionRow
+from controlplane.services.planner.core import start_times
 from controlplane.services.quality import compare, region_quality
 
 log = logging.getLogger(__name__)
@@ -158,10 +159,12 @@ REFUSING_MIN_RATE = 0.2  # answers a second: below it there is too little to jud
 
 def _models(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per model, what the region's gateways answered a second lately (refusals and errors
-    by their code too) and its engines ready; `alert` when most answers are refusals or
-    errors while engines are ready to serve (the fleet looks well, and is not)."""
+    by their code too), its engines ready and how long they took to start; `alert` when
+    most answers are refusals or errors while engines are ready to serve (the fleet looks
+    well, and is not)."""
     rates: dict[str, dict[str, float]] = {}
     ready: dict[str, int] = {}
+    starts = start_times(e for t in live for e in t.get("engines", []))
     for telemetry in live:
         for answers in telemetry.get("answers", []):
             codes = rates.setdefault(str(answers.get("model", "")), {})
@@ -184,6 +187,7 @@ def _models(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "by_code": {c: r for c, r in sorted(codes.items(), key=lambda i: -i[1])},
             "failed_share": share,
             "engines_ready": ready.get(model, 0),
+            "start_s": starts.get(model),  # its engines' last starts, launch to ready (median)
             "alert": "refusing most requests while its engines are ready" if refusing else None,
         })  # fmt: skip
     return out

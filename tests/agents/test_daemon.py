@@ -75,6 +75,13 @@ async def test_agent_runs_the_node_engines_and_reports_them(
     assert load["prefix_cache_hit_rate"] > 0.5
     assert load["ttft_ms"]["p50"] > 0
     assert load["engines_ready"] == 3
+    # each model's start time, launch to ready, from its engines' heartbeats
+    models = {m["model"]: m for m in load["models"]}
+    assert {m: models[m]["engines_ready"] for m in models} == {
+        "llama-3.1-8b-instruct": 1,
+        "qwen2.5-32b-instruct": 2,
+    }
+    assert all(0 < models[m]["start_s"] < 30 for m in models), models
 
 
 async def _same_prompt_again_and_again(client: httpx.AsyncClient) -> None:

@@ -28,8 +28,10 @@ all. A change not made is returned too, not taken, with its reason, as the audit
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,18 @@ class Decision:
         arrow = f"{self.current}→{self.target}" if self.target != self.current else "holds"
         done = "" if self.taken else " (not taken)"
         return f"{self.region} {self.model} {arrow}{done}: {self.reason}"
+
+
+def start_times(engines: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Per model, how long its engines took to become ready lately: the median of their last
+    starts, as the live nodes' heartbeats report them (`EngineStatus.ready_after_s`). A model
+    with none known is left out, and the caller's default stands for it."""
+    seen: dict[str, list[float]] = {}
+    for engine in engines:
+        took = float(engine.get("ready_after_s") or 0.0)
+        if took > 0:
+            seen.setdefault(str(engine.get("model", "")), []).append(took)
+    return {model: statistics.median(took) for model, took in sorted(seen.items())}
 
 
 def forecast(

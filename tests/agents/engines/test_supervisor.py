@@ -98,14 +98,19 @@ async def test_a_crashed_engine_is_restarted(supervisor: Supervisor) -> None:
     supervisor.want([spec])
     await until(lambda: spec.id in supervisor.runners)
     engine = runner(supervisor, spec)
+    started = asyncio.get_running_loop().time()
     await until(lambda: engine.state is EngineState.READY)
-    first_pid = engine.pid
+    first_pid, first_start = engine.pid, engine.ready_after_s
+    # launch to ready: a moment, within what the test waited for it
+    assert 0 < first_start <= asyncio.get_running_loop().time() - started
     async with httpx.AsyncClient() as client:
         await client.post(f"{spec.url}/sim/faults", json={"crash": True})
     await until(lambda: engine.restarts == 1 and engine.state is EngineState.READY)
     assert engine.pid is not None
     assert engine.pid != first_pid
     assert engine.last_exit == 70
+    assert engine.ready_after_s > 0  # the new start's
+    assert supervisor.status()[0]["ready_after_s"] == engine.ready_after_s
 
 
 async def test_an_engine_that_keeps_failing_ends_in_crash_loop(supervisor: Supervisor) -> None:
@@ -220,6 +225,7 @@ async def test_a_new_supervisor_adopts_a_wanted_engine_and_stops_strays(tmp_path
         new.want([wanted])
         await until(lambda: len(new.ready()) == 1)
         assert new.runners[wanted.id].pid == pids[wanted.id]
+        assert new.runners[wanted.id].ready_after_s == 0  # taken over: its start not known
         await until(lambda: start_ticks(pids[stray.id] or 0) is None)
     finally:
         new_task.cancel()

@@ -16,6 +16,7 @@ from controlplane.services.planner.core import (
     Observed,
     forecast,
     plan,
+    start_times,
 )
 
 NOW = 10_000.0
@@ -247,3 +248,14 @@ def test_every_decision_reads_as_an_audit_line() -> None:
     decided = one(LLAMA, RISING)
     assert decided.describe().startswith("us-east llama 2→8: forecast 30.0 rps in 60 s")
     assert one(LLAMA, None).describe() == "us-east llama holds: no fresh demand (no heartbeat)"
+
+
+def test_start_times_are_the_median_of_the_engines_last_starts_per_model() -> None:
+    engines: list[dict[str, object]] = [
+        {"model": "llama", "ready_after_s": 70.0},
+        {"model": "llama", "ready_after_s": 90.0},
+        {"model": "llama", "ready_after_s": 400.0},  # one slow start does not set the figure
+        {"model": "qwen", "ready_after_s": 0.0},  # adopted: not known
+        {"model": "qwen"},
+    ]
+    assert start_times(engines) == {"llama": 90.0}

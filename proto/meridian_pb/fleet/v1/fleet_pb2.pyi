@@ -316,6 +316,7 @@ class EngineStatus(_message.Message):
     RESTARTS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     BREAKER_FIELD_NUMBER: _builtins.int
+    READY_AFTER_S_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     deployment: _builtins.str
     model: _builtins.str
@@ -328,6 +329,10 @@ class EngineStatus(_message.Message):
     reason: _builtins.str
     breaker: _builtins.str
     """The gateway's circuit breaker for it: closed | half_open | open (empty: not routed to)."""
+    ready_after_s: _builtins.float
+    """How long its last start took, from launch to ready, in seconds (0: not known yet, or
+    an engine taken over from a previous agent): the capacity planner's start time.
+    """
     def __init__(
         self,
         *,
@@ -340,10 +345,11 @@ class EngineStatus(_message.Message):
         restarts: _builtins.int = ...,
         reason: _builtins.str = ...,
         breaker: _builtins.str = ...,
+        ready_after_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker", b"breaker", "deployment", b"deployment", "id", b"id", "inflight_requests", b"inflight_requests", "model", b"model", "queued_requests", b"queued_requests", "reason", b"reason", "restarts", b"restarts", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker", b"breaker", "deployment", b"deployment", "id", b"id", "inflight_requests", b"inflight_requests", "model", b"model", "queued_requests", b"queued_requests", "ready_after_s", b"ready_after_s", "reason", b"reason", "restarts", b"restarts", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
