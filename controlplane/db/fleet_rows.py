@@ -58,10 +58,27 @@ class RegionRow(NamedRow):
     load: Mapped[RegionLoadRow | None] = relationship(lazy="selectin", viewonly=True, uselist=False)
 
 
+class NodePoolRow(NamedRow):
+    __tablename__ = "node_pools"
+
+    cloud_id: Mapped[int] = mapped_column(ForeignKey("clouds.id"), index=True)
+    region_id: Mapped[int] = mapped_column(ForeignKey("regions.id"), index=True)
+    gpu_model: Mapped[str] = mapped_column(String(64))
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    price_per_gpu_hour: Mapped[float] = mapped_column(Float)
+    spot: Mapped[bool] = mapped_column(Boolean, default=False)
+    min_nodes: Mapped[int] = mapped_column(Integer, default=0)
+    max_nodes: Mapped[int] = mapped_column(Integer)
+
+    cloud: Mapped[CloudRow] = relationship(lazy="joined")
+    region: Mapped[RegionRow] = relationship(lazy="joined")
+
+
 class NodeRow(NamedRow):
     __tablename__ = "nodes"
 
     region_id: Mapped[int] = mapped_column(ForeignKey("regions.id"), index=True)
+    pool_id: Mapped[int | None] = mapped_column(ForeignKey("node_pools.id"), index=True)
     hostname: Mapped[str] = mapped_column(String(253))
     gpus: Mapped[list[Json]] = mapped_column(JSONB, default=list)
     state: Mapped[str] = mapped_column(String(16))
@@ -74,6 +91,7 @@ class NodeRow(NamedRow):
     health_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     region: Mapped[RegionRow] = relationship(lazy="joined")
+    pool: Mapped[NodePoolRow | None] = relationship(lazy="joined")
 
 
 # The Core table of nodes: bulk status writes (acks, heartbeats, health) go through it as

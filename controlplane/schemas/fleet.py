@@ -51,11 +51,36 @@ class Gpu(Spec):
     memory_gb: int = Field(ge=1, le=4096)
 
 
+class NodePoolSpec(Spec):
+    """Nodes alike, in one cloud's region, that the capacity planner may grow and shrink:
+    their GPU, what a GPU of them costs an hour, and whether they are spot."""
+
+    cloud: Name
+    region: Name
+    gpu_model: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        description="the GPU its nodes carry, as nodes name it (e.g. H100-80GB)"
+    )
+    gpus_per_node: int = Field(ge=1, le=64)
+    price_per_gpu_hour: float = Field(
+        ge=0, le=10_000, description="what one of its GPUs costs an hour (one currency, fleet-wide)"
+    )
+    spot: bool = Field(default=False, description="preemptible: cheaper, and taken back at times")
+    min_nodes: int = Field(default=0, ge=0, le=10_000)
+    max_nodes: int = Field(ge=0, le=10_000)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min_nodes > self.max_nodes:
+            raise ValueError("min_nodes must not exceed max_nodes")
+        return self
+
+
 class NodeSpec(Spec):
     region: Name
     hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")]
     gpus: list[Gpu] = Field(default_factory=list, max_length=64)
     state: NodeState = NodeState.ACTIVE
+    pool: Name | None = Field(default=None, description="the node pool it belongs to, if any")
 
     @model_validator(mode="after")
     def _distinct_gpu_indexes(self) -> Self:
@@ -320,6 +345,10 @@ class RegionOut(Meta, RegionSpec):
 
 class NodeOut(Meta, NodeSpec):
     status: NodeStatus
+
+
+class NodePoolOut(Meta, NodePoolSpec):
+    pass
 
 
 class ModelStatus(Spec):

@@ -1,5 +1,5 @@
-"""The fleet's kinds: clouds, regions, nodes, models, deployments, routing, fallback and
-tiered routes."""
+"""The fleet's kinds: clouds, regions, node pools, nodes, models, deployments, routing,
+fallback and tiered routes."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from controlplane.db.fleet_rows import (
     FallbackPeerRow,
     FallbackRuleRow,
     ModelRow,
+    NodePoolRow,
     NodeRow,
     RegionRow,
     RoutingPolicyRow,
     TieredRouteRow,
 )
-from controlplane.errors import InvalidFallbackChain, NameTaken
+from controlplane.errors import InvalidFallbackChain, NameTaken, ValidationFailed
 from controlplane.schemas.common import Spec
 from controlplane.schemas.fleet import (
     CloudOut,
@@ -31,6 +32,8 @@ from controlplane.schemas.fleet import (
     ModelOut,
     ModelSpec,
     NodeOut,
+    NodePoolOut,
+    NodePoolSpec,
     NodeSpec,
     RegionOut,
     RegionSpec,
@@ -96,9 +99,32 @@ def _drop_peer(rule: FallbackRuleRow, region: RegionRow) -> Dependent:
     return Dependent(f"fallback-rule {rule.name} (peer)", remove)
 
 
+class NodePoolKind(Kind[NodePoolRow]):
+    kind, plural, row, spec, out = (
+        "node-pool",
+        "node-pools",
+        NodePoolRow,
+        NodePoolSpec,
+        NodePoolOut,
+    )
+    refs = {"cloud": (CloudRow, "cloud"), "region": (RegionRow, "region")}
+
+    async def validate(self, uow: UnitOfWork, row: NodePoolRow) -> None:
+        if row.region.cloud.name != row.cloud.name:
+            message = (f"region {row.region.name!r} is on cloud {row.region.cloud.name!r}, "
+                       f"not {row.cloud.name!r}")  # fmt: skip
+            raise ValidationFailed(message, [{"field": "region", "message": message}])
+
+
 class NodeKind(Kind[NodeRow]):
     kind, plural, row, spec, out = "node", "nodes", NodeRow, NodeSpec, NodeOut
-    refs = {"region": (RegionRow, "region")}
+    refs = {"region": (RegionRow, "region"), "pool": (NodePoolRow, "node pool")}
+
+    async def validate(self, uow: UnitOfWork, row: NodeRow) -> None:
+        if row.pool is not None and row.pool.region.name != row.region.name:
+            message = (f"node pool {row.pool.name!r} is in region {row.pool.region.name!r}, "
+                       f"not {row.region.name!r}")  # fmt: skip
+            raise ValidationFailed(message, [{"field": "pool", "message": message}])
 
     def status(self, row: NodeRow) -> Doc:
         return {
@@ -221,6 +247,7 @@ class TieredRouteKind(Kind[TieredRouteRow]):
 
 CLOUD = CloudKind()
 REGION = RegionKind()
+NODE_POOL = NodePoolKind()
 NODE = NodeKind()
 MODEL = ModelKind()
 DEPLOYMENT = DeploymentKind()

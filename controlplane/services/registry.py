@@ -11,6 +11,7 @@ from controlplane.services.fleet_kinds import (
     FALLBACK,
     MODEL,
     NODE,
+    NODE_POOL,
     REGION,
     ROUTING_POLICY,
     TIERED_ROUTE,
@@ -18,8 +19,10 @@ from controlplane.services.fleet_kinds import (
 from controlplane.services.kind import Kind
 from controlplane.services.rollouts.kind import ROLLOUT_POLICY_KIND
 
-CLOUD.dependents_of = [(REGION, "cloud_id")]
+CLOUD.dependents_of = [(REGION, "cloud_id"), (NODE_POOL, "cloud_id")]
+NODE_POOL.dependents_of = [(NODE, "pool_id")]
 REGION.dependents_of = [
+    (NODE_POOL, "region_id"),
     (DEPLOYMENT, "region_id"),
     (ROUTING_POLICY, "region_id"),
     (FALLBACK, "region_id"),
@@ -37,6 +40,7 @@ TENANT.dependents_of = [(API_KEY, "tenant_id")]
 KINDS: list[Kind[Any]] = [
     CLOUD,
     REGION,
+    NODE_POOL,
     NODE,
     MODEL,
     DEPLOYMENT,
@@ -55,6 +59,7 @@ BY_PLURAL: dict[str, Kind[Any]] = {kind.plural: kind for kind in KINDS}
 APPLY_KINDS: dict[str, Kind[Any]] = {
     "clouds": CLOUD,
     "regions": REGION,
+    "node_pools": NODE_POOL,
     "nodes": NODE,
     "models": MODEL,
     "deployments": DEPLOYMENT,

@@ -16,6 +16,7 @@ from controlplane.schemas.fleet import (
     FallbackThresholds,
     Gpu,
     ModelSpec,
+    NodePoolSpec,
     NodeSpec,
     RegionSpec,
     RoutingPolicySpec,
@@ -50,6 +51,7 @@ class FleetState(Frozen):
     revision: int
     clouds: dict[str, CloudSpec] = Field(default_factory=dict)
     regions: dict[str, RegionSpec] = Field(default_factory=dict)
+    node_pools: dict[str, NodePoolSpec] = Field(default_factory=dict)
     nodes: dict[str, NodeSpec] = Field(default_factory=dict)
     models: dict[str, ModelSpec] = Field(default_factory=dict)
     deployments: dict[str, DeploymentSpec] = Field(default_factory=dict)

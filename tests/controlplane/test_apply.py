@@ -101,6 +101,7 @@ async def test_pruning_a_region_in_use_needs_cascade(api: Api) -> None:
     document = example()
     document["regions"] = [r for r in document["regions"] if r["name"] != "us-west"]
     document["nodes"] = [n for n in document["nodes"] if n["region"] != "us-west"]
+    document["node_pools"] = [p for p in document["node_pools"] if p["region"] != "us-west"]
     document["deployments"] = [d for d in document["deployments"] if d["region"] != "us-west"]
     document["fallback_rules"] = [
         {**rule, "peers": [p for p in rule["peers"] if p != "us-west"]}

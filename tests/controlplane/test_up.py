@@ -115,7 +115,7 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         token = (data_dir / "admin-token").read_text().strip()
         assert token in output
         assert f"http://127.0.0.1:{port}" in output
-        assert "24 object(s) changed; revision 1" in output
+        assert "27 object(s) changed; revision 1" in output
         for engine in ENGINES:
             assert f"✓ {engine}  ready" in output, output
         async with httpx.AsyncClient(
