@@ -172,8 +172,19 @@ async def http_probes(http: httpx.AsyncClient) -> dict[str, Any]:
         out[name] = {"status": answer.status_code, "frames": frames(answer.text)}
     out["prompt tokens"] = await _prompt_tokens(http)
     out.update(await _busy(http))
+    await _idle(http)  # the aborted request's answer may come before its engine lets it go
     out["flush idle"] = {"status": (await http.post("/flush_cache")).status_code}
     return out
+
+
+async def _idle(http: httpx.AsyncClient) -> None:
+    """Until the engine says it runs and queues nothing."""
+    for _ in range(200):
+        (rank,) = (await http.get("/v1/loads")).json()["loads"]
+        if rank["num_running_reqs"] == 0 and rank["num_waiting_reqs"] == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the engine never went idle")
 
 
 async def _prompt_tokens(http: httpx.AsyncClient) -> dict[str, Any]:
