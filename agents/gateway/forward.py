@@ -135,9 +135,12 @@ class Forwarder:
         stream = flight.stream
         body = stream.continuation.body if stream and stream.continuation else flight.body
         trace = trace or _client_trace(flight.http)
-        for choice in candidates:
+        for n, choice in enumerate(candidates):
             peer = choice.peer
             assert peer.gateway_url is not None  # candidates have one
+            if n and not self.escalations.still_usable(peer.region, model):
+                outcome.refused[peer.region] = "not now: its breaker"
+                continue
             waited_ms = (self.clock() - flight.arrived) * 1000
             signed = assertion.sign(
                 config.signer, origin=config.region, audience=peer.region, tenant=tenant,

@@ -126,6 +126,12 @@ class Escalations:
         ranked.sort(key=lambda item: item[:2])
         return [choice for _, _, choice in ranked]
 
+    def still_usable(self, region: str, model: str) -> bool:
+        """A candidate chosen before an earlier one was tried may be tried still: its breaker
+        may have opened, or another request may have taken its one half-open probe, since."""
+        view = self.peers.get(region)
+        return view is None or view.usable(model, self.clock())
+
     def sending(self, region: str, reason: str) -> PeerTry:
         """One request's try of a peer, held by `with`: it counts in the peer's in-flight
         requests, and probes a half-open peer, until the block ends, however it ends."""

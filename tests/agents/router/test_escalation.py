@@ -107,3 +107,19 @@ def test_local_failures_past_the_rule_s_rate_trigger_escalation() -> None:
     for _ in range(20):
         escalations.attempted("m", ok=False)
     assert escalations.failing(chain, "m")
+
+
+def test_a_list_chosen_before_another_request_took_the_probe_sends_no_second_one() -> None:
+    now = [0.0]
+    escalations = _escalations(now)
+    for _ in range(3):
+        escalations.unreachable("far")
+    now[0] = 2.5
+    stale = _order(escalations)  # one request's list, "far" on it, while it tries "near" first
+    assert "far" in stale
+    with escalations.sending("far", "overload"):  # another request took the one probe
+        assert not escalations.still_usable("far", "m")  # so the first passes "far" over
+        assert escalations.still_usable("near", "m")
+    escalations.unreachable("far")  # the probe failed: closed again, for longer
+    now[0] = 5.0
+    assert not escalations.still_usable("far", "m")
