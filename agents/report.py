@@ -113,6 +113,8 @@ async def telemetry(agent: Agent) -> pb.Telemetry:
         {v.worker_id: str(v.breaker.state) for v in gateway.router.views.values()},
         gateway.metrics.latency_totals(),
     )
+    for answers in told.answers:
+        answers.waiting = gateway.admission.waiting.get(answers.model, 0)
     add_quality(told, gateway.quality)
     add_tenant_answers(told, agent.books)
     add_tiers(told, agent.books)

@@ -35,6 +35,29 @@ def fail(console: Console, response: httpx.Response) -> NoReturn:
     sys.exit(1)
 
 
+def connect(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """A command group's --url and --token (or their environment), kept for its commands."""
+    settings = ClientSettings()
+    secret = token or (settings.token.get_secret_value() if settings.token else None)
+    if not secret:
+        raise click.UsageError("give --token or set MERIDIAN_TOKEN")
+    ctx.obj = (url or settings.url).rstrip("/"), secret
+
+
+def call(ctx: click.Context, method: str, path: str, **params: Any) -> dict[str, Any]:
+    """The admin API's JSON answer; a problem's detail, and exit 1, when it refuses."""
+    url, token = ctx.obj
+    try:
+        response = httpx.request(method, f"{url}{path}", params=params, timeout=30,
+                                 headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach {url}: {exc}") from exc
+    if response.status_code != 200:
+        fail(Console(), response)
+    body: dict[str, Any] = response.json()
+    return body
+
+
 def print_changes(console: Console, result: dict[str, Any]) -> None:
     marks = {"create": "[green]+[/]", "update": "[yellow]~[/]", "delete": "[red]-[/]"}
     for change in result["changes"]:

@@ -44,6 +44,12 @@ class PdMode(StrEnum):
     DISAGGREGATED = "disaggregated"
 
 
+class PlannerMode(StrEnum):
+    OFF = "off"
+    ADVISE = "advise"  # plans and audits; changes nothing
+    ACT = "act"
+
+
 class RoutingPolicyName(StrEnum):
     COST = "cost"
     ROUND_ROBIN = "round_robin"

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import click
-import httpx
 from rich.console import Console
 from rich.table import Table
 
-from controlplane.client import ClientSettings, fail
+from controlplane.client import call, connect
 
 MARKS = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "wait": "[yellow]wait[/]"}
 
@@ -20,38 +19,21 @@ MARKS = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "wait": "[yellow]wait
 @click.pass_context
 def rollout(ctx: click.Context, url: str | None, token: str | None) -> None:
     """Watch and steer how a change reaches the fleet."""
-    settings = ClientSettings()
-    secret = token or (settings.token.get_secret_value() if settings.token else None)
-    if not secret:
-        raise click.UsageError("give --token or set MERIDIAN_TOKEN")
-    ctx.obj = (url or settings.url).rstrip("/"), secret
-
-
-def _call(ctx: click.Context, method: str, path: str, **params: Any) -> dict[str, Any]:
-    url, token = ctx.obj
-    try:
-        response = httpx.request(method, f"{url}{path}", params=params, timeout=30,
-                                 headers={"Authorization": f"Bearer {token}"})  # fmt: skip
-    except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach {url}: {exc}") from exc
-    if response.status_code != 200:
-        fail(Console(), response)
-    body: dict[str, Any] = response.json()
-    return body
+    connect(ctx, url, token)
 
 
 @rollout.command("status")
 @click.pass_context
 def status_command(ctx: click.Context) -> None:
     """Declared and in force, the newest rollout's waves and checks, what each target holds."""
-    show(Console(), _call(ctx, "GET", "/v1/rollouts"))
+    show(Console(), call(ctx, "GET", "/v1/rollouts"))
 
 
 def _action(name: str, help_text: str) -> click.Command:
     @click.pass_context
     def run(ctx: click.Context, /, **flags: bool) -> None:
         params = {"everywhere": "true"} if flags.get("everywhere") else {}
-        show(Console(), _call(ctx, "POST", f"/v1/rollouts/current/{name}", **params))
+        show(Console(), call(ctx, "POST", f"/v1/rollouts/current/{name}", **params))
 
     command = click.Command(name, callback=run, help=help_text)
     if name == "promote":

@@ -25,6 +25,7 @@ from controlplane.push.leases import LeaseFeed
 from controlplane.push.server import start_grpc
 from controlplane.push.service import FleetService
 from controlplane.services.placements import seed_slots
+from controlplane.services.planner.loop import Planner, PlannerConfig
 from controlplane.services.quotas.demand import DemandBook
 from controlplane.services.quotas.leaser import Leaser, utc_now
 from controlplane.services.quotas.plan import Timing
@@ -96,6 +97,7 @@ class Replica:
                 if settings.quota_leases
                 else None
             ),
+            planner=Planner(db, PlannerConfig.of(settings), self.feed),
         )
         self.feed.subscribe(self.coordinator.publish_revision)
         self.coordinator.on_revision(self.hub.announce)

@@ -9,6 +9,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
+from controlplane.domain import PlannerMode
+
 # The spellings of a PostgreSQL URL that operators and other tools use; all mean the same
 # database, reached here through psycopg 3.
 SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+asyncpg",
@@ -77,6 +79,37 @@ class Settings(BaseSettings):
         default=10.0, ge=2, le=300,
         description="an agent's quota lease lasts this long past its last renewal; then its "
         "static share applies",
+    )  # fmt: skip
+    planner_mode: PlannerMode = Field(
+        default=PlannerMode.ACT,
+        description="the capacity planner, for deployments with `autoscale`: off; advise "
+        "(plans and audits, changes nothing); act",
+    )
+    planner_period_s: float = Field(
+        default=30.0, ge=1, le=3600, description="how often the leader's planner plans"
+    )
+    planner_cooldown_s: float = Field(
+        default=300.0, ge=0, le=86_400,
+        description="a deployment scales down no sooner than this after its last change",
+    )  # fmt: skip
+    planner_max_changes: int = Field(default=10, ge=1, le=10_000, description="a period's")
+    planner_gpu_budget: int | None = Field(
+        default=None, ge=0, description="GPUs the autoscaled engines may hold in all"
+    )
+    planner_money_budget: float | None = Field(
+        default=None, ge=0, description="what they may cost an hour in all (node pools' prices)"
+    )
+    planner_start_s: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="an engine's start time until its agents have measured one",
+    )  # fmt: skip
+    planner_engine_rps: float = Field(
+        default=1.0, gt=0, le=100_000,
+        description="requests a second one engine serves within the SLO, until measured",
+    )  # fmt: skip
+    planner_day_s: float = Field(
+        default=86_400.0, ge=60, le=86_400 * 7,
+        description="the period of the daily shape it learns (shorter in the benchmark)",
     )  # fmt: skip
     trace_endpoint: str | None = Field(
         default=None,

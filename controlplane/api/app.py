@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from controlplane.api import openapi, operator, problems, quotas, rollouts, status
+from controlplane.api import openapi, operator, planner, problems, quotas, rollouts, status
 from controlplane.api.deps import Services
 from controlplane.api.kinds import kind_router
 from controlplane.coord.base import Coordinator, LocalCoordinator, replica_info
@@ -49,6 +49,7 @@ def create_app(
     app.include_router(operator.router)
     app.include_router(status.router)
     app.include_router(rollouts.router)
+    app.include_router(planner.router)
     app.include_router(quotas.router)
     for kind in KINDS:
         app.include_router(kind_router(kind))

@@ -1,5 +1,6 @@
 """The loops exactly one replica runs, the leader: the liveness sweeper, the rollup, the
-rollout driver, and the quota leases (every tick: one second)."""
+rollout driver, the quota leases (every tick: one second) and the capacity planner (every
+period of its own)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from controlplane.coord.base import Coordinator, logged_and_passed
 from controlplane.db.engine import Database
 from controlplane.services.liveness import Sweeper, rollup
+from controlplane.services.planner.loop import Planner
 from controlplane.services.quotas.leaser import Leaser
 from controlplane.services.rollouts.driver import RolloutDriver
 
@@ -35,6 +37,7 @@ class Singletons:
         clock: Callable[[], datetime] = utc_now,
         rollouts: RolloutDriver | None = None,
         leaser: Leaser | None = None,
+        planner: Planner | None = None,
     ) -> None:
         self._coord = coordinator
         self._db = db
@@ -46,6 +49,7 @@ class Singletons:
         self._clock = clock
         self._rollouts = rollouts
         self._leaser = leaser
+        self._planner = planner
         self._task: asyncio.Task[None] | None = None
         self.leading_since: datetime | None = None
 
@@ -58,6 +62,8 @@ class Singletons:
             self.leading_since = None
             if self._leaser is not None:
                 self._leaser.resign()
+            if self._planner is not None:
+                self._planner.resign()
             return last_rollup
         if self.leading_since is None:
             log.info("leading: running the liveness sweeper and the capacity rollup")
@@ -75,6 +81,11 @@ class Singletons:
                 await self._leaser.tick(set(present))
             except Exception:
                 log.exception("the quota leases failed; they will be tried again")
+        if self._planner is not None:
+            try:
+                await self._planner.tick()
+            except Exception:
+                log.exception("the capacity planner failed; it will try again next period")
         if last_rollup is None or (now - last_rollup).total_seconds() >= self._rollup_every_s:
             await rollup(self._db, now, self._keep)
             return now

@@ -19,6 +19,7 @@ from controlplane.db.fleet_rows import (
     RegionRow,
     RoutingPolicyRow,
 )
+from controlplane.db.planner_rows import EnginePlanRow, PlannerStateRow
 from controlplane.db.quota_rows import QuotaDemandRow, QuotaLeaseRow
 from controlplane.db.rollout_rows import HoldingRow, IntentRow, RolloutPolicyRow, RolloutRow
 
@@ -31,6 +32,7 @@ __all__ = [
     "CloudRow",
     "ConfigRevisionRow",
     "DeploymentRow",
+    "EnginePlanRow",
     "FallbackPeerRow",
     "FallbackRuleRow",
     "HoldingRow",
@@ -39,6 +41,7 @@ __all__ = [
     "NamedRow",
     "NodeRow",
     "NodeTelemetryRow",
+    "PlannerStateRow",
     "PrincipalRow",
     "QuotaDemandRow",
     "QuotaLeaseRow",

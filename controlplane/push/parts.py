@@ -97,6 +97,7 @@ class PartsCompiler:
         deployments = index.deployments[region]
         models = {d.model: state.models[d.model] for d in deployments.values()}
         slots = {e: s for n in nodes for e, s in index.slots.get(n, {}).items()}
+        planned = {n: state.planned[n] for n in deployments if n in state.planned}
 
         def placed() -> tuple[dict[str, Any], list[Any], list[Any]]:
             # placement() reads no more than this (see its docstring)
@@ -107,6 +108,7 @@ class PartsCompiler:
                 models=models,
                 deployments=deployments,
                 slots=slots,
+                planned=planned,
             )
             done = placement(alone, region, events)
             plans = {p.name: p for p in wire_items("nodes", done.nodes)}
@@ -114,7 +116,7 @@ class PartsCompiler:
 
         plans, unplaced, workers = self._cached(
             (label, region, "placement"),
-            (spec.state, nodes, deployments, models, slots, events),
+            (spec.state, nodes, deployments, models, slots, planned, events),
             placed,
         )
         regions = tuple(sorted((r, s.state, s.jurisdiction) for r, s in state.regions.items()))

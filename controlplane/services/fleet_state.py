@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.db.access_rows import ApiKeyRow, TenantRow
 from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.engine import Database
-from controlplane.db.fleet_rows import EngineSlotRow, NodeRow, RegionRow
+from controlplane.db.fleet_rows import DeploymentRow, EngineSlotRow, NodeRow, RegionRow
+from controlplane.db.planner_rows import EnginePlanRow
 from controlplane.services.access_kinds import API_KEY, TENANT
 from controlplane.services.fleet_kinds import DEPLOYMENT, MODEL, NODE, REGION
 from controlplane.services.registry import APPLY_KINDS
@@ -27,7 +28,9 @@ from controlplane.snapshot import FleetState, RegionSnapshot, compile_region
 from controlplane.snapshot.types import ApiKeyState, Slot
 
 PLACEMENT_KEYS = ("regions", "nodes", "models", "deployments")
-MOVES_ENGINES = {DEPLOYMENT.kind, NODE.kind, MODEL.kind, REGION.kind}  # they rewrite slots
+ENGINE_PLAN = "engine-plan"  # the audit's kind for the capacity planner's engine counts
+# what rewrites slots
+MOVES_ENGINES = {DEPLOYMENT.kind, NODE.kind, MODEL.kind, REGION.kind, ENGINE_PLAN}
 
 
 async def load_fleet_state(db: Database) -> FleetState:
@@ -48,6 +51,8 @@ async def read_fleet_state(session: AsyncSession, keys: Iterable[str] = APPLY_KI
         state["api_keys"] = await _api_keys(session)
     if "regions" in keys:
         state["signing_keys"] = await _signing_keys(session)
+    if "deployments" in keys:
+        state["planned"] = await _planned(session)
     state["slots"] = await _slots(session, {})
     return FleetState.model_validate(state)
 
@@ -118,9 +123,20 @@ async def _patched(
         update["api_keys"] = dict(sorted(now_keys.items()))
     if REGION.kind in changed:
         update["signing_keys"] = await _signing_keys(session)
+    if ENGINE_PLAN in changed or DEPLOYMENT.kind in changed:
+        update["planned"] = await _planned(session)
     if MOVES_ENGINES & changed.keys():
         update["slots"] = await _slots(session, last.slots)
     return last.model_copy(update=update)
+
+
+async def _planned(session: AsyncSession) -> dict[str, int]:
+    rows = await session.execute(
+        select(DeploymentRow.name, EnginePlanRow.engines)
+        .join(EnginePlanRow, EnginePlanRow.deployment_id == DeploymentRow.id)
+        .order_by(DeploymentRow.name)
+    )
+    return {name: engines for name, engines in rows}
 
 
 async def _signing_keys(session: AsyncSession) -> dict[str, str]:

@@ -16,20 +16,17 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.db.audit_rows import ConfigRevisionRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import DeploymentRow, EngineSlotRow, NodeRow
-from controlplane.services.fleet_kinds import DEPLOYMENT, MODEL, NODE, REGION
-from controlplane.services.fleet_state import PLACEMENT_KEYS, read_fleet_state
+from controlplane.services.fleet_state import MOVES_ENGINES, PLACEMENT_KEYS, read_fleet_state
 from controlplane.services.rollouts.begin import on_commit, seed_intent
 from controlplane.services.unit import UnitOfWork
 from controlplane.snapshot.placement import place
 from controlplane.snapshot.types import Slot
 
-PLACEMENT_KINDS = {DEPLOYMENT.kind, NODE.kind, MODEL.kind, REGION.kind}
-
 
 async def commit(uow: UnitOfWork) -> int | None:
     """Bump the revision if anything changed, and keep the slots in step with the change."""
     revision = await uow.commit_revision()
-    if any(change.kind in PLACEMENT_KINDS for change in uow.changes):
+    if any(change.kind in MOVES_ENGINES for change in uow.changes):
         await keep_slots(uow.session)
     if revision is not None:
         await on_commit(uow, revision)

@@ -66,8 +66,9 @@ def kv_event_models(routes: list[Route]) -> frozenset[str]:
 
 
 def placement(state: FleetState, region: str, events: frozenset[str]) -> Placed:
-    """Reads the region's spec and nodes, its deployments and their models, and the slots
-    on its nodes: nothing else of `state` (see push/parts.py, which relies on it)."""
+    """Reads the region's spec and nodes, its deployments, their models and the planner's
+    engine counts for them, and the slots on its nodes: nothing else of `state` (see
+    push/parts.py, which relies on it)."""
     if state.regions[region].state is RegionState.DISABLED:
         return Placed([], [], [])
     nodes, unplaced = place(state, region)

@@ -65,10 +65,18 @@ class _Want:
     memory: int
 
 
-def _roles(spec: DeploymentSpec) -> list[tuple[str, int]]:
+def engines(spec: DeploymentSpec, planned: int | None) -> int:
+    """A unified deployment's engines: the planner's count within its `autoscale` bounds (an
+    older intent's bounds too, while a rollout holds one), else its `replicas`."""
+    if spec.autoscale is None or planned is None:
+        return spec.replicas or 0
+    return min(spec.autoscale.max_replicas, max(spec.autoscale.min_replicas, planned))
+
+
+def _roles(spec: DeploymentSpec, planned: int | None) -> list[tuple[str, int]]:
     if spec.pd_mode is PdMode.DISAGGREGATED:
         return [("prefill", spec.prefill_replicas), ("decode", spec.decode_replicas)]
-    return [("unified", spec.replicas or 0)]
+    return [("unified", engines(spec, planned))]
 
 
 def place(state: FleetState, region: str) -> tuple[list[NodePlan], list[Unplaced]]:
@@ -112,7 +120,7 @@ def _wants(state: FleetState, region: str) -> list[_Want]:
         if spec.region != region or spec.backend is EngineBackend.EXTERNAL:
             continue
         memory = state.models[spec.model].min_gpu_memory_gb
-        for role, count in _roles(spec):
+        for role, count in _roles(spec, state.planned.get(name)):
             for index in range(count):
                 engine_id = f"{name}/{role}-{index}"
                 wants.append(

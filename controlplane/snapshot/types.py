@@ -63,6 +63,9 @@ class FleetState(Frozen):
     # Each region's Ed25519 seed, base64: it signs the requests the region escalates.
     signing_keys: dict[str, str] = Field(default_factory=dict, repr=False)
     slots: dict[str, Slot] = Field(default_factory=dict)  # by engine id
+    # The capacity planner's engines per deployment with `autoscale` (a fact: it reaches
+    # every target at once); a deployment not named runs its `replicas`.
+    planned: dict[str, int] = Field(default_factory=dict)
     rollout_policies: dict[str, RolloutPolicySpec] = Field(default_factory=dict)
 
 

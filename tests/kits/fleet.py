@@ -113,17 +113,19 @@ async def fleet_of(
     change: Callable[[dict[str, Any]], None] | None = None,
     isolated: dict[str, Netns] | None = None,
     agent_env: dict[str, str] | None = None,
+    cp_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Fleet]:
     """The regions named, each with its agent once its engines are ready. `change` edits the
     fleet document before it is applied; a region in `isolated` runs in its namespace;
-    `agent_env` adds settings to every agent."""
+    `agent_env` adds settings to every agent, `cp_env` to the control plane (without the
+    MERIDIAN_ prefix)."""
     isolated = isolated or {}
     ports = {r: free_port() for r in HOSTS}
     addresses = {r: ns.inner_ip for r, ns in isolated.items()}
     document = fleet_document(ports, change, addresses)
     # the control plane listens where a namespace reaches it (this side of its pair)
     host = next(iter(isolated.values())).host_ip if isolated else "127.0.0.1"
-    cp = await start_server(database_url, host=host)
+    cp = await start_server(database_url, host=host, **(cp_env or {}))
     agents: dict[str, AgentProc] = {}
     try:
         async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN, timeout=30) as http:

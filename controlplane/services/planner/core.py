@@ -8,8 +8,8 @@ Per deployment with an `autoscale` block (the others keep their fixed replicas):
   (a partition, an agent gone), nothing changes, and above all nothing shrinks.
 - The forecast is the arrival rate one engine start ahead. It is the larger of two things:
   the recent level and trend (a least-squares line over the window, the slope held to the
-  window's own range), and the region's daily shape at that time of day (`DailyShape`,
-  learned from the days seen).
+  window's own range), and the (model, region)'s daily shape at that time of day
+  (`DailyShape`, learned from the days seen).
 - Engines needed: the forecast, plus headroom, over what one engine serves within the SLO.
   That is learned from the answers engines gave while the SLO's attainment met its target;
   until then, a prior. Three more rules apply:
@@ -73,7 +73,7 @@ class Observed:
 
 @dataclass(frozen=True)
 class DailyShape:
-    """A region's arrival rate by time of day: `buckets` equal parts of a day of `day_s`
+    """A (model, region)'s arrival rate by time of day: `buckets` equal parts of a day of `day_s`
     seconds (compressed in the benchmark), each the moving average of the rates seen then;
     None where none was seen yet."""
 
@@ -171,12 +171,13 @@ def _trend(rates: Sequence[tuple[float, float]], at: float) -> float:
 def plan(
     deployments: Iterable[Deployment],
     observed: Mapping[tuple[str, str], Observed],
-    shapes: Mapping[str, DailyShape],
+    shapes: Mapping[tuple[str, str], DailyShape],
     guards: Guards,
 ) -> list[Decision]:
-    """A decision for every deployment given, in (region, model) order."""
+    """A decision for every deployment given, in (region, model) order; `observed` and
+    `shapes` by (model, region)."""
     wanted = [
-        _wanted(d, observed.get((d.model, d.region)), shapes.get(d.region), guards)
+        _wanted(d, observed.get((d.model, d.region)), shapes.get((d.model, d.region)), guards)
         for d in deployments
     ]
     decided = _within_fleet_limits(wanted, {(d.model, d.region): d for d in deployments}, guards)

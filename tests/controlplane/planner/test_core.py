@@ -40,7 +40,7 @@ def one(
     shape: DailyShape | None = None,
 ) -> Decision:
     observed = {} if seen is None else {(deployment.model, deployment.region): seen}
-    shapes = {} if shape is None else {deployment.region: shape}
+    shapes = {} if shape is None else {(deployment.model, deployment.region): shape}
     (decided,) = plan([deployment], observed, shapes, guards)
     return decided
 

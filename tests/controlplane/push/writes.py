@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy import select
+
+from controlplane.db.fleet_rows import DeploymentRow
+from controlplane.services.planner.loop import Change, write_plans
 from tests.kits.controlplane import Api
 
 REGIONS = ["us-east", "us-west", "eu-west"]
@@ -37,6 +42,7 @@ class Writer:
             ("tiered-routes", self.tiered_route),
             ("clouds", self.cloud),
             ("rollout-policies", self.rollout_policy),
+            ("engine-plans", self.engine_plan),
         ]
         kind, write = self.rng.choice(kinds)
         status = await write()
@@ -112,8 +118,24 @@ class Writer:
                 "backend": "sim",
                 "replicas": self.rng.randint(1, 3),
             }
-        patch = {"replicas": self.rng.randint(0, 3)}
+        patch: dict[str, Any] = {"replicas": self.rng.randint(0, 3)}
+        if self.rng.random() < 0.4:  # bounds for the planner (engine_plan writes its counts)
+            patch = {"replicas": 1, "autoscale": {"min_replicas": 1, "max_replicas": 3}}
         return await self._create_patch_delete("deployments", names, create, patch)
+
+    async def engine_plan(self) -> int:
+        """What the capacity planner writes: engines for a deployment (counted where it has
+        `autoscale`, within its bounds; left aside otherwise)."""
+        names = ["llama-us-east", "llama-us-west", "llama-eu-west",
+                 *self.made.get("deployments", [])]  # fmt: skip
+        async with self.api.db.sessions() as session, session.begin():
+            known = set(await session.scalars(select(DeploymentRow.name)))
+            name = self.rng.choice(names)
+            if name not in known:
+                return 404
+            change = Change(name, 0, self.rng.randint(0, 4), "a random plan", {})
+            await write_plans(session, [change], datetime.now(UTC))
+        return 200
 
     async def region(self) -> int:
         patch: dict[str, Any] = self.rng.choice(

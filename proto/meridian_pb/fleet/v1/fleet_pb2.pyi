@@ -703,10 +703,15 @@ class ModelAnswers(_message.Message):
     ITL_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     BANDS_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     per_second: _builtins.float
     """Answers a second, whatever their status."""
     escalated_total: _builtins.int
+    waiting: _builtins.int
+    """Requests the gateway holds now, waiting for an engine's slot (admission's queue): work
+    in flight that the engines' own queues do not show; the capacity planner counts it.
+    """
     @_builtins.property
     def per_second_by_code(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """The same by what they were: "ok" for an answer served, else the error's code
@@ -750,10 +755,11 @@ class ModelAnswers(_message.Message):
         itl: Global___Histogram | None = ...,
         tenants: _abc.Iterable[Global___TenantAnswers] | None = ...,
         bands: _abc.Iterable[Global___LoadBand] | None = ...,
+        waiting: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl", b"itl", "ttft", b"ttft"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bands", b"bands", "escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "tenants", b"tenants", "total_by_code", b"total_by_code", "ttft", b"ttft"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bands", b"bands", "escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "tenants", b"tenants", "total_by_code", b"total_by_code", "ttft", b"ttft", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

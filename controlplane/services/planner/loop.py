@@ -1,0 +1,344 @@
+"""The capacity planner in the leader: every period it reads the live nodes' heartbeats and
+the fleet, plans (core.plan), and, in `act` mode and not paused, writes the engine counts it
+decided as a fact (`engine_plans`) under a new revision, which every target gets at once: a
+scale-up is not a config risk and waits on no rollout wave. A scale-down is the same write;
+the agents drain the engines that leave, and migration carries their streams.
+
+Every change decided is audited with its reason and figures: those made under their
+revision (kind `engine-plan`), and those not made (`advise` mode, paused, held by a guard or
+a budget) under the current one (kind `planner`), once for as long as they stay the same.
+What it last decided, with the daily shapes it learned, is kept in `planner_state` for every
+replica's API and for the next leader.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from controlplane.db.agent_rows import NodeTelemetryRow
+from controlplane.db.audit_rows import AuditEventRow
+from controlplane.db.engine import Database
+from controlplane.db.fleet_rows import DeploymentRow, NodeRow, RegionRow
+from controlplane.db.planner_rows import EnginePlanRow, PlannerStateRow
+from controlplane.domain import EngineBackend, PdMode, PlannerMode
+from controlplane.services.fleet_state import ENGINE_PLAN, read_fleet_state
+from controlplane.services.placements import commit
+from controlplane.services.planner.core import (
+    DailyShape,
+    Decision,
+    Deployment,
+    Guards,
+    Limits,
+    plan,
+    start_times,
+)
+from controlplane.services.planner.demand import DemandTracker, Heartbeat
+from controlplane.services.revisions import RevisionFeed
+from controlplane.services.unit import UnitOfWork, current_revision
+from controlplane.settings import Settings
+from controlplane.snapshot.placement import engines
+from controlplane.snapshot.types import FleetState
+
+log = logging.getLogger(__name__)
+
+ACTOR = "planner"
+KIND = "planner"  # the audit's kind for what it decided and did not do, and pause/resume
+DEFAULT_SLOTS = 256  # requests an engine runs at once, unless its engine_args say
+SHAPE_BUCKETS = 96  # a day in quarters of an hour
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    mode: PlannerMode = PlannerMode.ACT
+    period_s: float = 30.0
+    cooldown_s: float = 300.0
+    max_changes: int = 10
+    gpu_budget: int | None = None
+    money_budget: float | None = None
+    start_s: float = 60.0
+    engine_rps: float = 1.0
+    day_s: float = 86_400.0
+    stale_after_s: float = 30.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> PlannerConfig:
+        return cls(
+            mode=settings.planner_mode,
+            period_s=settings.planner_period_s,
+            cooldown_s=settings.planner_cooldown_s,
+            max_changes=settings.planner_max_changes,
+            gpu_budget=settings.planner_gpu_budget,
+            money_budget=settings.planner_money_budget,
+            start_s=settings.planner_start_s,
+            engine_rps=settings.planner_engine_rps,
+            day_s=settings.planner_day_s,
+            stale_after_s=max(30.0, 3 * settings.node_down_after_s),
+        )
+
+
+def key_of(model: str, region: str) -> str:
+    return f"{model}@{region}"
+
+
+class Planner:
+    def __init__(
+        self,
+        db: Database,
+        config: PlannerConfig,
+        feed: RevisionFeed | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.feed = feed
+        self.config = config
+        self.clock = clock
+        self.tracker = DemandTracker()
+        self.shapes: dict[tuple[str, str], DailyShape] | None = None  # read on the first run
+        self.last_run: float | None = None
+        self._audited: dict[str, tuple[int, int, str]] = {}  # deployment: what was said last
+
+    def resign(self) -> None:
+        """Another replica leads: what this one tracked goes stale."""
+        self.tracker, self.shapes, self.last_run, self._audited = DemandTracker(), None, None, {}
+
+    async def tick(self) -> list[Decision] | None:
+        """Plan if a period has passed since the last plan; None when it did not plan."""
+        now = self.clock()
+        if self.config.mode is PlannerMode.OFF:
+            return None
+        if self.last_run is not None and now - self.last_run < self.config.period_s:
+            return None
+        self.last_run = now
+        return await self.run(now)
+
+    async def run(self, now: float) -> list[Decision]:
+        async with self.db.sessions() as session, session.begin():
+            row = await state_row(session, lock=True)
+            state = await read_fleet_state(session)
+            beats = await _heartbeats(session)
+            changed_at = await _changed_at(session)
+            if self.shapes is None:
+                self.shapes = _shapes(row.shapes, self.config.day_s)
+            scaled = _scaled(state, beats, changed_at, self.config)
+            self.tracker.forget({b.node for b in beats})
+            observed = self.tracker.observe(
+                now, beats, _slos(state),
+                {(d.model, d.region): (d.limits.target, d.max_running) for d in scaled.values()},
+            )  # fmt: skip
+            for key, seen in observed.items():
+                if seen.rates:
+                    shape = self.shapes.get(key) or DailyShape.empty(
+                        self.config.day_s, SHAPE_BUCKETS
+                    )
+                    self.shapes[key] = shape.learn(now, seen.rates[-1][1])
+            decisions = plan(scaled.values(), observed, self.shapes, self._guards(now))
+            acting = self.config.mode is PlannerMode.ACT and not row.paused
+            names = {(d.model, d.region): name for name, d in state.deployments.items()}
+            if acting:
+                revision = await self._act(session, decisions, names, now)
+            else:
+                revision = None
+            await self._audit(session, decisions, names, acting)
+            row.last_run_at = datetime.fromtimestamp(now, UTC)
+            row.last_run_revision = revision or await current_revision(session)
+            row.decisions = [_as_json(d, names, observed.get((d.model, d.region)))
+                             for d in decisions]  # fmt: skip
+            row.shapes = {key_of(*k): list(s.rates) for k, s in sorted(self.shapes.items())}
+        if self.feed is not None:
+            await self.feed.published(revision)
+        for d in decisions:
+            if d.change:
+                log.info("planner%s: %s", "" if acting else " (advice)", d.describe())
+        return decisions
+
+    def _guards(self, now: float) -> Guards:
+        c = self.config
+        return Guards(now=now, stale_after_s=c.stale_after_s, cooldown_s=c.cooldown_s,
+                      max_changes=c.max_changes, gpu_budget=c.gpu_budget,
+                      money_budget=c.money_budget, engine_rps_prior=c.engine_rps)  # fmt: skip
+
+    async def _act(
+        self,
+        session: AsyncSession,
+        decisions: list[Decision],
+        names: dict[tuple[str, str], str],
+        now: float,
+    ) -> int | None:
+        """The changes taken, as one revision."""
+        changes = [Change(names[(d.model, d.region)], d.current, d.target, d.describe(),
+                          {"forecast_rps": round(d.forecast_rps, 3),
+                           "per_engine_rps": round(d.per_engine_rps, 3)})
+                   for d in decisions if d.change]  # fmt: skip
+        for change in changes:
+            self._audited.pop(change.deployment, None)
+        return await write_plans(session, changes, datetime.fromtimestamp(now, UTC))
+
+    async def _audit(
+        self,
+        session: AsyncSession,
+        decisions: list[Decision],
+        names: dict[tuple[str, str], str],
+        acting: bool,
+    ) -> None:
+        """The changes not made, under the current revision: once while they stay the same."""
+        revision = await current_revision(session)
+        for d in decisions:
+            name = names[(d.model, d.region)]
+            if d.target == d.current or (acting and d.taken):
+                self._audited.pop(name, None)
+                continue
+            action = "hold" if not d.taken else "advise"
+            said = (d.current, d.target, action)
+            if self._audited.get(name) == said:
+                continue
+            self._audited[name] = said
+            session.add(AuditEventRow(
+                revision=revision, principal=ACTOR, action=action, kind=KIND, name=name,
+                after={"engines": d.target, "from": d.current, "reason": d.describe(),
+                       "forecast_rps": round(d.forecast_rps, 3)},
+            ))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Change:
+    deployment: str
+    engines: int  # before
+    target: int
+    reason: str
+    figures: dict[str, float]
+
+
+async def write_plans(session: AsyncSession, changes: list[Change], at: datetime) -> int | None:
+    """Engine counts as a fact, under one new revision (None: nothing to change), each
+    audited as kind `engine-plan` with its reason and figures; the slots placed to match."""
+    uow = UnitOfWork(session, ACTOR)
+    ids = dict((await session.execute(select(DeploymentRow.name, DeploymentRow.id))).all())
+    for c in changes:
+        uow.record("update", ENGINE_PLAN, c.deployment, {"engines": c.engines},
+                   {"engines": c.target, "reason": c.reason, **c.figures})  # fmt: skip
+        values = {"deployment_id": ids[c.deployment], "engines": c.target, "changed_at": at,
+                  "reason": c.reason}  # fmt: skip
+        await session.execute(pg_insert(EnginePlanRow).values(values).on_conflict_do_update(
+            index_elements=[EnginePlanRow.deployment_id],
+            set_={k: v for k, v in values.items() if k != "deployment_id"},
+        ))  # fmt: skip
+    return await commit(uow)
+
+
+async def state_row(session: AsyncSession, *, lock: bool = False) -> PlannerStateRow:
+    await session.execute(
+        pg_insert(PlannerStateRow)
+        .values(id=1, paused=False, decisions=[], shapes={})
+        .on_conflict_do_nothing(index_elements=[PlannerStateRow.id])
+    )
+    query = select(PlannerStateRow).where(PlannerStateRow.id == 1)
+    if lock:
+        query = query.with_for_update()
+    return (await session.execute(query)).scalar_one()
+
+
+async def _heartbeats(session: AsyncSession) -> list[Heartbeat]:
+    """The latest heartbeat of every node that is up."""
+    rows = await session.execute(
+        select(NodeRow.name, RegionRow.name, NodeTelemetryRow.observed_at, NodeTelemetryRow.data)
+        .join(NodeTelemetryRow, NodeTelemetryRow.node_id == NodeRow.id)
+        .join(RegionRow, RegionRow.id == NodeRow.region_id)
+        .where(NodeRow.health == "up")
+        .order_by(NodeRow.name)
+    )  # fmt: skip
+    return [Heartbeat(node, region, at.timestamp(), data) for node, region, at, data in rows]
+
+
+async def _changed_at(session: AsyncSession) -> dict[str, float]:
+    rows = await session.execute(
+        select(DeploymentRow.name, EnginePlanRow.changed_at)
+        .join(EnginePlanRow, EnginePlanRow.deployment_id == DeploymentRow.id)
+    )  # fmt: skip
+    return {name: at.timestamp() for name, at in rows}
+
+
+def _scaled(
+    state: FleetState, beats: list[Heartbeat], changed_at: dict[str, float], c: PlannerConfig
+) -> dict[str, Deployment]:
+    """The deployments the planner sizes: unified, on engines Meridian starts, `autoscale`."""
+    starts = {region: start_times(e for b in beats if b.region == region
+                                  for e in b.telemetry.get("engines", []))
+              for region in state.regions}  # fmt: skip
+    out = {}
+    for name, spec in sorted(state.deployments.items()):
+        scale = spec.autoscale
+        if scale is None or spec.pd_mode is not PdMode.UNIFIED:
+            continue
+        if spec.backend is EngineBackend.EXTERNAL:
+            continue
+        prices = [p.price_per_gpu_hour for p in state.node_pools.values()
+                  if p.region == spec.region]  # fmt: skip
+        slots = spec.engine_args.get("max-running-requests", DEFAULT_SLOTS)
+        out[name] = Deployment(
+            model=spec.model,
+            region=spec.region,
+            engines=engines(spec, state.planned.get(name)),
+            limits=Limits(
+                scale.min_replicas,
+                scale.max_replicas,
+                scale.target_attainment,
+                scale.headroom,
+                scale.scale_to_zero,
+            ),
+            gpus_per_engine=spec.tp_size * spec.dp_size,
+            price_per_gpu_hour=min(prices, default=0.0),
+            start_s=starts.get(spec.region, {}).get(spec.model, c.start_s),
+            max_running=int(slots) if isinstance(slots, int | float | str) else DEFAULT_SLOTS,
+            last_change_at=changed_at.get(name),
+        )
+    return out
+
+
+def _slos(state: FleetState) -> dict[tuple[str, str], float | None]:
+    """Per (model, region), the TTFT SLO of its routing policy: the region's own, else the
+    model's."""
+    out: dict[tuple[str, str], float | None] = {}
+    for spec in state.deployments.values():
+        policies = [p for p in state.routing_policies.values() if p.model == spec.model]
+        own = next((p for p in policies if p.region == spec.region), None)
+        chosen = own or next((p for p in policies if p.region is None), None)
+        slo = chosen.slo_ttft_ms if chosen is not None else None
+        out[(spec.model, spec.region)] = slo / 1000 if slo is not None else None
+    return out
+
+
+def _shapes(doc: dict[str, Any], day_s: float) -> dict[tuple[str, str], DailyShape]:
+    out = {}
+    for key, rates in (doc or {}).items():
+        model, _, region = key.rpartition("@")
+        if model and region and isinstance(rates, list) and rates:
+            out[(model, region)] = DailyShape(day_s, tuple(
+                float(r) if r is not None else None for r in rates))  # fmt: skip
+    return out
+
+
+def _as_json(d: Decision, names: dict[tuple[str, str], str], seen: Any) -> dict[str, Any]:
+    return {
+        "deployment": names[(d.model, d.region)],
+        "model": d.model,
+        "region": d.region,
+        "engines": d.current,
+        "target": d.target,
+        "taken": d.taken,
+        "reason": d.reason,
+        "summary": d.describe(),
+        "forecast_rps": round(d.forecast_rps, 3),
+        "per_engine_rps": round(d.per_engine_rps, 3),
+        "rate_rps": round(seen.rates[-1][1], 3) if seen is not None and seen.rates else None,
+        "attainment": seen.attainment if seen is not None else None,
+        "inflight": seen.inflight if seen is not None else None,
+    }
