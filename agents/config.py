@@ -64,6 +64,7 @@ class RouteConfig:
     slo_itl_s: float | None
     max_inflight: int | None  # per worker, from this gateway
     max_queue: int  # requests waiting for admission, per model
+    wake_wait_s: float | None = None  # it may have no engine here: the wait for one to start
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -365,6 +366,7 @@ def _route(route: pb.Route) -> RouteConfig:
         slo_itl_s=route.slo_itl_ms / 1000 if route.HasField("slo_itl_ms") else None,
         max_inflight=route.max_inflight if route.HasField("max_inflight") else None,
         max_queue=route.max_queue if route.HasField("max_queue") else DEFAULT_MAX_QUEUE,
+        wake_wait_s=route.wake_wait_s if route.HasField("wake_wait_s") else None,
     )
 
 

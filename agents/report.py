@@ -113,8 +113,11 @@ async def telemetry(agent: Agent) -> pb.Telemetry:
         {v.worker_id: str(v.breaker.state) for v in gateway.router.views.values()},
         gateway.metrics.latency_totals(),
     )
+    waiting = {m: n for m, n in gateway.admission.waiting.items() if n > 0}
     for answers in told.answers:
-        answers.waiting = gateway.admission.waiting.get(answers.model, 0)
+        answers.waiting = waiting.pop(answers.model, 0)
+    # a model that waits for its first engine has answered nothing yet
+    told.answers.extend(pb.ModelAnswers(model=m, waiting=n) for m, n in sorted(waiting.items()))
     add_quality(told, gateway.quality)
     add_tenant_answers(told, agent.books)
     add_tiers(told, agent.books)

@@ -4,7 +4,10 @@ Per model at most `max_queue` requests wait; one more is answered 429 with Retry
 once. A waiting request is re-placed whenever a request of its model moves on (first byte,
 end) or a load poll lands; it is admitted when the best worker's predicted TTFT plus what it
 has waited fits the SLO, and answered 429 when its SLO has passed in the queue. A model with
-no worker serving at all is answered 503 with Retry-After. Nothing waits without bound.
+no worker serving at all is answered 503 with Retry-After, unless it may run no engine here
+(its deployment scales to zero) and no peer takes the request: then it waits for an engine
+to start, up to the route's `wake_wait_s`, and its SLO runs from when one serves. Nothing
+waits without bound.
 
 A request waits at least as long as the oldest one sent to its worker that has not started
 there, and as the requests the engine holds back take to start: requests queue here, where
@@ -63,6 +66,7 @@ from agents.router.plan import (
     Reject,
     Tiering,
     call,
+    fails_over,
     moved_tier,
     overloaded,
 )
@@ -77,6 +81,8 @@ RECHECK_S = 0.05  # a waiting request is placed again at least this often
 FULL_S = 5.0  # a model is full for this long after a request of it last had to wait
 RATE_S = 5.0  # the window of a model's admission rate
 DEADLINE = frozenset({Reason.OVERLOADED, Reason.TENANT_SHARE})  # refused once its SLO passed
+WAKE_RECHECK_S = 0.25  # a request waiting for an engine to start looks again this often
+WAKE_RETRY_S = 10  # Retry-After when none started within the wait
 
 
 @dataclass(slots=True)  # made at every look: not frozen (a frozen one costs more to make)
@@ -100,6 +106,7 @@ class Look:
     tried: int  # workers that failed it
     slo_s: float | None
     continuing: bool = False
+    waking_s: float | None = None  # no engine may run here, and no peer takes it: the wait
 
 
 def admits(decision: Decision, fit: bool, standing: int, under_waiting: bool) -> bool:
@@ -114,6 +121,16 @@ def judge(look: Look) -> Call | Peer | Reject | None:
     if admits(decision, look.fits, look.standing, look.under_waiting):
         return call(decision, look.continuing, look.wait_s)
     if not decision.ranked and not decision.vetoed:
+        if look.waking_s is not None and not look.tried:
+            if look.waited_s < look.waking_s:
+                return None  # it waits for an engine to start (the planner counts it)
+            return Reject(
+                Refusal.NO_HEALTHY_WORKER,
+                f"no engine of {look.model} runs here, and none started within "
+                f"{look.waking_s:.0f} s; one is starting",
+                WAKE_RETRY_S,
+                Reason.NO_WORKER,
+            )
         failed = f"{look.tried} failed it, " if look.tried else ""
         return Reject(
             Refusal.NO_HEALTHY_WORKER,
@@ -214,6 +231,9 @@ class Admission:
         )  # fmt: skip
         slo, since, exclude = route.slo_ttft_s, progress.since, progress.tried
         deadline = since + (slo if slo is not None else DEFAULT_WAIT_S)
+        # a model that may have no engine here waits for one when no peer would take it
+        waking = route.wake_wait_s if not fails_over(ask, placement, progress) else None
+        asleep = False  # it has waited for an engine to start
         queued = False
         fair = self.fair
         try:
@@ -221,6 +241,9 @@ class Admission:
                 request.full = self.clock() - self._full_at.get(model, -FULL_S) < FULL_S
                 decision = self.router.route(route, request, exclude)
                 now = self.clock()
+                if asleep and decision.ranked:  # an engine started: its SLO runs from now
+                    asleep, since = False, now
+                    deadline = now + (slo if slo is not None else DEFAULT_WAIT_S)
                 standing = fair.standing(model, tenant)
                 ratio = RESERVE_RATIO if standing < 0 else 1.0
                 fit, wait = (
@@ -238,7 +261,7 @@ class Admission:
                     now - since,
                     deadline - now, queued,
                     None if queued else self._queue(route, tenant, standing), limits,
-                    len(exclude), slo, progress.continuing,
+                    len(exclude), slo, progress.continuing, waking,
                 )  # fmt: skip
                 verdict = judge(look)  # not admitted at this look (`admits` said so above)
                 if isinstance(verdict, Peer) or (
@@ -252,9 +275,11 @@ class Admission:
                 self._full_at[model] = now
                 if verdict is not None:
                     return verdict
+                asleep = asleep or not decision.ranked
+                pause = WAKE_RECHECK_S if asleep else min(deadline - now, RECHECK_S)
                 event = self._events.setdefault(model, asyncio.Event())
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), min(deadline - now, RECHECK_S))
+                    await asyncio.wait_for(event.wait(), pause)
         finally:
             if queued:
                 self.waiting[model] -= 1

@@ -130,6 +130,13 @@ class AutoscaleSpec(Spec):
         description="whether it may run no engine while nothing asks for its model here "
         "(requests then go to a region that serves it, within residency, while one starts)",
     )
+    wake_wait_s: int = Field(
+        default=30,
+        ge=1,
+        le=600,
+        description="with scale_to_zero: how long a request no peer region takes waits here "
+        "for an engine to start, before it is answered 503 with Retry-After",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

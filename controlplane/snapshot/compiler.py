@@ -57,8 +57,11 @@ def compile_region(
 
 
 def region_routes(state: FleetState, region: str, index: FleetIndex) -> list[Route]:
+    waking = {d.model: d.autoscale.wake_wait_s for d in index.deployments[region].values()
+              if d.autoscale is not None and d.autoscale.scale_to_zero}  # fmt: skip
     models = sorted({d.model for d in index.deployments[region].values()})
-    return [_route(state, region, m) for m in models]
+    return [_route(state, region, m).model_copy(update={"wake_wait_s": waking.get(m)})
+            for m in models]  # fmt: skip
 
 
 def kv_event_models(routes: list[Route]) -> frozenset[str]:

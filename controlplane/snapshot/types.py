@@ -148,6 +148,8 @@ class Route(Frozen):
     max_inflight: int | None
     max_queue: int | None
     source: str | None  # the routing policy it came from; None: the default
+    # where its deployment here may scale to zero: how long a request waits for an engine
+    wake_wait_s: int | None = None
 
 
 class Peer(Frozen):

@@ -123,3 +123,57 @@ async def test_engines_follow_demand_up_and_down_and_no_request_fails(
     assert code == 0, shown
     assert "llama-us-east" in shown
     assert "mode act, running" in shown
+
+
+def _asleep(doc: dict[str, Any]) -> None:
+    """us-east's llama scales to zero, and starts there."""
+    for d in doc["deployments"]:
+        if d["region"] == "us-east":
+            d["replicas"] = 0
+            d["autoscale"] = {"min_replicas": 0, "max_replicas": 2, "scale_to_zero": True}
+
+
+def _asleep_alone(doc: dict[str, Any]) -> None:
+    """The same, and no rule sends us-east's requests to a peer."""
+    _asleep(doc)
+    doc["fallback_rules"] = [r for r in doc["fallback_rules"] if r["region"] != "us-east"]
+
+
+async def _served_by(client: openai.AsyncOpenAI) -> str:
+    raw = await client.chat.completions.with_raw_response.create(
+        model=LLAMA, messages=HELLO, max_tokens=4
+    )
+    raw.parse()
+    return raw.headers["x-meridian-region"]
+
+
+async def test_a_model_at_zero_is_served_by_a_peer_at_once_and_wakes_here(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with fleet_of(
+        database_url, tmp_path, ("us-east", "us-west"), _asleep, cp_env=PLANNER
+    ) as fleet:
+        client = fleet.client("us-east").with_options(timeout=30)
+        assert await _engines(fleet) == 0
+        served = [await _served_by(client)]  # nothing runs it here: a peer, at once
+        while served[-1] != "us-east" and len(served) < 200:  # demand goes on: it wakes here
+            await asyncio.sleep(0.1)
+            served.append(await _served_by(client))
+        await client.close()
+    assert served[0] == "us-west"
+    assert served[-1] == "us-east"
+
+
+async def test_a_model_at_zero_that_no_peer_serves_waits_for_its_engine_to_start(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with fleet_of(
+        database_url, tmp_path, ("us-east",), _asleep_alone, cp_env=PLANNER
+    ) as fleet:
+        client = fleet.client("us-east").with_options(timeout=40)
+        assert await _engines(fleet) == 0
+        region = await _served_by(client)  # it waits while the planner starts an engine
+        engines = await _engines(fleet)
+        await client.close()
+    assert region == "us-east"
+    assert engines == 1

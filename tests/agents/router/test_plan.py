@@ -258,6 +258,21 @@ FULL = Reject(Refusal.QUEUE_FULL, "m has 8 requests waiting already", 2, Reason.
             ),
         ),
         (
+            "no engine runs here, it may scale to zero and no peer takes it: it waits for one",
+            _look(decision=_decision(ranked=0), waited_s=12.0, left_s=-10.0, waking_s=30.0),
+            None,
+        ),
+        (
+            "none started within the wait: 503 with Retry-After",
+            _look(decision=_decision(ranked=0), waited_s=30.5, waking_s=30.0),
+            Reject(
+                Refusal.NO_HEALTHY_WORKER,
+                "no engine of m runs here, and none started within 30 s; one is starting",
+                10,
+                Reason.NO_WORKER,
+            ),
+        ),
+        (
             "every worker is busy or vetoed, past a rule: to a peer before it waits",
             _look(decision=_decision(ranked=0, vetoed=2), limits=Over(1.0, None)),
             ToPeer(Trigger.OVERLOAD, Reason.BUSY, "every worker of the model is busy or vetoed"),

@@ -1879,6 +1879,7 @@ class Route(_message.Message):
     MAX_INFLIGHT_FIELD_NUMBER: _builtins.int
     MAX_QUEUE_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    WAKE_WAIT_S_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     policy: _builtins.str
     slo_ttft_ms: _builtins.int
@@ -1886,6 +1887,10 @@ class Route(_message.Message):
     max_inflight: _builtins.int
     max_queue: _builtins.int
     source: _builtins.str
+    wake_wait_s: _builtins.int
+    """Set where the model may run no engine here (its deployment scales to zero): how long a
+    request that no peer takes waits for an engine to start before it is answered 503.
+    """
     @_builtins.property
     def params(self) -> _struct_pb2.Struct: ...
     def __init__(
@@ -1899,10 +1904,11 @@ class Route(_message.Message):
         max_inflight: _builtins.int | None = ...,
         max_queue: _builtins.int | None = ...,
         source: _builtins.str | None = ...,
+        wake_wait_s: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_inflight", b"_max_inflight", "_max_queue", b"_max_queue", "_slo_itl_ms", b"_slo_itl_ms", "_slo_ttft_ms", b"_slo_ttft_ms", "_source", b"_source", "max_inflight", b"max_inflight", "max_queue", b"max_queue", "params", b"params", "slo_itl_ms", b"slo_itl_ms", "slo_ttft_ms", b"slo_ttft_ms", "source", b"source"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_inflight", b"_max_inflight", "_max_queue", b"_max_queue", "_slo_itl_ms", b"_slo_itl_ms", "_slo_ttft_ms", b"_slo_ttft_ms", "_source", b"_source", "_wake_wait_s", b"_wake_wait_s", "max_inflight", b"max_inflight", "max_queue", b"max_queue", "params", b"params", "slo_itl_ms", b"slo_itl_ms", "slo_ttft_ms", b"slo_ttft_ms", "source", b"source", "wake_wait_s", b"wake_wait_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_inflight", b"_max_inflight", "_max_queue", b"_max_queue", "_slo_itl_ms", b"_slo_itl_ms", "_slo_ttft_ms", b"_slo_ttft_ms", "_source", b"_source", "max_inflight", b"max_inflight", "max_queue", b"max_queue", "model", b"model", "params", b"params", "policy", b"policy", "slo_itl_ms", b"slo_itl_ms", "slo_ttft_ms", b"slo_ttft_ms", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_inflight", b"_max_inflight", "_max_queue", b"_max_queue", "_slo_itl_ms", b"_slo_itl_ms", "_slo_ttft_ms", b"_slo_ttft_ms", "_source", b"_source", "_wake_wait_s", b"_wake_wait_s", "max_inflight", b"max_inflight", "max_queue", b"max_queue", "model", b"model", "params", b"params", "policy", b"policy", "slo_itl_ms", b"slo_itl_ms", "slo_ttft_ms", b"slo_ttft_ms", "source", b"source", "wake_wait_s", b"wake_wait_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_inflight: _TypeAlias = _typing.Literal["max_inflight"]  # noqa: Y015
     _WhichOneofArgType__max_inflight: _TypeAlias = _typing.Literal["_max_inflight", b"_max_inflight"]  # noqa: Y015
@@ -1914,6 +1920,8 @@ class Route(_message.Message):
     _WhichOneofArgType__slo_ttft_ms: _TypeAlias = _typing.Literal["_slo_ttft_ms", b"_slo_ttft_ms"]  # noqa: Y015
     _WhichOneofReturnType__source: _TypeAlias = _typing.Literal["source"]  # noqa: Y015
     _WhichOneofArgType__source: _TypeAlias = _typing.Literal["_source", b"_source"]  # noqa: Y015
+    _WhichOneofReturnType__wake_wait_s: _TypeAlias = _typing.Literal["wake_wait_s"]  # noqa: Y015
+    _WhichOneofArgType__wake_wait_s: _TypeAlias = _typing.Literal["_wake_wait_s", b"_wake_wait_s"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_inflight) -> _WhichOneofReturnType__max_inflight | None: ...
     @_typing.overload
@@ -1924,6 +1932,8 @@ class Route(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__slo_ttft_ms) -> _WhichOneofReturnType__slo_ttft_ms | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__source) -> _WhichOneofReturnType__source | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__wake_wait_s) -> _WhichOneofReturnType__wake_wait_s | None: ...
 
 Global___Route: _TypeAlias = Route  # noqa: Y015
 
