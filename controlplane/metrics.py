@@ -4,7 +4,7 @@ template and status), the agents connected to this replica per region, the snaps
 and nacks they sent, the push lag: from a snapshot's send to its agent's ack, the snapshots
 and deltas sent and their bytes, the compiles and the time they took (of it, reading
 PostgreSQL); and, on the leader, rollouts by outcome, rollbacks by check and the time each
-wave took."""
+wave took, and the capacity planner's engines, forecasts, costs and changes."""
 
 from __future__ import annotations
 
@@ -59,9 +59,36 @@ class ControlPlaneMetrics:
                                 registry=r)  # fmt: skip
         self.rollbacks = Counter("meridian_rollbacks", "Rollbacks, by the check that failed",
                                  ["check"], registry=r)  # fmt: skip
+        self.planned = Gauge("meridian_planner_engines", "Engines of a deployment with "
+                             "autoscale: running by the plan (`now`) and planned next",
+                             ["deployment", "region", "model", "kind"], registry=r)  # fmt: skip
+        self.forecast = Gauge("meridian_planner_forecast_rps", "The requests a second the "
+                              "planner expects one start time ahead",
+                              ["deployment", "region", "model"], registry=r)  # fmt: skip
+        self.cost = Gauge("meridian_planner_cost_per_hour", "What the planned engines cost an "
+                          "hour, at the region's cheapest node pool's price",
+                          ["deployment", "region", "model"], registry=r)  # fmt: skip
+        self.plan_changes = Counter("meridian_planner_changes", "Changes the planner decided, "
+                                    "up or down, made (`taken`) or not", ["direction", "taken"],
+                                    registry=r)  # fmt: skip
         self.waves = Histogram("meridian_rollout_wave", "How long a rollout's wave took, from "
                                "its push to the next wave's", unit="seconds",
                                buckets=WAVE_BUCKETS, registry=r)  # fmt: skip
+
+    def planner(self, decisions: list[dict[str, Any]]) -> None:
+        """The capacity planner's period: per deployment, engines now and planned, the
+        forecast and the planned cost an hour; each change counted, made or not."""
+        for gauge in (self.planned, self.forecast, self.cost):
+            gauge.clear()
+        for d in decisions:
+            labels = (d["deployment"], d["region"], d["model"])
+            self.planned.labels(*labels, "now").set(d["engines"])
+            self.planned.labels(*labels, "planned").set(d["target"])
+            self.forecast.labels(*labels).set(d["forecast_rps"])
+            self.cost.labels(*labels).set(d.get("cost_per_hour") or 0.0)
+            if d["target"] != d["engines"]:
+                direction = "up" if d["target"] > d["engines"] else "down"
+                self.plan_changes.labels(direction, "true" if d["taken"] else "false").inc()
 
     def rollout(self, event: str, detail: dict[str, Any]) -> None:
         """What the rollout driver saw: an outcome, a rollback's check, a wave's time."""

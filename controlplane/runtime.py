@@ -97,7 +97,9 @@ class Replica:
                 if settings.quota_leases
                 else None
             ),
-            planner=Planner(db, PlannerConfig.of(settings), self.feed),
+            planner=Planner(
+                db, PlannerConfig.of(settings), self.feed, observe=self.metrics.planner
+            ),
         )
         self.feed.subscribe(self.coordinator.publish_revision)
         self.coordinator.on_revision(self.hub.announce)

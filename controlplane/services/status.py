@@ -23,6 +23,7 @@ from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import NodeRow, RegionRow
 from controlplane.services.liveness import DEGRADED, UP, summarize
+from controlplane.services.planner.loop import read_state as planner_state
 from controlplane.services.quality import compare
 from controlplane.services.quotas.view import quotas
 from controlplane.services.rollouts import control as rollouts
@@ -101,7 +102,19 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
             "events": [_judged(e) for e in judged],
         },
         "tiers": tiers,
+        "planner": await planner_view(db),
     }
+
+
+async def planner_view(db: Database) -> dict[str, Any]:
+    """The capacity planner's last period, as the status page's panel shows it."""
+    async with db.sessions() as session:
+        row = await planner_state(session)
+        return {
+            "paused": row.paused,
+            "last_run_at": row.last_run_at.isoformat() if row.last_run_at else None,
+            "decisions": row.decisions,
+        }
 
 
 def _judged(event: AuditEventRow) -> dict[str, Any]:

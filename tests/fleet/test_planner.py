@@ -108,6 +108,8 @@ async def test_engines_follow_demand_up_and_down_and_no_request_fails(
         code, shown = await run_cli("planner", "plan", env=env)
         async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as http:
             events = (await http.get("/v1/audit-events", params={"kind": "engine-plan"})).json()
+            metrics = (await http.get("/metrics")).text
+            panel = (await http.get("/v1/status")).json()["planner"]
         await client.close()
     assert heavy.failed == []
     assert streams.failed == []
@@ -120,6 +122,11 @@ async def test_engines_follow_demand_up_and_down_and_no_request_fails(
     assert changes[-1] == (2, 1)  # down by half at most: 3, then 2, then 1
     assert all(e["principal"] == "planner" and "us-east llama-3.1-8b-instruct" in
                e["after"]["reason"] for e in events["items"])  # fmt: skip
+    assert 'meridian_planner_changes_total{direction="up",taken="true"}' in metrics
+    assert 'meridian_planner_changes_total{direction="down",taken="true"}' in metrics
+    (row,) = panel["decisions"]  # the status page's panel
+    assert (row["deployment"], row["engines"]) == ("llama-us-east", 1)
+    assert row["cost_per_hour"] == 3.9  # one engine of one GPU, at us-east's pool's price
     assert code == 0, shown
     assert "llama-us-east" in shown
     assert "mode act, running" in shown

@@ -128,6 +128,7 @@ function render(doc) {
   $("revision").textContent = doc.revision;
   $("updated").textContent = `updated ${new Date(doc.generated_at).toLocaleTimeString()}`;
   rollout(doc.rollouts);
+  planner(doc.planner || { decisions: [] });
   quotas(doc.quotas || []);
   quality(doc.quality || { models: {}, events: [] });
   tiers(doc.tiers || []);
@@ -166,6 +167,24 @@ function rollout(doc) {
     checks.length ? el("table", { class: "checks" }, el("tbody", {}, checks)) : null,
     doc.recent.length ? el("p", { class: "hint" }, "before: " + doc.recent.map((x) =>
       `${x.revision} ${x.state}`).join(" · ")) : null].filter((part) => part !== null));
+}
+
+function planner(doc) {
+  // engines now and planned per deployment, the demand behind them and why
+  $("planner-state").textContent = doc.last_run_at
+    ? `Last planned ${ago(doc.last_run_at)}${doc.paused ? "; paused: its plans are advice" : ""}.`
+    : "It has not planned yet.";
+  const rows = doc.decisions.map((d) => el("tr", { "data-deployment": d.deployment,
+    "data-engines": d.engines, "data-planned": d.target,
+    class: d.target !== d.engines && !d.taken ? "alert" : "" },
+    el("td", {}, d.deployment), el("td", {}, d.region),
+    el("td", {}, d.rate_rps == null ? "–" : fixed(d.rate_rps, 1)),
+    el("td", {}, fixed(d.forecast_rps, 1)), el("td", {}, d.engines),
+    el("td", {}, d.taken || d.target === d.engines ? `${d.target}` : `${d.target} (held)`),
+    el("td", {}, fixed(d.cost_per_hour ?? 0, 2)),
+    el("td", { class: "why" }, d.reason)));
+  $("planner").querySelector("tbody").replaceChildren(...(rows.length ? rows
+    : [el("tr", {}, el("td", { colspan: 8, class: "hint" }, "no deployment has autoscale"))]));
 }
 
 function quotas(items) {

@@ -9,13 +9,13 @@ from sqlalchemy import func
 
 from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.engine import Database
-from controlplane.services.planner.loop import KIND, PlannerConfig, state_row
+from controlplane.services.planner.loop import KIND, PlannerConfig, read_state, state_row
 from controlplane.services.unit import current_revision
 
 
 async def view(db: Database, config: PlannerConfig) -> dict[str, Any]:
-    async with db.sessions() as session, session.begin():
-        row = await state_row(session)
+    async with db.sessions() as session:
+        row = await read_state(session)
         return {
             "mode": str(config.mode),
             "paused": row.paused,

@@ -96,9 +96,11 @@ class Planner:
         config: PlannerConfig,
         feed: RevisionFeed | None = None,
         clock: Callable[[], float] = time.time,
+        observe: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.db = db
         self.feed = feed
+        self.observe = observe or (lambda decisions: None)  # the metrics
         self.config = config
         self.clock = clock
         self.tracker = DemandTracker()
@@ -150,11 +152,13 @@ class Planner:
             await self._audit(session, decisions, names, acting)
             row.last_run_at = datetime.fromtimestamp(now, UTC)
             row.last_run_revision = revision or await current_revision(session)
-            row.decisions = [_as_json(d, names, observed.get((d.model, d.region)))
+            row.decisions = [_as_json(d, names, scaled, observed.get((d.model, d.region)))
                              for d in decisions]  # fmt: skip
+            shown = list(row.decisions)
             row.shapes = {key_of(*k): list(s.rates) for k, s in sorted(self.shapes.items())}
         if self.feed is not None:
             await self.feed.published(revision)
+        self.observe(shown)
         for d in decisions:
             if d.change:
                 log.info("planner%s: %s", "" if acting else " (advice)", d.describe())
@@ -232,6 +236,12 @@ async def write_plans(session: AsyncSession, changes: list[Change], at: datetime
             set_={k: v for k, v in values.items() if k != "deployment_id"},
         ))  # fmt: skip
     return await commit(uow)
+
+
+async def read_state(session: AsyncSession) -> PlannerStateRow:
+    """Its state, read only: as it starts (not paused, nothing planned) before its row is."""
+    row = await session.get(PlannerStateRow, 1)
+    return row or PlannerStateRow(id=1, paused=False, decisions=[], shapes={})
 
 
 async def state_row(session: AsyncSession, *, lock: bool = False) -> PlannerStateRow:
@@ -326,9 +336,13 @@ def _shapes(doc: dict[str, Any], day_s: float) -> dict[tuple[str, str], DailySha
     return out
 
 
-def _as_json(d: Decision, names: dict[tuple[str, str], str], seen: Any) -> dict[str, Any]:
+def _as_json(
+    d: Decision, names: dict[tuple[str, str], str], scaled: dict[str, Deployment], seen: Any
+) -> dict[str, Any]:
+    name = names[(d.model, d.region)]
+    spec = scaled[name]
     return {
-        "deployment": names[(d.model, d.region)],
+        "deployment": name,
         "model": d.model,
         "region": d.region,
         "engines": d.current,
@@ -341,4 +355,5 @@ def _as_json(d: Decision, names: dict[tuple[str, str], str], seen: Any) -> dict[
         "rate_rps": round(seen.rates[-1][1], 3) if seen is not None and seen.rates else None,
         "attainment": seen.attainment if seen is not None else None,
         "inflight": seen.inflight if seen is not None else None,
+        "cost_per_hour": round(d.target * spec.gpus_per_engine * spec.price_per_gpu_hour, 4),
     }
