@@ -154,8 +154,8 @@ resource "aws_lb_listener" "gateway" {
 
 resource "aws_autoscaling_group" "nodes" {
   name_prefix         = "${var.name}-"
-  min_size            = var.node_count
-  max_size            = var.node_count
+  min_size            = coalesce(var.min_nodes, var.node_count)
+  max_size            = coalesce(var.max_nodes, var.node_count)
   desired_capacity    = var.node_count
   vpc_zone_identifier = var.subnet_ids
   target_group_arns   = [aws_lb_target_group.gateway.arn]
@@ -170,5 +170,11 @@ resource "aws_autoscaling_group" "nodes" {
     key                 = "meridian:region"
     value               = var.region
     propagate_at_launch = true
+  }
+
+  lifecycle {
+    # Meridian's capacity planner sets the desired count (its AWS provider); a later plan
+    # must not set it back
+    ignore_changes = [desired_capacity]
   }
 }

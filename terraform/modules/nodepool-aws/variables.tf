@@ -42,9 +42,21 @@ variable "gpus_per_node" {
 }
 
 variable "node_count" {
-  description = "Machines in the pool."
+  description = "Machines in the pool at first; Meridian's capacity planner sizes it from then on, within min_nodes and max_nodes."
   type        = number
   default     = 1
+}
+
+variable "min_nodes" {
+  description = "The fewest machines the planner may leave (default: node_count)."
+  type        = number
+  default     = null
+}
+
+variable "max_nodes" {
+  description = "The most machines the planner may ask for (default: node_count)."
+  type        = number
+  default     = null
 }
 
 variable "spot" {

@@ -145,4 +145,10 @@ resource "azurerm_linux_virtual_machine_scale_set" "nodes" {
     "meridian-region" = var.region
     "meridian-gpus"   = tostring(var.gpus_per_node)
   }
+
+  lifecycle {
+    # Meridian's capacity planner sets the instance count (its Azure provider); a later
+    # plan must not set it back
+    ignore_changes = [instances]
+  }
 }

@@ -89,6 +89,12 @@ resource "google_compute_instance_group_manager" "nodes" {
     name = "gateway"
     port = var.gateway_port
   }
+
+  lifecycle {
+    # Meridian's capacity planner resizes the group (its GCP provider); a later plan must
+    # not set it back
+    ignore_changes = [target_size]
+  }
 }
 
 resource "google_compute_firewall" "gateway" {

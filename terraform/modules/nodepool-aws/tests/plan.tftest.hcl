@@ -37,6 +37,10 @@ run "a_pool_of_gpu_machines" {
     error_message = "the pool does not have node_count machines"
   }
   assert {
+    condition     = aws_autoscaling_group.nodes.min_size == 2
+    error_message = "the planner's bounds default to node_count"
+  }
+  assert {
     condition     = output.gpus == 16
     error_message = "the pool's GPUs are not node_count x gpus_per_node"
   }
