@@ -69,6 +69,7 @@ class NodePoolRow(NamedRow):
     spot: Mapped[bool] = mapped_column(Boolean, default=False)
     min_nodes: Mapped[int] = mapped_column(Integer, default=0)
     max_nodes: Mapped[int] = mapped_column(Integer)
+    group: Mapped[str | None] = mapped_column(String(255))
 
     cloud: Mapped[CloudRow] = relationship(lazy="joined")
     region: Mapped[RegionRow] = relationship(lazy="joined")

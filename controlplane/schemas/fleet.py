@@ -67,6 +67,12 @@ class NodePoolSpec(Spec):
     spot: bool = Field(default=False, description="preemptible: cheaper, and taken back at times")
     min_nodes: int = Field(default=0, ge=0, le=10_000)
     max_nodes: int = Field(ge=0, le=10_000)
+    group: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:@+=/-]{1,255}$")] | None = Field(
+        default=None,
+        description="the cloud's group of machines the planner resizes: AWS "
+        "aws-region/auto-scaling-group; GCP project/zone/manager; Azure "
+        "subscription/resource-group/scale-set (unset: its size is the operator's)",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

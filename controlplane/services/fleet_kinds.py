@@ -99,6 +99,23 @@ def _drop_peer(rule: FallbackRuleRow, region: RegionRow) -> Dependent:
     return Dependent(f"fallback-rule {rule.name} (peer)", remove)
 
 
+GROUP_PARTS = {"gcp": "project/zone/manager", "azure": "subscription/resource-group/scale-set"}
+
+
+def group_problem(provider: str, group: str) -> str | None:
+    """Why a pool's `group` cannot be its cloud's (None: it can)."""
+    if provider == "aws":
+        region, _, name = group.partition("/")
+        return None if region and name else f"an aws group is aws-region/group-name, not {group!r}"
+    if provider in GROUP_PARTS:
+        parts = group.split("/")
+        if len(parts) != 3 or not all(parts):
+            return f"a {provider} group is {GROUP_PARTS[provider]}, not {group!r}"
+        return None
+    return (f"no capacity provider for clouds of provider {provider!r} (aws, gcp and azure "
+            "have one): leave group unset")  # fmt: skip
+
+
 class NodePoolKind(Kind[NodePoolRow]):
     kind, plural, row, spec, out = (
         "node-pool",
@@ -114,6 +131,10 @@ class NodePoolKind(Kind[NodePoolRow]):
             message = (f"region {row.region.name!r} is on cloud {row.region.cloud.name!r}, "
                        f"not {row.cloud.name!r}")  # fmt: skip
             raise ValidationFailed(message, [{"field": "region", "message": message}])
+        if row.group is not None:
+            problem = group_problem(row.cloud.provider, row.group)
+            if problem is not None:
+                raise ValidationFailed(problem, [{"field": "group", "message": problem}])
 
 
 class NodeKind(Kind[NodeRow]):

@@ -26,6 +26,7 @@ async def test_a_pool_is_declared_shown_and_joined_by_a_node_of_its_region(base:
     assert made.status_code == 201, made.text
     shown = (await base.client.get("/v1/node-pools/east-h100")).json()
     assert shown["spot"] is False
+    assert shown["group"] is None  # sized by its operator, not the planner
     assert (shown["min_nodes"], shown["max_nodes"], shown["price_per_gpu_hour"]) == (0, 4, 2.5)
     node = await base.client.post("/v1/nodes", json={**NODE, "pool": "east-h100"})
     assert node.status_code == 201, node.text
@@ -60,6 +61,10 @@ async def test_a_fleet_document_declares_pools_before_the_nodes_that_join_them(a
          "no region named 'nowhere'"),
         ("/v1/node-pools", {**POOL, "price_per_gpu_hour": -1}, "validation_failed",
          "greater than or equal to 0"),
+        ("/v1/node-pools", {**POOL, "group": "east-h100"}, "validation_failed",
+         "an aws group is aws-region/group-name, not 'east-h100'"),
+        ("/v1/node-pools", {**POOL, "cloud": "gcp", "region": "eu-west", "group": "eu-pool"},
+         "validation_failed", "a gcp group is project/zone/manager, not 'eu-pool'"),
         ("/v1/nodes", {**NODE, "pool": "nowhere"}, "unknown_reference",
          "no node pool named 'nowhere'"),
         ("/v1/nodes", {**NODE, "region": "eu-west", "pool": "east-h100"}, "validation_failed",

@@ -21,6 +21,7 @@ from meridian.procs import free_port, stop_child
 from tests.kits.push import eventually
 
 REGION = "us-east-1"
+GROUP = f"{REGION}/east-h100"  # as a node pool's `group` names it
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -67,26 +68,28 @@ def _group(name: str, desired: int) -> None:
 
 async def test_a_group_is_read_resized_and_lets_an_idle_machine_go(moto: str) -> None:
     await asyncio.to_thread(_group, "east-h100", 2)
-    provider = AwsProvider(REGION)
-    group = await provider.read("east-h100")
+    provider = AwsProvider()
+    group = await provider.read(GROUP)
     assert group.desired == 2
     assert group.running == 2
     assert all(m.hostname and m.hostname.startswith("ip-") for m in group.machines)
 
-    await provider.resize("east-h100", 4)
-    group = await provider.read("east-h100")
+    await provider.resize(GROUP, 4)
+    group = await provider.read(GROUP)
     assert (group.desired, len(group.machines)) == (4, 4)
 
     idle = group.machines[-1].id
-    await provider.remove("east-h100", idle)
-    group = await provider.read("east-h100")
+    await provider.remove(GROUP, idle)
+    group = await provider.read(GROUP)
     assert group.desired == 3
     assert idle not in {m.id for m in group.machines if m.state != "stopping"}
 
 
 async def test_a_group_that_does_not_exist_is_a_clear_error(moto: str) -> None:
-    provider = AwsProvider(REGION)
-    with pytest.raises(ProviderError, match="no Auto Scaling group named 'nowhere'"):
-        await provider.read("nowhere")
+    provider = AwsProvider()
+    with pytest.raises(ProviderError, match="no Auto Scaling group named 'nowhere' in us-east-1"):
+        await provider.read(f"{REGION}/nowhere")
     with pytest.raises(ProviderError, match="AWS: "):
-        await provider.resize("nowhere", 3)
+        await provider.resize(f"{REGION}/nowhere", 3)
+    with pytest.raises(ProviderError, match="an AWS group is aws-region/group-name"):
+        await provider.read("nowhere")

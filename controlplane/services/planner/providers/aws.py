@@ -1,5 +1,6 @@
-"""AWS Auto Scaling groups, through boto3 (its credentials and region from the environment, as
-boto3 finds them; `AWS_ENDPOINT_URL` points it elsewhere, as the tests point it at moto).
+"""AWS Auto Scaling groups, through boto3 (its credentials from the environment, as boto3 finds
+them; `AWS_ENDPOINT_URL` points it elsewhere, as the tests point it at moto). A group is named
+`aws-region/group-name`.
 
 - read: `DescribeAutoScalingGroups` (desired capacity, instances and their lifecycle state),
   and `DescribeInstances` for the instances' private DNS names, which their agents register
@@ -26,20 +27,34 @@ STATES = {"Pending": "starting", "Pending:Wait": "starting", "Pending:Proceed": 
           "InService": "running"}  # fmt: skip  # the rest: stopping (terminating, detaching...)
 
 
+def parse_group(group: str) -> tuple[str, str]:
+    """`aws-region/group-name`: the AWS region and the Auto Scaling group's name."""
+    region, _, name = group.partition("/")
+    if not region or not name:
+        raise ProviderError(f"an AWS group is aws-region/group-name, not {group!r}")
+    return region, name
+
+
 class AwsProvider:
-    def __init__(self, region: str | None = None) -> None:
-        self._autoscaling = boto3.client("autoscaling", region_name=region)
-        self._ec2 = boto3.client("ec2", region_name=region)
+    def __init__(self) -> None:
+        self._clients: dict[tuple[str, str], Any] = {}  # (service, AWS region): its client
+
+    def _client(self, service: str, region: str) -> Any:
+        key = (service, region)
+        if key not in self._clients:
+            self._clients[key] = boto3.client(service, region_name=region)
+        return self._clients[key]
 
     async def read(self, group: str) -> Group:
-        found = await _call(self._autoscaling.describe_auto_scaling_groups,
-                            AutoScalingGroupNames=[group])  # fmt: skip
+        region, name = parse_group(group)
+        found = await _call(self._client("autoscaling", region).describe_auto_scaling_groups,
+                            AutoScalingGroupNames=[name])  # fmt: skip
         groups = found.get("AutoScalingGroups", [])
         if not groups:
-            raise ProviderError(f"no Auto Scaling group named {group!r}")
+            raise ProviderError(f"no Auto Scaling group named {name!r} in {region}")
         made = groups[0]
         ids = [i["InstanceId"] for i in made.get("Instances", [])]
-        names = await self._hostnames(ids)
+        names = await self._hostnames(region, ids)
         machines = tuple(
             Machine(i["InstanceId"], STATES.get(i.get("LifecycleState", ""), "stopping"),
                     names.get(i["InstanceId"]))
@@ -48,17 +63,20 @@ class AwsProvider:
         return Group(int(made["DesiredCapacity"]), machines)
 
     async def resize(self, group: str, desired: int) -> None:
-        await _call(self._autoscaling.set_desired_capacity, AutoScalingGroupName=group,
-                    DesiredCapacity=desired, HonorCooldown=False)  # fmt: skip
+        region, name = parse_group(group)
+        await _call(self._client("autoscaling", region).set_desired_capacity,
+                    AutoScalingGroupName=name, DesiredCapacity=desired,
+                    HonorCooldown=False)  # fmt: skip
 
     async def remove(self, group: str, machine: str) -> None:
-        await _call(self._autoscaling.terminate_instance_in_auto_scaling_group,
+        region, _ = parse_group(group)
+        await _call(self._client("autoscaling", region).terminate_instance_in_auto_scaling_group,
                     InstanceId=machine, ShouldDecrementDesiredCapacity=True)  # fmt: skip
 
-    async def _hostnames(self, ids: list[str]) -> dict[str, str]:
+    async def _hostnames(self, region: str, ids: list[str]) -> dict[str, str]:
         if not ids:
             return {}
-        found = await _call(self._ec2.describe_instances, InstanceIds=ids)
+        found = await _call(self._client("ec2", region).describe_instances, InstanceIds=ids)
         return {i["InstanceId"]: i.get("PrivateDnsName") or i.get("PrivateIpAddress", "")
                 for r in found.get("Reservations", []) for i in r.get("Instances", [])}  # fmt: skip
 
