@@ -279,3 +279,62 @@ def _budget(guards: Guards) -> str:
     if guards.money_budget is not None:
         named.append(f"{guards.money_budget:g} an hour")
     return "the budget of " + " and ".join(named) if named else "the budget"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A node pool the planner may resize (it names its cloud's group)."""
+
+    name: str
+    region: str
+    gpus_per_node: int
+    price_per_gpu_hour: float
+    min_nodes: int
+    max_nodes: int
+    nodes: int  # the group's desired count now
+
+
+@dataclass(frozen=True)
+class PoolDecision:
+    pool: str
+    region: str
+    current: int
+    target: int
+    reason: str
+
+    def describe(self) -> str:
+        arrow = f"{self.current}→{self.target}" if self.target != self.current else "holds"
+        return f"{self.region} pool {self.pool} {arrow}: {self.reason}"
+
+
+def size_pools(pools: Iterable[Pool], gpus_wanted: Mapping[str, int]) -> list[PoolDecision]:
+    """Nodes per pool for the GPUs each region's engines want of its pools (`gpus_wanted`,
+    by region; a region not named is left as it is): the cheapest pools first, each within
+    its bounds, every pool at its minimum at least. A region its pools cannot hold says by
+    how much."""
+    out = []
+    by_region: dict[str, list[Pool]] = {}
+    for pool in pools:
+        by_region.setdefault(pool.region, []).append(pool)
+    for region, mine in sorted(by_region.items()):
+        if region not in gpus_wanted:
+            out += [PoolDecision(p.name, region, p.nodes, p.nodes, "no plan for its region")
+                     for p in mine]  # fmt: skip
+            continue
+        want = gpus_wanted[region]
+        covered = sum(p.min_nodes * p.gpus_per_node for p in mine)
+        targets = {p.name: p.min_nodes for p in mine}
+        for pool in sorted(mine, key=lambda p: (p.price_per_gpu_hour, p.name)):
+            if covered >= want:
+                break
+            more = min(pool.max_nodes - pool.min_nodes,
+                       math.ceil((want - covered) / pool.gpus_per_node))  # fmt: skip
+            targets[pool.name] += more
+            covered += more * pool.gpus_per_node
+        short = max(0, want - covered)
+        for p in mine:
+            why = f"{want} GPUs wanted in {region}, cheapest pools first"
+            if short:
+                why += f"; short by {short}: every pool at its maximum"
+            out.append(PoolDecision(p.name, region, p.nodes, targets[p.name], why))
+    return out

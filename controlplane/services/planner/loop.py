@@ -42,6 +42,7 @@ from controlplane.services.planner.core import (
     start_times,
 )
 from controlplane.services.planner.demand import DemandTracker, Heartbeat
+from controlplane.services.planner.pools import PoolKeeper, PoolOutcome
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.unit import UnitOfWork, current_revision
 from controlplane.settings import Settings
@@ -97,8 +98,10 @@ class Planner:
         feed: RevisionFeed | None = None,
         clock: Callable[[], float] = time.time,
         observe: Callable[[list[dict[str, Any]]], None] | None = None,
+        pools: PoolKeeper | None = None,
     ) -> None:
         self.db = db
+        self.pools = pools or PoolKeeper(cooldown_s=config.cooldown_s, clock=clock)
         self.feed = feed
         self.observe = observe or (lambda decisions: None)  # the metrics
         self.config = config
@@ -111,6 +114,7 @@ class Planner:
     def resign(self) -> None:
         """Another replica leads: what this one tracked goes stale."""
         self.tracker, self.shapes, self.last_run, self._audited = DemandTracker(), None, None, {}
+        self.pools.changed_at = {}
 
     async def tick(self) -> list[Decision] | None:
         """Plan if a period has passed since the last plan; None when it did not plan."""
@@ -158,11 +162,35 @@ class Planner:
             row.shapes = {key_of(*k): list(s.rates) for k, s in sorted(self.shapes.items())}
         if self.feed is not None:
             await self.feed.published(revision)
+        if acting:  # the fleet as planned now: this period's engine counts in it
+            planned = {names[(d.model, d.region)]: d.target for d in decisions if d.change}
+            state = state.model_copy(update={"planned": {**state.planned, **planned}})
+        await self._keep_pools(state, acting)
         self.observe(shown)
         for d in decisions:
             if d.change:
                 log.info("planner%s: %s", "" if acting else " (advice)", d.describe())
         return decisions
+
+    async def _keep_pools(self, state: FleetState, acting: bool) -> None:
+        """Each resizable pool's group asked for the machines its region's engines want;
+        what was done, or not, audited once while it stays the same."""
+        outcomes = await self.pools.keep(state, acting)
+        said = [o for o in outcomes if o.done != "holds"
+                and self._audited.get(f"pool:{o.decision.pool}") != _said(o)]  # fmt: skip
+        if not said:
+            return
+        async with self.db.sessions() as session, session.begin():
+            revision = await current_revision(session)
+            for o in said:
+                self._audited[f"pool:{o.decision.pool}"] = _said(o)
+                session.add(AuditEventRow(
+                    revision=revision, principal=ACTOR, action=o.done, kind=KIND,
+                    name=o.decision.pool, after=o.as_json() | {"summary": o.decision.describe()},
+                ))  # fmt: skip
+        for o in said:
+            log.info("planner: %s (%s%s)", o.decision.describe(), o.done,
+                     f": {o.detail}" if o.detail else "")  # fmt: skip
 
     def _guards(self, now: float) -> Guards:
         c = self.config
@@ -334,6 +362,10 @@ def _shapes(doc: dict[str, Any], day_s: float) -> dict[tuple[str, str], DailySha
             out[(model, region)] = DailyShape(day_s, tuple(
                 float(r) if r is not None else None for r in rates))  # fmt: skip
     return out
+
+
+def _said(o: PoolOutcome) -> tuple[int, int, str]:
+    return (o.decision.current, o.decision.target, o.done)
 
 
 def _as_json(

@@ -6,54 +6,19 @@ exist is a clear error."""
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import boto3
-import httpx
 import pytest
-import pytest_asyncio
 
 from controlplane.services.planner.providers.aws import AwsProvider
 from controlplane.services.planner.providers.base import ProviderError
-from meridian.procs import free_port, stop_child
-from tests.kits.push import eventually
+from tests.kits.moto import REGION, moto
 
-REGION = "us-east-1"
 GROUP = f"{REGION}/east-h100"  # as a node pool's `group` names it
+__all__ = ["moto"]  # the fixture
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def moto(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
-    port = free_port()
-    server = Path(sys.executable).parent / "moto_server"
-    proc = await asyncio.create_subprocess_exec(
-        str(server), "-H", "127.0.0.1", "-p", str(port),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    async def up() -> bool:
-        try:
-            async with httpx.AsyncClient() as http:
-                await http.get(f"{url}/moto-api/")
-        except httpx.HTTPError:
-            return False
-        return True
-
-    try:
-        await eventually(up, within_s=30)
-        for name, value in (("AWS_ENDPOINT_URL", url), ("AWS_ACCESS_KEY_ID", "testing"),
-                            ("AWS_SECRET_ACCESS_KEY", "testing"),
-                            ("AWS_DEFAULT_REGION", REGION)):  # fmt: skip
-            monkeypatch.setenv(name, value)
-        yield url
-    finally:
-        await stop_child(proc)
-
-
-def _group(name: str, desired: int) -> None:
+def make_group(name: str, desired: int) -> None:
     """What Terraform's nodepool-aws module makes: a launch template and a group."""
     ec2 = boto3.client("ec2", region_name=REGION)
     autoscaling = boto3.client("autoscaling", region_name=REGION)
@@ -67,7 +32,7 @@ def _group(name: str, desired: int) -> None:
 
 
 async def test_a_group_is_read_resized_and_lets_an_idle_machine_go(moto: str) -> None:
-    await asyncio.to_thread(_group, "east-h100", 2)
+    await asyncio.to_thread(make_group, "east-h100", 2)
     provider = AwsProvider()
     group = await provider.read(GROUP)
     assert group.desired == 2

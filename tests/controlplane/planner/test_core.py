@@ -14,8 +14,10 @@ from controlplane.services.planner.core import (
     Guards,
     Limits,
     Observed,
+    Pool,
     forecast,
     plan,
+    size_pools,
     start_times,
 )
 
@@ -259,3 +261,20 @@ def test_start_times_are_the_median_of_the_engines_last_starts_per_model() -> No
         {"model": "qwen"},
     ]
     assert start_times(engines) == {"llama": 90.0}
+
+
+def _pool(name: str, price: float, nodes: int = 1, lo: int = 0, hi: int = 4,
+          gpus: int = 8) -> Pool:  # fmt: skip
+    return Pool(name, "us-east", gpus, price, lo, hi, nodes)
+
+
+def test_pools_fill_cheapest_first_within_their_bounds_and_keep_their_minimum() -> None:
+    spot, steady = _pool("spot", 2.0, lo=0, hi=2), _pool("steady", 4.0, lo=1, hi=4)
+    sized = {d.pool: d.target for d in size_pools([steady, spot], {"us-east": 40})}
+    assert sized == {"spot": 2, "steady": 3}  # 8 from steady's minimum, 16 spot, 16 more
+    sized = {d.pool: d.target for d in size_pools([steady, spot], {"us-east": 0})}
+    assert sized == {"spot": 0, "steady": 1}  # down to the minimum, never below
+    (short, _) = size_pools([spot, steady], {"us-east": 100})
+    assert "short by 52: every pool at its maximum" in short.reason
+    (kept,) = size_pools([_pool("other", 1.0, nodes=3)], {"eu-west": 8})
+    assert (kept.target, kept.reason) == (3, "no plan for its region")
