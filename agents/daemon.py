@@ -25,6 +25,7 @@ from agents.books import Books
 from agents.config import compile_config
 from agents.control.link import ControlLink, QuotaHooks
 from agents.control.plan import engine_specs
+from agents.control.preemption import Notice, PreemptionWatch
 from agents.control.store import Store
 from agents.engines import gpus
 from agents.engines.backends import backends, tokenizer
@@ -88,6 +89,8 @@ class Agent:
         self.prober = Prober(self.router, self.gateway.quality, save=self.store.save_canaries,
                              every_s=settings.canary_every_s)  # fmt: skip
         self.kv_events = KvEventSubscriber(self.router, self.table, tokenizer)
+        self.preemption = PreemptionWatch(settings.preemption_notices,
+                                          settings.preemption_poll_s, self._preempted)  # fmt: skip
         self.snapshot: pb.Snapshot | None = None
         self.applied_at: float | None = None  # wall clock
         self.window = TelemetryWindow()
@@ -112,6 +115,11 @@ class Agent:
         self.table.set_engine_state(engine_id, str(state))
         self.link.beat_soon()  # the control plane (and its status page) hears of it at once
 
+    def _preempted(self, notice: Notice) -> None:
+        """The machine is being taken back: every engine here drains, now and from now on."""
+        self.supervisor.want([])
+        self.link.beat_soon()  # the control plane takes the node out of placement
+
     async def apply(self, snapshot: pb.Snapshot) -> None:
         """Check and compile, persist, then act; a snapshot that fails changes nothing."""
         config = compile_config(snapshot)
@@ -122,6 +130,8 @@ class Agent:
             nvml=self.nvml,
             backends=self.backends,
         )
+        if self.preemption.notice is not None:
+            specs = []  # a machine being taken back starts nothing
         await asyncio.to_thread(self.store.save_snapshot, snapshot)
         self.snapshot, self.applied_at = snapshot, time.time()
         self.table.replace(config.workers)
@@ -178,6 +188,8 @@ class Agent:
                 ]
                 if self.settings.quality_guard:
                     loops.append(group.create_task(_forever("canaries", self.prober.run)))
+                if self.settings.preemption_notices != "off":
+                    loops.append(group.create_task(_forever("preemption", self.preemption.run)))
                 await stop.wait()
                 log.info("stopping: engines drain first")
                 supervising.cancel()  # it stops its engines, drained, as the poller watches

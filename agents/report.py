@@ -13,6 +13,7 @@ from prometheus_client.core import Metric
 from agents.books import Books
 from agents.control.link import ControlLink
 from agents.control.plan import inventory
+from agents.control.preemption import PreemptionWatch
 from agents.engines import gpus
 from agents.engines.supervisor import Supervisor
 from agents.gateway.service import Gateway
@@ -35,6 +36,7 @@ class Agent(Protocol):
     link: ControlLink
     kv_events: KvEventSubscriber
     prober: Prober
+    preemption: PreemptionWatch
     nvml: Any
     window: TelemetryWindow
     snapshot: pb.Snapshot | None
@@ -66,6 +68,11 @@ def status(agent: Agent) -> dict[str, Any]:
         "admission": {"waiting": dict(gateway.admission.waiting)},
         "quota_leases": gateway.quotas.status(),
         "faults": dict(books.faults),
+        "preemption": (
+            {"source": agent.preemption.notice.source, "deadline": agent.preemption.notice.deadline}
+            if agent.preemption.notice is not None
+            else None
+        ),
         "quality": gateway.quality.status() | {"canaries": agent.prober.status()},
         "tiers": gateway.tiers.status(),
         "migrations": [  # streams carried on after their worker failed, or not
@@ -118,6 +125,10 @@ async def telemetry(agent: Agent) -> pb.Telemetry:
         answers.waiting = waiting.pop(answers.model, 0)
     # a model that waits for its first engine has answered nothing yet
     told.answers.extend(pb.ModelAnswers(model=m, waiting=n) for m, n in sorted(waiting.items()))
+    notice = agent.preemption.notice
+    if notice is not None:
+        told.preemption.source = notice.source
+        told.preemption.deadline.FromSeconds(int(notice.deadline))
     add_quality(told, gateway.quality)
     add_tenant_answers(told, agent.books)
     add_tiers(told, agent.books)

@@ -61,6 +61,14 @@ class AgentSettings(BaseSettings):
     restart_backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
     crash_loop_restarts: int = Field(default=5, ge=1, le=1000, description="failures in a row")
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
+    preemption_notices: str = Field(
+        default="off",
+        pattern=r"^(off|aws|gcp|azure|https?://\S+)$",
+        description="where this spot machine's cloud gives notice that it takes the machine "
+        'back: aws, gcp, azure (their metadata services), a URL answering {"time": ...} '
+        "while a notice stands, or off; on notice every engine here drains at once",
+    )
+    preemption_poll_s: float = Field(default=5.0, gt=0, le=60)
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
     operator_token: SecretStr | None = Field(
         default=None,

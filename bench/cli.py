@@ -9,7 +9,17 @@ from pathlib import Path
 
 import click
 
-from bench import fidelity, fleet_cli, migration, overhead, overload, quality, routing, tiers
+from bench import (
+    fidelity,
+    fleet_cli,
+    migration,
+    overhead,
+    overload,
+    planner,
+    quality,
+    routing,
+    tiers,
+)
 from bench.needs import plot_beside, requires, scratch
 from bench.propagation import Options, run
 from bench.sim import run as run_sim
@@ -268,6 +278,25 @@ def tiers_command(
         options = tiers.Options(easy=easy, chats=chats, judge=judge, judge_sample=judge_sample,
                                 out=out, root=root)  # fmt: skip
         asyncio.run(tiers.run(options))
+
+
+@bench.command("planner")
+@click.option("--days", type=click.IntRange(1, 30), default=2, show_default=True)
+@click.option("--day-s", type=click.FloatRange(600, 86_400), default=1440.0, show_default=True,
+              help="a day, compressed: 1440 s is an hour a minute")  # fmt: skip
+@click.option("--start-s", type=click.FloatRange(20, 3600), default=25.0, show_default=True,
+              help="an engine's start time")  # fmt: skip
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def planner_command(
+    days: int, day_s: float, start_s: float, seed: int, out: Path | None, plot: Path | None
+) -> None:
+    """The capacity planner against fixed peak sizing and per-region HPA-style autoscaling,
+    over compressed days of 3 regions on 2 clouds (a model: bench/planner.py says which)."""
+    options = planner.Options(day_s=day_s, days=days, start_s=start_s, seed=seed, out=out,
+                              plot=plot_beside(out, plot))  # fmt: skip
+    planner.run(options)
 
 
 for _command in fleet_cli.COMMANDS:

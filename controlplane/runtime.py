@@ -26,6 +26,7 @@ from controlplane.push.server import start_grpc
 from controlplane.push.service import FleetService
 from controlplane.services.placements import seed_slots
 from controlplane.services.planner.loop import Planner, PlannerConfig
+from controlplane.services.preemptions import Preemptions
 from controlplane.services.quotas.demand import DemandBook
 from controlplane.services.quotas.leaser import Leaser, utc_now
 from controlplane.services.quotas.plan import Timing
@@ -97,6 +98,7 @@ class Replica:
                 if settings.quota_leases
                 else None
             ),
+            preemptions=Preemptions(db, self.feed),
             planner=Planner(
                 db, PlannerConfig.of(settings), self.feed, observe=self.metrics.planner
             ),

@@ -14,6 +14,7 @@ from controlplane.coord.base import Coordinator, logged_and_passed
 from controlplane.db.engine import Database
 from controlplane.services.liveness import Sweeper, rollup
 from controlplane.services.planner.loop import Planner
+from controlplane.services.preemptions import Preemptions
 from controlplane.services.quotas.leaser import Leaser
 from controlplane.services.rollouts.driver import RolloutDriver
 
@@ -38,6 +39,7 @@ class Singletons:
         rollouts: RolloutDriver | None = None,
         leaser: Leaser | None = None,
         planner: Planner | None = None,
+        preemptions: Preemptions | None = None,
     ) -> None:
         self._coord = coordinator
         self._db = db
@@ -50,6 +52,7 @@ class Singletons:
         self._rollouts = rollouts
         self._leaser = leaser
         self._planner = planner
+        self._preemptions = preemptions
         self._task: asyncio.Task[None] | None = None
         self.leading_since: datetime | None = None
 
@@ -71,6 +74,11 @@ class Singletons:
             self._sweeper = Sweeper(self._db, self._down_after)  # absences count from now
         present = set(await self._coord.connected_agents())
         await self._sweeper.sweep(present, now)
+        if self._preemptions is not None:
+            try:
+                await self._preemptions.tick()
+            except Exception:
+                log.exception("taking preempted nodes out of placement failed; will retry")
         if self._rollouts is not None:
             try:
                 await self._rollouts.tick()

@@ -114,11 +114,12 @@ async def fleet_of(
     isolated: dict[str, Netns] | None = None,
     agent_env: dict[str, str] | None = None,
     cp_env: dict[str, str] | None = None,
+    region_env: dict[str, dict[str, str]] | None = None,
 ) -> AsyncIterator[Fleet]:
     """The regions named, each with its agent once its engines are ready. `change` edits the
     fleet document before it is applied; a region in `isolated` runs in its namespace;
-    `agent_env` adds settings to every agent, `cp_env` to the control plane (without the
-    MERIDIAN_ prefix)."""
+    `agent_env` adds settings to every agent, `region_env` to one region's, `cp_env` to the
+    control plane (without the MERIDIAN_ prefix)."""
     isolated = isolated or {}
     ports = {r: free_port() for r in HOSTS}
     addresses = {r: ns.inner_ip for r, ns in isolated.items()}
@@ -147,7 +148,8 @@ async def fleet_of(
             agents[region] = await start_agent(
                 cp.grpc_target, region, data_dir / region, token=token, node=f"{region}-1",
                 operator=OPERATOR, port=ports[region], inside=ns.run() if ns else None,
-                host=ns.inner_ip if ns else "127.0.0.1", env=agent_env,
+                host=ns.inner_ip if ns else "127.0.0.1",
+                env={**(agent_env or {}), **(region_env or {}).get(region, {})},
             )  # fmt: skip
         for region, agent in agents.items():
 

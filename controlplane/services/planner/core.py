@@ -7,8 +7,9 @@ Per deployment with an `autoscale` block (the others keep their fixed replicas):
 - Demand it cannot trust holds it: if its freshest heartbeat is older than `stale_after_s`
   (a partition, an agent gone), nothing changes, and above all nothing shrinks.
 - The forecast is the arrival rate one engine start ahead. It is the larger of two things:
-  the recent level and trend (a least-squares line over the window, the slope held to the
-  window's own range), and the (model, region)'s daily shape at that time of day
+  the recent level and trend (a least-squares line over the last few periods, held to the
+  window's own range, and never below the rate asked now), and the (model, region)'s daily
+  shape at that time of day
   (`DailyShape`, learned from the days seen).
 - Engines needed: the forecast, plus headroom, over what one engine serves within the SLO.
   That is learned from the answers engines gave while the SLO's attainment met its target;
@@ -152,20 +153,27 @@ def forecast(
     return max(trend, seasonal or 0.0)
 
 
+TREND_POINTS = 6  # the slope is the last few periods': a turn in demand shows at once
+
+
 def _trend(rates: Sequence[tuple[float, float]], at: float) -> float:
     if not rates:
         return 0.0
-    if len(rates) == 1:
-        return max(0.0, rates[0][1])
-    n = len(rates)
-    mean_t = sum(t for t, _ in rates) / n
-    mean_r = sum(r for _, r in rates) / n
-    spread = sum((t - mean_t) ** 2 for t, _ in rates)
-    slope = sum((t - mean_t) * (r - mean_r) for t, r in rates) / spread if spread else 0.0
+    last = max(0.0, rates[-1][1])
+    recent = rates[-TREND_POINTS:]
+    if len(recent) == 1:
+        return last
+    n = len(recent)
+    mean_t = sum(t for t, _ in recent) / n
+    mean_r = sum(r for _, r in recent) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in recent)
+    slope = sum((t - mean_t) * (r - mean_r) for t, r in recent) / spread if spread else 0.0
     line = mean_r + slope * (at - mean_t)
-    # the line may run on past what the window saw by at most the window's own range
+    # the line may run on past what the window saw by at most the window's own range; and a
+    # falling one plans no lower than what is asked now (it scales down as demand falls, not
+    # before: the turn of a daily curve comes while its fall is still in the window)
     low, high = min(r for _, r in rates), max(r for _, r in rates)
-    return max(0.0, min(line, high + (high - low)))
+    return max(last, min(line, high + (high - low)))
 
 
 def plan(

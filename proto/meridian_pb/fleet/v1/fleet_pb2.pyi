@@ -402,6 +402,7 @@ class Telemetry(_message.Message):
     QUALITY_HELD_FIELD_NUMBER: _builtins.int
     QUALITY_FIELD_NUMBER: _builtins.int
     TIERS_FIELD_NUMBER: _builtins.int
+    PREEMPTION_FIELD_NUMBER: _builtins.int
     inflight_requests: _builtins.int
     queued_requests: _builtins.int
     prefix_cache_hit_rate: _builtins.float
@@ -450,6 +451,12 @@ class Telemetry(_message.Message):
         cascades; totals since the agent started.
         """
 
+    @_builtins.property
+    def preemption(self) -> Global___PreemptionNotice:
+        """Set once the machine's cloud has given notice that it takes the machine back (spot):
+        its engines drain, and the control plane takes the node out of placement.
+        """
+
     def __init__(
         self,
         *,
@@ -471,14 +478,39 @@ class Telemetry(_message.Message):
         quality_held: _abc.Iterable[Global___QualityEvent] | None = ...,
         quality: _abc.Iterable[Global___ModelQuality] | None = ...,
         tiers: _abc.Iterable[Global___TierCount] | None = ...,
+        preemption: Global___PreemptionNotice | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["itl_ms", b"itl_ms", "observed_at", b"observed_at", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["itl_ms", b"itl_ms", "observed_at", b"observed_at", "preemption", b"preemption", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "quality", b"quality", "quality_events", b"quality_events", "quality_held", b"quality_held", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "tiers", b"tiers", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "preemption", b"preemption", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "quality", b"quality", "quality_events", b"quality_events", "quality_held", b"quality_held", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "tiers", b"tiers", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Telemetry: _TypeAlias = Telemetry  # noqa: Y015
+
+@_typing.final
+class PreemptionNotice(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """aws | gcp | azure | the URL it was read from"""
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreemptionNotice: _TypeAlias = PreemptionNotice  # noqa: Y015
 
 @_typing.final
 class TierCount(_message.Message):

@@ -1,0 +1,56 @@
+"""Nodes whose machine is being taken back (a spot preemption notice in their agent's
+heartbeat) leave placement at once: the leader sets them draining under a new revision, so
+the region's engines are placed on its other nodes, and the capacity planner sizes the pools
+for what is left. The agent has drained its engines already (agents/control/preemption.py):
+this is the fleet's side of it."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import select
+
+from controlplane.db.agent_rows import NodeTelemetryRow
+from controlplane.db.engine import Database
+from controlplane.db.fleet_rows import NodeRow
+from controlplane.domain import NodeState
+from controlplane.services.placements import commit
+from controlplane.services.revisions import RevisionFeed
+from controlplane.services.unit import UnitOfWork
+
+log = logging.getLogger(__name__)
+
+ACTOR = "preemption"
+
+
+class Preemptions:
+    def __init__(self, db: Database, feed: RevisionFeed | None = None) -> None:
+        self.db = db
+        self.feed = feed
+
+    async def tick(self) -> list[str]:
+        """The active nodes with a notice, set draining; their names."""
+        async with self.db.sessions() as session, session.begin():
+            rows = await session.execute(
+                select(NodeRow, NodeTelemetryRow.data["preemption"])
+                .join(NodeTelemetryRow, NodeTelemetryRow.node_id == NodeRow.id)
+                .where(NodeRow.state == NodeState.ACTIVE.value)
+                .where(NodeTelemetryRow.data.has_key("preemption"))
+                .with_for_update(of=NodeRow)
+            )  # fmt: skip
+            uow = UnitOfWork(session, ACTOR)
+            names = []
+            for node, notice in rows.unique().all():
+                deadline = str((notice or {}).get("deadline", ""))
+                source = (notice or {}).get("source", "?")
+                why = f"preemption notice ({source}): taken back at {deadline or 'once'}"
+                uow.record("update", "node", node.name, {"state": node.state},
+                           {"state": NodeState.DRAINING.value, "reason": why})  # fmt: skip
+                node.state = NodeState.DRAINING.value
+                node.version += 1
+                names.append(node.name)
+                log.warning("node %s: %s; it leaves placement", node.name, why)
+            revision = await commit(uow)
+        if self.feed is not None:
+            await self.feed.published(revision)
+        return names
