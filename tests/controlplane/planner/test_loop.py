@@ -5,6 +5,7 @@ nothing but say what they would do; stale heartbeats hold; the budget caps the f
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,16 +46,19 @@ async def fleet(api: Api) -> Api:
     return api
 
 
-async def _heartbeat(api: Api, at: float, ok_total: int, engines: int = 1) -> None:
+async def _heartbeat(
+    api: Api, at: float, ok_total: int, engines: int = 1, node_name: str = "east-1"
+) -> None:
     """What the node's agent would report: its gateway's answers for the model since it
     started, and its engines."""
     data = {
         "answers": [{"model": "llama-8b", "total_by_code": {"ok": str(ok_total)}}],
-        "engines": [{"id": f"llama-east/unified-{i}", "model": "llama-8b", "state": "ready",
-                     "inflight_requests": 1, "ready_after_s": 20.0} for i in range(engines)],
+        "engines": [{"id": f"llama-{node_name}/unified-{i}", "model": "llama-8b",
+                     "state": "ready", "inflight_requests": 1, "ready_after_s": 20.0}
+                    for i in range(engines)],
     }  # fmt: skip
     async with api.db.sessions() as session, session.begin():
-        node = await session.scalar(select(NodeRow.id).where(NodeRow.name == "east-1"))
+        node = await session.scalar(select(NodeRow.id).where(NodeRow.name == node_name))
         when = datetime.fromtimestamp(at, UTC)
         row = await session.get(NodeTelemetryRow, node)
         if row is None:
@@ -63,9 +67,9 @@ async def _heartbeat(api: Api, at: float, ok_total: int, engines: int = 1) -> No
             row.observed_at, row.data = when, data
 
 
-async def _engines(api: Api) -> int:
+async def _engines(api: Api, region: str = "us-east") -> int:
     state = await load_fleet_state(api.db)
-    snapshot = compile_region(state, "us-east")
+    snapshot = compile_region(state, region)
     return sum(len(n.engines) for n in snapshot.nodes)
 
 
@@ -148,3 +152,30 @@ async def test_the_money_budget_is_never_exceeded(fleet: Api) -> None:
     assert held.action == "hold"
     assert held.after is not None
     assert "the budget of 12 an hour" in held.after["reason"]
+
+
+async def test_demand_moving_from_us_east_to_eu_west_moves_the_engines_with_it(api: Api) -> None:
+    west = {"name": "west-1", "region": "eu-west", "hostname": "10.0.1.11",
+            "gpus": [{"index": i, **GPU} for i in range(8)]}  # fmt: skip
+    deployment = {**FLEET["deployments"][0], "name": "llama-west", "region": "eu-west"}
+    doc = {**FLEET, "nodes": [*FLEET["nodes"], west],
+           "deployments": [*FLEET["deployments"], deployment]}  # fmt: skip
+    assert (await api.client.post("/v1/apply", json=doc)).status_code == 200
+    async with api.db.sessions() as session, session.begin():
+        await session.execute(update(NodeRow).values(health="up"))
+    planner = Planner(api.db, CONFIG)
+    t, east_total, west_total = T0, 0, 0
+    seen = []
+    for period in range(20):  # us-east's evening, then eu-west's morning
+        east_rps, west_rps = (7.0, 0.0) if period < 4 else (0.0, 7.0)
+        await _heartbeat(api, t, east_total, await _engines(api), "east-1")
+        await _heartbeat(api, t, west_total, await _engines(api, "eu-west"), "west-1")
+        await planner.run(t + 1)
+        seen.append((await _engines(api), await _engines(api, "eu-west")))
+        t += 10
+        east_total += int(east_rps * 10)
+        west_total += int(west_rps * 10)
+    assert seen[3] == (4, 1)  # us-east carries it
+    assert seen[-1] == (1, 4)  # then eu-west does; us-east down to its minimum
+    downs = [b[0] for a, b in itertools.pairwise(seen) if b[0] < a[0]]
+    assert downs == [2, 1]  # by halves, a cool-down apart
