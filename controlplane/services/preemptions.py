@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from controlplane.db.agent_rows import NodeTelemetryRow
 from controlplane.db.engine import Database
@@ -32,24 +32,30 @@ class Preemptions:
         """The active nodes with a notice, set draining; their names."""
         async with self.db.sessions() as session, session.begin():
             rows = await session.execute(
-                select(NodeRow, NodeTelemetryRow.data["preemption"])
+                select(NodeRow.id, NodeRow.name, NodeRow.state,
+                       NodeTelemetryRow.data["preemption"])
                 .join(NodeTelemetryRow, NodeTelemetryRow.node_id == NodeRow.id)
                 .where(NodeRow.state == NodeState.ACTIVE.value)
                 .where(NodeTelemetryRow.data.has_key("preemption"))
+                .order_by(NodeRow.id)
                 .with_for_update(of=NodeRow)
             )  # fmt: skip
             uow = UnitOfWork(session, ACTOR)
-            names = []
-            for node, notice in rows.unique().all():
+            names, ids = [], []
+            for node_id, name, state, notice in rows.all():
                 deadline = str((notice or {}).get("deadline", ""))
                 source = (notice or {}).get("source", "?")
                 why = f"preemption notice ({source}): taken back at {deadline or 'once'}"
-                uow.record("update", "node", node.name, {"state": node.state},
+                uow.record("update", "node", name, {"state": state},
                            {"state": NodeState.DRAINING.value, "reason": why})  # fmt: skip
-                node.state = NodeState.DRAINING.value
-                node.version += 1
-                names.append(node.name)
-                log.warning("node %s: %s; it leaves placement", node.name, why)
+                names.append(name)
+                ids.append(node_id)
+                log.warning("node %s: %s; it leaves placement", name, why)
+            if ids:
+                await session.execute(
+                    update(NodeRow).where(NodeRow.id.in_(ids))
+                    .values(state=NodeState.DRAINING.value, version=NodeRow.version + 1)
+                )  # fmt: skip
             revision = await commit(uow)
         if self.feed is not None:
             await self.feed.published(revision)

@@ -1,8 +1,8 @@
 """A spot machine taken back (issue 42), on a real fleet: its agent reads the notice where its
 cloud would give it (here a metadata endpoint the test serves, in the shape Meridian reads),
 drains its engines at once while the streams they run finish whole, escalation serves the
-region's new requests meanwhile, and the control plane takes the node out of placement. And
-against PostgreSQL: a notice moves the node's engines to the region's other node."""
+region's new requests meanwhile, and the control plane takes the node out of placement
+(tests/controlplane/test_preemptions.py: the engines go to the region's other node)."""
 
 from __future__ import annotations
 
@@ -10,23 +10,15 @@ import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
 import pytest_asyncio
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
-from sqlalchemy import select, update
 
-from controlplane.db.agent_rows import NodeTelemetryRow
-from controlplane.db.fleet_rows import NodeRow
-from controlplane.services.fleet_state import load_fleet_state
-from controlplane.services.preemptions import Preemptions
 from meridian.procs import free_port
-from tests.kits.controlplane import Api
 from tests.kits.fleet import LLAMA, fleet_of
-from tests.kits.fleet_docs import BASE
 from tests.kits.push import ADMIN, eventually
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell a long story."}]
@@ -115,38 +107,3 @@ async def test_a_notice_drains_the_node_while_its_streams_finish_and_peers_serve
         await client.close()
     assert finished == ["length"] * 3  # whole, on the engine that drained
     assert set(after) == {"us-west"}
-
-
-GPU = {"model": "H100-SXM-80GB", "memory_gb": 80}
-
-
-def _two_nodes() -> dict[str, Any]:
-    return {
-        **BASE,
-        "nodes": [{"name": f"east-{i}", "region": "us-east", "hostname": f"10.0.0.{i + 1}",
-                   "gpus": [{"index": 0, **GPU}]} for i in range(2)],
-        "deployments": [{"name": "llama-east", "model": "llama-8b", "region": "us-east",
-                         "replicas": 1}],
-    }  # fmt: skip
-
-
-async def test_a_notice_moves_the_nodes_engines_to_the_regions_other_node(api: Api) -> None:
-    assert (await api.client.post("/v1/apply", json=_two_nodes())).status_code == 200
-    before = await load_fleet_state(api.db)
-    (slot,) = before.slots.values()
-    assert slot.node == "east-0"
-    async with api.db.sessions() as session, session.begin():
-        node = await session.scalar(select(NodeRow.id).where(NodeRow.name == "east-0"))
-        await session.execute(update(NodeRow).values(health="up"))
-        deadline = (datetime.now(UTC) + timedelta(seconds=120)).isoformat()
-        session.add(NodeTelemetryRow(node_id=node, observed_at=datetime.now(UTC), data={
-            "preemption": {"source": "aws", "deadline": deadline}}))  # fmt: skip
-    assert await Preemptions(api.db).tick() == ["east-0"]
-    assert await Preemptions(api.db).tick() == []  # once
-    after = await load_fleet_state(api.db)
-    (moved,) = after.slots.values()
-    assert moved.node == "east-1"
-    assert str(after.nodes["east-0"].state) == "draining"
-    events = (await api.client.get("/v1/audit-events", params={"kind": "node"})).json()["items"]
-    assert events[0]["principal"] == "preemption"
-    assert "preemption notice (aws)" in events[0]["after"]["reason"]
