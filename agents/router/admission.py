@@ -232,7 +232,9 @@ class Admission:
         slo, since, exclude = route.slo_ttft_s, progress.since, progress.tried
         deadline = since + (slo if slo is not None else DEFAULT_WAIT_S)
         # a model that may have no engine here waits for one when no peer would take it
-        waking = route.wake_wait_s if not fails_over(ask, placement, progress) else None
+        waking = route.wake_wait_s
+        if waking is not None and fails_over(ask, placement, progress):
+            waking = None
         asleep = False  # it has waited for an engine to start
         queued = False
         fair = self.fair

@@ -14,7 +14,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from agents.control.preemption import GCP_AHEAD_S, Notice, PreemptionWatch
-from meridian.procs import free_port
+from tests.kits.http import served
 from tests.kits.push import eventually
 
 WHEN = datetime(2026, 11, 27, 3, 30, tzinfo=UTC)
@@ -62,22 +62,16 @@ class Clouds:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def clouds() -> AsyncIterator[Clouds]:
-    served = Clouds()
+    clouds = Clouds()
     app = web.Application()
-    app.router.add_put("/latest/api/token", served.aws_token)
-    app.router.add_get("/latest/meta-data/spot/instance-action", served.aws)
-    app.router.add_get("/computeMetadata/v1/instance/preempted", served.gcp)
-    app.router.add_get("/metadata/scheduledevents", served.azure)
-    app.router.add_get("/notice", served.own)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    served.base = f"http://127.0.0.1:{port}"
-    try:
-        yield served
-    finally:
-        await runner.cleanup()
+    app.router.add_put("/latest/api/token", clouds.aws_token)
+    app.router.add_get("/latest/meta-data/spot/instance-action", clouds.aws)
+    app.router.add_get("/computeMetadata/v1/instance/preempted", clouds.gcp)
+    app.router.add_get("/metadata/scheduledevents", clouds.azure)
+    app.router.add_get("/notice", clouds.own)
+    async with served(app) as url:
+        clouds.base = url
+        yield clouds
 
 
 @pytest.mark.parametrize(

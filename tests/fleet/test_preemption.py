@@ -17,8 +17,8 @@ import pytest_asyncio
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
-from meridian.procs import free_port
 from tests.kits.fleet import LLAMA, fleet_of
+from tests.kits.http import served
 from tests.kits.push import ADMIN, eventually
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell a long story."}]
@@ -42,18 +42,12 @@ class Metadata:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def metadata() -> AsyncIterator[Metadata]:
-    served = Metadata()
+    metadata = Metadata()
     app = web.Application()
-    app.router.add_get("/spot/notice", served.answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    served.url = f"http://127.0.0.1:{port}/spot/notice"
-    try:
-        yield served
-    finally:
-        await runner.cleanup()
+    app.router.add_get("/spot/notice", metadata.answer)
+    async with served(app) as url:
+        metadata.url = f"{url}/spot/notice"
+        yield metadata
 
 
 async def _stream(client: openai.AsyncOpenAI, started: asyncio.Event) -> str:
