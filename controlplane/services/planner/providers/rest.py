@@ -47,7 +47,13 @@ class Rest:
     def __init__(self, cloud: str, token: Token, http: httpx.AsyncClient | None = None) -> None:
         self.cloud = cloud
         self.token = token
-        self.http = http or httpx.AsyncClient(timeout=TIMEOUT_S)
+        self._http = http  # made at the first call: a fleet without this cloud makes none
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=TIMEOUT_S)
+        return self._http
 
     async def call(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {await self.token(self.http)}"}
