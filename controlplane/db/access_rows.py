@@ -9,7 +9,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from controlplane.db.base import NamedRow
-from controlplane.db.fleet_rows import RegionRow
+from controlplane.db.fleet_rows import NodePoolRow, RegionRow
 
 
 class TenantRow(NamedRow):
@@ -52,5 +52,9 @@ class BootstrapTokenRow(NamedRow):
     region_id: Mapped[int] = mapped_column(ForeignKey("regions.id"), index=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    pool_id: Mapped[int | None] = mapped_column(
+        ForeignKey("node_pools.id", ondelete="SET NULL"), index=True
+    )
 
     region: Mapped[RegionRow] = relationship(lazy="joined")
+    pool: Mapped[NodePoolRow | None] = relationship(lazy="joined")

@@ -69,6 +69,11 @@ class PrincipalSpec(Spec):
 class BootstrapTokenSpec(Spec):
     region: Name
     expires_in_s: int = Field(default=3600, ge=60, le=30 * 86400, description="lifetime")
+    pool: Name | None = Field(
+        default=None,
+        description="the node pool of the region whose machines use it: a node it creates "
+        "joins that pool (so that the capacity planner counts and sizes it)",
+    )
 
 
 class TenantOut(Meta, TenantSpec):
@@ -90,3 +95,4 @@ class PrincipalOut(Meta, PrincipalSpec):
 class BootstrapTokenOut(Meta):
     region: Name
     expires_at: datetime
+    pool: Name | None = None

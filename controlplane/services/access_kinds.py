@@ -7,7 +7,7 @@ from typing import cast
 
 from controlplane.db.access_rows import ApiKeyRow, BootstrapTokenRow, PrincipalRow, TenantRow
 from controlplane.db.base import utcnow
-from controlplane.db.fleet_rows import ModelRow, RegionRow
+from controlplane.db.fleet_rows import ModelRow, NodePoolRow, RegionRow
 from controlplane.domain import Role
 from controlplane.errors import ValidationFailed
 from controlplane.schemas.access import (
@@ -115,12 +115,21 @@ class BootstrapTokenKind(Kind[BootstrapTokenRow]):
     shown_once = "token"
 
     def doc(self, row: BootstrapTokenRow) -> Doc:
-        return {"region": row.region.name, "expires_at": row.expires_at.isoformat()}
+        return {"region": row.region.name, "expires_at": row.expires_at.isoformat(),
+                "pool": row.pool.name if row.pool is not None else None}  # fmt: skip
 
     async def assign(self, uow: UnitOfWork, row: BootstrapTokenRow, spec: Spec) -> None:
         given = cast(BootstrapTokenSpec, spec)
         row.region = await uow.ref(RegionRow, "region", given.region, "region")
         row.expires_at = utcnow() + timedelta(seconds=given.expires_in_s)
+        row.pool = None
+        if given.pool is not None:
+            pool = await uow.ref(NodePoolRow, "node pool", given.pool, "pool")
+            if pool.region.name != given.region:
+                message = (f"node pool {pool.name!r} is in region {pool.region.name!r}, "
+                           f"not {given.region!r}")  # fmt: skip
+                raise ValidationFailed(message, [{"field": "pool", "message": message}])
+            row.pool = pool
 
     def mint(self, row: BootstrapTokenRow) -> Doc:
         secret = new_secret("mb")

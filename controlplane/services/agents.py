@@ -76,7 +76,8 @@ async def register(db: Database, token: str, given: AgentRegistration) -> Regist
                 region=given.region,
             )
         uow = UnitOfWork(session, f"bootstrap-token:{found.name}")
-        node = await _claim_node(uow, region, given)
+        pool = found.pool.name if found.pool is not None else None
+        node = await _claim_node(uow, region, given, pool)
         agent = await session.scalar(select(AgentRow).where(AgentRow.node_id == node.id))
         secret = new_secret("ma")
         if agent is None:
@@ -92,7 +93,11 @@ async def register(db: Database, token: str, given: AgentRegistration) -> Regist
         return Registration(agent.name, secret.value, region.name, node.name, revision)
 
 
-async def _claim_node(uow: UnitOfWork, region: RegionRow, given: AgentRegistration) -> NodeRow:
+async def _claim_node(
+    uow: UnitOfWork, region: RegionRow, given: AgentRegistration, pool: str | None
+) -> NodeRow:
+    """The node it names, else an unclaimed one of its hostname, else a new one (in the
+    token's pool, if it has one)."""
     if given.node is not None:
         node = await uow.find(NodeRow, given.node, lock=True)
         if node is not None:
@@ -102,7 +107,7 @@ async def _claim_node(uow: UnitOfWork, region: RegionRow, given: AgentRegistrati
                     node=node.name,
                 )
             return await _learn_gpus(uow, node, given)
-        return await _create_node(uow, given.node, region, given)
+        return await _create_node(uow, given.node, region, given, pool)
     claimed = select(AgentRow.node_id)
     unclaimed = await uow.session.scalar(
         select(NodeRow)
@@ -118,7 +123,7 @@ async def _claim_node(uow: UnitOfWork, region: RegionRow, given: AgentRegistrati
     if unclaimed is not None:
         return await _learn_gpus(uow, unclaimed, given)
     return await _create_node(
-        uow, await _free_name(uow, region.name, given.hostname), region, given
+        uow, await _free_name(uow, region.name, given.hostname), region, given, pool
     )
 
 
@@ -132,9 +137,9 @@ async def _learn_gpus(uow: UnitOfWork, node: NodeRow, given: AgentRegistration) 
 
 
 async def _create_node(
-    uow: UnitOfWork, name: str, region: RegionRow, given: AgentRegistration
+    uow: UnitOfWork, name: str, region: RegionRow, given: AgentRegistration, pool: str | None
 ) -> NodeRow:
-    spec = NodeSpec(region=region.name, hostname=given.hostname, gpus=given.gpus)
+    spec = NodeSpec(region=region.name, hostname=given.hostname, gpus=given.gpus, pool=pool)
     row, _ = await NODE.create(uow, name, spec)
     return row
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import grpc
+import httpx
 import pytest
 
 from agents.control.fleet import FleetClient, error_code
 from tests.kits.controlplane import Server
-from tests.kits.push import Agent, bootstrap_token, get, registered
+from tests.kits.push import ADMIN, Agent, bootstrap_token, get, registered
 from tests.kits.services import sql
 
 
@@ -119,3 +120,25 @@ async def test_a_stream_must_begin_with_hello(cp: Server) -> None:
     finally:
         stream.close()
         await agent.close()
+
+
+async def test_a_pools_token_puts_the_machine_it_registers_in_its_pool(cp: Server) -> None:
+    """A machine a pool's group starts (its cloud names it, the fleet does not) registers with
+    its pool's token, and its node joins that pool, so the planner counts and sizes it."""
+    async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN) as http:
+        refused = await http.post("/v1/bootstrap-tokens",
+                                  json={"region": "eu-west", "pool": "us-east-h100"})  # fmt: skip
+        assert refused.status_code == 422, refused.text
+        assert "node pool 'us-east-h100' is in region 'us-east', not 'eu-west'" in refused.text
+        made = await http.post("/v1/bootstrap-tokens",
+                               json={"region": "us-east", "pool": "us-east-h100"})  # fmt: skip
+        assert made.status_code == 201, made.text
+        assert made.json()["pool"] == "us-east-h100"
+        client = FleetClient(cp.grpc_target)
+        try:
+            done = await client.register(made.json()["token"], region="us-east",
+                                         hostname="ip-10-0-3-7.ec2.internal")  # fmt: skip
+        finally:
+            await client.close()
+        node = (await http.get(f"/v1/nodes/{done.node}")).json()
+    assert (node["pool"], node["hostname"]) == ("us-east-h100", "ip-10-0-3-7.ec2.internal")
