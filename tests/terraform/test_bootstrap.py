@@ -77,9 +77,9 @@ GCP_SECRET = "projects/meridian-test/secrets/bootstrap-us-west"
 ADMIN_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:meridian/admin-token"
 
 
-# It downloads the locked wheels from PyPI: it runs in the machine's own network namespace,
-# after the parallel part (whose workers' namespaces reach nothing beyond themselves).
-@pytest.mark.alone
+# It downloads the locked wheels from PyPI: it runs in the machine's own network namespace
+# (the parallel workers' namespaces reach nothing beyond themselves), beside them.
+@pytest.mark.network
 async def test_the_operator_path_from_terraform_to_a_serving_node(
     database_url: str, tmp_path: Path
 ) -> None:
