@@ -124,8 +124,8 @@ async def test_engines_follow_demand_up_and_down_and_no_request_fails(
                e["after"]["reason"] for e in events["items"])  # fmt: skip
     assert 'meridian_planner_changes_total{direction="up",taken="true"}' in metrics
     assert 'meridian_planner_changes_total{direction="down",taken="true"}' in metrics
-    (row,) = panel["decisions"]  # the status page's panel
-    assert (row["deployment"], row["engines"]) == ("llama-us-east", 1)
+    (row,) = panel["decisions"]  # the status page's panel: its last period, 2→1 or 1 held
+    assert (row["deployment"], row["target"]) == ("llama-us-east", 1)
     assert row["cost_per_hour"] == 3.9  # one engine of one GPU, at us-east's pool's price
     assert code == 0, shown
     assert "llama-us-east" in shown
