@@ -73,7 +73,7 @@ class PeerTry(Held):
         self.view.inflight -= 1
         # the peer's answer (or its failure) ended a probe already; a try that ended
         # otherwise (cancelled, an exception of ours) ends it without a verdict
-        self.view.breaker.probing = False
+        self.view.breaker.abandoned(self)
 
 
 @dataclass(frozen=True)
@@ -139,9 +139,10 @@ class Escalations:
         view = self.peers.get(region)
         if view is None:  # a snapshot dropped the peer: its try is counted nowhere
             view = PeerView(region)
-        view.breaker.dispatched()
+        held = PeerTry(view)
+        view.breaker.dispatched(held)
         view.inflight += 1
-        return PeerTry(view)
+        return held
 
     def received(self, region: str, reason: str) -> None:
         self.books.escalations["in", region, reason] += 1

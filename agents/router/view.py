@@ -98,7 +98,7 @@ class WorkerView:
         self.sent_since_poll += 1
         self.tokens_since_poll += uncached
         if not probe:  # a canary is no half-open breaker's probe
-            self.breaker.dispatched()
+            self.breaker.dispatched(key)
         self.flew(key, at, answer, uncached, learn=not probe)
 
     def first_byte(self, key: int, at: float, uncached: int, unpolled: bool) -> None:
@@ -129,7 +129,7 @@ class WorkerView:
         ended it, or it was a canary)."""
         self._ended(key, unstarted, unpolled)
         if not probe:
-            self.breaker.probing = False
+            self.breaker.abandoned(key)
 
     def _ended(self, key: int, unstarted: int, unpolled: bool) -> None:
         """A request that ended without an answer: its work is no longer the worker's."""

@@ -238,7 +238,16 @@ async def test_a_peer_cut_off_by_a_partition_is_given_up_and_nothing_hangs(
             cut_at = time.monotonic()
             stop = asyncio.Event()
             cut = asyncio.create_task(_traffic(client, stop, senders=12, max_tokens=32))
-            await asyncio.sleep(8.0)  # what was in flight to it fails (6 s unacknowledged)
+
+            async def given_up() -> bool:  # what was in flight to it failed: its breaker opened
+                peer = (await fleet.status("us-east"))["escalation"]["peers"]["us-west"]
+                return bool(peer["breaker"] != "closed")
+
+            await eventually(given_up, within_s=20)
+            # the tries that were under way as it opened land (on a loaded machine they fail
+            # late, each freeing its sender to try once more while the breaker still counted)
+            await asyncio.sleep(1.0)
+            opened_at = time.monotonic()
             tries_then = await _tries(fleet, "us-east", "us-west")
             await asyncio.sleep(6.0)
             tries_later = await _tries(fleet, "us-east", "us-west")
@@ -248,7 +257,7 @@ async def test_a_peer_cut_off_by_a_partition_is_given_up_and_nothing_hangs(
             status = await fleet.status("us-east")
             ns.heal()
             await client.close()
-    late = [region for at, region in after if at > cut_at + 8.0]
+    late = [region for at, region in after if at > opened_at]
     assert "us-west" in {region for _, region in before}  # it escalated across the pair
     assert set(late) == {"us-east"}  # then it served locally
     # and said no cleanly: 429 or 503 with Retry-After, never a hang or a broken answer

@@ -123,3 +123,17 @@ def test_a_list_chosen_before_another_request_took_the_probe_sends_no_second_one
     escalations.unreachable("far")  # the probe failed: closed again, for longer
     now[0] = 5.0
     assert not escalations.still_usable("far", "m")
+
+
+def test_a_try_sent_before_the_breaker_opened_ending_frees_no_second_probe() -> None:
+    now = [0.0]
+    escalations = _escalations(now)
+    early = escalations.sending("far", "overload")  # sent while it still looked well
+    for _ in range(3):
+        escalations.unreachable("far")
+    now[0] = 2.5
+    assert escalations.still_usable("far", "m")
+    with escalations.sending("far", "overload"):  # the one probe
+        with pytest.raises(RuntimeError), early:  # the early try ends with no verdict
+            raise RuntimeError("a fault of the gateway's")
+        assert not escalations.still_usable("far", "m")  # the probe is still the only one
