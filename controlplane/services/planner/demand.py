@@ -68,7 +68,6 @@ class DemandTracker:
     )
     rates: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
     paces: dict[tuple[str, str], float] = field(default_factory=dict)  # answers/s an engine
-    latest: dict[tuple[str, str], Observed] = field(default_factory=dict)
 
     def observe(
         self,
@@ -115,7 +114,7 @@ class DemandTracker:
                 period.wanting += wanting
                 if last is None or beat.at > last[0]:
                     period.ttft.add(Counts(ttft=ttft))
-        self.latest = {}
+        latest: dict[tuple[str, str], Observed] = {}
         for key in sorted(periods.keys() | self.rates.keys() | targets.keys()):
             model, region = key
             if region not in fresh:
@@ -129,7 +128,7 @@ class DemandTracker:
             target, slots = targets.get(key, (0.95, 256))
             attainment = _attainment(period.ttft, slo_s.get(key))
             self._learn(key, period, attainment, target, slots)
-            self.latest[key] = Observed(
+            latest[key] = Observed(
                 at=fresh[region],
                 rates=tuple(rates),
                 inflight=period.inflight,
@@ -138,7 +137,7 @@ class DemandTracker:
                 served_per_engine=self.paces.get(key),
                 refused_per_s=period.wanting,
             )
-        return self.latest
+        return latest
 
     def _learn(
         self, key: tuple[str, str], period: _Period, attainment: float | None, target: float,
