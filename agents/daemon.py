@@ -100,7 +100,7 @@ class Agent:
             current=lambda: self.snapshot,
             apply=self.apply,
             telemetry=functools.partial(report.telemetry, self),
-            gpus=self.nvml,
+            gpus=self.nvml if self.nvml is not None else gpus.simulated(settings.simulated_gpus),
             quotas=QuotaHooks(self.gateway.quotas.take_leases, self.gateway.quotas.demand.report),
         )
 

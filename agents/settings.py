@@ -69,6 +69,13 @@ class AgentSettings(BaseSettings):
         "while a notice stands, or off; on notice every engine here drains at once",
     )
     preemption_poll_s: float = Field(default=5.0, gt=0, le=60)
+    simulated_gpus: str | None = Field(
+        default=None,
+        pattern=r"^[1-9][0-9]?x[A-Za-z0-9._-]{1,64}:[1-9][0-9]{0,3}$",
+        description="COUNTxMODEL:MEMORY_GB, e.g. 2xH100-SXM-80GB:80: GPUs this machine "
+        "reports at registration where NVML finds none, for simulated engines (the local "
+        "fleet's machines grown by the planner)",
+    )
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
     operator_token: SecretStr | None = Field(
         default=None,

@@ -26,6 +26,7 @@ from controlplane.push.server import start_grpc
 from controlplane.push.service import FleetService
 from controlplane.services.placements import seed_slots
 from controlplane.services.planner.loop import Planner, PlannerConfig
+from controlplane.services.planner.pools import PoolKeeper, providers_for
 from controlplane.services.preemptions import Preemptions
 from controlplane.services.quotas.demand import DemandBook
 from controlplane.services.quotas.leaser import Leaser, utc_now
@@ -100,7 +101,11 @@ class Replica:
             ),
             preemptions=Preemptions(db, self.feed),
             planner=Planner(
-                db, PlannerConfig.of(settings), self.feed, observe=self.metrics.planner
+                db,
+                PlannerConfig.of(settings),
+                self.feed,
+                observe=self.metrics.planner,
+                pools=PoolKeeper(providers_for(settings), cooldown_s=settings.planner_cooldown_s),
             ),
         )
         self.feed.subscribe(self.coordinator.publish_revision)

@@ -111,6 +111,13 @@ class Settings(BaseSettings):
         default=86_400.0, ge=60, le=86_400 * 7,
         description="the period of the daily shape it learns (shorter in the benchmark)",
     )  # fmt: skip
+    local_cloud_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="the local fleet's simulated clouds (`meridian up` sets it): every node "
+        "pool's group is resized through it, whatever its cloud",
+    )
+    local_cloud_token: SecretStr | None = Field(default=None, description="its bearer token")
     trace_endpoint: str | None = Field(
         default=None,
         pattern=r"^https?://",

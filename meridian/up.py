@@ -43,6 +43,7 @@ from meridian.local_agents import (
     print_engines,
     start_agents,
 )
+from meridian.local_cloud import LocalCloud, local_pools
 from meridian.local_fleet import (
     describe,
     first_client,
@@ -166,8 +167,15 @@ async def _run(
             finally:
                 await db.close()
             console.print(f"[green]✓[/] schema at {migrate.head()}")
-            status.update("starting the control plane")
             env = {"MERIDIAN_DATABASE_URL": db_url, "MERIDIAN_ADMIN_TOKEN": token}
+            cloud = await _local_cloud(stack, settings, fleet, api, token)
+            if cloud is not None:
+                env |= {"MERIDIAN_LOCAL_CLOUD_URL": cloud.url,
+                        "MERIDIAN_LOCAL_CLOUD_TOKEN": cloud.token}  # fmt: skip
+                groups = ", ".join(p.name for p in cloud.pools.values())
+                console.print(f"[green]✓[/] local cloud on {cloud.url}: the planner resizes "
+                              f"pools {groups}")  # fmt: skip
+            status.update("starting the control plane")
             cp = await start_control_plane(
                 env, host=settings.host, port=settings.port, grpc_port=settings.grpc_port
             )
@@ -193,6 +201,9 @@ async def _run(
             data_dir=settings.data_dir / "agents",
             log_dir=settings.data_dir / "logs",
         )
+        if cloud is not None:
+            for agent in agents:
+                cloud.adopt(agent.node.name, agent.process)
         console.print(f"[green]✓[/] {len(agents)} agent(s) started; waiting for their engines")
         statuses = await await_engines(console, agents, token, engines_timeout_s)
         print_engines(console, agents, statuses)
@@ -235,6 +246,22 @@ async def _run(
             console.print(f"opened {page} in your browser")
         console.print("Ctrl-C stops everything.")
         await supervise(supervised, settings, env, console, out)
+
+
+async def _local_cloud(
+    stack: AsyncExitStack, settings: Settings, fleet: Path, api: str, token: str
+) -> LocalCloud | None:
+    """The fleet's clouds, played here for its pools that name a group (None: it has none)."""
+    pools, declared = await asyncio.to_thread(local_pools, fleet)
+    if not pools:
+        return None
+    cloud = LocalCloud(
+        pools, declared, data_dir=settings.data_dir, log_dir=settings.data_dir / "logs",
+        api=api, admin_token=token, grpc_target=f"{settings.host}:{settings.grpc_port}",
+    )  # fmt: skip
+    await cloud.start()
+    stack.push_async_callback(cloud.close)
+    return cloud
 
 
 async def supervise(

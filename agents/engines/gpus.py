@@ -46,6 +46,15 @@ def discover() -> list[Gpu] | None:
         pynvml.nvmlShutdown()
 
 
+def simulated(spec: str | None) -> list[Gpu]:
+    """The GPUs `COUNTxMODEL:MEMORY_GB` names (AgentSettings.simulated_gpus); none for None."""
+    if spec is None:
+        return []
+    count, _, rest = spec.partition("x")
+    model, _, memory_gb = rest.rpartition(":")
+    return [Gpu(index, model, int(memory_gb), "declared") for index in range(int(count))]
+
+
 def memory() -> list[GpuMemory]:
     """Used and total memory of each NVML GPU; empty without NVML."""
     try:

@@ -54,6 +54,7 @@ class Singletons:
         self._planner = planner
         self._preemptions = preemptions
         self._task: asyncio.Task[None] | None = None
+        self._planning: asyncio.Task[None] | None = None
         self.leading_since: datetime | None = None
 
     async def tick(self, last_rollup: datetime | None) -> datetime | None:
@@ -66,6 +67,8 @@ class Singletons:
             if self._leaser is not None:
                 self._leaser.resign()
             if self._planner is not None:
+                if self._planning is not None:
+                    self._planning.cancel()  # a plan under way is no longer this replica's
                 self._planner.resign()
             return last_rollup
         if self.leading_since is None:
@@ -89,15 +92,20 @@ class Singletons:
                 await self._leaser.tick(set(present))
             except Exception:
                 log.exception("the quota leases failed; they will be tried again")
-        if self._planner is not None:
-            try:
-                await self._planner.tick()
-            except Exception:
-                log.exception("the capacity planner failed; it will try again next period")
+        if self._planner is not None and (self._planning is None or self._planning.done()):
+            # its own task: a cloud slow to answer holds no lease, sweep or rollout meanwhile
+            self._planning = asyncio.create_task(self._plan(self._planner), name="planner")
         if last_rollup is None or (now - last_rollup).total_seconds() >= self._rollup_every_s:
             await rollup(self._db, now, self._keep)
             return now
         return last_rollup
+
+    @staticmethod
+    async def _plan(planner: Planner) -> None:
+        try:
+            await planner.tick()
+        except Exception:
+            log.exception("the capacity planner failed; it will try again next period")
 
     async def _run(self) -> None:
         last_rollup: datetime | None = None
@@ -110,7 +118,8 @@ class Singletons:
         self._task = asyncio.create_task(self._run(), name="singletons")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._planning):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task

@@ -23,6 +23,20 @@ log = logging.getLogger(__name__)
 ACTOR = "preemption"
 
 
+async def set_states(
+    uow: UnitOfWork, nodes: dict[int, tuple[str, str, str]], to: NodeState
+) -> None:
+    """Nodes (id: name, state now, why) set to a state, each change audited with its reason;
+    committed with the unit of work. The caller has locked their rows."""
+    for name, state, why in nodes.values():
+        uow.record("update", "node", name, {"state": state}, {"state": to.value, "reason": why})
+    if nodes:
+        await uow.session.execute(
+            update(NodeRow).where(NodeRow.id.in_(list(nodes)))
+            .values(state=to.value, version=NodeRow.version + 1)
+        )  # fmt: skip
+
+
 class Preemptions:
     def __init__(self, db: Database, feed: RevisionFeed | None = None) -> None:
         self.db = db
@@ -41,22 +55,16 @@ class Preemptions:
                 .with_for_update(of=NodeRow)
             )  # fmt: skip
             uow = UnitOfWork(session, ACTOR)
-            names, ids = [], []
+            leaving: dict[int, tuple[str, str, str]] = {}
             for node_id, name, state, notice in rows.all():
                 deadline = str((notice or {}).get("deadline", ""))
                 source = (notice or {}).get("source", "?")
                 why = f"preemption notice ({source}): taken back at {deadline or 'once'}"
-                uow.record("update", "node", name, {"state": state},
-                           {"state": NodeState.DRAINING.value, "reason": why})  # fmt: skip
-                names.append(name)
-                ids.append(node_id)
+                leaving[node_id] = (name, state, why)
                 log.warning("node %s: %s; it leaves placement", name, why)
-            if ids:
-                await session.execute(
-                    update(NodeRow).where(NodeRow.id.in_(ids))
-                    .values(state=NodeState.DRAINING.value, version=NodeRow.version + 1)
-                )  # fmt: skip
+            await set_states(uow, leaving, NodeState.DRAINING)
             revision = await commit(uow)
+        names = [name for name, _, _ in leaving.values()]
         if self.feed is not None:
             await self.feed.published(revision)
         return names

@@ -116,6 +116,8 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         assert token in output
         assert f"http://127.0.0.1:{port}" in output
         assert "27 object(s) changed; revision 1" in output
+        # the example's pools name groups: `meridian up` plays their clouds
+        assert "local cloud on http://127.0.0.1:" in output
         for engine in ENGINES:
             assert f"✓ {engine}  ready" in output, output
         async with httpx.AsyncClient(

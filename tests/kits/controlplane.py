@@ -75,14 +75,16 @@ Server = ControlPlane
 
 
 async def start_server(database_url: str, host: str = "127.0.0.1", **env: str) -> Server:
-    """`meridian controlplane serve` as a real child process; MERIDIAN_* settings in `env`."""
+    """`meridian controlplane serve` as a real child process; MERIDIAN_* settings in `env`
+    (`grpc_port` as its flag: the port is known before it starts)."""
+    grpc_port = int(env.pop("grpc_port")) if "grpc_port" in env else None
     settings = {
         "MERIDIAN_DATABASE_URL": database_url,
         "MERIDIAN_ADMIN_TOKEN": ADMIN_TOKEN,
         "MERIDIAN_LOG_LEVEL": "warning",
         **{f"MERIDIAN_{key.upper()}": value for key, value in env.items()},
     }
-    return await start_control_plane(settings, host=host, timeout_s=30)
+    return await start_control_plane(settings, host=host, grpc_port=grpc_port, timeout_s=30)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

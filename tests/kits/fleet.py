@@ -20,7 +20,7 @@ import yaml
 from meridian.procs import free_port, stop_child
 from tests.kits.agents import AgentProc, engines_ready, start_agent
 from tests.kits.controlplane import Server, start_server
-from tests.kits.fleet_docs import EXAMPLE
+from tests.kits.fleet_docs import example
 from tests.kits.netns import Netns
 from tests.kits.push import ADMIN, bootstrap_token, eventually
 
@@ -88,9 +88,9 @@ def fleet_document(
     """The example fleet with llama only (and so no tiered route), gateway URLs at the agents'
     ports; without its rollout policy (the test database's `strategy: immediate` stands)
     unless `change` adds one. acme's quotas are out of reach: the fleet tests drive traffic
-    as fast as they can (tests/fleet/test_quotas.py has tenants of its own)."""
-    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    del doc["rollout_policies"]
+    as fast as they can (tests/fleet/test_quotas.py has tenants of its own). Its pools name
+    no cloud group unless `change` names one."""
+    doc = example()
     acme = next(t for t in doc["tenants"] if t["name"] == "acme")
     acme.update(requests_per_minute=10_000_000, tokens_per_minute=10_000_000_000)
     doc["models"] = [m for m in doc["models"] if m["name"] == LLAMA]

@@ -41,12 +41,16 @@ BASE: dict[str, Any] = {
 }
 
 
-def example(*, rollouts: bool = False) -> dict[str, Any]:
+def example(*, rollouts: bool = False, groups: bool = False) -> dict[str, Any]:
     """examples/fleet.yaml; without its rollout policy unless asked for, so that the test
-    database's `strategy: immediate` stands (see tests/conftest.py)."""
+    database's `strategy: immediate` stands (see tests/conftest.py); without its pools'
+    cloud groups unless asked for, so that no planner asks a real cloud for them."""
     loaded: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     if not rollouts:
         del loaded["rollout_policies"]
+    if not groups:
+        for pool in loaded["node_pools"]:
+            pool.pop("group", None)
     return loaded
 
 

@@ -29,7 +29,7 @@ from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import DeploymentRow, NodeRow, RegionRow
 from controlplane.db.planner_rows import EnginePlanRow, PlannerStateRow
-from controlplane.domain import EngineBackend, PdMode, PlannerMode
+from controlplane.domain import EngineBackend, NodeState, PdMode, PlannerMode
 from controlplane.services.fleet_state import ENGINE_PLAN, read_fleet_state
 from controlplane.services.placements import commit
 from controlplane.services.planner.core import (
@@ -43,6 +43,7 @@ from controlplane.services.planner.core import (
 )
 from controlplane.services.planner.demand import DemandTracker, Heartbeat
 from controlplane.services.planner.pools import PoolKeeper, PoolOutcome
+from controlplane.services.preemptions import set_states
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.unit import UnitOfWork, current_revision
 from controlplane.settings import Settings
@@ -84,6 +85,21 @@ class PlannerConfig:
             day_s=settings.planner_day_s,
             stale_after_s=max(30.0, 3 * settings.node_down_after_s),
         )
+
+
+async def _release(session: AsyncSession, released: dict[str, str]) -> int:
+    """The nodes (name: pool) whose machines the planner let go, set disabled under a new
+    revision: a machine gone leaves no active node for placement to put engines on."""
+    rows = await session.execute(
+        select(NodeRow.id, NodeRow.name, NodeRow.state)
+        .where(NodeRow.name.in_(list(released)), NodeRow.state != NodeState.DISABLED.value)
+        .order_by(NodeRow.id).with_for_update()
+    )  # fmt: skip
+    uow = UnitOfWork(session, ACTOR)
+    nodes = {node_id: (name, state, f"its machine was let go: pool {released[name]} shrank")
+             for node_id, name, state in rows.all()}  # fmt: skip
+    await set_states(uow, nodes, NodeState.DISABLED)
+    return await commit(uow) or await current_revision(session)
 
 
 def key_of(model: str, region: str) -> str:
@@ -180,14 +196,20 @@ class Planner:
                 and self._audited.get(f"pool:{o.decision.pool}") != _said(o)]  # fmt: skip
         if not said:
             return
+        released = {node: o.decision.pool for o in said for node in o.released}
         async with self.db.sessions() as session, session.begin():
-            revision = await current_revision(session)
+            if released:  # their machines are gone: out of placement, and why
+                revision = await _release(session, released)
+            else:
+                revision = await current_revision(session)
             for o in said:
                 self._audited[f"pool:{o.decision.pool}"] = _said(o)
                 session.add(AuditEventRow(
                     revision=revision, principal=ACTOR, action=o.done, kind=KIND,
                     name=o.decision.pool, after=o.as_json() | {"summary": o.decision.describe()},
                 ))  # fmt: skip
+        if released and self.feed is not None:
+            await self.feed.published(revision)
         for o in said:
             log.info("planner: %s (%s%s)", o.decision.describe(), o.done,
                      f": {o.detail}" if o.detail else "")  # fmt: skip

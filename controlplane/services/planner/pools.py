@@ -24,10 +24,24 @@ from typing import Any
 from controlplane.domain import EngineBackend, NodeState, PdMode
 from controlplane.services.planner.core import Pool, PoolDecision, size_pools
 from controlplane.services.planner.providers.base import Group, Provider, ProviderError
+from controlplane.settings import Settings
 from controlplane.snapshot.placement import engines, place
 from controlplane.snapshot.types import FleetState
 
 log = logging.getLogger(__name__)
+
+
+def providers_for(settings: Settings) -> dict[str, Provider]:
+    """Each cloud provider's: the clouds' own, or the local fleet's simulated clouds for
+    every one where `local_cloud_url` is set."""
+    if settings.local_cloud_url is not None:
+        from controlplane.services.planner.providers.local import LocalProvider
+
+        token = settings.local_cloud_token
+        local = LocalProvider(settings.local_cloud_url,
+                              token.get_secret_value() if token is not None else "")  # fmt: skip
+        return dict.fromkeys(("aws", "gcp", "azure"), local)
+    return default_providers()
 
 
 def default_providers() -> dict[str, Provider]:
@@ -43,6 +57,7 @@ class PoolOutcome:
     decision: PoolDecision
     done: str  # grown | shrunk | held | advised | failed | holds
     detail: str = ""
+    released: tuple[str, ...] = ()  # the nodes of the machines let go
 
     def as_json(self) -> dict[str, Any]:
         d = self.decision
@@ -103,13 +118,30 @@ class PoolKeeper:
             idle = idle_machines(state, d.pool, group)[: d.current - d.target]
             if not idle:
                 return PoolOutcome(d, "held", "no machine of it is idle: none is taken")
-            for machine in idle:
-                await provider.remove(spec.group, machine)
-            self.changed_at[d.pool] = now
-            return PoolOutcome(d, "shrunk", f"let go: {', '.join(idle)}")
+            return await self._let_go(d, spec.group, provider, idle, now)
         except ProviderError as error:
             log.warning("pool %s: %s", d.pool, error)
             return PoolOutcome(d, "failed", str(error))
+
+    async def _let_go(self, d: PoolDecision, group: str, provider: Provider,
+                      idle: list[tuple[str, str]], now: float) -> PoolOutcome:  # fmt: skip
+        """One by one; those let go before a refusal stay let go, and are reported."""
+        gone: list[tuple[str, str]] = []
+        refused = ""
+        for machine, node in idle:
+            try:
+                await provider.remove(group, machine)
+            except ProviderError as error:
+                log.warning("pool %s: %s", d.pool, error)
+                refused = str(error)
+                break
+            gone.append((machine, node))
+        if not gone:
+            return PoolOutcome(d, "failed", refused)
+        self.changed_at[d.pool] = now
+        detail = f"let go: {', '.join(m for m, _ in gone)}"
+        detail += f"; then {refused}" if refused else ""
+        return PoolOutcome(d, "shrunk", detail, tuple(n for _, n in gone))
 
 
 def gpus_wanted(state: FleetState, resizable: set[str], regions: set[str]) -> dict[str, int]:
@@ -130,12 +162,13 @@ def gpus_wanted(state: FleetState, resizable: set[str], regions: set[str]) -> di
     return {region: max(0, n) for region, n in wanted.items()}
 
 
-def idle_machines(state: FleetState, pool: str, group: Group) -> list[str]:
-    """The group's running machines whose node (by hostname) is in the pool and runs no
-    engine as the fleet is planned."""
+def idle_machines(state: FleetState, pool: str, group: Group) -> list[tuple[str, str]]:
+    """The group's running machines whose active node (by hostname) is in the pool and runs
+    no engine as the fleet is planned: (machine, node)."""
     region = state.node_pools[pool].region
     plans, _ = place(state, region)
     busy = {p.name for p in plans if p.engines}
-    idle_hosts = {spec.hostname for name, spec in state.nodes.items()
-                  if spec.pool == pool and name not in busy}  # fmt: skip
-    return [m.id for m in group.machines if m.state == "running" and m.hostname in idle_hosts]
+    idle = {spec.hostname: name for name, spec in state.nodes.items() if spec.pool == pool
+            and spec.state is NodeState.ACTIVE and name not in busy}  # fmt: skip
+    return [(m.id, idle[m.hostname]) for m in group.machines
+            if m.state == "running" and m.hostname in idle]  # fmt: skip
