@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 class Books:
     # the gateway's answers
     answered: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, code or "ok")
+    # of those, the answers to requests a peer region escalated here
+    received: Counter[tuple[str, str]] = field(default_factory=Counter)
     rejections: Counter[tuple[str, str]] = field(default_factory=Counter)  # 429/503: model, code
     faults: Counter[str] = field(default_factory=Counter)  # failed by a fault of ours, by model
     # (model, tenant, code): answers per tenant, so that a rollout's checks can leave out the

@@ -47,7 +47,8 @@ class TelemetryWindow:
         books = books if books is not None else Books()
         served, seconds = self._since_last(counters or {})
         escalations = [(d, p, r, n) for (d, p, r), n in sorted(books.escalations.items())]
-        answers = self._answers(dict(books.answered), seconds, books.escalated, latency or {})
+        answers = self._answers(dict(books.answered), seconds, books.escalated, latency or {},
+                                books.received)  # fmt: skip
         now = Timestamp()
         now.GetCurrentTime()
         engines = [
@@ -97,10 +98,14 @@ class TelemetryWindow:
         seconds: float,
         escalated: Mapping[str, int],
         latency: Mapping[str, Mapping[str, Bucketed]],
+        received: Mapping[tuple[str, str], int],
     ) -> list[pb.ModelAnswers]:
         before, self._answered = self._answered, answered
         rates: dict[str, dict[str, float]] = {}
         totals: dict[str, dict[str, int]] = {}
+        from_peers: dict[str, dict[str, int]] = {}
+        for (model, code), count in received.items():
+            from_peers.setdefault(model, {})[code] = count
         for (model, code), count in answered.items():
             totals.setdefault(model, {})[code] = count
             new = count - before.get((model, code), 0)
@@ -118,6 +123,7 @@ class TelemetryWindow:
                     escalated_total=escalated.get(model, 0),
                     ttft=_histogram(histograms.get("ttft", [])),
                     itl=_histogram(histograms.get("itl", [])),
+                    received_by_code=from_peers.get(model, {}),
                 )
             )
         return out

@@ -45,6 +45,8 @@ class Accounts:
         if settled.crowded and code in CROWDED_OUT:
             code = "crowded"  # refused for another tenant's load, not the region's own
         books.answered[settled.model, code] += 1
+        if settled.came_from:
+            books.received[settled.model, code] += 1
         now = self.clock()
         if settled.tenant:
             routes = config.routes if config is not None else {}

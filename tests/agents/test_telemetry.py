@@ -7,7 +7,10 @@ from __future__ import annotations
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.books import Books
-from agents.telemetry import TENANTS_TOLD, add_tenant_answers
+from agents.gateway.receipts import Receipts
+from agents.gateway.settle import Accounts
+from agents.metrics import RequestMetrics, Settled
+from agents.telemetry import TENANTS_TOLD, TelemetryWindow, add_tenant_answers
 
 
 def test_the_tenants_with_the_most_answers_not_ok_are_told_per_model() -> None:
@@ -36,3 +39,17 @@ def test_the_tenants_with_the_most_answers_not_ok_are_told_per_model() -> None:
     assert "beta" not in told
     assert "t0" not in told  # the fewest
     assert [(t.tenant, dict(t.by_code)) for t in qwen.tenants] == [("acme", {"internal_error": 2})]
+
+
+def test_answers_to_requests_a_peer_escalated_here_are_told_apart() -> None:
+    """A peer region's clients' demand: the capacity planner plans it where it was asked."""
+    books = Books()
+    accounts = Accounts(books, RequestMetrics(lambda: "us-east"), Receipts(), lambda: 1.0,
+                        lambda: None)  # fmt: skip
+    for came_from, code in (("", None), ("", None), ("us-west", None), ("us-west", "queue_full")):
+        settled = Settled("llama", "acme", came_from=came_from)
+        accounts.settle("/v1/chat/completions", "r", 429 if code else 200, settled, code, 0.5,
+                        None)  # fmt: skip
+    (llama,) = TelemetryWindow().report([], [], [], books=books).answers
+    assert dict(llama.total_by_code) == {"ok": 3, "queue_full": 1}
+    assert dict(llama.received_by_code) == {"ok": 1, "queue_full": 1}

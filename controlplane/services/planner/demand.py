@@ -7,9 +7,12 @@ The counters in a heartbeat are totals since its gateway started, so a period's 
 the difference from the node's heartbeat the period before (all of it after a restart, as the
 rollouts read them: rollouts/counts.py). A node seen for the first time gives no rate yet.
 
-Demand is what a region's gateways were asked for a model: answers served (by any engine,
-a peer's too: escalated work still wants local engines), refusals for want of capacity and
-server errors; not what a tenant's own limits refused, nor malformed requests.
+Demand is what a region's clients asked of its gateways for a model: answers served (by any
+engine, a peer's too: escalated work still wants local engines), refusals for want of
+capacity and server errors; not what a tenant's own limits refused, nor malformed requests,
+nor what peer regions escalated here (`received_by_code`: their clients' demand, counted
+where it was asked, so that no request is planned for twice). The engines' pace counts every
+answer they gave, a peer's requests too.
 """
 
 from __future__ import annotations
@@ -50,8 +53,14 @@ class _Period:
 
 
 def asked(counts: Counts) -> int:
-    """Requests that wanted an engine: served, refused for want of one, or failed on one."""
-    return sum(n for code, n in counts.codes.items()
+    """Requests this region's clients asked of it that wanted an engine: served, refused for
+    want of one, or failed on one; not those a peer region escalated here (its clients'
+    demand, counted where they asked)."""
+    return _wanted(counts.codes) - _wanted(counts.received)
+
+
+def _wanted(codes: Mapping[str, int]) -> int:
+    return sum(n for code, n in codes.items()
                if code == "ok" or code in WANTING or code.startswith("http_5")
                or code in ("internal_error", "upstream_failed"))  # fmt: skip
 
@@ -166,7 +175,8 @@ def _node_rates(
 ) -> dict[str, tuple[float, float, float, dict[float, int]]]:
     return {
         model: (asked(c) / elapsed, c.codes.get("ok", 0) / elapsed,
-                sum(c.codes.get(code, 0) for code in WANTING) / elapsed, c.ttft)
+                sum(c.codes.get(code, 0) - c.received.get(code, 0) for code in WANTING)
+                / elapsed, c.ttft)
         for model, c in counts.items()
     }  # fmt: skip
 

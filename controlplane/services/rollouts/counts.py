@@ -31,6 +31,8 @@ class Counts:
     # streamed answers timed by the load they met: band: {"ttft_timed": n, "ttft_slow": n,
     # "itl_timed": n, "itl_slow": n} (agents/metrics.py: load_band)
     bands: dict[int, dict[str, int]] = field(default_factory=dict)
+    # of `codes`, the answers to requests a peer region escalated here
+    received: dict[str, int] = field(default_factory=dict)
 
     @property
     def answers(self) -> int:
@@ -50,6 +52,7 @@ class Counts:
             self.tenants[tenant] = _plus(self.tenants.get(tenant, {}), codes)
         for band, counts in other.bands.items():
             self.bands[band] = _plus(self.bands.get(band, {}), counts)
+        self.received = _plus(self.received, other.received)
 
     def without(self, tenant: str) -> Counts:
         """These counts with one tenant's answers left out."""
@@ -59,7 +62,7 @@ class Counts:
         codes["ok"] = max(0, codes.get("ok", 0) - max(0, sum(codes.values()) - left))
         others = {t: c for t, c in self.tenants.items() if t != tenant}
         return Counts(codes, self.escalated, self.ttft, self.itl, others,
-                      _plus(self.left_out, theirs), self.bands)  # fmt: skip
+                      _plus(self.left_out, theirs), self.bands, self.received)  # fmt: skip
 
     def tenants_count(self, code: str) -> int:
         """A code's count over the tenants reported (and not left out)."""
@@ -72,6 +75,7 @@ class Counts:
             or _went_back(self.codes, then.codes)
             or _went_back(self.ttft, then.ttft)
             or _went_back(self.itl, then.itl)
+            or _went_back(self.received, then.received)
         )
         if went_back:
             return self
@@ -86,6 +90,7 @@ class Counts:
             _plus(self.itl, then.itl, -1),
             {t: c for t, c in tenants.items() if c},
             bands={b: c for b, c in bands.items() if c},
+            received={c: n for c, n in _plus(self.received, then.received, -1).items() if n},
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -97,6 +102,7 @@ class Counts:
             "itl": [[str(le), n] for le, n in sorted(self.itl.items())],
             "tenants": self.tenants,
             "bands": {str(b): c for b, c in self.bands.items()},
+            "received": self.received,
         }
 
     @classmethod
@@ -110,6 +116,7 @@ class Counts:
              for t, codes in (doc.get("tenants") or {}).items()},
             bands={int(b): {k: int(n) for k, n in c.items()}
                    for b, c in (doc.get("bands") or {}).items()},
+            received={k: int(v) for k, v in (doc.get("received") or {}).items()},
         )  # fmt: skip
 
 
@@ -149,6 +156,7 @@ class Reading:
             models[answers["model"]] = Counts(
                 {k: int(v) for k, v in (answers.get("total_by_code") or {}).items()},
                 int(answers.get("escalated_total") or 0), ttft, itl, tenants, bands=bands,
+                received={k: int(v) for k, v in (answers.get("received_by_code") or {}).items()},
             )  # fmt: skip
         engines = list(doc.get("engines", []))
         return cls(models, {e["id"]: int(e.get("restarts") or 0) for e in engines}, engines)

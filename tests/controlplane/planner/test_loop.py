@@ -47,12 +47,15 @@ async def fleet(api: Api) -> Api:
 
 
 async def _heartbeat(
-    api: Api, at: float, ok_total: int, engines: int = 1, node_name: str = "east-1"
-) -> None:
+    api: Api, at: float, ok_total: int, engines: int = 1, node_name: str = "east-1",
+    received_total: int = 0,
+) -> None:  # fmt: skip
     """What the node's agent would report: its gateway's answers for the model since it
-    started, and its engines."""
+    started (of which `received_total` to requests a peer region escalated here), and its
+    engines."""
     data = {
-        "answers": [{"model": "llama-8b", "total_by_code": {"ok": str(ok_total)}}],
+        "answers": [{"model": "llama-8b", "total_by_code": {"ok": str(ok_total)},
+                     "received_by_code": {"ok": str(received_total)}}],
         "engines": [{"id": f"llama-{node_name}/unified-{i}", "model": "llama-8b",
                      "state": "ready", "inflight_requests": 1, "ready_after_s": 20.0}
                     for i in range(engines)],
@@ -83,16 +86,20 @@ class Node:
     """One node's agent, heartbeating: its gateway's totals grow by what it is asked."""
 
     def __init__(self, api: Api) -> None:
-        self.api, self.t, self.total = api, T0, 0
+        self.api, self.t, self.total, self.received = api, T0, 0, 0
 
-    async def demand(self, planner: Planner, rps: float, periods: int) -> None:
-        """`rps` answered a second for some periods, the planner running after each
-        heartbeat."""
+    async def demand(
+        self, planner: Planner, rps: float, periods: int, from_peers: bool = False
+    ) -> None:
+        """`rps` answered a second for some periods (`from_peers`: all of it to requests
+        escalated here by a peer region), the planner running after each heartbeat."""
         for _ in range(periods):
-            await _heartbeat(self.api, self.t, self.total, await _engines(self.api))
+            await _heartbeat(self.api, self.t, self.total, await _engines(self.api),
+                             received_total=self.received)  # fmt: skip
             await planner.run(self.t + 1)
             self.t += 10
             self.total += int(rps * 10)
+            self.received += int(rps * 10) if from_peers else 0
 
 
 async def test_demand_rising_grows_the_engines_under_a_revision_that_says_why(fleet: Api) -> None:
@@ -110,6 +117,16 @@ async def test_demand_rising_grows_the_engines_under_a_revision_that_says_why(fl
     assert "us-east llama-8b 1→4: forecast 7.0 rps in 20 s" in grew.after["reason"]
     shown = (await fleet.client.get("/v1/deployments/llama-east")).json()
     assert shown["replicas"] == 1  # the declared intent is the operator's; the plan is apart
+
+
+async def test_work_a_peer_region_escalated_here_is_planned_where_it_was_asked_not_here(
+    fleet: Api,
+) -> None:
+    planner = Planner(fleet.db, CONFIG)
+    await Node(fleet).demand(planner, rps=7.0, periods=3, from_peers=True)
+    assert await _engines(fleet) == 1  # its own clients asked nothing: its minimum
+    (decision,) = (await fleet.client.get("/v1/planner")).json()["decisions"]
+    assert decision["forecast_rps"] == 0.0, decision
 
 
 async def test_advise_mode_and_a_pause_change_nothing_but_say_what_they_would_do(

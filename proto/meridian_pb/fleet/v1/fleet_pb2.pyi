@@ -726,6 +726,26 @@ class ModelAnswers(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ReceivedByCodeEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     MODEL_FIELD_NUMBER: _builtins.int
     PER_SECOND_FIELD_NUMBER: _builtins.int
     PER_SECOND_BY_CODE_FIELD_NUMBER: _builtins.int
@@ -736,6 +756,7 @@ class ModelAnswers(_message.Message):
     TENANTS_FIELD_NUMBER: _builtins.int
     BANDS_FIELD_NUMBER: _builtins.int
     WAITING_FIELD_NUMBER: _builtins.int
+    RECEIVED_BY_CODE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     per_second: _builtins.float
     """Answers a second, whatever their status."""
@@ -775,6 +796,13 @@ class ModelAnswers(_message.Message):
         compares latencies at like load): not those that waited on another tenant's load.
         """
 
+    @_builtins.property
+    def received_by_code(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Of total_by_code, the answers to requests a peer region escalated here, by code, since
+        the gateway started: the demand of the peer's clients, which the capacity planner counts
+        where it was asked, not here.
+        """
+
     def __init__(
         self,
         *,
@@ -788,10 +816,11 @@ class ModelAnswers(_message.Message):
         tenants: _abc.Iterable[Global___TenantAnswers] | None = ...,
         bands: _abc.Iterable[Global___LoadBand] | None = ...,
         waiting: _builtins.int = ...,
+        received_by_code: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl", b"itl", "ttft", b"ttft"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bands", b"bands", "escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "tenants", b"tenants", "total_by_code", b"total_by_code", "ttft", b"ttft", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bands", b"bands", "escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "received_by_code", b"received_by_code", "tenants", b"tenants", "total_by_code", b"total_by_code", "ttft", b"ttft", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
