@@ -287,15 +287,18 @@ def tiers_command(
 @click.option("--start-s", type=click.FloatRange(20, 3600), default=25.0, show_default=True,
               help="an engine's start time")  # fmt: skip
 @click.option("--seed", type=int, default=7, show_default=True)
+@click.option("--local-share", type=click.FloatRange(0, 1), default=0.55, show_default=True,
+              help="the planner's autoscale.local_share (1: none planned elsewhere)")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def planner_command(
-    days: int, day_s: float, start_s: float, seed: int, out: Path | None, plot: Path | None
-) -> None:
+    days: int, day_s: float, start_s: float, seed: int, local_share: float, out: Path | None,
+    plot: Path | None,
+) -> None:  # fmt: skip
     """The capacity planner against fixed peak sizing and per-region HPA-style autoscaling,
     over compressed days of 3 regions on 2 clouds (a model: bench/planner.py says which)."""
     options = planner.Options(day_s=day_s, days=days, start_s=start_s, seed=seed, out=out,
-                              plot=plot_beside(out, plot))  # fmt: skip
+                              plot=plot_beside(out, plot), local_share=local_share)  # fmt: skip
     planner.run(options)
 
 

@@ -16,10 +16,14 @@ The model:
   ready, and costs its pool's price a GPU-hour (one GPU) from launch until it stops;
 - a request is served within the SLO where its region, or (Meridian only: escalation) a
   peer its residency allows with room to spare, has capacity; otherwise it fails. The US
-  regions may serve each other; eu-west's tenants stay in the EU;
+  regions may serve each other; eu-west's tenants stay in the EU. Meridian's deployments
+  have `local_share` (0.55): of a region's demand beyond it, what a cheaper peer can take is
+  planned there;
 - a minute meets the SLO in a region when at least 99% of its requests were served;
-- us-west's pool is spot: preemptions take half its engines, two with notice (drained
-  first, replaced at once) and two without (their requests in flight fail);
+- us-west's pool is spot: preemptions take half its engines, two with a notice (`notice_s`:
+  they drain, serving until then, and are replaced at once; the notice makes Meridian's
+  planner plan at once, as the leader does) and two without (their requests in flight
+  fail);
 - the baselines are independent per region and have no escalation: fixed engines sized for
   the peak with 20% headroom; the HPA's rule every 15 s, desired = ceil(engines x
   utilisation / 0.7), with the same scale-down window as the planner's cool-down.
@@ -75,6 +79,8 @@ class Options:
     engine_rps: float = 5.0
     period_s: float = 30.0  # the planner's
     cooldown_s: float = 120.0  # the planner's, and the HPA's scale-down window
+    local_share: float = 0.55  # the planner's `autoscale.local_share`
+    notice_s: float = 30.0  # a spot preemption's notice (GCP's; AWS gives about 2 min)
     seed: int = 7
     out: Path | None = None
     plot: Path | None = None
@@ -88,15 +94,23 @@ def demand(region: Region, t: float, day_s: float, rng: random.Random) -> float:
 
 @dataclass
 class Engines:
-    """A region's engines: when each becomes ready (launch + start time)."""
+    """A region's engines: when each becomes ready (launch + start time); and those under a
+    preemption notice, which serve (and cost) until their machine is taken."""
 
     ready_at: list[float] = field(default_factory=list)
+    leaving: list[float] = field(default_factory=list)  # until when each serves
 
     def ready(self, t: float) -> int:
         return sum(1 for r in self.ready_at if r <= t)
 
+    def serving(self, t: float) -> int:
+        return self.ready(t) + sum(1 for u in self.leaving if u > t)
+
     def count(self) -> int:
         return len(self.ready_at)
+
+    def billed(self, t: float) -> int:
+        return self.count() + sum(1 for u in self.leaving if u > t)
 
     def resize(self, target: int, t: float, start_s: float) -> None:
         while len(self.ready_at) < target:
@@ -105,13 +119,15 @@ class Engines:
             self.ready_at.sort()
             del self.ready_at[target:]
 
-    def lose(self, n: int, t: float, start_s: float, replace: bool) -> None:
-        """`n` ready engines taken back; replacements launched at once when `replace`."""
+    def lose(self, n: int, t: float, start_s: float, notice_s: float) -> None:
+        """`n` ready engines taken back, `notice_s` from now (they drain meanwhile: no new
+        work counts on them); replacements launched at once."""
         ready = sorted(r for r in self.ready_at if r <= t)[:n]
         for r in ready:
             self.ready_at.remove(r)
-            if replace:
-                self.ready_at.append(t + start_s)
+            self.ready_at.append(t + start_s)
+            if notice_s > 0:
+                self.leaving.append(t + notice_s)
 
 
 @dataclass
@@ -163,20 +179,22 @@ def simulate(policy: str, options: Options, events: list[tuple[float, bool]]) ->
     t = 0.0
     while t < total:
         asked = {r.name: demand(r, t, options.day_s, rng) for r in REGIONS}
+        preempted = False
         while pending and pending[0][0] <= t:
             _, notice = pending.pop(0)
             west = engines["us-west"]
             lost = west.ready(t) // 2
             if not notice:  # taken at once: what its engines ran fails (a second's worth)
                 tally.failed_preempted += lost * options.engine_rps * 0.8
-            west.lose(lost, t, options.start_s, replace=True)
+            west.lose(lost, t, options.start_s, options.notice_s if notice else 0.0)
+            preempted = True
         served = serve(asked, engines, t, options, escalate=policy == "meridian", tally=tally)
         for r in REGIONS:
             minute[r.name][0] += asked[r.name]
             minute[r.name][1] += served[r.name]
-            tally.cost += engines[r.name].count() * r.price / 3600
+            tally.cost += engines[r.name].billed(t) * r.price / 3600
         if policy != "fixed":
-            step.tick(t, engines, asked, served, tally)
+            step.tick(t, engines, asked, served, tally, now=preempted)
         t += 1.0
         if int(t) % 60 == 0:
             point: dict[str, Any] = {"t": t}
@@ -197,7 +215,7 @@ def serve(
     escalate: bool, tally: Tally,
 ) -> dict[str, float]:  # fmt: skip
     """What each region's requests got served this second, locally, then by a peer."""
-    room = {r.name: engines[r.name].ready(t) * options.engine_rps for r in REGIONS}
+    room = {r.name: engines[r.name].serving(t) * options.engine_rps for r in REGIONS}
     served = {}
     for r in REGIONS:
         local = min(asked[r.name], room[r.name])
@@ -225,7 +243,7 @@ class Hpa:
         self.recent: dict[str, list[tuple[float, int]]] = {r.name: [] for r in REGIONS}
 
     def tick(self, t: float, engines: dict[str, Engines], asked: dict[str, float],
-             served: dict[str, float], tally: Tally) -> None:  # fmt: skip
+             served: dict[str, float], tally: Tally, now: bool = False) -> None:  # fmt: skip
         if int(t) % 15:
             return
         o = self.options
@@ -254,7 +272,8 @@ class Planner:
         self.changed: dict[str, float] = {}
 
     def tick(self, t: float, engines: dict[str, Engines], asked: dict[str, float],
-             served: dict[str, float], tally: Tally) -> None:  # fmt: skip
+             served: dict[str, float], tally: Tally, now: bool = False) -> None:  # fmt: skip
+        """Every period; `now`, at once as well (a preemption notice pokes the leader)."""
         o = self.options
         for r in REGIONS:
             sums = self.sums[r.name]
@@ -263,7 +282,7 @@ class Planner:
                 sums[1] + served[r.name],
                 sums[2] + 1,
             )
-        if int(t) % int(o.period_s):
+        if int(t) % int(o.period_s) and not now:
             return
         observed, deployments = {}, []
         for r in REGIONS:
@@ -275,11 +294,12 @@ class Planner:
             observed[key] = Observed(
                 at=t, rates=tuple(self.rates[r.name]), inflight=round(rate),
                 attainment=(s / a) if a > 0 else None, served_per_engine=o.engine_rps,
-                refused_per_s=max(0.0, a - s) / max(1.0, n),
+                refused_per_s=max(0.0, a - s) / max(1.0, n), ready=engines[r.name].ready(t),
             )  # fmt: skip
             deployments.append(Deployment(
-                MODEL, r.name, engines[r.name].count(), Limits(1, 40, 0.95, 0.2, False),
-                1, r.price, o.start_s, 256, self.changed.get(r.name),
+                MODEL, r.name, engines[r.name].count(),
+                Limits(1, 40, 0.95, 0.2, False, o.local_share), 1, r.price, o.start_s, 256,
+                self.changed.get(r.name), r.peers,
             ))  # fmt: skip
             self.sums[r.name] = [0.0, 0.0, 0.0]
         guards = Guards(now=t, cooldown_s=o.cooldown_s, engine_rps_prior=o.engine_rps)

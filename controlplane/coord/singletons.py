@@ -79,7 +79,8 @@ class Singletons:
         await self._sweeper.sweep(present, now)
         if self._preemptions is not None:
             try:
-                await self._preemptions.tick()
+                if await self._preemptions.tick() and self._planner is not None:
+                    self._planner.soon()
             except Exception:
                 log.exception("taking preempted nodes out of placement failed; will retry")
         if self._rollouts is not None:

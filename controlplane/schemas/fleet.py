@@ -143,6 +143,16 @@ class AutoscaleSpec(Spec):
         description="with scale_to_zero: how long a request no peer region takes waits here "
         "for an engine to start, before it is answered 503 with Retry-After",
     )
+    local_share: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="the share of its demand its own engines are planned for at least; the "
+        "rest may be planned in a peer region whose GPUs cost a tenth less or more, which "
+        "serves it by escalation (a fallback rule with the overload trigger, for its model "
+        "and every tier, within its jurisdiction). 1: none leaves by plan (each answer "
+        "served elsewhere pays the round trip between regions)",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

@@ -44,6 +44,7 @@ class Limits:
     target: float = 0.95  # the share of timed answers within the TTFT SLO to keep
     headroom: float = 0.2  # over the forecast
     scale_to_zero: bool = False
+    local_share: float = 1.0  # of its demand, served by its own engines at least
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class Deployment:
     start_s: float  # how long its engines took to become ready, lately
     max_running: int  # requests an engine runs at once
     last_change_at: float | None = None
+    # regions that may serve its demand when it is overloaded (a fallback rule for its model
+    # and every tier, within its jurisdiction), in order of preference
+    peers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Observed:
     attainment: float | None = None  # share of timed answers within the SLO, last period
     served_per_engine: float | None = None  # answers a second an engine gave within the SLO
     refused_per_s: float = 0.0  # refused for want of capacity (queue full, no engine)
+    ready: int | None = None  # engines ready now (None: not told)
 
 
 @dataclass(frozen=True)
@@ -184,27 +189,36 @@ def plan(
 ) -> list[Decision]:
     """A decision for every deployment given, in (region, model) order; `observed` and
     `shapes` by (model, region)."""
-    wanted = [
-        _wanted(d, observed.get((d.model, d.region)), shapes.get((d.model, d.region)), guards)
-        for d in deployments
-    ]
+    deployments = list(deployments)
+    needs = {(d.model, d.region): _need(d, observed.get((d.model, d.region)),
+                                        shapes.get((d.model, d.region)), guards)
+             for d in deployments}  # fmt: skip
+    _spill(deployments, needs, guards.now)
+    wanted = [_decide(d, needs[(d.model, d.region)], guards) for d in deployments]
     decided = _within_fleet_limits(wanted, {(d.model, d.region): d for d in deployments}, guards)
     return sorted(decided, key=lambda d: (d.region, d.model))
 
 
-def _wanted(
-    d: Deployment, seen: Observed | None, shape: DailyShape | None, guards: Guards
-) -> Decision:
+@dataclass
+class _Need:
+    """What a deployment's demand asks of it, before its bounds and guard rails; None
+    engines: it holds (no demand it can trust)."""
+
+    engines: int | None
+    why: str
+    expected: float = 0.0
+    per_engine: float = 1.0
+    keep: int = 0  # what it must run itself whatever cheaper peers have: in-flight work
+    ready: int | None = None  # engines ready now, as its heartbeats say
+    released: int = 0  # given up to cheaper peers that run them already
+
+
+def _need(d: Deployment, seen: Observed | None, shape: DailyShape | None, guards: Guards) -> _Need:
     limits, now = d.limits, guards.now
     per_engine = (seen.served_per_engine if seen else None) or guards.engine_rps_prior
-
-    def holds(reason: str, expected: float = 0.0) -> Decision:
-        return Decision(d.model, d.region, d.engines, d.engines, True, reason, expected,
-                        per_engine)  # fmt: skip
-
     if seen is None or now - seen.at > guards.stale_after_s:
-        age = "no heartbeat" if seen is None else f"the last heartbeat is {now - seen.at:.0f} s old"
-        return holds(f"no fresh demand ({age})")
+        age = "no rate yet" if seen is None else f"the last heartbeat is {now - seen.at:.0f} s old"
+        return _Need(None, f"no fresh demand ({age})", per_engine=per_engine)
     expected = forecast(seen.rates, now + d.start_s, shape)
     need = math.ceil(round(expected * (1 + limits.headroom) / per_engine, 6))
     why = (f"forecast {expected:.1f} rps in {d.start_s:.0f} s (start time), "
@@ -212,21 +226,87 @@ def _wanted(
     flight = math.ceil(seen.inflight / max(1, d.max_running))
     if flight > need:
         need, why = flight, f"{seen.inflight} requests in flight need {flight}"
+    keep = flight
     missed = seen.attainment is not None and seen.attainment < limits.target
     if missed and seen.queued > 0 and need <= d.engines:
-        need = d.engines + 1
+        need = keep = d.engines + 1
         why = (f"SLO attainment {seen.attainment:.0%} under its target {limits.target:.0%} "
                f"with {seen.queued} waiting")  # fmt: skip
     if seen.refused_per_s > 0 and need < 1:
-        need, why = 1, f"{seen.refused_per_s:.1f} rps refused: never zero while refusing"
+        need, keep = 1, 1
+        why = f"{seen.refused_per_s:.1f} rps refused: never zero while refusing"
+    return _Need(need, why, expected, per_engine, keep, seen.ready)
+
+
+CHEAPER = 0.9  # a peer whose GPUs cost at most this share of a region's is cheaper
+
+
+def _spill(
+    deployments: Sequence[Deployment], needs: dict[tuple[str, str], _Need], now: float
+) -> None:
+    """Bulk capacity where GPUs are cheaper: of a deployment's demand beyond its
+    `local_share`, what cheaper peers of the same model can take within their maximum is
+    planned there instead (they serve it by escalation, on overload, as its fallback rules
+    say). Never what its in-flight work needs, nor for or onto one that holds.
+
+    Make before break: the peer grows at once, but the region gives up only engines that the
+    peer already runs ready beyond its own need, and has had a start time to start; the rest
+    it keeps until they stand there. A peer that loses engines (a preemption) so covers less
+    at once, and the region grows back while the peer replaces them."""
+    by_key = {(d.model, d.region): d for d in deployments}
+    own = {key: need.engines for key, need in needs.items()}  # before any spill
+    for d in sorted(deployments, key=lambda d: (-d.price_per_gpu_hour, d.region, d.model)):
+        need = needs[(d.model, d.region)]
+        if need.engines is None or d.limits.local_share >= 1 or not d.peers:
+            continue
+        keep = max(need.keep, math.ceil(round(need.engines * d.limits.local_share, 6)))
+        spare = need.engines - keep
+        cheaper = sorted((by_key[(d.model, p)] for p in d.peers if (d.model, p) in by_key
+                          and by_key[(d.model, p)].price_per_gpu_hour
+                          <= CHEAPER * d.price_per_gpu_hour),
+                         key=lambda p: (p.price_per_gpu_hour, d.peers.index(p.region)))  # fmt: skip
+        for peer in cheaper:
+            there, its_own = needs[(peer.model, peer.region)], own[(peer.model, peer.region)]
+            if spare <= 0 or there.engines is None or its_own is None:
+                continue
+            rps = spare * need.per_engine
+            moved = min(peer.limits.max_engines - there.engines,
+                        math.ceil(round(rps / there.per_engine, 6)))  # fmt: skip
+            if moved <= 0:
+                continue
+            saving = 1 - peer.price_per_gpu_hour / d.price_per_gpu_hour
+            there.engines += moved
+            there.why += f"; +{moved} for {d.region}'s demand, {saving:.0%} cheaper here"
+            settled = peer.last_change_at is None or now - peer.last_change_at >= peer.start_s
+            running = peer.engines if there.ready is None else min(peer.engines, there.ready)
+            standing = max(0, running - its_own) if settled else 0
+            covered = min(moved, standing) * there.per_engine / need.per_engine
+            mine = min(spare, math.floor(round(covered, 6)))
+            if mine > 0:
+                need.engines -= mine
+                need.released += mine
+                need.why += f"; {mine} planned in {peer.region} instead, {saving:.0%} cheaper"
+            elif moved:
+                need.why += f"; {peer.region} starts {moved} to take some of it"
+            spare -= min(spare, math.ceil(round(moved * there.per_engine / need.per_engine, 6)))
+
+
+def _decide(d: Deployment, need: _Need, guards: Guards) -> Decision:
+    limits, now, per_engine = d.limits, guards.now, need.per_engine
+    expected, why = need.expected, need.why
+    if need.engines is None:
+        return Decision(d.model, d.region, d.engines, d.engines, True, why, expected, per_engine)
     floor = limits.min_engines if limits.scale_to_zero else max(1, limits.min_engines)
-    target = min(limits.max_engines, max(floor, need))
-    if target == limits.max_engines and need > target:
+    target = min(limits.max_engines, max(floor, need.engines))
+    if target == limits.max_engines and need.engines > target:
         why += f"; held to its maximum, {limits.max_engines}"
     if target >= d.engines:
         return Decision(d.model, d.region, d.engines, target, True, why, expected, per_engine)
-    if d.last_change_at is not None and now - d.last_change_at < guards.cooldown_s:
-        left = guards.cooldown_s - (now - d.last_change_at)
+    # a scale-down only for engines a cheaper peer runs ready already waits on no cool-down:
+    # the demand did not fall, so there is no flapping to damp
+    handed_over = target + need.released >= d.engines
+    left = guards.cooldown_s - (now - d.last_change_at) if d.last_change_at is not None else 0
+    if left > 0 and not handed_over:
         return Decision(d.model, d.region, d.engines, target, False,
                         f"{why}; cool-down: {left:.0f} s left", expected, per_engine)  # fmt: skip
     step = max(target, d.engines - max(1, d.engines // 2))

@@ -145,6 +145,7 @@ class DemandTracker:
                 attainment=attainment,
                 served_per_engine=self.paces.get(key),
                 refused_per_s=period.wanting,
+                ready=period.ready,
             )
         return latest
 

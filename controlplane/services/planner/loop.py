@@ -29,7 +29,7 @@ from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import DeploymentRow, NodeRow, RegionRow
 from controlplane.db.planner_rows import EnginePlanRow, PlannerStateRow
-from controlplane.domain import EngineBackend, NodeState, PdMode, PlannerMode
+from controlplane.domain import EngineBackend, FallbackTrigger, NodeState, PdMode, PlannerMode
 from controlplane.services.fleet_state import ENGINE_PLAN, read_fleet_state
 from controlplane.services.placements import commit
 from controlplane.services.planner.core import (
@@ -131,6 +131,11 @@ class Planner:
         """Another replica leads: what this one tracked goes stale."""
         self.tracker, self.shapes, self.last_run, self._audited = DemandTracker(), None, None, {}
         self.pools.changed_at = {}
+
+    def soon(self) -> None:
+        """Plan at the next tick, not at the period's end: capacity was lost (a preemption
+        notice), and what covered for it elsewhere must grow back now."""
+        self.last_run = None
 
     async def tick(self) -> list[Decision] | None:
         """Plan if a period has passed since the last plan; None when it did not plan."""
@@ -353,14 +358,33 @@ def _scaled(
                 scale.target_attainment,
                 scale.headroom,
                 scale.scale_to_zero,
+                scale.local_share,
             ),
             gpus_per_engine=spec.tp_size * spec.dp_size,
             price_per_gpu_hour=min(prices, default=0.0),
             start_s=starts.get(spec.region, {}).get(spec.model, c.start_s),
             max_running=int(slots) if isinstance(slots, int | float | str) else DEFAULT_SLOTS,
             last_change_at=changed_at.get(name),
+            peers=overflow_peers(state, spec.model, spec.region),
         )
     return out
+
+
+def overflow_peers(state: FleetState, model: str, region: str) -> tuple[str, ...]:
+    """The regions a region's requests for a model go to when it is overloaded, whoever asks:
+    a fallback rule of the region for the model (or every model) and every tier, with the
+    overload trigger; and of its peers, those in its jurisdiction (no tenant's residency
+    forbids them). In the rules' order."""
+    here = state.regions[region].jurisdiction
+    out: list[str] = []
+    for _, rule in sorted(state.fallback_rules.items()):
+        if rule.region != region or rule.model not in (None, model) or rule.tenant_tier:
+            continue
+        if FallbackTrigger.OVERLOAD not in rule.triggers:
+            continue
+        out += [p for p in rule.peers if p not in out and p in state.regions
+                and state.regions[p].jurisdiction == here]  # fmt: skip
+    return tuple(out)
 
 
 def _slos(state: FleetState) -> dict[tuple[str, str], float | None]:

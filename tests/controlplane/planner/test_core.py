@@ -69,7 +69,7 @@ TABLE: list[tuple[str, Deployment, Observed | None, Guards, int, bool, str]] = [
         True,
         "forecast 30.0 rps in 60 s",
     ),
-    ("no heartbeat: holds", LLAMA, None, GUARDS, 2, True, "no fresh demand (no heartbeat)"),
+    ("no rate yet: holds", LLAMA, None, GUARDS, 2, True, "no fresh demand (no rate yet)"),
     (
         "stale heartbeats: holds, never scales down on missing data",
         LLAMA,
@@ -249,7 +249,7 @@ def test_at_most_so_many_changes_a_period() -> None:
 def test_every_decision_reads_as_an_audit_line() -> None:
     decided = one(LLAMA, RISING)
     assert decided.describe().startswith("us-east llama 2→8: forecast 30.0 rps in 60 s")
-    assert one(LLAMA, None).describe() == "us-east llama holds: no fresh demand (no heartbeat)"
+    assert one(LLAMA, None).describe() == "us-east llama holds: no fresh demand (no rate yet)"
 
 
 def test_start_times_are_the_median_of_the_engines_last_starts_per_model() -> None:
@@ -261,6 +261,67 @@ def test_start_times_are_the_median_of_the_engines_last_starts_per_model() -> No
         {"model": "qwen"},
     ]
     assert start_times(engines) == {"llama": 90.0}
+
+
+EAST = replace(LLAMA, engines=8, price_per_gpu_hour=3.9, peers=("us-west",),
+               limits=replace(LIMITS, headroom=0.0, local_share=0.5))  # fmt: skip
+# us-west runs 6: its own 2, and 4 started for us-east's demand a while ago
+WEST = replace(LLAMA, region="us-west", engines=6, price_per_gpu_hour=2.2,
+               limits=replace(LIMITS, headroom=0.0))  # fmt: skip
+
+
+def _spilled(
+    east: Deployment = EAST, west: Deployment = WEST, east_seen: Observed | None = None,
+    west_seen: Observed | None = None,
+) -> dict[str, Decision]:  # fmt: skip
+    """us-east asked 40 rps (8 engines at 5 rps), us-west 10 (2 engines)."""
+    observed = {("llama", "us-east"): east_seen or steady(40.0),
+                ("llama", "us-west"): west_seen or steady(10.0)}  # fmt: skip
+    return {d.region: d for d in plan([east, west], observed, {}, GUARDS)}
+
+
+def test_bulk_capacity_beyond_a_regions_local_share_is_planned_where_gpus_are_cheaper() -> None:
+    # the peer starts its engines first; the region gives up none of its own meanwhile
+    starting = _spilled(west=replace(WEST, engines=2, last_change_at=NOW - 10))
+    assert (starting["us-east"].target, starting["us-west"].target) == (8, 6)
+    assert "us-west starts 4 to take some of it" in starting["us-east"].reason
+    assert "+4 for us-east's demand, 44% cheaper here" in starting["us-west"].reason
+    # they run there now (a start time has passed): the region lets its own go, cool-down
+    # or not (its demand did not fall: there is no flapping to damp)
+    decided = _spilled(east=replace(EAST, last_change_at=NOW - 10),
+                       west=replace(WEST, last_change_at=NOW - 61))  # fmt: skip
+    assert (decided["us-east"].target, decided["us-west"].target) == (4, 6)
+    assert "4 planned in us-west instead, 44% cheaper" in decided["us-east"].reason
+    assert decided["us-east"].taken
+
+
+@pytest.mark.parametrize(
+    ("what", "east", "west", "east_seen", "west_seen", "targets"),
+    [
+        ("its local share is all of it (the default)",
+         replace(EAST, limits=replace(EAST.limits, local_share=1.0)),
+         replace(WEST, engines=2), None, None, (8, 2)),
+        ("no fallback rule lets its demand reach the peer",
+         replace(EAST, peers=()), replace(WEST, engines=2), None, None, (8, 2)),
+        ("the peer is not cheaper by a tenth", EAST,
+         replace(WEST, engines=2, price_per_gpu_hour=3.6), None, None, (8, 2)),
+        ("the peer has room for two more only", EAST,
+         replace(WEST, engines=4, limits=replace(WEST.limits, max_engines=4)), None, None,
+         (6, 4)),
+        ("the peer's demand cannot be trusted (it holds)", EAST, WEST, None,
+         replace(steady(10.0), at=NOW - 600), (8, 6)),
+        ("the peer lost 3 of its engines (a preemption): it covers 1", EAST,
+         replace(WEST, last_change_at=NOW - 61), None, steady(10.0, ready=3), (7, 6)),
+        ("its in-flight work needs 7 of its own", EAST, replace(WEST, engines=3),
+         steady(40.0, inflight=7 * 16), None, (7, 3)),
+    ],
+)  # fmt: skip
+def test_nothing_spills_that_may_not(
+    what: str, east: Deployment, west: Deployment, east_seen: Observed | None,
+    west_seen: Observed | None, targets: tuple[int, int],
+) -> None:  # fmt: skip
+    decided = _spilled(east, west, east_seen, west_seen)
+    assert (decided["us-east"].target, decided["us-west"].target) == targets, what
 
 
 def _pool(name: str, price: float, nodes: int = 1, lo: int = 0, hi: int = 4,
