@@ -105,7 +105,11 @@ class Replica:
                 PlannerConfig.of(settings),
                 self.feed,
                 observe=self.metrics.planner,
-                pools=PoolKeeper(providers_for(settings), cooldown_s=settings.planner_cooldown_s),
+                pools=PoolKeeper(
+                    providers_for(settings),
+                    cooldown_s=settings.planner_cooldown_s,
+                    short_after_s=settings.planner_spot_short_s,
+                ),
             ),
         )
         self.feed.subscribe(self.coordinator.publish_revision)

@@ -107,6 +107,12 @@ class Settings(BaseSettings):
         default=1.0, gt=0, le=100_000,
         description="requests a second one engine serves within the SLO, until measured",
     )  # fmt: skip
+    planner_spot_short_s: float = Field(
+        default=600.0, gt=0, le=86_400,
+        description="a spot pool whose cloud has not started all it was asked for this long is "
+        "short: held at what it has for three times as long, the rest asked of the region's "
+        "other pools",
+    )  # fmt: skip
     planner_day_s: float = Field(
         default=86_400.0, ge=60, le=86_400 * 7,
         description="the period of the daily shape it learns (shorter in the benchmark)",

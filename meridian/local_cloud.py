@@ -10,6 +10,8 @@ local.py), told where by MERIDIAN_LOCAL_CLOUD_URL and MERIDIAN_LOCAL_CLOUD_TOKEN
   its own (127.0.0.10 and up), registered with a bootstrap token of its pool, reporting the
   pool's GPUs (simulated: MERIDIAN_AGENT_SIMULATED_GPUS), named `<pool>-<n>`; n never
   repeats, so a machine's node is never one let go before.
+- A pool's `capacity` (tests: a spot pool short of machines) bounds what it starts; its
+  group goes on wanting the rest, as a cloud's does when it has none to give.
 - A machine is `starting` until its agent answers, then `running`. Removing one stops its
   agent (it drains first), and its group wants one fewer; shrinking a group by its size
   stops its newest machines.
@@ -52,6 +54,7 @@ class LocalPool:
     group: str
     gpus: str  # COUNTxMODEL:MEMORY_GB, as the agent's simulated_gpus
     max_nodes: int
+    capacity: int | None = None  # machines the cloud has for it (spot runs short); None: any
 
 
 @dataclass
@@ -179,7 +182,8 @@ class LocalCloud:
                                  f"{pool.max_nodes}")  # fmt: skip
         self.desired[pool.group] = desired
         mine = [m for m in self.machines.values() if m.pool == pool.name and m.state != "stopping"]
-        for _ in range(desired - len(mine)):
+        room = desired if pool.capacity is None else min(desired, pool.capacity)
+        for _ in range(room - len(mine)):  # a group short of capacity keeps wanting the rest
             self._grow(pool)
         for machine in reversed(mine[desired:]):  # the newest go first
             self._stop(machine)

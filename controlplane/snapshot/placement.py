@@ -5,10 +5,16 @@ keeps it while that slot still fits: the node is active, the GPUs exist, are fre
 the memory, and the port is free. Only the engines without a slot that fits are placed anew:
 first fit over the nodes by name, on the lowest free port. Adding or removing a deployment
 therefore moves no other engine.
+
+Spot: a new engine goes to a node of a spot pool only after nodes where it is safer, unless
+its deployment already runs an engine outside that pool. So a deployment's first engine
+goes on demand where it can, and one preemption wave (a spot pool's machines taken back)
+never takes all of a deployment's engines while the region has room elsewhere.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from controlplane.domain import EngineBackend, NodeState, PdMode
@@ -88,9 +94,15 @@ def place(state: FleetState, region: str) -> tuple[list[NodePlan], list[Unplaced
     }
     wants = _wants(state, region)
     homeless = [w for w in wants if not _keep(nodes, w, state.slots.get(w.engine_id))]
+    spot = {name for name, pool in state.node_pools.items() if pool.spot}
+    held: dict[str, set[str | None]] = {}  # deployment: the pools its engines are on
+    if spot:
+        for node in nodes.values():
+            for engine in node.engines:
+                held.setdefault(engine.deployment, set()).add(node.spec.pool)
     missing: dict[tuple[str, str], tuple[int, _Want]] = {}
     for want in homeless:
-        if not _first_fit(nodes, want):
+        if not _first_fit(nodes, want, spot, held):
             count, _ = missing.get((want.deployment, want.role), (0, want))
             missing[(want.deployment, want.role)] = (count + 1, want)
     unplaced = [
@@ -140,11 +152,25 @@ def _keep(nodes: dict[str, _Node], want: _Want, slot: Slot | None) -> bool:
     return True
 
 
-def _first_fit(nodes: dict[str, _Node], want: _Want) -> bool:
-    for node in nodes.values():
+def _first_fit(
+    nodes: dict[str, _Node], want: _Want, spot: set[str], held: dict[str, set[str | None]]
+) -> bool:
+    """The first node by name that fits; with spot pools, those of a spot pool that holds
+    all the deployment's engines so far (any spot pool, for its first) after the rest."""
+    order: Iterable[_Node] = nodes.values()
+    if spot:
+        pools = held.setdefault(want.deployment, set())
+
+        def exposed(node: _Node) -> bool:
+            return node.spec.pool in spot and not pools - {node.spec.pool}
+
+        order = sorted(order, key=exposed)  # stable: by name within each
+    for node in order:
         gpus = node.first_fit(want.need, want.memory)
         if gpus is not None:
             node.add(_engine(node, want, gpus, node.lowest_free_port()))
+            if spot:
+                held[want.deployment].add(node.spec.pool)
             return True
     return False
 

@@ -11,6 +11,11 @@ is asked for that many machines.
   after its last change: a machine that serves is never taken, and one not joined yet (its
   node unknown) is on its way.
 - A cloud that refuses is reported and tried again next period; nothing else changes.
+- Spot: one engine of each deployment's GPUs come from pools that are not spot where the
+  region has such pools, so a preemption wave takes no deployment's last engine (placement
+  puts its first engine there: controlplane/snapshot/placement.py). A spot pool whose cloud
+  has not started all it was asked for within `short_after_s` is short: held at what it has
+  three times as long, and the region's other pools (on demand) are asked for the rest.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controlplane.domain import EngineBackend, NodeState, PdMode
@@ -70,7 +75,11 @@ class PoolKeeper:
     providers: Mapping[str, Provider] = field(default_factory=default_providers)
     cooldown_s: float = 300.0
     clock: Callable[[], float] = time.time
+    short_after_s: float = 600.0  # a spot pool lacking machines this long is short
+    # and held at what it has three times as long, before it is asked for more again
     changed_at: dict[str, float] = field(default_factory=dict)  # pool: its last change
+    short_since: dict[str, float] = field(default_factory=dict)  # spot pool: lacking since
+    short_until: dict[str, float] = field(default_factory=dict)  # spot pool: held short until
 
     async def keep(self, state: FleetState, acting: bool) -> list[PoolOutcome]:
         resizable = {name: spec for name, spec in state.node_pools.items()
@@ -87,13 +96,37 @@ class PoolKeeper:
             except ProviderError as error:
                 stuck = PoolDecision(name, spec.region, 0, 0, "its group could not be read")
                 out.append(PoolOutcome(stuck, "failed", str(error)))
+        now = self.clock()
+        short = {name: self._short(name, spec.spot, groups[name], now)
+                 for name, spec in sorted(resizable.items()) if name in groups}  # fmt: skip
         pools = [Pool(name, spec.region, spec.gpus_per_node, spec.price_per_gpu_hour,
-                      spec.min_nodes, spec.max_nodes, groups[name].desired)
+                      spec.min_nodes, _capped(spec.max_nodes, short[name]),
+                      groups[name].desired, spec.spot)
                  for name, spec in sorted(resizable.items()) if name in groups]  # fmt: skip
         regions = {p.region for p in pools}
-        for decision in size_pools(pools, gpus_wanted(state, set(resizable), regions)):
+        wanted, on_demand = gpus_wanted(state, set(resizable), regions)
+        for decision in size_pools(pools, wanted, on_demand):
+            held, group = short[decision.pool], groups[decision.pool]
+            if held is not None:
+                lacking = f"spot short: its cloud started {held} of {group.desired}"
+                decision = replace(decision, reason=f"{decision.reason}; {lacking}")
             out.append(await self._carry_out(state, decision, groups[decision.pool], acting))
         return out
+
+    def _short(self, pool: str, spot: bool, group: Group, now: float) -> int | None:
+        """A spot pool whose cloud has not started all it asked for within `short_after_s`:
+        the machines it has (it is held there three times as long, and what it lacks is asked
+        of the region's other pools); None for one that is not short."""
+        listed = sum(1 for m in group.machines if m.state != "stopping")
+        if spot and group.desired > listed:
+            since = self.short_since.setdefault(pool, now)
+            if now - since >= self.short_after_s:
+                self.short_until[pool] = now + 3 * self.short_after_s
+        else:
+            self.short_since.pop(pool, None)
+        if now < self.short_until.get(pool, float("-inf")):
+            return listed
+        return None
 
     def _provider(self, state: FleetState, pool: str) -> Provider:
         return self.providers[state.clouds[state.node_pools[pool].cloud].provider]
@@ -112,6 +145,13 @@ class PoolKeeper:
                 await provider.resize(spec.group, d.target)
                 self.changed_at[d.pool] = now
                 return PoolOutcome(d, "grown")
+            listed = sum(1 for m in group.machines if m.state != "stopping")
+            if listed < d.current:  # asked for machines its cloud never started: fewer first
+                await provider.resize(spec.group, max(d.target, listed))
+                if d.target >= listed:
+                    return PoolOutcome(d, "shrunk", f"asks for {d.current - d.target} fewer, "
+                                                    "never started")  # fmt: skip
+                d = replace(d, current=listed)
             since = now - self.changed_at.get(d.pool, float("-inf"))
             if since < self.cooldown_s:
                 return PoolOutcome(d, "held", f"cool-down: {self.cooldown_s - since:.0f} s left")
@@ -144,10 +184,18 @@ class PoolKeeper:
         return PoolOutcome(d, "shrunk", detail, tuple(n for _, n in gone))
 
 
-def gpus_wanted(state: FleetState, resizable: set[str], regions: set[str]) -> dict[str, int]:
+def _capped(most: int, short: int | None) -> int:
+    return most if short is None else min(most, short)
+
+
+def gpus_wanted(
+    state: FleetState, resizable: set[str], regions: set[str]
+) -> tuple[dict[str, int], dict[str, int]]:
     """Per region, the GPUs its engines want of its resizable pools: its deployments' as
-    planned, less those of its active nodes in no resizable pool."""
-    wanted = dict.fromkeys(regions, 0)
+    planned, less those of its active nodes in no resizable pool; and of those, the GPUs
+    that must not be spot: one engine of each deployment, less those of its active nodes in
+    no resizable pool and no spot pool."""
+    wanted, on_demand = dict.fromkeys(regions, 0), dict.fromkeys(regions, 0)
     for name, spec in state.deployments.items():
         if spec.region not in wanted or spec.backend is EngineBackend.EXTERNAL:
             continue
@@ -156,10 +204,15 @@ def gpus_wanted(state: FleetState, resizable: set[str], regions: set[str]) -> di
         else:
             count = engines(spec, state.planned.get(name))
         wanted[spec.region] += count * spec.tp_size * spec.dp_size
+        on_demand[spec.region] += spec.tp_size * spec.dp_size if count else 0
+    spot = {name for name, pool in state.node_pools.items() if pool.spot}
     for node in state.nodes.values():
         if node.region in wanted and node.state is NodeState.ACTIVE and node.pool not in resizable:
             wanted[node.region] -= len(node.gpus)
-    return {region: max(0, n) for region, n in wanted.items()}
+            if node.pool not in spot:
+                on_demand[node.region] -= len(node.gpus)
+    return ({region: max(0, n) for region, n in wanted.items()},
+            {region: max(0, n) for region, n in on_demand.items()})  # fmt: skip
 
 
 def idle_machines(state: FleetState, pool: str, group: Group) -> list[tuple[str, str]]:

@@ -339,3 +339,19 @@ def test_pools_fill_cheapest_first_within_their_bounds_and_keep_their_minimum() 
     assert "short by 52: every pool at its maximum" in short.reason
     (kept,) = size_pools([_pool("other", 1.0, nodes=3)], {"eu-west": 8})
     assert (kept.target, kept.reason) == (3, "no plan for its region")
+
+
+def test_what_must_not_be_spot_comes_from_the_pools_that_are_not_then_the_cheapest() -> None:
+    spot = replace(_pool("spot", 2.0, lo=0, hi=4), spot=True)
+    steady = _pool("steady", 4.0, lo=0, hi=4)
+    # 24 GPUs, of which 8 (one engine of each deployment) not spot: 1 steady node, 2 spot
+    sized = size_pools([steady, spot], {"us-east": 24}, {"us-east": 8})
+    assert {d.pool: d.target for d in sized} == {"spot": 2, "steady": 1}
+    assert "(8 of them not spot)" in sized[0].reason
+    # no spot pool here: the floor changes nothing
+    cheap = _pool("cheap", 1.0, lo=0, hi=4)
+    sized = size_pools([steady, cheap], {"us-east": 24}, {"us-east": 8})
+    assert {d.pool: d.target for d in sized} == {"cheap": 3, "steady": 0}
+    # spot only: it is what there is
+    sized = size_pools([spot], {"us-east": 16}, {"us-east": 8})
+    assert [d.target for d in sized] == [2]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import pytest_asyncio
 
 from meridian.local_cloud import LocalCloud, LocalPool
@@ -36,15 +37,18 @@ def _fleet(replicas: int) -> dict[str, Any]:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def cloud(database_url: str, workdir: Path, request: Any) -> AsyncIterator[LocalCloud]:
-    """A local cloud with the pool's group, no machine yet, and a control plane resizing it."""
+    """A local cloud with the pools' groups (POOL unless the test names others), no machine
+    yet, and a control plane resizing them."""
     data_dir = workdir / f"local-cloud-{request.node.name}"
     grpc_port = free_port()
-    cloud = LocalCloud([POOL], [], data_dir=data_dir, log_dir=data_dir / "logs", api="",
+    pools = getattr(request, "param", [POOL])
+    cloud = LocalCloud(pools, [], data_dir=data_dir, log_dir=data_dir / "logs", api="",
                        admin_token=ADMIN_TOKEN, grpc_target=f"127.0.0.1:{grpc_port}")  # fmt: skip
     await cloud.start()
     server = await start_server(
         database_url, grpc_port=str(grpc_port), local_cloud_url=cloud.url,
         local_cloud_token=cloud.token, planner_period_s="1", planner_cooldown_s="0",
+        planner_spot_short_s="3",
     )  # fmt: skip
     cloud.api = server.url
     try:
@@ -105,6 +109,43 @@ async def test_the_planner_grows_a_local_pool_by_real_agents_and_lets_an_idle_on
         assert "let go" in change["after"]["reason"], change
         status = await _status(cloud.machines[left].hostname, cloud.machines[left].port)
         assert [e["state"] for e in status["engines"]] == ["ready"]  # the one serving stayed
+
+
+SHORT = LocalPool("west-spot", "eu-west", POOL.group, "1xH100-SXM-80GB:80", max_nodes=3,
+                  capacity=1)  # fmt: skip
+DEMAND = LocalPool("west-demand", "eu-west", "acme-gpu/europe-west1-b/west-demand",
+                   "1xH100-SXM-80GB:80", max_nodes=3)  # fmt: skip
+
+
+@pytest.mark.parametrize("cloud", [[SHORT, DEMAND]], indirect=True)
+async def test_engines_start_on_demand_where_spot_is_short_and_one_stays_off_spot(
+    cloud: LocalCloud,
+) -> None:
+    doc = _fleet(replicas=3)
+    doc["node_pools"].append({**doc["node_pools"][0], "name": DEMAND.name, "spot": False,
+                              "price_per_gpu_hour": 4.0, "group": DEMAND.group})  # fmt: skip
+    async with httpx.AsyncClient(base_url=cloud.api, headers=ADMIN, timeout=30) as http:
+        assert (await http.post("/v1/apply", json=doc)).status_code == 200
+
+        async def three_serving() -> bool:
+            machines = [m for m in cloud.machines.values() if m.state == "running"]
+            ready = [e for m in machines
+                     for e in (await _status(m.hostname, m.port))["engines"]
+                     if e["state"] == "ready"]  # fmt: skip
+            return len(ready) == 3
+
+        await _until(http, cloud, three_serving, within_s=90)
+        # one engine's GPU never spot; spot for the rest, but its cloud had one machine: the
+        # rest on demand
+        assert sorted(cloud.machines) == ["west-demand-1", "west-demand-2", "west-spot-1"]
+        assert cloud.desired == {SHORT.group: 1, DEMAND.group: 2}
+        events = await _audit(http, "grown") + await _audit(http, "shrunk")
+        said = " | ".join(e["after"]["summary"] for e in events)
+        assert "spot short: its cloud started 1 of 2" in said, said
+        assert "(1 of them not spot)" in said, said
+        status = await _status(cloud.machines["west-spot-1"].hostname,
+                               cloud.machines["west-spot-1"].port)  # fmt: skip
+        assert len(status["engines"]) == 1  # a preemption there takes one engine of three
 
 
 async def _until(

@@ -217,3 +217,28 @@ def test_a_quota_split_over_regions_never_sums_above_it() -> None:
     for quota in (1, 2, 7, 10, 11, 999, 6001):
         for weights in ({"a": 5, "b": 1, "c": 2}, {"a": 0, "b": 0}, {"a": 3, "b": 3, "c": 3}):
             assert sum(split(quota, weights).values()) == quota
+
+
+def test_a_spot_pool_never_holds_all_of_a_deployments_engines_while_there_is_room_elsewhere(
+) -> None:  # fmt: skip
+    """us-west: a spot node first by name, an on-demand one after it. One preemption wave (the
+    spot pool taken back) must leave each deployment an engine."""
+    document = example()
+    h100 = {"model": "H100-SXM-80GB", "memory_gb": 80}
+    document["node_pools"].append(
+        {"name": "us-west-demand", "cloud": "gcp", "region": "us-west",
+         "gpu_model": "H100-SXM-80GB", "gpus_per_node": 2, "price_per_gpu_hour": 4.0,
+         "max_nodes": 2})  # fmt: skip
+    document["nodes"][1]["gpus"] = [{"index": i, **h100} for i in range(2)]  # us-west-1: spot
+    document["nodes"].append({"name": "us-west-2", "region": "us-west", "pool": "us-west-demand",
+                              "hostname": "127.0.0.4", "gpus": [{"index": 0, **h100}]})  # fmt: skip
+
+    def where(replicas: int) -> list[str]:
+        document["deployments"][1]["replicas"] = replicas  # llama-us-west
+        snapshot = compile_region(state_from(document), "us-west")
+        return [n.name for i in range(replicas) for n in snapshot.nodes
+                for e in n.engines if e.id == f"llama-us-west/unified-{i}"]  # fmt: skip
+
+    assert where(1) == ["us-west-2"]  # its only engine: on demand, though spot is first
+    assert where(2) == ["us-west-2", "us-west-1"]  # one on each side: a wave takes one
+    assert where(3) == ["us-west-2", "us-west-1", "us-west-1"]  # then wherever it fits
