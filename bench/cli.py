@@ -18,6 +18,7 @@ from bench import (
     planner,
     quality,
     routing,
+    scaledowns,
     tiers,
 )
 from bench.needs import plot_beside, requires, scratch
@@ -240,6 +241,25 @@ def migration_command(streams: int, tokens: int, out: Path | None) -> None:
     complete, token for token, and the added time to the next token at the cut."""
     with scratch("migration") as root:
         asyncio.run(migration.run(migration.Options(streams, tokens, out=out, root=root)))
+
+
+@bench.command("scaledowns")
+@click.option("--cycles", type=click.IntRange(1, 10_000), default=100, show_default=True,
+              help="scale-downs, each followed by a scale-up")  # fmt: skip
+@click.option("--senders", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="clients streaming one answer after another")  # fmt: skip
+@click.option("--tokens", type=click.IntRange(8, 4096), default=96, show_default=True)
+@click.option("--drain-s", type=click.FloatRange(0, 600), default=1.0, show_default=True,
+              help="the deployment's drain_timeout_s: streams running then migrate")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def scaledowns_command(
+    cycles: int, senders: int, tokens: int, drain_s: float, out: Path | None
+) -> None:
+    """A deployment scaled 3 → 2 engines and back, again and again, under streaming traffic
+    on a real fleet: the requests that failed (the goal: none)."""
+    with scratch("scaledowns") as root:
+        options = scaledowns.Options(cycles, senders, tokens, drain_s, out=out, root=root)
+        asyncio.run(scaledowns.run(options))
 
 
 @bench.command("quality")
