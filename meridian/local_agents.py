@@ -1,9 +1,10 @@
 """The local fleet's agents: one `meridian agent run` per declared node, as child processes.
 
-Each agent listens where its region's `gateway_url` points (the gateway will share that
-port), keeps its identity and last snapshot under `<data dir>/agents/<node>`, and runs the
-node's simulated engines. A bootstrap token is made only for an agent that has no identity
-yet, so a second `meridian up` changes nothing in the control plane.
+Each agent listens on a free port of its node's own address; its region's `gateway_url` is
+a balancer in front of the region's agents (meridian/local_lb.py). It keeps its identity
+and last snapshot under `<data dir>/agents/<node>`, and runs the node's simulated engines.
+A bootstrap token is made only for an agent that has no identity yet, so a second `meridian
+up` changes nothing in the control plane.
 """
 
 from __future__ import annotations
@@ -32,27 +33,30 @@ AGENT_STOP_GRACE_S = 30.0  # it drains and stops its engines first
 class LocalNode:
     name: str
     region: str
-    hostname: str
-    host: str
-    port: int
+    hostname: str  # the node's own loopback address: its agent and engines listen there
+    port: int  # its agent's
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://{self.hostname}:{self.port}"
 
 
 def local_nodes(fleet: Path) -> list[LocalNode]:
-    """The nodes the fleet document declares, with where each agent will listen."""
+    """The nodes the fleet document declares, each agent on a free port of its address."""
     document: dict[str, Any] = yaml.safe_load(fleet.read_text()) or {}
-    gateways = {r["name"]: r.get("gateway_url") for r in document.get("regions", [])}
-    nodes = []
-    for node in document.get("nodes", []):
-        if node.get("state", "active") != "active":
-            continue
-        gateway = urlsplit(gateways.get(node["region"]) or "")
-        host, port = gateway.hostname or "127.0.0.1", gateway.port or free_port()
-        nodes.append(LocalNode(node["name"], node["region"], node["hostname"], host, port))
-    return nodes
+    return [LocalNode(n["name"], n["region"], n["hostname"], free_port())
+            for n in document.get("nodes", []) if n.get("state", "active") == "active"]  # fmt: skip
+
+
+def gateways(fleet: Path) -> dict[str, tuple[str, int]]:
+    """Each region's gateway_url, where its balancer listens (meridian/local_lb.py)."""
+    document: dict[str, Any] = yaml.safe_load(fleet.read_text()) or {}
+    out = {}
+    for region in document.get("regions", []):
+        url = urlsplit(region.get("gateway_url") or "")
+        if url.hostname and url.port:
+            out[region["name"]] = (url.hostname, url.port)
+    return out
 
 
 @dataclass
@@ -70,7 +74,10 @@ async def start_agents(
     grpc_target: str,
     data_dir: Path,
     log_dir: Path,
+    envs: dict[str, dict[str, str]] | None = None,
 ) -> list[RunningAgent]:
+    """`envs`: more settings of a node's agent, by node (the local cloud's, for spot
+    machines)."""
     agents: list[RunningAgent] = []
 
     async def stop_all() -> None:  # at once: each drains its engines, which takes a while
@@ -84,8 +91,9 @@ async def start_agents(
             token = await _bootstrap_token(api, admin_token, node.region)
         child = await procs.start_agent(
             grpc_target, node.region, node_dir, node=node.name, hostname=node.hostname,
-            host=node.host, port=node.port, bootstrap_token=token,
+            host=node.hostname, port=node.port, bootstrap_token=token,
             operator_token=admin_token,  # one token for the local fleet
+            env=(envs or {}).get(node.name),
             log=log_dir / f"agent-{node.name}.log", ready_timeout_s=None,
         )  # fmt: skip
         agents.append(RunningAgent(node, child.process))

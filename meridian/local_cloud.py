@@ -17,7 +17,12 @@ local.py), told where by MERIDIAN_LOCAL_CLOUD_URL and MERIDIAN_LOCAL_CLOUD_TOKEN
   stops its newest machines.
 - The groups' sizes and the grown machines are kept in `<data dir>/local-cloud.json`: the
   next `meridian up` starts them again, as a cloud's machines outlive a console.
-- It listens on loopback only, and answers nothing without its token.
+- A spot pool's machines can be taken back (`POST /groups/preempt`): the machine's agent
+  reads the notice where this cloud gives it (`GET /machines/<id>/notice`, Meridian's URL
+  shape for preemption notices), drains, and is killed at the notice's end; the group then
+  starts another in its place, as a cloud's group keeps its size.
+- It listens on loopback only, and answers nothing without its token but a machine's
+  notice.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import ipaddress
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +62,7 @@ class LocalPool:
     gpus: str  # COUNTxMODEL:MEMORY_GB, as the agent's simulated_gpus
     max_nodes: int
     capacity: int | None = None  # machines the cloud has for it (spot runs short); None: any
+    spot: bool = False  # its machines may be taken back (POST /groups/preempt)
 
 
 @dataclass
@@ -65,6 +73,7 @@ class Machine:
     port: int = 0  # its agent's; 0 for a declared node's (up runs its agent)
     state: str = "starting"
     process: asyncio.subprocess.Process | None = field(default=None, repr=False)
+    taken_at: float | None = None  # a preemption notice's deadline (seconds since the epoch)
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "state": self.state, "hostname": self.hostname}
@@ -77,7 +86,7 @@ def local_pools(fleet: Path) -> tuple[list[LocalPool], list[Machine]]:
     pools = [
         LocalPool(p["name"], p["region"], p["group"],
                   f"{p['gpus_per_node']}x{p['gpu_model']}:{memory.get(p['gpu_model'], 80)}",
-                  int(p["max_nodes"]))
+                  int(p["max_nodes"]), spot=bool(p.get("spot")))
         for p in doc.get("node_pools", []) if p.get("group")
     ]  # fmt: skip
     names = {p.name for p in pools}
@@ -125,6 +134,8 @@ class LocalCloud:
             web.get("/groups", self._read),
             web.put("/groups/desired", self._resize),
             web.delete("/groups/machines", self._remove),
+            web.post("/groups/preempt", self._preempt),
+            web.get("/machines/{id}/notice", self._notice),
         ])  # fmt: skip
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -150,7 +161,9 @@ class LocalCloud:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+        # a machine's notice is its metadata service's: read without a token, as on a cloud
+        opened = request.method == "GET" and request.path.endswith("/notice")
+        if not opened and request.headers.get("Authorization") != f"Bearer {self.token}":
             return _refused(401, "no or a wrong bearer token")
         response: web.StreamResponse = await handler(request)
         return response
@@ -181,11 +194,8 @@ class LocalCloud:
             return _refused(400, f"desired {desired} is above the group's maximum, "
                                  f"{pool.max_nodes}")  # fmt: skip
         self.desired[pool.group] = desired
-        mine = [m for m in self.machines.values() if m.pool == pool.name and m.state != "stopping"]
-        room = desired if pool.capacity is None else min(desired, pool.capacity)
-        for _ in range(room - len(mine)):  # a group short of capacity keeps wanting the rest
-            self._grow(pool)
-        for machine in reversed(mine[desired:]):  # the newest go first
+        self._top_up(pool)  # a group short of capacity keeps wanting the rest
+        for machine in reversed(self._live(pool)[desired:]):  # the newest go first
             self._stop(machine)
         await self._save()
         return web.json_response({"desired": desired})
@@ -203,7 +213,65 @@ class LocalCloud:
             await self._save()
         return web.json_response({"desired": self.desired[pool.group]})
 
+    async def _preempt(self, request: web.Request) -> web.Response:
+        """A spot machine taken back: `machine` (default: the group's newest running one)
+        gets a notice now, `notice_s` ahead (default 30, GCP's), and is taken at its end;
+        the group, still wanting as many, starts another in its place then."""
+        pool = self._group(request)
+        if isinstance(pool, web.Response):
+            return pool
+        if not pool.spot:
+            return _refused(400, f"pool {pool.name} is not spot: its machines are not taken back")
+        try:
+            notice_s = float(request.query.get("notice_s", "30"))
+        except ValueError:
+            return _refused(400, "notice_s is seconds")
+        if not 0 <= notice_s <= 600:
+            return _refused(400, "notice_s is between 0 and 600")
+        running = [m for m in self._live(pool) if m.state == "running" and m.taken_at is None]
+        named = request.query.get("machine")
+        chosen = [m for m in running if m.id == named] if named else running[-1:]
+        if not chosen:
+            return _refused(404, f"no running machine {named or ''} to take in this group")
+        machine = chosen[0]
+        machine.taken_at = time.time() + notice_s
+        log.info("local cloud: %s gets a preemption notice, taken in %.0f s", machine.id,
+                 notice_s)  # fmt: skip
+        self._spawn(self._take(machine, pool, notice_s))
+        return web.json_response({"machine": machine.id, "taken_at": machine.taken_at})
+
+    async def _notice(self, request: web.Request) -> web.Response:
+        machine = self.machines.get(request.match_info["id"])
+        if machine is None or machine.taken_at is None:
+            return _refused(404, "no notice")
+        when = datetime.fromtimestamp(machine.taken_at, UTC).isoformat()
+        return web.json_response({"time": when})
+
+    async def _take(self, machine: Machine, pool: LocalPool, notice_s: float) -> None:
+        await asyncio.sleep(notice_s)
+        if machine.state == "stopping":
+            return
+        machine.state = "stopping"
+        process = machine.process or self.declared_processes.get(machine.id)
+        if process is not None:
+            process.kill()  # taken: no drain beyond what the notice gave
+            await process.wait()
+        self.machines.pop(machine.id, None)
+        self._top_up(pool)  # the group keeps its size: another in its place
+        await self._save()
+
     # -- machines --------------------------------------------------------------------------
+
+    def _live(self, pool: LocalPool) -> list[Machine]:
+        return [m for m in self.machines.values() if m.pool == pool.name and m.state != "stopping"]
+
+    def _top_up(self, pool: LocalPool) -> None:
+        """Machines started until the group has as many as it wants, or as its capacity
+        allows."""
+        want = self.desired[pool.group]
+        room = want if pool.capacity is None else min(want, pool.capacity)
+        for _ in range(room - len(self._live(pool))):
+            self._grow(pool)
 
     def _grow(self, pool: LocalPool) -> Machine:
         n = self.next[pool.name]
@@ -239,10 +307,7 @@ class LocalCloud:
             self.machines.pop(machine.id, None)
             await self._save()
             await asyncio.sleep(REPLACE_AFTER_S)
-            mine = [m for m in self.machines.values()
-                    if m.pool == pool.name and m.state != "stopping"]  # fmt: skip
-            for _ in range(self.desired[pool.group] - len(mine)):
-                self._grow(pool)
+            self._top_up(pool)
 
     async def _start_agent(self, machine: Machine, pool: LocalPool, *, fresh: bool) -> None:
         token = await self._bootstrap_token(pool) if fresh else None
@@ -250,7 +315,7 @@ class LocalCloud:
             self.grpc_target, pool.region, self.data_dir / "agents" / machine.id,
             node=machine.id, hostname=machine.hostname, host=machine.hostname,
             port=machine.port, bootstrap_token=token, operator_token=self.admin_token,
-            env={"MERIDIAN_AGENT_SIMULATED_GPUS": pool.gpus},
+            env=self._agent_env(machine, pool),
             log=self.log_dir / f"agent-{machine.id}.log", ready_timeout_s=None,
         )  # fmt: skip
         machine.process = child.process
@@ -261,6 +326,29 @@ class LocalCloud:
                                what="a machine's agent")  # fmt: skip
         if machine.state == "starting":
             machine.state = "running"
+
+    def _agent_env(self, machine: Machine, pool: LocalPool) -> dict[str, str]:
+        return {"MERIDIAN_AGENT_SIMULATED_GPUS": pool.gpus, **self._notices(machine, pool)}
+
+    def _notices(self, machine: Machine, pool: LocalPool) -> dict[str, str]:
+        """A spot machine's agent watches for notices where this cloud gives them."""
+        if not pool.spot:
+            return {}
+        return {"MERIDIAN_AGENT_PREEMPTION_NOTICES": f"{self.url}/machines/{machine.id}/notice",
+                "MERIDIAN_AGENT_PREEMPTION_POLL_S": "1"}  # fmt: skip
+
+    def agents(self, region: str) -> list[tuple[str, int]]:
+        """Where the agents of the machines it started in a region listen, those running."""
+        regions = {p.name: p.region for p in self.pools.values()}
+        return [(m.hostname, m.port) for m in self.machines.values()
+                if m.port and m.state == "running" and regions[m.pool] == region]  # fmt: skip
+
+    def declared_env(self) -> dict[str, dict[str, str]]:
+        """What the agents `meridian up` starts for the document's nodes must be told: where
+        a spot machine's notice comes."""
+        by_name = {p.name: p for p in self.pools.values()}
+        return {m.id: self._notices(m, by_name[m.pool]) for m in self.machines.values()
+                if not m.port}  # fmt: skip
 
     async def _bootstrap_token(self, pool: LocalPool) -> str:
         headers = {"Authorization": f"Bearer {self.admin_token}"}

@@ -27,6 +27,7 @@ async def describe(
     controlplane_pid: int,
     agents: list[RunningAgent],
     statuses: dict[str, dict[str, Any]],
+    local_cloud: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     document: dict[str, Any] = yaml.safe_load(await asyncio.to_thread(fleet.read_text)) or {}
     old = await asyncio.to_thread(_read, out)
@@ -67,6 +68,8 @@ async def describe(
             "engines": engines,
         },
     }  # fmt: skip
+    if local_cloud is not None:  # its URL and token: to take a spot machine back, say
+        doc["local_cloud"] = local_cloud
     await asyncio.to_thread(_write, out, doc)
     return doc
 

@@ -38,7 +38,9 @@ from meridian import real_engines
 from meridian import reaper as reaper_env
 from meridian.local_agents import (
     ENGINES_TIMEOUT_S,
+    RunningAgent,
     await_engines,
+    gateways,
     local_nodes,
     print_engines,
     start_agents,
@@ -51,6 +53,7 @@ from meridian.local_fleet import (
     print_fleet,
     whole,
 )
+from meridian.local_lb import Balancer
 from meridian.procs import port_in_use, start_control_plane, stop_child
 
 RESTART_MIN_S, RESTART_MAX_S = 0.5, 30.0  # the control plane's restart backoff
@@ -90,8 +93,8 @@ def check_ports(settings: Settings, fleet: Path) -> None:
         (settings.host, settings.port, "the API (--port)"),
         (settings.host, settings.grpc_port, "the agents' gRPC (MERIDIAN_GRPC_PORT)"),
     ]
-    wanted += [(n.host, n.port, f"agent {n.name} (its region's gateway_url in {fleet.name})")
-               for n in local_nodes(fleet)]  # fmt: skip
+    wanted += [(host, port, f"region {name}'s gateway_url in {fleet.name}")
+               for name, (host, port) in gateways(fleet).items()]  # fmt: skip
     for host, port, what in wanted:
         if port_in_use(host, port):
             raise click.ClickException(
@@ -200,10 +203,12 @@ async def _run(
             grpc_target=cp.grpc_target,
             data_dir=settings.data_dir / "agents",
             log_dir=settings.data_dir / "logs",
+            envs=cloud.declared_env() if cloud is not None else None,
         )
         if cloud is not None:
             for agent in agents:
                 cloud.adopt(agent.node.name, agent.process)
+        await _balancers(stack, fleet, agents, cloud)
         console.print(f"[green]✓[/] {len(agents)} agent(s) started; waiting for their engines")
         statuses = await await_engines(console, agents, token, engines_timeout_s)
         print_engines(console, agents, statuses)
@@ -216,6 +221,7 @@ async def _run(
             controlplane_pid=cp.process.pid,
             agents=agents,
             statuses=statuses,
+            local_cloud={"url": cloud.url, "token": cloud.token} if cloud is not None else None,
         )
         print_fleet(console, doc, out)
         page = f"{api}/status"
@@ -262,6 +268,23 @@ async def _local_cloud(
     await cloud.start()
     stack.push_async_callback(cloud.close)
     return cloud
+
+
+async def _balancers(
+    stack: AsyncExitStack, fleet: Path, agents: list[RunningAgent], cloud: LocalCloud | None
+) -> None:
+    """Each region's gateway_url: a balancer in front of its agents now, the document's
+    nodes' and the machines its pools have grown."""
+    for region, (host, port) in gateways(fleet).items():
+
+        def backends(region: str = region) -> list[tuple[str, int]]:
+            mine = [(a.node.hostname, a.node.port) for a in agents
+                    if a.node.region == region and a.process.returncode is None]  # fmt: skip
+            return mine + (cloud.agents(region) if cloud is not None else [])
+
+        balancer = Balancer(region, backends)
+        await balancer.start(host, port)
+        stack.push_async_callback(balancer.close)
 
 
 async def supervise(

@@ -11,6 +11,9 @@ is asked for that many machines.
   after its last change: a machine that serves is never taken, and one not joined yet (its
   node unknown) is on its way.
 - A cloud that refuses is reported and tried again next period; nothing else changes.
+- A machine whose node drains (a preemption notice) gives no capacity: the pool asks for
+  one more in its place at once, so the engines leaving it have somewhere to start before
+  the machine is taken.
 - Spot: one engine of each deployment's GPUs come from pools that are not spot where the
   region has such pools, so a preemption wave takes no deployment's last engine (placement
   puts its first engine there: controlplane/snapshot/placement.py). A spot pool whose cloud
@@ -110,6 +113,12 @@ class PoolKeeper:
             if held is not None:
                 lacking = f"spot short: its cloud started {held} of {group.desired}"
                 decision = replace(decision, reason=f"{decision.reason}; {lacking}")
+            leaving = leaving_machines(state, decision.pool, group)
+            if leaving and decision.target < state.node_pools[decision.pool].max_nodes:
+                more = min(leaving, state.node_pools[decision.pool].max_nodes - decision.target)
+                decision = replace(decision, target=decision.target + more,
+                                   reason=f"{decision.reason}; +{more} in place of machines "
+                                          "whose nodes drain (a preemption notice)")  # fmt: skip
             out.append(await self._carry_out(state, decision, groups[decision.pool], acting))
         return out
 
@@ -213,6 +222,14 @@ def gpus_wanted(
                 on_demand[node.region] -= len(node.gpus)
     return ({region: max(0, n) for region, n in wanted.items()},
             {region: max(0, n) for region, n in on_demand.items()})  # fmt: skip
+
+
+def leaving_machines(state: FleetState, pool: str, group: Group) -> int:
+    """The group's machines whose node drains (a preemption notice, or an operator's drain):
+    still in the group, and serving nothing new."""
+    draining = {spec.hostname for spec in state.nodes.values()
+                if spec.pool == pool and spec.state is NodeState.DRAINING}  # fmt: skip
+    return sum(1 for m in group.machines if m.state != "stopping" and m.hostname in draining)
 
 
 def idle_machines(state: FleetState, pool: str, group: Group) -> list[tuple[str, str]]:

@@ -20,7 +20,7 @@ from tests.kits.fleet_docs import BASE
 from tests.kits.push import ADMIN, eventually
 
 POOL = LocalPool("west-spot", "eu-west", "acme-gpu/europe-west1-b/west-spot",
-                 "1xH100-SXM-80GB:80", max_nodes=3)  # fmt: skip
+                 "1xH100-SXM-80GB:80", max_nodes=3, spot=True)  # fmt: skip
 
 
 def _fleet(replicas: int) -> dict[str, Any]:
@@ -146,6 +146,42 @@ async def test_engines_start_on_demand_where_spot_is_short_and_one_stays_off_spo
         status = await _status(cloud.machines["west-spot-1"].hostname,
                                cloud.machines["west-spot-1"].port)  # fmt: skip
         assert len(status["engines"]) == 1  # a preemption there takes one engine of three
+
+
+async def test_a_preempted_machine_is_replaced_before_it_is_taken(cloud: LocalCloud) -> None:
+    async with httpx.AsyncClient(base_url=cloud.api, headers=ADMIN, timeout=30) as http:
+        assert (await http.post("/v1/apply", json=_fleet(replicas=2))).status_code == 200
+
+        async def ready() -> list[str]:
+            """The machines whose engine is ready."""
+            return [m.id for m in list(cloud.machines.values()) if m.state == "running"
+                    and [e["state"] for e in (await _status(m.hostname, m.port))["engines"]]
+                    == ["ready"]]  # fmt: skip
+
+        async def two_serving() -> bool:
+            return len(await ready()) == 2
+
+        await _until(http, cloud, two_serving, within_s=90)
+        headers = {"Authorization": f"Bearer {cloud.token}"}
+        async with httpx.AsyncClient(base_url=cloud.url, headers=headers, timeout=10) as c:
+            taken = await c.post("/groups/preempt", params={"name": POOL.group, "notice_s": "20"})
+        assert taken.status_code == 200, taken.text
+        doomed = taken.json()["machine"]
+
+        async def replaced_in_time() -> bool:  # a third machine serves, the doomed one is there
+            serving = await ready()
+            return doomed in cloud.machines and len([m for m in serving if m != doomed]) == 2
+
+        await _until(http, cloud, replaced_in_time, within_s=20)
+        nodes = await _nodes(http)
+        assert nodes[doomed]["state"] == "draining"  # the notice took it out of placement
+        grown = " | ".join(e["after"]["summary"] for e in await _audit(http, "grown"))
+        assert "in place of machines whose nodes drain" in grown, grown
+
+        async def taken_and_serving() -> bool:
+            return doomed not in cloud.machines and len(await ready()) >= 2
+
+        await _until(http, cloud, taken_and_serving, within_s=60)
 
 
 async def _until(
