@@ -6,9 +6,11 @@ terraform/modules/fleet-document renders (`terraform output -raw join`), then:
 1. reads the admin token from the control plane's secret store (or takes MERIDIAN_TOKEN);
 2. waits for the control plane to be ready (its replicas may still be booting);
 3. applies the fleet document: the clouds and regions, with the pools' gateway URLs;
-4. makes one bootstrap token per pool, scoped to its region and expiring, and puts it in the
-   pool's secret store with that cloud's own CLI (aws, gcloud, az), from a file readable only
-   by its owner: never on a command line, never in Terraform's state.
+4. makes one bootstrap token per pool, scoped to its region (and to the node pool, where the
+   document declares the pools: the machines the capacity planner adds then join it) and
+   expiring, and puts it in the pool's secret store with that cloud's own CLI (aws, gcloud,
+   az), from a file readable only by its owner: never on a command line, never in
+   Terraform's state.
 
 The pools' machines read the token whenever they have to register, so they may boot before
 or after this runs. Run it again before the tokens expire, for machines the pools add later:
@@ -43,6 +45,7 @@ from controlplane.client import (
 
 CLI_TIMEOUT_S = 120
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+POOL_NAME = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
 
 
 class _Model(BaseModel):
@@ -107,7 +110,16 @@ SecretStore = Annotated[
 
 class Pool(_Model):
     region: Annotated[str, Field(pattern=NAME)]
+    # the fleet's node pool whose machines read this token: they join that pool (None: the
+    # region's token; its nodes join no pool)
+    pool: (
+        Annotated[str, Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")] | None
+    ) = None
     bootstrap_token_store: SecretStore
+
+    @property
+    def label(self) -> str:
+        return f"{self.region} / {self.pool}" if self.pool else self.region
 
 
 class JoinDocument(_Model):
@@ -124,11 +136,20 @@ class JoinDocument(_Model):
     @model_validator(mode="after")
     def _pools_are_fleet_regions(self) -> JoinDocument:
         regions = {r.get("name") for r in self.fleet.get("regions", []) if isinstance(r, dict)}
-        named = [p.region for p in self.pools]
+        declared = {(p.get("name"), p.get("region")) for p in self.fleet.get("node_pools", [])
+                    if isinstance(p, dict)}  # fmt: skip
+        named = [(p.region, p.pool) for p in self.pools]
         if len(set(named)) != len(named):
-            raise ValueError("a region has two pools' token stores: give each region one")
-        if missing := sorted(set(named) - regions):
+            raise ValueError("a region or a pool has two token stores: give each one")
+        if missing := sorted({r for r, _ in named} - regions):
             raise ValueError(f"pools of regions the fleet does not declare: {', '.join(missing)}")
+        if stray := sorted(f"{p} ({r})" for r, p in named if p and (p, r) not in declared):
+            raise ValueError(f"token stores of node pools the fleet does not declare in their "
+                             f"region: {', '.join(stray)}")  # fmt: skip
+        stores = [p.bootstrap_token_store.model_dump_json() for p in self.pools]
+        if len(set(stores)) != len(stores):
+            raise ValueError("two pools name the same token store: each would overwrite the "
+                             "other's token")  # fmt: skip
         return self
 
 
@@ -207,8 +228,8 @@ def wait_ready(console: Console, url: str, within_s: float) -> None:
 
 
 def make_token(http: httpx.Client, console: Console, pool: Pool, lifetime_s: int) -> dict[str, Any]:
-    made = http.post("/v1/bootstrap-tokens",
-                     json={"region": pool.region, "expires_in_s": lifetime_s})  # fmt: skip
+    scope = {"region": pool.region} | ({"pool": pool.pool} if pool.pool else {})
+    made = http.post("/v1/bootstrap-tokens", json={**scope, "expires_in_s": lifetime_s})
     if made.status_code != 201:
         fail(console, made)
     token: dict[str, Any] = made.json()
@@ -299,7 +320,7 @@ def _join(
             if answer.status_code != 200:
                 fail(console, answer)  # no token is made: fix the document and run it again
             print_changes(console, answer.json())
-        table = Table("region", "bootstrap token", "expires", "put in")
+        table = Table("region / pool", "bootstrap token", "expires", "put in")
         failed = 0
         for pool in document.pools:
             store = pool.bootstrap_token_store
@@ -310,10 +331,10 @@ def _join(
                 failed += 1
                 # a token nobody holds is one fewer secret to leak: take it back
                 http.delete(f"/v1/bootstrap-tokens/{made['name']}", headers={"If-Match": "*"})
-                table.add_row(pool.region, "[red]none[/]", "", f"[red]{escape(str(error))}[/]")
+                table.add_row(pool.label, "[red]none[/]", "", f"[red]{escape(str(error))}[/]")
                 continue
             expires = made["expires_at"][:16].replace("T", " ") + " UTC"
-            table.add_row(pool.region, made["name"], expires,
+            table.add_row(pool.label, made["name"], expires,
                           escape(f"{store.kind} {store.secret}"))  # fmt: skip
     console.print(table)
     if failed:

@@ -32,7 +32,8 @@ async def test_bounds_are_stored_with_their_defaults_and_replicas_start_at_the_m
     shown = (await base.client.get("/v1/deployments/llama-east")).json()
     assert shown["replicas"] == 2
     assert shown["autoscale"] == {**BOUNDS, "target_attainment": 0.95, "headroom": 0.2,
-                                  "scale_to_zero": False, "wake_wait_s": 30}  # fmt: skip
+                                  "scale_to_zero": False, "wake_wait_s": 30,
+                                  "local_share": 1.0}  # fmt: skip
 
     changed = await base.client.patch(
         "/v1/deployments/llama-east",

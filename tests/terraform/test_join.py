@@ -141,3 +141,52 @@ async def test_a_document_of_apply_that_is_refused_makes_no_token(
     assert "ap-south" in said
     assert await _state(server.url) == (["eu-west", "us-east", "us-west"], [])
     assert clouds.calls() == ""
+
+
+POOLS: list[dict[str, Any]] = [  # what the pool modules' node_pool outputs give, with a cloud
+    {"name": "east-h100", "cloud": "aws", "region": "us-east", "gpu_model": "NVIDIA H100",
+     "gpus_per_node": 8, "price_per_gpu_hour": 3.9, "spot": False, "min_nodes": 1,
+     "max_nodes": 4, "group": "us-east-1/meridian-us-east-nodes",
+     "bootstrap_token_store": STORES["us-east"]},
+    {"name": "east-h100-spot", "cloud": "aws", "region": "us-east", "gpu_model": "NVIDIA H100",
+     "gpus_per_node": 8, "price_per_gpu_hour": 1.9, "spot": True, "min_nodes": 0,
+     "max_nodes": 8, "group": "us-east-1/meridian-us-east-spot-nodes",
+     "bootstrap_token_store": {**STORES["us-east"],
+                               "secret": STORES["us-east"]["secret"] + "-spot"}},
+]  # fmt: skip
+
+
+async def test_node_pools_join_with_their_groups_and_a_token_each_scoped_to_the_pool(
+    tmp_path: Path, server: Server
+) -> None:
+    out = await render(tmp_path / "tf", "fleet-document",
+                       {"clouds": CLOUDS, "regions": REGIONS, "node_pools": POOLS})  # fmt: skip
+    document = json.loads(out["join"])
+    document["api_url"] = server.url
+    path = tmp_path / "join.json"
+    path.write_text(json.dumps(document))
+    clouds = fake_clouds(tmp_path)
+    env = clouds.env(MERIDIAN_TOKEN=ADMIN_TOKEN, COLUMNS="200")
+
+    code, said = await run_cli("join", "-f", str(path), env=env)
+
+    assert code == 0, said
+    assert "+ node-pool east-h100-spot" in said
+    async with httpx.AsyncClient(base_url=server.url, headers=ADMIN, timeout=30) as http:
+        pools = (await http.get("/v1/node-pools")).json()["items"]
+        tokens = (await http.get("/v1/bootstrap-tokens")).json()["items"]
+    assert {p["name"]: (p["group"], p["spot"]) for p in pools} == {
+        "east-h100": ("us-east-1/meridian-us-east-nodes", False),
+        "east-h100-spot": ("us-east-1/meridian-us-east-spot-nodes", True),
+    }
+    # one token a pool, scoped to it: the machines its group adds join it
+    assert sorted((t["region"], t["pool"]) for t in tokens) == [
+        ("us-east", "east-h100"), ("us-east", "east-h100-spot")]  # fmt: skip
+    assert len(list(clouds.store.glob("aws-*"))) == 2  # each in its own store
+
+    # two pools writing one store would overwrite each other's token: refused at once
+    document["pools"][1]["bootstrap_token_store"] = document["pools"][0]["bootstrap_token_store"]
+    path.write_text(json.dumps(document))
+    code, said = await run_cli("join", "-f", str(path), env=env)
+    assert code == 2, said
+    assert "two pools name the same token store" in said

@@ -23,6 +23,7 @@ is asked for that many machines.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -227,9 +228,22 @@ def gpus_wanted(
 def leaving_machines(state: FleetState, pool: str, group: Group) -> int:
     """The group's machines whose node drains (a preemption notice, or an operator's drain):
     still in the group, and serving nothing new."""
-    draining = {spec.hostname for spec in state.nodes.values()
+    draining = {host_key(spec.hostname) for spec in state.nodes.values()
                 if spec.pool == pool and spec.state is NodeState.DRAINING}  # fmt: skip
-    return sum(1 for m in group.machines if m.state != "stopping" and m.hostname in draining)
+    return sum(1 for m in group.machines
+               if m.state != "stopping" and host_key(m.hostname) in draining)  # fmt: skip
+
+
+def host_key(hostname: str | None) -> str | None:
+    """How a machine and its node are matched: by address, or by a name's first label (AWS
+    names a machine ip-10-0-1-23.ec2.internal; its agent, by default, ip-10-0-1-23)."""
+    if hostname is None:
+        return None
+    try:
+        ipaddress.ip_address(hostname)
+    except ValueError:
+        return hostname.split(".", 1)[0].lower()
+    return hostname
 
 
 def idle_machines(state: FleetState, pool: str, group: Group) -> list[tuple[str, str]]:
@@ -238,7 +252,8 @@ def idle_machines(state: FleetState, pool: str, group: Group) -> list[tuple[str,
     region = state.node_pools[pool].region
     plans, _ = place(state, region)
     busy = {p.name for p in plans if p.engines}
-    idle = {spec.hostname: name for name, spec in state.nodes.items() if spec.pool == pool
-            and spec.state is NodeState.ACTIVE and name not in busy}  # fmt: skip
-    return [(m.id, idle[m.hostname]) for m in group.machines
-            if m.state == "running" and m.hostname in idle]  # fmt: skip
+    idle = {host_key(spec.hostname): name for name, spec in state.nodes.items()
+            if spec.pool == pool and spec.state is NodeState.ACTIVE
+            and name not in busy}  # fmt: skip
+    return [(m.id, idle[key]) for m in group.machines
+            if m.state == "running" and (key := host_key(m.hostname)) in idle]  # fmt: skip

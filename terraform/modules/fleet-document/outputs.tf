@@ -1,5 +1,5 @@
 output "document" {
-  description = "The fleet document's clouds and regions, for `meridian apply -f` (YAML). It lists the clouds and regions kinds only, so applying it manages those and leaves models, deployments and tenants alone."
+  description = "The fleet document's clouds, regions and node pools, for `meridian apply -f` (YAML). It lists those kinds only, so applying it manages those and leaves models, deployments and tenants alone."
   value       = yamlencode(local.document)
 }
 
@@ -17,9 +17,14 @@ output "join" {
     admin_token_store = var.admin_token_store
     token_lifetime_s  = var.token_lifetime_s
     fleet             = local.document
-    pools = [for r in var.regions : {
+    pools = concat([for r in var.regions : {
       region                = r.name
+      pool                  = null
       bootstrap_token_store = r.bootstrap_token_store
-    } if r.bootstrap_token_store != null]
+      } if r.bootstrap_token_store != null], [for p in var.node_pools : {
+      region                = p.region
+      pool                  = p.name
+      bootstrap_token_store = p.bootstrap_token_store
+    }])
   })
 }

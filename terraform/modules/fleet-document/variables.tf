@@ -81,3 +81,38 @@ variable "token_lifetime_s" {
     error_message = "token_lifetime_s must be from 3600 (an hour) to 2592000 (30 days, the control plane's limit)."
   }
 }
+
+variable "node_pools" {
+  description = "The pools the capacity planner may resize: each pool module's `node_pool` output, with the Meridian cloud it is on. Each becomes a node pool of the document (its cloud's group named), and `meridian join` gives each a bootstrap token of its own, scoped to the pool, so that the machines its group adds join it."
+  type = list(object({
+    name               = string
+    cloud              = string
+    region             = string
+    gpu_model          = string
+    gpus_per_node      = number
+    price_per_gpu_hour = number
+    spot               = bool
+    min_nodes          = number
+    max_nodes          = number
+    group              = string
+    bootstrap_token_store = object({
+      kind   = string
+      secret = string
+      region = optional(string)
+      vault  = optional(string)
+    })
+  }))
+  default = []
+  validation {
+    condition     = length(distinct([for p in var.node_pools : p.name])) == length(var.node_pools)
+    error_message = "each node pool's name once."
+  }
+  validation {
+    condition     = alltrue([for p in var.node_pools : contains(keys(var.clouds), p.cloud) && contains([for r in var.regions : r.name], p.region)])
+    error_message = "every node pool's cloud must be one of var.clouds, and its region one of var.regions."
+  }
+  validation {
+    condition     = alltrue([for p in var.node_pools : p.price_per_gpu_hour >= 0 && p.gpus_per_node >= 1 && p.min_nodes >= 0 && p.min_nodes <= p.max_nodes])
+    error_message = "a node pool's price is 0 or more, it has 1 GPU a node or more, and min_nodes <= max_nodes."
+  }
+}

@@ -192,9 +192,13 @@ async def test_a_client_that_goes_away_mid_stream_aborts_the_engine_request(
                 json=body,
                 headers={"Authorization": f"Bearer {key}"},
             ) as response:
-                async for _ in response.aiter_bytes():
-                    break  # the first event, then the client leaves
+                # the first event; the iterator is kept, since one let go is closed by the
+                # garbage collector at once, and with it the connection: the client would have
+                # left before the engine's load is read
+                chunks = response.aiter_bytes()
+                await anext(chunks)
                 during = await sim_load(engine)
+                await chunks.aclose()  # now the client leaves
             for _ in range(50):
                 if await sim_load(engine) == 0:
                     break

@@ -11,7 +11,7 @@ from typing import Any
 import boto3
 
 from controlplane.services.fleet_state import load_fleet_state
-from controlplane.services.planner.pools import PoolKeeper
+from controlplane.services.planner.pools import PoolKeeper, host_key
 from controlplane.services.planner.providers.aws import AwsProvider
 from tests.controlplane.planner.test_aws_provider import make_group
 from tests.kits.controlplane import Api
@@ -104,3 +104,11 @@ async def test_a_machine_that_serves_is_never_taken_and_a_pool_without_a_group_i
     alone["models"], alone["deployments"] = doc["models"], doc["deployments"]
     assert (await api.client.post("/v1/apply", json=alone)).status_code == 200
     assert await _keep(api, keeper) == []
+
+
+def test_a_machine_and_its_node_match_by_address_or_by_a_names_first_label() -> None:
+    # AWS names the machine by its private DNS name; its agent, by default, by the short one
+    assert host_key("ip-10-0-1-23.ec2.internal") == host_key("IP-10-0-1-23")
+    assert host_key("127.0.0.10") != host_key("127.0.0.11")  # addresses whole
+    assert host_key("10.0.1.23") == "10.0.1.23"
+    assert host_key(None) is None

@@ -9,6 +9,19 @@ mock_provider "aws" {
   mock_data "aws_iam_policy_document" {
     defaults = { json = "{}" }
   }
+  # ARNs the provider checks when a run applies (mocked)
+  mock_resource "aws_iam_instance_profile" {
+    defaults = { arn = "arn:aws:iam::123456789012:instance-profile/gpu-east" }
+  }
+  mock_resource "aws_lb" {
+    defaults = { arn = "arn:aws:elasticloadbalancing:us-east-1:123456789012:loadbalancer/net/gpu-east/1" }
+  }
+  mock_resource "aws_launch_template" {
+    defaults = { id = "lt-0123456789abcdef0" }
+  }
+  mock_resource "aws_lb_target_group" {
+    defaults = { arn = "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/gpu-east/1" }
+  }
 }
 
 variables {
@@ -118,4 +131,37 @@ run "refuses_a_token_secret_that_is_not_one" {
     bootstrap_token_secret_arn = "mb-12345678.not-an-arn"
   }
   expect_failures = [var.bootstrap_token_secret_arn]
+}
+
+run "a_pool_with_a_price_is_the_fleets_node_pool" {
+  command = apply # mocked: the group's name (name_prefix) is known only once made
+
+  variables {
+    spot               = true
+    max_nodes          = 6
+    price_per_gpu_hour = 1.9
+    gpu_model          = "NVIDIA H100 80GB HBM3"
+  }
+
+  assert {
+    condition     = output.node_pool.group == "us-east-1/${aws_autoscaling_group.nodes.name}"
+    error_message = "the node pool's group is not aws-region/auto-scaling-group"
+  }
+  assert {
+    condition     = output.node_pool.spot && output.node_pool.min_nodes == 2 && output.node_pool.max_nodes == 6 && output.node_pool.gpus_per_node == 8
+    error_message = "the node pool does not carry the pool's bounds, spot and GPUs"
+  }
+  assert {
+    condition     = output.node_pool.bootstrap_token_store.secret == var.bootstrap_token_secret_arn
+    error_message = "the node pool's token goes elsewhere than the pool's secret"
+  }
+}
+
+run "a_pool_without_a_price_is_left_to_its_operator" {
+  command = plan
+
+  assert {
+    condition     = output.node_pool == null
+    error_message = "a pool without a price became a node pool the planner would resize"
+  }
 }
