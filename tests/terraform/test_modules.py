@@ -109,6 +109,22 @@ async def test_what_every_pool_takes_alike_is_validated_once(tmp_path: Path) -> 
     out = await render(tmp_path, "pool-common", COMMON)
     assert out["gpus"] == 16
     assert "'MERIDIAN_AGENT_REGION' 'us-east'" in out["script"]
+    assert out["node_pool"] is None  # no price: the operator sizes it
+
+
+PRICED = {**COMMON, "pool_name": "east-h100", "price_per_gpu_hour": 3.9, "gpu_model": "H100",
+          "spot": True, "group": "us-east-1/east-h100-nodes",
+          "bootstrap_token_store": {"kind": "gcp-secret-manager",
+                                    "secret": "projects/p/secrets/bt"}}  # fmt: skip
+
+
+async def test_a_priced_pool_is_the_fleets_node_pool(tmp_path: Path) -> None:
+    pool = (await render(tmp_path, "pool-common", PRICED))["node_pool"]
+    assert {k: v for k, v in pool.items() if k != "bootstrap_token_store"} == {
+        "name": "east-h100", "region": "us-east", "gpu_model": "H100", "gpus_per_node": 8,
+        "price_per_gpu_hour": 3.9, "spot": True, "min_nodes": 0, "max_nodes": 2,
+        "group": "us-east-1/east-h100-nodes"}  # fmt: skip
+    assert pool["bootstrap_token_store"]["secret"] == "projects/p/secrets/bt"
 
 
 @pytest.mark.parametrize(
@@ -120,6 +136,7 @@ async def test_what_every_pool_takes_alike_is_validated_once(tmp_path: Path) -> 
         ("client_cidrs", [], "CIDR block"),
         ("region", "us east", "region must be"),
         ("gateway_port", 80, "from 1024 to 65535"),
+        ("price_per_gpu_hour", -1, "0 or more"),
     ],
 )
 async def test_what_every_pool_takes_alike_refuses_bad_values(
@@ -127,3 +144,8 @@ async def test_what_every_pool_takes_alike_refuses_bad_values(
 ) -> None:
     with pytest.raises(AssertionError, match=message):
         await render(tmp_path, "pool-common", {**COMMON, variable: value})
+
+
+async def test_a_priced_pool_without_its_gpu_model_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match="needs its gpu_model"):
+        await render(tmp_path, "pool-common", {**PRICED, "gpu_model": None})

@@ -15,6 +15,18 @@ module "common" {
   gpus_per_node           = var.gpus_per_node
   node_count              = var.node_count
   client_cidrs            = var.client_cidrs
+  pool_name               = var.name
+  price_per_gpu_hour      = var.price_per_gpu_hour
+  gpu_model               = var.gpu_model
+  spot                    = var.spot
+  min_nodes               = coalesce(var.min_nodes, var.node_count)
+  max_nodes               = var.max_nodes
+  group                   = "${data.aws_region.current.name}/${aws_autoscaling_group.nodes.name}"
+  bootstrap_token_store = {
+    kind   = "aws-secretsmanager"
+    region = data.aws_region.current.name
+    secret = var.bootstrap_token_secret_arn
+  }
 }
 
 resource "aws_security_group" "nodes" {

@@ -15,6 +15,18 @@ module "common" {
   gpus_per_node           = var.gpus_per_node
   node_count              = var.node_count
   client_cidrs            = var.client_cidrs
+  pool_name               = var.name
+  price_per_gpu_hour      = var.price_per_gpu_hour
+  gpu_model               = var.gpu_model
+  spot                    = var.spot
+  min_nodes               = coalesce(var.min_nodes, 0)
+  max_nodes               = var.max_nodes
+  group                   = "${split("/", azurerm_linux_virtual_machine_scale_set.nodes.id)[2]}/${var.resource_group_name}/${azurerm_linux_virtual_machine_scale_set.nodes.name}"
+  bootstrap_token_store = {
+    kind   = "azure-key-vault"
+    vault  = var.key_vault_name
+    secret = var.bootstrap_token_secret_name
+  }
 }
 
 resource "azurerm_user_assigned_identity" "nodes" {

@@ -148,22 +148,16 @@ variable "sglang_package" {
 
 variable "price_per_gpu_hour" {
   description = "What one of its GPUs costs an hour (one currency, fleet-wide). Set, the pool is the fleet's node pool (the `node_pool` output) that Meridian's capacity planner resizes; null, its size is the operator's."
-  type        = number
-  default     = null
-  validation {
-    condition     = var.price_per_gpu_hour == null || try(var.price_per_gpu_hour >= 0, false)
-    error_message = "price_per_gpu_hour is 0 or more."
-  }
+  # validated, as the other inputs every pool takes alike, by ../pool-common
+  type    = number
+  default = null
 }
 
 variable "gpu_model" {
   description = "The GPU its machines carry, as their agents report it (NVML's name, e.g. \"NVIDIA H100 80GB HBM3\"); needed with price_per_gpu_hour."
-  type        = string
-  default     = null
-  validation {
-    condition     = var.gpu_model == null || try(length(var.gpu_model) >= 1 && length(var.gpu_model) <= 64, false)
-    error_message = "gpu_model is 1 to 64 characters."
-  }
+  # validated, as the other inputs every pool takes alike, by ../pool-common
+  type    = string
+  default = null
 }
 
 variable "min_nodes" {

@@ -20,6 +20,17 @@ module "common" {
   node_count              = var.node_count
   client_cidrs            = var.client_cidrs
   # Deep Learning VM images carry the driver; others get it from the bootstrap.
+  pool_name          = var.name
+  price_per_gpu_hour = var.price_per_gpu_hour
+  gpu_model          = var.gpu_model
+  spot               = var.spot
+  min_nodes          = coalesce(var.min_nodes, 0)
+  max_nodes          = var.max_nodes
+  group              = "${var.project}/${var.zone}/${google_compute_instance_group_manager.nodes.name}"
+  bootstrap_token_store = {
+    kind   = "gcp-secret-manager"
+    secret = var.bootstrap_token_secret
+  }
 }
 
 resource "google_service_account" "nodes" {

@@ -20,27 +20,10 @@ output "instance_group" {
 
 output "bootstrap_token_store" {
   description = "Where `meridian join` puts the region's bootstrap token: fleet-document's regions[*].bootstrap_token_store."
-  value = {
-    kind   = "gcp-secret-manager"
-    secret = var.bootstrap_token_secret
-  }
+  value       = module.common.bootstrap_token_store
 }
 
 output "node_pool" {
   description = "The pool as the fleet's node pool, for fleet-document's node_pools (add the Meridian `cloud` it is on): its group, which the capacity planner resizes, and where `meridian join` puts the pool's own bootstrap token. Null unless price_per_gpu_hour is set."
-  value = var.price_per_gpu_hour == null ? null : {
-    name               = var.name
-    region             = var.region
-    gpu_model          = var.gpu_model
-    gpus_per_node      = var.gpus_per_node
-    price_per_gpu_hour = var.price_per_gpu_hour
-    spot               = var.spot
-    min_nodes          = coalesce(var.min_nodes, 0)
-    max_nodes          = coalesce(var.max_nodes, var.node_count)
-    group              = "${var.project}/${var.zone}/${google_compute_instance_group_manager.nodes.name}"
-    bootstrap_token_store = {
-      kind   = "gcp-secret-manager"
-      secret = var.bootstrap_token_secret
-    }
-  }
+  value       = module.common.node_pool
 }

@@ -67,3 +67,64 @@ variable "sglang_package" {
   description = "What pip installs for SGLang."
   type        = string
 }
+
+variable "pool_name" {
+  description = "The pool's name: its node pool's name in the fleet (needed with price_per_gpu_hour)."
+  type        = string
+  default     = null
+}
+
+variable "price_per_gpu_hour" {
+  description = "What one of its GPUs costs an hour. Set, the pool is the fleet's node pool (`node_pool`) that Meridian's capacity planner resizes; null, its size is the operator's."
+  type        = number
+  default     = null
+  validation {
+    condition     = var.price_per_gpu_hour == null || try(var.price_per_gpu_hour >= 0, false)
+    error_message = "price_per_gpu_hour is 0 or more."
+  }
+}
+
+variable "gpu_model" {
+  description = "The GPU its machines carry, as their agents report it (NVML's name); needed with price_per_gpu_hour."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.gpu_model == null || try(length(var.gpu_model) >= 1 && length(var.gpu_model) <= 64, false)
+    error_message = "gpu_model is 1 to 64 characters."
+  }
+}
+
+variable "spot" {
+  description = "Whether its machines are spot."
+  type        = bool
+  default     = false
+}
+
+variable "min_nodes" {
+  description = "The fewest machines the planner may leave."
+  type        = number
+  default     = 0
+}
+
+variable "max_nodes" {
+  description = "The most machines the planner may ask for."
+  type        = number
+  default     = null
+}
+
+variable "group" {
+  description = "The cloud's group of its machines, as a node pool's `group` names it."
+  type        = string
+  default     = null
+}
+
+variable "bootstrap_token_store" {
+  description = "Where `meridian join` puts the pool's bootstrap token."
+  type = object({
+    kind   = string
+    secret = string
+    region = optional(string)
+    vault  = optional(string)
+  })
+  default = null
+}

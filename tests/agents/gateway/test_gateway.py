@@ -198,7 +198,7 @@ async def test_a_client_that_goes_away_mid_stream_aborts_the_engine_request(
                 chunks = response.aiter_bytes()
                 await anext(chunks)
                 during = await sim_load(engine)
-                await chunks.aclose()  # now the client leaves
+                await response.aclose()  # now the client leaves
             for _ in range(50):
                 if await sim_load(engine) == 0:
                     break

@@ -85,7 +85,7 @@ run "no_secret_in_user_data" {
     error_message = "the machines do not read the token from Secrets Manager"
   }
   assert {
-    condition     = output.bootstrap_token_store == { kind = "aws-secretsmanager", region = "us-east-1", secret = var.bootstrap_token_secret_arn }
+    condition     = output.bootstrap_token_store.kind == "aws-secretsmanager" && output.bootstrap_token_store.region == "us-east-1" && output.bootstrap_token_store.secret == var.bootstrap_token_secret_arn
     error_message = "meridian join would not find the secret the machines read"
   }
   assert {
