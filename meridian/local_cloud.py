@@ -52,6 +52,7 @@ FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.10")
 MACHINE_STOP_GRACE_S = 30.0  # its agent drains its engines first
 READY_TIMEOUT_S = 60.0
 REPLACE_AFTER_S = 10.0
+TAKEN_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -253,9 +254,10 @@ class LocalCloud:
             return
         machine.state = "stopping"
         process = machine.process or self.declared_processes.get(machine.id)
-        if process is not None:
-            process.kill()  # taken: no drain beyond what the notice gave
-            await process.wait()
+        if process is not None:  # taken: no drain beyond what the notice gave (the agent
+            # drained at the notice; a short grace stops what it still runs, as the machine's
+            # end would, rather than leave its engines orphaned on this one)
+            await stop_child(process, TAKEN_GRACE_S)
         self.machines.pop(machine.id, None)
         self._top_up(pool)  # the group keeps its size: another in its place
         await self._save()
