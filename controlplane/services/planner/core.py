@@ -235,9 +235,14 @@ def _need(d: Deployment, seen: Observed | None, shape: DailyShape | None, guards
     if seen.refused_per_s > 0 and need < 1:
         need, keep = 1, 1
         why = f"{seen.refused_per_s:.1f} rps refused: never zero while refusing"
+    quiet = seen.rates[-QUIET_PERIODS:]
+    if need < 1 and (len(quiet) < QUIET_PERIODS or any(r > 0 for _, r in quiet)):
+        need = 1  # a lull is not idleness: zero only after a whole window of none
+        why += f"; asked for within its last {QUIET_PERIODS} periods: one engine kept"
     return _Need(need, why, expected, per_engine, keep, seen.ready)
 
 
+QUIET_PERIODS = 20  # periods with no request before a model may go to zero (the window)
 CHEAPER = 0.9  # a peer whose GPUs cost at most this share of a region's is cheaper
 
 

@@ -144,13 +144,24 @@ TABLE: list[tuple[str, Deployment, Observed | None, Guards, int, bool, str]] = [
         "forecast 0.0 rps",
     ),
     (
-        "idle, zero allowed: to zero",
+        "idle a whole window, zero allowed: to zero",
         replace(LLAMA, engines=1, limits=replace(LIMITS, min_engines=0, scale_to_zero=True)),
-        steady(0.0),
+        Observed(at=NOW - 1, rates=[(NOW - 10 * (19 - i), 0.0) for i in range(20)]),
         GUARDS,
         0,
         True,
         "forecast 0.0 rps",
+    ),
+    (
+        "a lull of a minute, zero allowed: one engine kept",
+        replace(LLAMA, engines=1, limits=replace(LIMITS, min_engines=0, scale_to_zero=True)),
+        Observed(
+            at=NOW - 1, rates=[(NOW - 10 * (19 - i), 3.0 if i < 14 else 0.0) for i in range(20)]
+        ),
+        GUARDS,
+        1,
+        True,
+        "asked for within its last 20 periods: one engine kept",
     ),
     (
         "at zero while requests are refused: back to one",
