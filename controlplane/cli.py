@@ -56,6 +56,8 @@ def serve_command(host: str | None, port: int | None, grpc_port: int | None) -> 
     """Serve the admin REST API (and, for agents, gRPC)."""
     settings = load_settings(host=host, port=port, grpc_port=grpc_port)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    # a line per call to a cloud's API (the planner's pools) says nothing a log needs
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
