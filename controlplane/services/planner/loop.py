@@ -30,7 +30,7 @@ from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import DeploymentRow, NodeRow, RegionRow
 from controlplane.db.planner_rows import EnginePlanRow, PlannerStateRow
 from controlplane.domain import EngineBackend, FallbackTrigger, NodeState, PdMode, PlannerMode
-from controlplane.services.fleet_state import ENGINE_PLAN, read_fleet_state
+from controlplane.services.fleet_state import ENGINE_PLAN, FleetReader
 from controlplane.services.placements import commit
 from controlplane.services.planner.core import (
     DailyShape,
@@ -123,6 +123,7 @@ class Planner:
         self.config = config
         self.clock = clock
         self.tracker = DemandTracker()
+        self.reader = FleetReader()
         self.shapes: dict[tuple[str, str], DailyShape] | None = None  # read on the first run
         self.last_run: float | None = None
         self._audited: dict[str, tuple[int, int, str]] = {}  # deployment: what was said last
@@ -130,6 +131,7 @@ class Planner:
     def resign(self) -> None:
         """Another replica leads: what this one tracked goes stale."""
         self.tracker, self.shapes, self.last_run, self._audited = DemandTracker(), None, None, {}
+        self.reader = FleetReader()
         self.pools.changed_at = {}
 
     def soon(self) -> None:
@@ -149,8 +151,10 @@ class Planner:
 
     async def run(self, now: float) -> list[Decision]:
         async with self.db.sessions() as session, session.begin():
+            # one snapshot for the revision and the rows (FleetReader's terms)
+            await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             row = await state_row(session, lock=True)
-            state = await read_fleet_state(session)
+            state = await self.reader.read(session)  # only what changed since the last run
             beats = await _heartbeats(session)
             changed_at = await _changed_at(session)
             if self.shapes is None:
