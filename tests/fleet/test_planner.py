@@ -1,6 +1,7 @@
 """The capacity planner on a real fleet (issue 42): a control plane on PostgreSQL whose leader
 plans every second, agents with simulated engines, all real processes. Demand rising in a
-region grows its engines while no request fails; demand falling shrinks them, by halves after
+region grows its engines while no request fails; demand moving from one region to another
+moves them; demand falling shrinks them, by halves after
 a cool-down, while streams run on to their end; every change is audited with its reason, and
 `meridian planner plan` shows it."""
 
@@ -34,10 +35,10 @@ def _autoscaled(doc: dict[str, Any]) -> None:
             d["autoscale"] = {"min_replicas": 1, "max_replicas": 3, "headroom": 0}
 
 
-async def _engines(fleet: Fleet) -> int:
-    status = await fleet.status("us-east")
+async def _engines(fleet: Fleet, region: str = "us-east") -> int:
+    status = await fleet.status(region)
     return sum(1 for e in status["engines"]
-               if e["state"] == "ready" and e["id"].startswith("llama-us-east/"))  # fmt: skip
+               if e["state"] == "ready" and e["id"].startswith(f"llama-{region}/"))  # fmt: skip
 
 
 async def _until(fleet: Fleet, done: Callable[[], Awaitable[bool]], within_s: float) -> None:
@@ -130,6 +131,43 @@ async def test_engines_follow_demand_up_and_down_and_no_request_fails(
     assert code == 0, shown
     assert "llama-us-east" in shown
     assert "mode act, running" in shown
+
+
+def _both_autoscaled(doc: dict[str, Any]) -> None:
+    """llama sized by the planner in us-east (up to 3 engines) and eu-west (its node has 2
+    GPUs); us-east's overload escalates to eu-west (acme's requests may go anywhere)."""
+    for d in doc["deployments"]:
+        d["replicas"] = 1
+        d["autoscale"] = {"min_replicas": 1, "max_replicas": 3 if d["region"] == "us-east" else 2,
+                          "headroom": 0}  # fmt: skip
+
+
+async def test_engines_move_with_demand_from_us_east_to_eu_west(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with fleet_of(
+        database_url, tmp_path, ("us-east", "eu-west"), _both_autoscaled, cp_env=PLANNER
+    ) as fleet:
+        east = fleet.client("us-east").with_options(timeout=30)
+        west = fleet.client("eu-west").with_options(timeout=30)
+        load = Load(east, senders=12, max_tokens=24, stream=False)
+
+        async def east_grown() -> bool:
+            return await _engines(fleet, "us-east") == 3
+
+        await _until(fleet, east_grown, within_s=30)
+        await load.ended()
+        moved = Load(west, senders=8, max_tokens=24, stream=False)
+
+        async def followed() -> bool:
+            return (await _engines(fleet, "eu-west"), await _engines(fleet, "us-east")) == (2, 1)
+
+        await _until(fleet, followed, within_s=60)
+        await moved.ended()
+        await east.close()
+        await west.close()
+    assert load.failed == []
+    assert moved.failed == []
 
 
 def _asleep(doc: dict[str, Any]) -> None:
