@@ -401,7 +401,8 @@ class LocalCloud:
                 machine = Machine(kept["id"], pool.name, kept["hostname"], int(kept["port"]))
                 self.machines[machine.id] = machine
                 self.desired[pool.group] += 1
-                self._spawn(self._boot(machine, pool, fresh=False))
+                known = (self.data_dir / "agents" / machine.id / "identity.json").exists()
+                self._spawn(self._boot(machine, pool, fresh=not known))  # one never joined: a token
 
 
 def _refused(status: int, message: str) -> web.Response:

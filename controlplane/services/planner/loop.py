@@ -24,12 +24,11 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.db.agent_rows import NodeTelemetryRow
 from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.engine import Database
-from controlplane.db.fleet_rows import DeploymentRow, NodeRow, RegionRow
+from controlplane.db.fleet_rows import DeploymentRow, NodeRow
 from controlplane.db.planner_rows import EnginePlanRow, PlannerStateRow
-from controlplane.domain import EngineBackend, FallbackTrigger, NodeState, PdMode, PlannerMode
+from controlplane.domain import NodeState, PlannerMode
 from controlplane.services.fleet_state import ENGINE_PLAN, FleetReader
 from controlplane.services.placements import commit
 from controlplane.services.planner.core import (
@@ -37,24 +36,26 @@ from controlplane.services.planner.core import (
     Decision,
     Deployment,
     Guards,
-    Limits,
     plan,
-    start_times,
 )
-from controlplane.services.planner.demand import DemandTracker, Heartbeat
+from controlplane.services.planner.demand import DemandTracker
+from controlplane.services.planner.inputs import (
+    autoscaled,
+    heartbeats,
+    plans_changed_at,
+    routing_slos,
+)
 from controlplane.services.planner.pools import PoolKeeper, PoolOutcome
 from controlplane.services.preemptions import set_states
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.unit import UnitOfWork, current_revision
 from controlplane.settings import Settings
-from controlplane.snapshot.placement import engines
 from controlplane.snapshot.types import FleetState
 
 log = logging.getLogger(__name__)
 
 ACTOR = "planner"
 KIND = "planner"  # the audit's kind for what it decided and did not do, and pause/resume
-DEFAULT_SLOTS = 256  # requests an engine runs at once, unless its engine_args say
 SHAPE_BUCKETS = 96  # a day in quarters of an hour
 
 
@@ -155,14 +156,14 @@ class Planner:
             await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             row = await state_row(session, lock=True)
             state = await self.reader.read(session)  # only what changed since the last run
-            beats = await _heartbeats(session)
-            changed_at = await _changed_at(session)
+            beats = await heartbeats(session)
+            changed_at = await plans_changed_at(session)
             if self.shapes is None:
                 self.shapes = _shapes(row.shapes, self.config.day_s)
-            scaled = _scaled(state, beats, changed_at, self.config)
+            scaled = autoscaled(state, beats, changed_at, self.config.start_s)
             self.tracker.forget({b.node for b in beats})
             observed = self.tracker.observe(
-                now, beats, _slos(state),
+                now, beats, routing_slos(state),
                 {(d.model, d.region): (d.limits.target, d.max_running) for d in scaled.values()},
             )  # fmt: skip
             for key, seen in observed.items():
@@ -313,95 +314,6 @@ async def state_row(session: AsyncSession, *, lock: bool = False) -> PlannerStat
     if lock:
         query = query.with_for_update()
     return (await session.execute(query)).scalar_one()
-
-
-async def _heartbeats(session: AsyncSession) -> list[Heartbeat]:
-    """The latest heartbeat of every node that is up."""
-    rows = await session.execute(
-        select(NodeRow.name, RegionRow.name, NodeTelemetryRow.observed_at, NodeTelemetryRow.data)
-        .join(NodeTelemetryRow, NodeTelemetryRow.node_id == NodeRow.id)
-        .join(RegionRow, RegionRow.id == NodeRow.region_id)
-        .where(NodeRow.health == "up")
-        .order_by(NodeRow.name)
-    )  # fmt: skip
-    return [Heartbeat(node, region, at.timestamp(), data) for node, region, at, data in rows]
-
-
-async def _changed_at(session: AsyncSession) -> dict[str, float]:
-    rows = await session.execute(
-        select(DeploymentRow.name, EnginePlanRow.changed_at)
-        .join(EnginePlanRow, EnginePlanRow.deployment_id == DeploymentRow.id)
-    )  # fmt: skip
-    return {name: at.timestamp() for name, at in rows}
-
-
-def _scaled(
-    state: FleetState, beats: list[Heartbeat], changed_at: dict[str, float], c: PlannerConfig
-) -> dict[str, Deployment]:
-    """The deployments the planner sizes: unified, on engines Meridian starts, `autoscale`."""
-    starts = {region: start_times(e for b in beats if b.region == region
-                                  for e in b.telemetry.get("engines", []))
-              for region in state.regions}  # fmt: skip
-    out = {}
-    for name, spec in sorted(state.deployments.items()):
-        scale = spec.autoscale
-        if scale is None or spec.pd_mode is not PdMode.UNIFIED:
-            continue
-        if spec.backend is EngineBackend.EXTERNAL:
-            continue
-        prices = [p.price_per_gpu_hour for p in state.node_pools.values()
-                  if p.region == spec.region]  # fmt: skip
-        slots = spec.engine_args.get("max-running-requests", DEFAULT_SLOTS)
-        out[name] = Deployment(
-            model=spec.model,
-            region=spec.region,
-            engines=engines(spec, state.planned.get(name)),
-            limits=Limits(
-                scale.min_replicas,
-                scale.max_replicas,
-                scale.target_attainment,
-                scale.headroom,
-                scale.scale_to_zero,
-                scale.local_share,
-            ),
-            gpus_per_engine=spec.tp_size * spec.dp_size,
-            price_per_gpu_hour=min(prices, default=0.0),
-            start_s=starts.get(spec.region, {}).get(spec.model, c.start_s),
-            max_running=int(slots) if isinstance(slots, int | float | str) else DEFAULT_SLOTS,
-            last_change_at=changed_at.get(name),
-            peers=overflow_peers(state, spec.model, spec.region),
-        )
-    return out
-
-
-def overflow_peers(state: FleetState, model: str, region: str) -> tuple[str, ...]:
-    """The regions a region's requests for a model go to when it is overloaded, whoever asks:
-    a fallback rule of the region for the model (or every model) and every tier, with the
-    overload trigger; and of its peers, those in its jurisdiction (no tenant's residency
-    forbids them). In the rules' order."""
-    here = state.regions[region].jurisdiction
-    out: list[str] = []
-    for _, rule in sorted(state.fallback_rules.items()):
-        if rule.region != region or rule.model not in (None, model) or rule.tenant_tier:
-            continue
-        if FallbackTrigger.OVERLOAD not in rule.triggers:
-            continue
-        out += [p for p in rule.peers if p not in out and p in state.regions
-                and state.regions[p].jurisdiction == here]  # fmt: skip
-    return tuple(out)
-
-
-def _slos(state: FleetState) -> dict[tuple[str, str], float | None]:
-    """Per (model, region), the TTFT SLO of its routing policy: the region's own, else the
-    model's."""
-    out: dict[tuple[str, str], float | None] = {}
-    for spec in state.deployments.values():
-        policies = [p for p in state.routing_policies.values() if p.model == spec.model]
-        own = next((p for p in policies if p.region == spec.region), None)
-        chosen = own or next((p for p in policies if p.region is None), None)
-        slo = chosen.slo_ttft_ms if chosen is not None else None
-        out[(spec.model, spec.region)] = slo / 1000 if slo is not None else None
-    return out
 
 
 def _shapes(doc: dict[str, Any], day_s: float) -> dict[tuple[str, str], DailyShape]:

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controlplane.domain import EngineBackend, NodeState, PdMode
-from controlplane.services.planner.core import Pool, PoolDecision, size_pools
 from controlplane.services.planner.providers.base import Group, Provider, ProviderError
+from controlplane.services.planner.sizing import Pool, PoolDecision, size_pools
 from controlplane.settings import Settings
 from controlplane.snapshot.placement import engines, place
 from controlplane.snapshot.types import FleetState

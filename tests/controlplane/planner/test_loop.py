@@ -17,10 +17,10 @@ from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.fleet_rows import NodeRow
 from controlplane.domain import PlannerMode
 from controlplane.services.fleet_state import load_fleet_state
-from controlplane.services.planner.loop import Planner, PlannerConfig, overflow_peers
+from controlplane.services.planner.loop import Planner, PlannerConfig
 from controlplane.snapshot import compile_region
 from tests.kits.controlplane import Api
-from tests.kits.fleet_docs import BASE, example, state_from
+from tests.kits.fleet_docs import BASE
 
 T0 = 1_800_000_000.0
 GPU = {"model": "H100-SXM-80GB", "memory_gb": 80}
@@ -196,17 +196,3 @@ async def test_demand_moving_from_us_east_to_eu_west_moves_the_engines_with_it(a
     assert seen[-1] == (1, 4)  # then eu-west does; us-east down to its minimum
     downs = [b[0] for a, b in itertools.pairwise(seen) if b[0] < a[0]]
     assert downs == [2, 1]  # by halves, a cool-down apart
-
-
-def test_a_regions_overflow_peers_are_those_its_rules_send_every_overload_to_in_its_jurisdiction(
-) -> None:  # fmt: skip
-    doc = example()
-    state = state_from(doc)
-    llama = "llama-3.1-8b-instruct"
-    # us-east's rule names eu-west too: another jurisdiction, where residency may forbid it
-    assert overflow_peers(state, llama, "us-east") == ("us-west",)
-    assert overflow_peers(state, llama, "us-west") == ("us-east",)
-    assert overflow_peers(state, llama, "eu-west") == ()  # its rule: failure only
-    west = next(r for r in doc["fallback_rules"] if r["region"] == "us-west")
-    west["tenant_tier"] = "standard"  # overload escalates one tier's requests, not all
-    assert overflow_peers(state_from(doc), llama, "us-west") == ()
