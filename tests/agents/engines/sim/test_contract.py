@@ -256,10 +256,11 @@ async def test_faults_by_admin_endpoint() -> None:
 
 
 async def test_faults_by_flag_crash_after() -> None:
-    async with running_sim("--crash-after-s", "0.5", "--error-rate", "1") as sim:
+    # long enough for its first request to be answered on a loaded machine before it dies
+    async with running_sim("--crash-after-s", "3", "--error-rate", "1") as sim:
         async with sim.client() as client:
             failed = await client.post("/generate", json={"text": "x"})
-        assert await asyncio.wait_for(sim.process.wait(), 5) == 70
+        assert await asyncio.wait_for(sim.process.wait(), 10) == 70
     assert failed.status_code == 500
 
 
