@@ -41,6 +41,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench import planner_idle
 from controlplane.services.planner.core import (
     DailyShape,
     Deployment,
@@ -325,7 +326,7 @@ def summary(results: dict[str, Tally], options: Options) -> dict[str, Any]:
             "failed_by_preemption": round(r.failed_preempted),
             "scale_downs": r.scale_downs,
         }
-    idle = idle_to_zero()
+    idle = planner_idle.idle_to_zero()
     out["idle_to_zero_s"] = idle
     out["goals"] = {
         "slo_minutes_met >= 0.95": out["meridian"]["slo_minutes_met"] >= 0.95,
@@ -335,27 +336,6 @@ def summary(results: dict[str, Tally], options: Options) -> dict[str, Any]:
         f"an idle model at zero within 600 s (at the defaults: {idle:.0f} s)": idle <= 600,
     }
     return out
-
-
-def idle_to_zero(rps: float = 5.0) -> float:
-    """Seconds from a model's last request until the planner's core, at the control plane's
-    defaults (a period of 30 s, a cool-down of 300 s, the trend's window), plans it no engine
-    where `scale_to_zero` allows: it served `rps` for a while, its engine was last changed
-    long before, and no daily shape was learned (a shape that expects demand at this hour
-    holds an engine for it, by design)."""
-    period, last_request = 30.0, 3_600.0
-    limits = Limits(0, 4, 0.95, 0.2, True)
-    rates: list[tuple[float, float]] = []
-    t = last_request - 20 * period
-    while t < last_request + 3_600:
-        t += period
-        rates = [*rates[-19:], (t, rps if t <= last_request else 0.0)]
-        seen = Observed(at=t, rates=tuple(rates), served_per_engine=rps)
-        d = Deployment(MODEL, "us-east", 1, limits, 1, 3.9, 25.0, 256, last_change_at=0.0)
-        (decided,) = plan([d], {(MODEL, "us-east"): seen}, {}, Guards(now=t))
-        if decided.taken and decided.target == 0:
-            return t - last_request
-    return float("inf")
 
 
 def show(report: dict[str, Any]) -> None:
