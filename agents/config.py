@@ -8,24 +8,27 @@ arrival and never found wanting at request time.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
 from google.protobuf import json_format
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.classes import (
+    DEFAULT_ESCALATE,
+    DEFAULT_POLICY,
+    ClassPolicy,
+    ServiceClass,
+    policy_for,
+)
 from meridian_pb.fleet.v1.features import FEATURES, Table, default_table
 from meridian_pb.fleet.v1.params import PolicyParams, params_for
 from pydantic import ValidationError
 
 from agents.errors import SnapshotInvalid
+from agents.signing import Sender, Signer, sender_of, signer_of
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class RouteConfig:
     max_inflight: int | None  # per worker, from this gateway
     max_queue: int  # requests waiting for admission, per model
     wake_wait_s: float | None = None  # it may have no engine here: the wait for one to start
+    classes: ClassPolicy = DEFAULT_POLICY  # how its service classes are admitted
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -88,6 +92,8 @@ class Tenant:
     max_concurrency: float | None = None  # this node's share of its limit of requests at once
     quota_concurrency: int | None = None  # the global limit, which leases share
     weight: float = 1.0  # in fair admission
+    default_class: ServiceClass = ServiceClass.STANDARD  # of its requests that name none
+    class_ceiling: ServiceClass = ServiceClass.STANDARD  # the highest they may name
 
 
 @dataclass(frozen=True)
@@ -137,26 +143,14 @@ class FallbackChain:
     ttft_s: float | None = None  # overload: the predicted local TTFT past which it escalates
     queue_depth: int | None = None  # overload: requests waiting past which it escalates
     error_rate: float | None = None  # failure: the share of failed local attempts
+    classes: frozenset[ServiceClass] = frozenset(DEFAULT_ESCALATE)  # the classes it escalates
 
-    def applies(self, model: str, tier: str) -> bool:
-        return self.model in (None, model) and self.tenant_tier in (None, tier)
-
-
-@dataclass(frozen=True)
-class Signer:
-    """This region's key for the requests it escalates."""
-
-    key_id: str
-    key: Ed25519PrivateKey
-
-
-@dataclass(frozen=True)
-class Sender:
-    """A region that may escalate here, and the keys its requests are signed with."""
-
-    region: str
-    jurisdiction: str
-    keys: Mapping[str, Ed25519PublicKey]
+    def applies(self, model: str, tier: str, service_class: ServiceClass) -> bool:
+        return (
+            self.model in (None, model)
+            and self.tenant_tier in (None, tier)
+            and service_class in self.classes
+        )
 
 
 @dataclass(frozen=True)
@@ -176,9 +170,10 @@ class RegionConfig:
     senders: Mapping[str, Sender] = field(default_factory=dict)
     tiered: Mapping[str, TieredRouteConfig] = field(default_factory=dict)
 
-    def chain(self, model: str, tier: str) -> FallbackChain | None:
-        """The most specific rule for the model and the tenant's tier (compiled first)."""
-        return next((c for c in self.fallback if c.applies(model, tier)), None)
+    def chain(self, model: str, tier: str, service_class: ServiceClass) -> FallbackChain | None:
+        """The most specific rule for the model, the tenant's tier and the request's class
+        (compiled first); None: it does not escalate."""
+        return next((c for c in self.fallback if c.applies(model, tier, service_class)), None)
 
     def workers_of(self, model: str) -> list[WorkerSpec]:
         return [w for w in self.workers if w.model == model]
@@ -226,6 +221,8 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
                 grant.max_concurrency if grant.HasField("max_concurrency") else None
             ),
             weight=grant.weight or 1.0,
+            default_class=_class(grant.default_class, grant.name),
+            class_ceiling=_class(grant.class_ceiling, grant.name),
         )
         tenants[tenant.name] = tenant
         for key in grant.api_keys:
@@ -260,8 +257,8 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
         keys=MappingProxyType(keys),
         fallback=tuple(_chain(c) for c in snapshot.fallback),
         tenants=MappingProxyType(tenants),
-        signer=_signer(snapshot),
-        senders=MappingProxyType({t.region: _sender(t) for t in snapshot.trusted}),
+        signer=signer_of(snapshot),
+        senders=MappingProxyType({t.region: sender_of(t) for t in snapshot.trusted}),
         tiered=MappingProxyType({t.name: _tiered(t, models) for t in snapshot.tiered}),
     )
 
@@ -317,29 +314,20 @@ def _chain(chain: pb.FallbackChain) -> FallbackChain:
         ttft_s=limits.ttft_ms / 1000 if limits.HasField("ttft_ms") else None,
         queue_depth=limits.queue_depth if limits.HasField("queue_depth") else None,
         error_rate=limits.error_rate if limits.HasField("error_rate") else None,
+        classes=(
+            frozenset(_class(c, chain.rule) for c in chain.classes)
+            if chain.classes
+            else frozenset(DEFAULT_ESCALATE)
+        ),
     )
 
 
-def _signer(snapshot: pb.Snapshot) -> Signer | None:
-    if not snapshot.HasField("signing_key"):
-        return None
+def _class(name: str, where: str) -> ServiceClass:
+    """A service class by name ("": standard)."""
     try:
-        seed = base64.b64decode(snapshot.signing_key.private_key, validate=True)
-        key = Ed25519PrivateKey.from_private_bytes(seed)
-    except ValueError:
-        raise SnapshotInvalid("the region's signing key is not an Ed25519 seed") from None
-    return Signer(snapshot.signing_key.key_id, key)
-
-
-def _sender(trusted: pb.TrustedRegion) -> Sender:
-    keys = {}
-    for key_id, raw in trusted.public_keys.items():
-        try:
-            keys[key_id] = Ed25519PublicKey.from_public_bytes(base64.b64decode(raw, validate=True))
-        except ValueError:
-            where = f"region {trusted.region}'s key {key_id}"
-            raise SnapshotInvalid(f"{where} is not an Ed25519 public key") from None
-    return Sender(trusted.region, trusted.jurisdiction, MappingProxyType(keys))
+        return ServiceClass.named(name) if name else ServiceClass.STANDARD
+    except ValueError as error:
+        raise SnapshotInvalid(f"{where}: {error}") from None
 
 
 def _route(route: pb.Route) -> RouteConfig:
@@ -367,7 +355,19 @@ def _route(route: pb.Route) -> RouteConfig:
         max_inflight=route.max_inflight if route.HasField("max_inflight") else None,
         max_queue=route.max_queue if route.HasField("max_queue") else DEFAULT_MAX_QUEUE,
         wake_wait_s=route.wake_wait_s if route.HasField("wake_wait_s") else None,
+        classes=_classes(route),
     )
+
+
+def _classes(route: pb.Route) -> ClassPolicy:
+    if not route.HasField("classes"):
+        return DEFAULT_POLICY
+    try:
+        return policy_for(json_format.MessageToDict(route.classes))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "classes"
+        raise SnapshotInvalid(f"model {route.model}: classes.{where}: {first['msg']}") from None
 
 
 def _node_share(grant: pb.TenantGrant, name: str, nodes: int) -> float | None:

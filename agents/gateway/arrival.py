@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from aiohttp import web
+from meridian_pb.fleet.v1.classes import HEADER, TIER_HEADER, TIER_OF, ServiceClass, clamp
 
 from agents.config import ModelConfig, RegionConfig
 from agents.gateway import assertion, auth
 from agents.gateway.errors import GatewayError, UpstreamFailed
 from agents.gateway.flight import OPERATOR, Caller, Flight
-from agents.gateway.requests import Inference, cache_salt, context_error, parse
+from agents.gateway.requests import Inference, asked_class, cache_salt, context_error, parse
 from agents.router.escalation import Escalations
 from agents.router.plan import Ask, Placement, Progress
 from agents.router.router import Router
@@ -41,7 +42,8 @@ class Arrival:
             claim = assertion.verify(signed, config, body=body, request_id=rid, seen=seen)
             self.escalations.received(claim.origin, claim.reason)
             scope = f"{claim.origin}/{claim.tenant.name}"  # the peer's word: its tenant
-            return Caller(claim.tenant, scope, claim.origin, claim.debug, claim.waited_s, True)
+            return Caller(claim.tenant, scope, claim.origin, claim.debug, claim.waited_s, True,
+                          claim.service_class)  # fmt: skip
         tenant, insider, scope = auth.caller(request.headers.get("Authorization"), config,
                                              self.operator_token)  # fmt: skip
         debug = insider and request.headers.get("x-meridian-debug") == "1"
@@ -61,6 +63,14 @@ class Arrival:
         model's context), and where it may go."""
         inference, model = parse(request.path, body, config)
         inference.salt = cache_salt(caller.tenant.name, inference.client_salt)
+        tenant = caller.tenant
+        asked = (
+            asked_class(request.headers.get(HEADER), inference)
+            if caller.came_from is None
+            else caller.service_class  # the class it arrived with, clamped here too
+        )
+        served = caller.service_class = clamp(asked, tenant.default_class, tenant.class_ceiling)
+        headers[HEADER], headers[TIER_HEADER] = served.label, TIER_OF[served]
         fits = model  # a tiered request: what its tiers take together (its tier is chosen next)
         if inference.tiered is not None:
             model = config.models[inference.tiered.tiers[-1]]  # meanwhile, the strongest
@@ -68,7 +78,7 @@ class Arrival:
         if isinstance(placement, GatewayError):
             placement.model = model.name  # a refusal of the model's: counted as its
             raise placement
-        ask = Ask(request_id, caller.tenant.name, caller.came_from, caller.tenant is OPERATOR)
+        ask = Ask(request_id, tenant.name, caller.came_from, tenant is OPERATOR, served)
         progress = Progress(since=arrived - caller.waited_s)  # the SLO is the client's, end to end
         return Flight(
             request, request_id, headers, arrived, body, caller, inference, ask,
@@ -97,5 +107,8 @@ def placed(
     route = config.routes.get(model.name)
     if route is None:
         return UpstreamFailed(f"region {config.region} has no route for {model.name}")
-    chain = config.chain(model.name, caller.tenant.tier) if caller.came_from is None else None
+    served = caller.service_class or ServiceClass.STANDARD
+    chain = (
+        config.chain(model.name, caller.tenant.tier, served) if caller.came_from is None else None
+    )
     return Placement(model.name, route, route_request, chain, tier)

@@ -1,13 +1,14 @@
 """The identity an escalated request carries to a peer region: a signed assertion.
 
 The sending region signs, with its own Ed25519 key from its snapshot, who the tenant is, which
-region the request is for, its request id, why it escalated, the hop (one: a peer never sends
-it on), how long the client has waited already, and a digest of its body, valid for a short
-while, with a nonce. The peer checks the signature against the public keys of the regions its
-snapshot trusts (those whose fallback rules name it), and remembers each nonce it accepted
-until the assertion expires: a replay to the same gateway is refused. No secret is shared and
-none is sent: a captured assertion serves only that body, to that region, once a gateway, for
-seconds. An assertion names a tenant always: the operator's own requests are not escalated.
+region the request is for, its request id, its service class, why it escalated, the hop (one:
+a peer never sends it on), how long the client has waited already, and a digest of its body,
+valid for a short while, with a nonce. The peer checks the signature against the public keys
+of the regions its snapshot trusts (those whose fallback rules name it), and remembers each
+nonce it accepted until the assertion expires: a replay to the same gateway is refused. No
+secret is shared and none is sent: a captured assertion serves only that body, to that region,
+once a gateway, for seconds. An assertion names a tenant always: the operator's own requests
+are not escalated.
 
     x-meridian-assertion: <base64url payload>.<base64url signature>
 """
@@ -24,8 +25,10 @@ from dataclasses import dataclass
 
 import orjson
 from cryptography.exceptions import InvalidSignature
+from meridian_pb.fleet.v1.classes import BY_NAME, ServiceClass
 
-from agents.config import RegionConfig, Signer, Tenant
+from agents.config import RegionConfig, Tenant
+from agents.signing import Signer
 from agents.gateway.auth import admissible
 from agents.gateway.errors import Unauthenticated
 
@@ -42,6 +45,7 @@ class Assertion:
     reason: str
     debug: bool  # the caller may see how it was routed, and asked to
     waited_s: float  # what the client waited in the region that escalated: its SLO is end to end
+    service_class: ServiceClass | None = None  # the class it was served at there
 
 
 class Seen:
@@ -74,6 +78,7 @@ def sign(
     body: bytes,
     debug: bool,
     waited_ms: float = 0.0,
+    service_class: ServiceClass = ServiceClass.STANDARD,
     clock: Callable[[], float] = time.time,
 ) -> str:
     payload = orjson.dumps(
@@ -90,6 +95,7 @@ def sign(
             "exp": round(clock() + TTL_S, 3),
             "jti": os.urandom(12).hex(),
             "bh": _digest(body),
+            "cls": service_class.label,
         }
     )
     return f"{_b64(payload)}.{_b64(signer.key.sign(payload))}"
@@ -136,7 +142,11 @@ def verify(
     if not seen.first((sender.region, nonce), float(expires), now):
         raise Unauthenticated("the escalation assertion was used already")
     reason, debug = str(claims.get("why") or ""), claims.get("dbg") is True
-    return Assertion(sender.region, tenant, reason, debug, waited / 1000)
+    named = claims.get("cls")
+    served = BY_NAME.get(named) if isinstance(named, str) else None
+    if named is not None and served is None:
+        raise Unauthenticated("the escalation assertion names no service class this region has")
+    return Assertion(sender.region, tenant, reason, debug, waited / 1000, served)
 
 
 def _digest(body: bytes) -> str:

@@ -120,6 +120,14 @@ class QueueFull(GatewayError):
     status, code, kind, title = 429, "queue_full", "rate_limit_error", "Model is at capacity"
 
 
+class ClassShed(GatewayError):
+    """The model's queue was full, and a request of a higher service class took this one's
+    place."""
+
+    status, code, kind = 429, "class_shed", "rate_limit_error"
+    title = "Shed for a higher service class"
+
+
 class Overloaded(GatewayError):
     status, code, kind = 429, "overloaded", "rate_limit_error"
     title = "No worker can answer within the SLO"
@@ -173,6 +181,7 @@ REFUSALS: dict[Refusal, type[GatewayError]] = {
     Refusal.TENANT_SHARE: TenantShare,
     Refusal.NO_HEALTHY_WORKER: NoHealthyWorker,
     Refusal.UPSTREAM_FAILED: UpstreamFailed,
+    Refusal.CLASS_SHED: ClassShed,
 }
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from meridian_pb.fleet.v1.classes import ServiceClass
 
 from agents.config import Tenant
 from agents.gateway.migration import Continuation, Transcript
@@ -25,7 +26,8 @@ from agents.gateway.upstream import Answer
 from agents.metrics import Settled
 from agents.router.plan import Ask, Placement, Progress
 
-OPERATOR = Tenant("operator", "operator", None, None, None)  # the operator's token's
+# the operator's token's: its requests may name any class
+OPERATOR = Tenant("operator", "operator", None, None, None, class_ceiling=ServiceClass.INTERACTIVE)
 ESCALATION = "escalation"  # the policy of a peer region's answer
 
 
@@ -39,6 +41,8 @@ class Caller:
     debug: bool = False  # the route receipt goes back in x-meridian-route
     waited_s: float = 0.0  # what the client waited before it came here (a peer's word)
     insider: bool = False  # a peer region, the operator or a tenant marked to see routes
+    # the class a peer region's request arrived with (its word); then the class it is served at
+    service_class: ServiceClass | None = None
 
 
 @dataclass(eq=False, slots=True)

@@ -145,7 +145,7 @@ class Forwarder:
             signed = assertion.sign(
                 config.signer, origin=config.region, audience=peer.region, tenant=tenant,
                 request_id=flight.rid, reason=reason, body=body, debug=flight.caller.debug,
-                waited_ms=waited_ms,
+                waited_ms=waited_ms, service_class=flight.ask.service_class,
             )  # fmt: skip
             sent = (
                 upstream_headers(flight.rid) + trace + f"{assertion.HEADER}: {signed}\r\n".encode()

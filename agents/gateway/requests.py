@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from meridian_pb.fleet.v1.classes import HEADER, SERVICE_TIERS, ServiceClass
 
 from agents.config import ModelConfig, RegionConfig, TieredRouteConfig
 from agents.engines.tokenizers import PromptTokenizer
@@ -92,6 +93,7 @@ class Inference:
     extra: bytes = b""  # fields the gateway adds to what the engine gets ('"name":value,')
     client_salt: str = ""  # the client's own cache_salt, folded into its tenant's
     salt: str = ""  # its tenant's prefix-cache namespace (`cache_salt`), set on arrival
+    asked_class: ServiceClass | None = None  # its service_tier's class (None: its default)
 
     def tokens(self, tokenizer: PromptTokenizer) -> bytes:
         """The prompt as the engine's token ids, four bytes a token (as `key` for ids)."""
@@ -141,7 +143,31 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
     if tiered is not None:
         inference.tiered, inference.doc = tiered, body
     inference.client_salt = client_salt or ""
+    tier = body.get("service_tier")
+    if tier is not None:
+        inference.asked_class = _tier_class(tier)
     return inference, model
+
+
+def _tier_class(tier: Any) -> ServiceClass | None:
+    if not isinstance(tier, str) or tier not in SERVICE_TIERS:
+        raise BadRequest(
+            f"service_tier must be one of {', '.join(SERVICE_TIERS)}", param="service_tier"
+        )
+    return SERVICE_TIERS[tier]
+
+
+def asked_class(header: str | None, inference: Inference) -> ServiceClass | None:
+    """The class a request names: by the header or its service_tier (the lower, if both);
+    None: its tenant's default."""
+    tier = inference.asked_class
+    if header is None:
+        return tier
+    try:
+        named = ServiceClass.named(header.strip())
+    except ValueError as error:
+        raise BadRequest(str(error), param=HEADER) from None
+    return named if tier is None else max(named, tier)
 
 
 MAX_SALT = 256

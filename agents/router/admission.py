@@ -47,10 +47,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from meridian_pb.fleet.v1.params import CostParams
+from meridian_pb.fleet.v1.classes import ServiceClass
 
 from agents.config import RouteConfig, Tenant
 from agents.router import predict
+from agents.router.classes import ClassQueues, Waiter
 from agents.router.decision import Decision
 from agents.router.fairness import Fairness, Places
 from agents.router.plan import (
@@ -70,7 +71,6 @@ from agents.router.plan import (
     moved_tier,
     overloaded,
 )
-from agents.router.policies import RouteRequest
 from agents.router.view import RESERVE_RATIO
 
 if TYPE_CHECKING:
@@ -107,6 +107,9 @@ class Look:
     slo_s: float | None
     continuing: bool = False
     waking_s: float | None = None  # no engine may run here, and no peer takes it: the wait
+    behind: bool = False  # a request of another class goes first (fair queueing)
+    bound_s: float | None = None  # its class's bound on its wait (None: the SLO is)
+    service_class: str = "standard"
 
 
 def admits(decision: Decision, fit: bool, standing: int, under_waiting: bool) -> bool:
@@ -118,7 +121,7 @@ def admits(decision: Decision, fit: bool, standing: int, under_waiting: bool) ->
 def judge(look: Look) -> Call | Peer | Reject | None:
     """Admitted (the call to make), sent to a peer, refused, or None: it waits. Pure."""
     decision = look.decision
-    if admits(decision, look.fits, look.standing, look.under_waiting):
+    if admits(decision, look.fits, look.standing, look.under_waiting) and not look.behind:
         return call(decision, look.continuing, look.wait_s)
     if not decision.ranked and not decision.vetoed:
         if look.waking_s is not None and not look.tried:
@@ -148,6 +151,14 @@ def judge(look: Look) -> Call | Peer | Reject | None:
         return look.queue
     if look.left_s <= 0:
         retry = _retry_s(look.slo_s)
+        if look.bound_s is not None:
+            return Reject(
+                Refusal.OVERLOADED,
+                f"{look.model} had no room for a {look.service_class} request within "
+                f"{look.bound_s:g} s",
+                max(retry, round(min(look.bound_s, 60.0))),
+                Reason.OVERLOADED,
+            )
         if look.standing > 0:
             return Reject(
                 Refusal.TENANT_SHARE,
@@ -171,6 +182,7 @@ class Admission:
         self.router = router
         self.clock = clock
         self.fair = Fairness()
+        self.classes = ClassQueues()
         self.waiting: dict[str, int] = {}
         self._full_at: dict[str, float] = {}
         self._events: dict[str, asyncio.Event] = {}
@@ -230,40 +242,59 @@ class Admission:
             placement.route, placement.request, placement.model, ask.tenant,
         )  # fmt: skip
         slo, since, exclude = route.slo_ttft_s, progress.since, progress.tried
-        deadline = since + (slo if slo is not None else DEFAULT_WAIT_S)
+        served, policy, classes = ask.service_class, route.classes, self.classes
+        rule = policy.rule(served)
+        bound = rule.max_wait_s  # a class bounded by its own wait, admitted on slack
+        slack = rule.slack * slo if bound is not None and slo is not None else None
+        deadline = since + (bound or (slo if slo is not None else DEFAULT_WAIT_S))
+        now = self.clock()
+        classes.arrived(model, served, now)
+        kept = classes.kept(model, served, policy, now, ask.came_from is not None)
         # a model that may have no engine here waits for one when no peer would take it
         waking = route.wake_wait_s
         if waking is not None and fails_over(ask, placement, progress):
             waking = None
         asleep = False  # it has waited for an engine to start
         queued = False
+        waiter: Waiter | None = None
+        tag: float | None = None  # its start tag, once others of the model wait
         fair = self.fair
         try:
             while True:
+                if waiter is not None and waiter.shed:
+                    return _shed(model, served.label, slo)
                 request.full = self.clock() - self._full_at.get(model, -FULL_S) < FULL_S
                 decision = self.router.route(route, request, exclude)
                 now = self.clock()
                 if asleep and decision.ranked:  # an engine started: its SLO runs from now
                     asleep, since = False, now
-                    deadline = now + (slo if slo is not None else DEFAULT_WAIT_S)
+                    deadline = now + (bound or (slo if slo is not None else DEFAULT_WAIT_S))
                 standing = fair.standing(model, tenant)
                 ratio = RESERVE_RATIO if standing < 0 else 1.0
                 fit, wait = (
-                    fits(decision, route, request, since, now, ratio)
+                    predict.fits(decision, route, request, since, now, ratio, kept, slack)
                     if decision.ranked else (False, None)
                 )  # fmt: skip
                 under = standing > 0 and fair.under_waiting(model)
-                if admits(decision, fit, standing, under):  # most requests: at the first look
-                    self._admitted(model, now)
-                    return call(decision, progress.continuing, wait)
+                ok = admits(decision, fit, standing, under)
                 waiting = self.waiting.get(model, 0)
+                behind = False
+                if ok and waiting:  # others wait: the classes' turns
+                    tag = tag if tag is not None else classes.tag(model, served, policy)
+                    behind = classes.behind(model, served, tag)
+                if waiter is not None:
+                    waiter.ready = ok
+                if ok and not behind:  # most requests: at the first look
+                    self._admitted(model, now)
+                    classes.served(model, served, tag)
+                    return call(decision, progress.continuing, wait)
                 look = Look(
                     model, tenant, decision, fit, wait, standing, under, waiting,
                     0.0 if queued or limits is None else self._drain_s(model, waiting, now),
                     now - since,
                     deadline - now, queued,
-                    None if queued else self._queue(route, tenant, standing), limits,
-                    len(exclude), slo, progress.continuing, waking,
+                    None if queued else self._queue(route, tenant, standing, served), limits,
+                    len(exclude), slo, progress.continuing, waking, behind, bound, served.label,
                 )  # fmt: skip
                 verdict = judge(look)  # not admitted at this look (`admits` said so above)
                 if isinstance(verdict, Peer) or (
@@ -274,6 +305,9 @@ class Admission:
                     self.waiting[model] = waiting + 1
                     fair.queued(model, tenant, 1)
                     queued = True
+                    tag = tag if tag is not None else classes.tag(model, served, policy)
+                    waiter = Waiter(served, tag, ok)
+                    classes.wait(model, waiter)
                 self._full_at[model] = now
                 if verdict is not None:
                     return verdict
@@ -286,14 +320,24 @@ class Admission:
             if queued:
                 self.waiting[model] -= 1
                 fair.queued(model, tenant, -1)
+            if waiter is not None:
+                classes.left(model, waiter)
+                if waiter.ready and self.waiting.get(model):
+                    self.notify(model)  # those it held back look again
             if queued or request.full:
                 progress.crowded = progress.crowded or fair.crowded(model, tenant)
 
-    def _queue(self, route: RouteConfig, tenant: str, standing: int) -> Reject | None:
+    def _queue(
+        self, route: RouteConfig, tenant: str, standing: int, served: ServiceClass
+    ) -> Reject | None:
         """What a full queue says to a request about to join it: it takes no more, but from
-        a tenant under its fair share, up to its share of the queue."""
+        a tenant under its fair share, up to its share of the queue; and a request takes the
+        place of the newest waiting of the lowest class below its own (shed)."""
         model, waiting = route.model, self.waiting.get(route.model, 0)
         if waiting < route.max_queue:
+            return None
+        if self.classes.shed_for(model, served) is not None:
+            self.notify(model)  # the one shed hears it at once
             return None
         mine = self.fair.waiting.get(model, {}).get(tenant, 0)
         if standing < 0 and mine < self.fair.queue_share(model, tenant, route.max_queue):
@@ -309,49 +353,14 @@ class Admission:
                       "already", retry, Reason.QUEUE_FULL)  # fmt: skip
 
 
-def fits(
-    decision: Decision,
-    route: RouteConfig,
-    request: RouteRequest,
-    since: float,
-    now: float,
-    ratio: float = 1.0,
-) -> tuple[bool, float | None]:
-    """Whether the best worker can start the request within the SLO, and the wait for its
-    first byte predicted there (None where admission predicts none: the policy's stands).
-    `ratio`: of each running answer's rest, the room kept for it (1: every answer there
-    finishes; RESERVE_RATIO: as the engine itself admits)."""
-    slo = route.slo_ttft_s
-    predicted = decision.best_ttft_s
-    if slo is None or predicted is None:
-        return True, None
-    best = decision.ranked[0]
-    if best.view.inflight == 0 and best.load == 0:
-        return True, None  # an idle worker: nothing to wait for, whatever the estimate says
-    # a request there waits at least as long as the oldest one sent there has, unstarted,
-    # and as the requests the engine holds back take to start; and it is admitted only with
-    # room for every answer there to finish (when room runs out an engine retracts its
-    # newest request, which then waits for room again, often before its first chunk)
-    view, load, params = best.view, best.entry.load, route.params
-    uncached = max(0, request.prompt_tokens - best.matched_tokens)
-    answer = view.answer(request.max_new)
-    held, room = (
-        predict.held_wait(view, load, now),
-        predict.room_wait(view, uncached, load, now, answer, ratio),
+def _shed(model: str, service_class: str, slo: float | None) -> Reject:
+    return Reject(
+        Refusal.CLASS_SHED,
+        f"{model}'s queue is full, and a request of a higher class took this {service_class} "
+        "request's place",
+        _retry_s(slo),
+        Reason.QUEUE_FULL,
     )
-    # what the model misses (a step it has not learned, answers that run long) it misses
-    # again: the prediction is scaled by how late first bytes have lately come here
-    wait = max(predicted, predict.head_age(view, now), held, room)
-    if (
-        (held > 0 or room > 0 or load.waiting > 0)
-        and isinstance(params, CostParams)
-        and view.unstarted >= params.max_unstarted
-    ):
-        # an engine that holds requests back for room (its queue says so, or the model
-        # does): what it cannot start at once waits here, where it can be shed (one that
-        # has room starts a burst together, in a batch)
-        return False, wait
-    return now - since + wait * view.bias <= slo, wait
 
 
 def _retry_s(slo: float | None) -> int:

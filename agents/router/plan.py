@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
+from meridian_pb.fleet.v1.classes import ServiceClass
+
 from agents.config import FallbackChain, RouteConfig
 from agents.router.decision import Decision
 from agents.router.policies import Candidate, RouteRequest
@@ -67,6 +69,7 @@ class Refusal(StrEnum):
     TENANT_SHARE = "tenant_share"
     NO_HEALTHY_WORKER = "no_healthy_worker"
     UPSTREAM_FAILED = "upstream_failed"
+    CLASS_SHED = "class_shed"  # a higher class's request took its place in a full queue
 
 
 class Ask(NamedTuple):
@@ -77,6 +80,7 @@ class Ask(NamedTuple):
     tenant: str
     came_from: str | None = None  # the peer region that escalated it here (one hop)
     operator: bool = False  # the operator's own request: never escalated
+    service_class: ServiceClass = ServiceClass.STANDARD  # served at, clamped to its ceiling
 
 
 class Placement(NamedTuple):

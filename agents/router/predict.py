@@ -6,9 +6,17 @@ read, never write; the view changes only through its own methods."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+from meridian_pb.fleet.v1.params import CostParams
 
 from agents.router.view import OVERDUE_MARGIN, RESERVE_RATIO, Flight, WorkerView
 from agents.workers.table import EngineLoad
+
+if TYPE_CHECKING:  # what admission asks `fits` about (they import this module)
+    from agents.config import RouteConfig
+    from agents.router.decision import Decision
+    from agents.router.policies import RouteRequest
 
 
 def _ran(view: WorkerView, flight: Flight, now: float, step: float) -> float:
@@ -60,6 +68,7 @@ def room_wait(
     now: float,
     answer: float | None = None,
     reserve_ratio: float = RESERVE_RATIO,
+    kept: float = 0.0,
 ) -> float:
     """Seconds until the engine's KV pool has room for `need` more tokens after what is
     queued there: SGLang admits a request only with room for its uncached prompt and a
@@ -68,6 +77,7 @@ def room_wait(
     nothing started is retracted (when room runs out an engine retracts its newest
     request, which then waits for room again, often before its first chunk). When the
     pool is short, a request waits for running ones to end and free theirs (`_room_at`).
+    `kept`: the share of the pool it may not take (higher service classes' reserves).
     Without the pool's size, waiting requests are taken to be held back for room."""
     if load.running <= 0 and view.sent_since_poll <= 0:
         return 0.0
@@ -79,7 +89,7 @@ def room_wait(
         + view.tokens_since_poll
         + (load.waiting + view.sent_since_poll) * view.mean_output * reserve_ratio
     )
-    free = load.max_total_tokens - load.used_tokens - queued - need
+    free = load.max_total_tokens * (1.0 - kept) - load.used_tokens - queued - need
     reserve = (to_come(view, load, now) + answer) * reserve_ratio
     if free >= reserve:
         return 0.0
@@ -208,3 +218,54 @@ def queued_work(view: WorkerView, pending_tokens: int) -> float:
     since the poll; at least what this gateway knows it has queued there."""
     engine = pending_tokens + view.tokens_since_poll
     return max(engine, view.queued_tokens)
+
+
+def fits(
+    decision: Decision,
+    route: RouteConfig,
+    request: RouteRequest,
+    since: float,
+    now: float,
+    ratio: float = 1.0,
+    kept: float = 0.0,
+    slack: float | None = None,
+) -> tuple[bool, float | None]:
+    """Whether the best worker can start the request within the SLO, and the wait for its
+    first byte predicted there (None where admission predicts none: the policy's stands).
+    `ratio`: of each running answer's rest, the room kept for it (1: every answer there
+    finishes; RESERVE_RATIO: as the engine itself admits). `kept`: the share of the
+    worker's KV pool it may not take (higher classes' reserves). `slack`: a class admitted
+    on slack is admitted when its first byte is predicted that soon, its wait not counted."""
+    slo = route.slo_ttft_s
+    predicted = decision.best_ttft_s
+    if slo is None or predicted is None:
+        return True, None
+    best = decision.ranked[0]
+    if best.view.inflight == 0 and best.load == 0:
+        return True, None  # an idle worker: nothing to wait for, whatever the estimate says
+    # a request there waits at least as long as the oldest one sent there has, unstarted,
+    # and as the requests the engine holds back take to start; and it is admitted only with
+    # room for every answer there to finish (when room runs out an engine retracts its
+    # newest request, which then waits for room again, often before its first chunk)
+    view, load, params = best.view, best.entry.load, route.params
+    uncached = max(0, request.prompt_tokens - best.matched_tokens)
+    answer = view.answer(request.max_new)
+    held, room = (
+        held_wait(view, load, now),
+        room_wait(view, uncached, load, now, answer, ratio, kept),
+    )
+    # what the model misses (a step it has not learned, answers that run long) it misses
+    # again: the prediction is scaled by how late first bytes have lately come here
+    wait = max(predicted, head_age(view, now), held, room)
+    if (
+        (held > 0 or room > 0 or load.waiting > 0)
+        and isinstance(params, CostParams)
+        and view.unstarted >= params.max_unstarted
+    ):
+        # an engine that holds requests back for room (its queue says so, or the model
+        # does): what it cannot start at once waits here, where it can be shed (one that
+        # has room starts a burst together, in a batch)
+        return False, wait
+    if slack is not None:
+        return wait * view.bias <= slack, wait
+    return now - since + wait * view.bias <= slo, wait

@@ -25,6 +25,12 @@ class TenantRow(NamedRow):
     tier_floor: Mapped[str | None] = mapped_column(String(63))  # a model's name
     max_concurrency: Mapped[int | None] = mapped_column(Integer)
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    default_class: Mapped[str] = mapped_column(
+        String(16), default="standard", server_default="standard"
+    )
+    class_ceiling: Mapped[str] = mapped_column(
+        String(16), default="standard", server_default="standard"
+    )
 
 
 class ApiKeyRow(NamedRow):

@@ -174,6 +174,7 @@ class RoutingPolicyRow(NamedRow):
     slo_itl_ms: Mapped[int | None] = mapped_column(Integer)
     max_inflight: Mapped[int | None] = mapped_column(Integer)
     max_queue: Mapped[int | None] = mapped_column(Integer)
+    classes: Mapped[Json | None] = mapped_column(JSONB)
 
     model: Mapped[ModelRow] = relationship(lazy="joined")
     region: Mapped[RegionRow | None] = relationship(lazy="joined")
@@ -183,11 +184,10 @@ class FallbackRuleRow(NamedRow):
     __tablename__ = "fallback_rules"
     __table_args__ = (
         Index(
-            "uq_fallback_rules_scope",
+            "ix_fallback_rules_scope",
             "region_id",
             text("coalesce(model_id, 0)"),
             text("coalesce(tenant_tier, '')"),
-            unique=True,
         ),
     )
 
@@ -196,6 +196,11 @@ class FallbackRuleRow(NamedRow):
     tenant_tier: Mapped[str | None] = mapped_column(String(32))
     triggers: Mapped[list[str]] = mapped_column(JSONB, default=list)
     thresholds: Mapped[Json] = mapped_column(JSONB, default=dict)
+    classes: Mapped[list[str]] = mapped_column(
+        JSONB,
+        default=lambda: ["interactive", "standard"],
+        server_default=text("""'["interactive", "standard"]'::jsonb"""),
+    )
 
     region: Mapped[RegionRow] = relationship(lazy="joined", foreign_keys=[region_id])
     model: Mapped[ModelRow | None] = relationship(lazy="joined")

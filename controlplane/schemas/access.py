@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from controlplane.domain import Role
+from controlplane.schemas.classes import ServiceClassName, rank
 from controlplane.schemas.common import Meta, Name, Slug, Spec, Unique
 
 DEFAULT_MAX_CONCURRENCY = 256  # a tenant's requests under way at once, unless its spec says
@@ -50,6 +51,24 @@ class TenantSpec(Spec):
         description="its weight in fair admission: when a model's workers in a region are "
         "saturated, each tenant with requests for it gets slots and queue in proportion",
     )
+    default_class: ServiceClassName = Field(
+        default=ServiceClassName.STANDARD,
+        description="the service class of its requests that name none (service_tier auto or "
+        "absent)",
+    )
+    class_ceiling: ServiceClassName = Field(
+        default=ServiceClassName.STANDARD,
+        description="the highest class its requests may name; one above it is served at it",
+    )
+
+    @model_validator(mode="after")
+    def _default_within_ceiling(self) -> Self:
+        if rank(self.default_class) < rank(self.class_ceiling):
+            raise ValueError(
+                f"default_class {self.default_class.value} is above class_ceiling "
+                f"{self.class_ceiling.value}"
+            )
+        return self
 
 
 class ApiKeySpec(Spec):

@@ -21,6 +21,7 @@ from controlplane.domain import (
     RoutingPolicyName,
 )
 from controlplane.schemas.autoscale import AutoscaleSpec
+from controlplane.schemas.classes import ClassesSpec, ServiceClassName
 from controlplane.schemas.common import (
     ArgKey,
     HttpUrl,
@@ -199,6 +200,9 @@ class RoutingPolicySpec(Spec):
     slo_itl_ms: int | None = Field(default=None, ge=1, le=60_000)
     max_inflight: int | None = Field(default=None, ge=1, le=1_000_000)
     max_queue: int | None = Field(default=None, ge=0, le=1_000_000)
+    classes: ClassesSpec | None = Field(
+        default=None, description="how its service classes are admitted; null: the defaults"
+    )
 
     @model_validator(mode="after")
     def _params_fit_the_policy(self) -> Self:
@@ -304,6 +308,13 @@ class FallbackRuleSpec(Spec):
         max_length=len(FallbackTrigger),
     )
     thresholds: FallbackThresholds = Field(default_factory=FallbackThresholds)
+    classes: Annotated[list[ServiceClassName], Unique] = Field(
+        default_factory=lambda: [ServiceClassName.INTERACTIVE, ServiceClassName.STANDARD],
+        min_length=1,
+        max_length=len(ServiceClassName),
+        description="the service classes it escalates; a region's rules of one scope (model "
+        "and tenant tier) name each class at most once",
+    )
 
 
 class CloudOut(Meta, CloudSpec):

@@ -215,8 +215,28 @@ class FallbackRuleKind(Kind[FallbackRuleRow]):
             "peers": [peer.region.name for peer in row.peers],
             "triggers": row.triggers,
             "thresholds": row.thresholds,
+            "classes": row.classes,
         }
         return self.spec.model_validate(raw).model_dump(mode="json")
+
+    async def validate(self, uow: UnitOfWork, row: FallbackRuleRow) -> None:
+        """Rules of one scope (region, model, tenant tier) name each class at most once, so a
+        request's class picks one rule."""
+        model, tier = FallbackRuleRow.model_id, FallbackRuleRow.tenant_tier
+        query = select(FallbackRuleRow).where(
+            FallbackRuleRow.region_id == row.region.id,
+            model.is_(None) if row.model is None else model == row.model.id,
+            tier.is_(None) if row.tenant_tier is None else tier == row.tenant_tier,
+            FallbackRuleRow.name != row.name,
+        )
+        for other in (await uow.session.execute(query)).unique().scalars():
+            shared = sorted(set(other.classes) & set(row.classes))
+            if shared:
+                raise InvalidFallbackChain(
+                    f"fallback rule {other.name!r} of the same region, model and tenant tier "
+                    f"escalates {', '.join(shared)} already",
+                    "classes",
+                )
 
     async def assign(self, uow: UnitOfWork, row: FallbackRuleRow, given: Spec) -> None:
         spec = cast(FallbackRuleSpec, given)
@@ -227,6 +247,7 @@ class FallbackRuleKind(Kind[FallbackRuleRow]):
         row.tenant_tier = spec.tenant_tier
         row.triggers = [str(t) for t in spec.triggers]
         row.thresholds = spec.thresholds.model_dump()
+        row.classes = [str(c) for c in spec.classes]
         regions = []
         for index, peer in enumerate(spec.peers):
             if peer == spec.region:

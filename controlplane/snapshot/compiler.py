@@ -200,7 +200,8 @@ def _route(state: FleetState, region: str, model: str) -> Route:
             source=None,
         )
     _, name, policy = candidates[0]
-    return Route(source=name, **policy.model_dump(exclude={"region"}))
+    classes = policy.classes.model_dump(exclude_none=True) if policy.classes else None
+    return Route(source=name, classes=classes, **policy.model_dump(exclude={"region", "classes"}))
 
 
 def _tiered(state: FleetState, models: set[str]) -> list[TieredRoute]:
@@ -280,6 +281,7 @@ def _fallback(state: FleetState, region: str, index: FleetIndex) -> list[Fallbac
                 triggers=rule.triggers,
                 thresholds=rule.thresholds,
                 peers=peers,
+                classes=[str(c) for c in rule.classes],
             )
         )
     return chains
@@ -341,6 +343,8 @@ def tenant_grants(state: FleetState, region: str, index: FleetIndex) -> list[Ten
                 max_concurrency=tenant.max_concurrency,
                 max_concurrency_share=exact_share(tenant.max_concurrency, weights, region),
                 weight=tenant.weight,
+                default_class=str(tenant.default_class),
+                class_ceiling=str(tenant.class_ceiling),
             )
         )
     return grants

@@ -150,6 +150,7 @@ class Route(Frozen):
     source: str | None  # the routing policy it came from; None: the default
     # where its deployment here may scale to zero: how long a request waits for an engine
     wake_wait_s: int | None = None
+    classes: dict[str, Any] | None = None  # its service classes' rules given (the rest: defaults)
 
 
 class Peer(Frozen):
@@ -180,6 +181,7 @@ class FallbackChain(Frozen):
     triggers: list[FallbackTrigger]
     thresholds: FallbackThresholds
     peers: list[Peer]
+    classes: list[str] = Field(default_factory=lambda: ["interactive", "standard"])
 
 
 class TierTable(Frozen):
@@ -236,6 +238,8 @@ class TenantGrant(Frozen):
     max_concurrency: int | None = None  # requests under way at once, fleet-wide (leased)
     max_concurrency_share: float | None = None  # the region's exact share of it
     weight: float = 1.0  # in fair admission
+    default_class: str = "standard"  # its requests' service class when they name none
+    class_ceiling: str = "standard"  # the highest they may name
 
 
 class RegionSnapshot(Frozen):

@@ -68,6 +68,8 @@ async def test_dry_run_shows_the_diff_and_changes_nothing(api: Api) -> None:
                 "tier_floor": None,
                 "max_concurrency": 256,
                 "weight": 1.0,
+                "default_class": "standard",
+                "class_ceiling": "standard",
             },
         },
     ]

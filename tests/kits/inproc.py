@@ -26,8 +26,6 @@ from agents.config import (
     Peer,
     RegionConfig,
     RouteConfig,
-    Sender,
-    Signer,
     Tenant,
     WorkerSpec,
 )
@@ -35,6 +33,7 @@ from agents.gateway.requests import DEFAULT_LIMITS, Limits
 from agents.gateway.service import Gateway
 from agents.http import build_app
 from agents.router.router import Router
+from agents.signing import Sender, Signer
 from agents.workers.poller import LoadPoller
 from agents.workers.table import WorkerTable
 from meridian.procs import free_port

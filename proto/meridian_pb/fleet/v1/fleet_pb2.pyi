@@ -1941,6 +1941,7 @@ class Route(_message.Message):
     MAX_QUEUE_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     WAKE_WAIT_S_FIELD_NUMBER: _builtins.int
+    CLASSES_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     policy: _builtins.str
     slo_ttft_ms: _builtins.int
@@ -1954,6 +1955,10 @@ class Route(_message.Message):
     """
     @_builtins.property
     def params(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def classes(self) -> _struct_pb2.Struct:
+        """Its service classes' rules (classes.ClassPolicy as JSON); unset: the defaults."""
+
     def __init__(
         self,
         *,
@@ -1966,10 +1971,11 @@ class Route(_message.Message):
         max_queue: _builtins.int | None = ...,
         source: _builtins.str | None = ...,
         wake_wait_s: _builtins.int | None = ...,
+        classes: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_inflight", b"_max_inflight", "_max_queue", b"_max_queue", "_slo_itl_ms", b"_slo_itl_ms", "_slo_ttft_ms", b"_slo_ttft_ms", "_source", b"_source", "_wake_wait_s", b"_wake_wait_s", "max_inflight", b"max_inflight", "max_queue", b"max_queue", "params", b"params", "slo_itl_ms", b"slo_itl_ms", "slo_ttft_ms", b"slo_ttft_ms", "source", b"source", "wake_wait_s", b"wake_wait_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_inflight", b"_max_inflight", "_max_queue", b"_max_queue", "_slo_itl_ms", b"_slo_itl_ms", "_slo_ttft_ms", b"_slo_ttft_ms", "_source", b"_source", "_wake_wait_s", b"_wake_wait_s", "classes", b"classes", "max_inflight", b"max_inflight", "max_queue", b"max_queue", "params", b"params", "slo_itl_ms", b"slo_itl_ms", "slo_ttft_ms", b"slo_ttft_ms", "source", b"source", "wake_wait_s", b"wake_wait_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_inflight", b"_max_inflight", "_max_queue", b"_max_queue", "_slo_itl_ms", b"_slo_itl_ms", "_slo_ttft_ms", b"_slo_ttft_ms", "_source", b"_source", "_wake_wait_s", b"_wake_wait_s", "max_inflight", b"max_inflight", "max_queue", b"max_queue", "model", b"model", "params", b"params", "policy", b"policy", "slo_itl_ms", b"slo_itl_ms", "slo_ttft_ms", b"slo_ttft_ms", "source", b"source", "wake_wait_s", b"wake_wait_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_inflight", b"_max_inflight", "_max_queue", b"_max_queue", "_slo_itl_ms", b"_slo_itl_ms", "_slo_ttft_ms", b"_slo_ttft_ms", "_source", b"_source", "_wake_wait_s", b"_wake_wait_s", "classes", b"classes", "max_inflight", b"max_inflight", "max_queue", b"max_queue", "model", b"model", "params", b"params", "policy", b"policy", "slo_itl_ms", b"slo_itl_ms", "slo_ttft_ms", b"slo_ttft_ms", "source", b"source", "wake_wait_s", b"wake_wait_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_inflight: _TypeAlias = _typing.Literal["max_inflight"]  # noqa: Y015
     _WhichOneofArgType__max_inflight: _TypeAlias = _typing.Literal["_max_inflight", b"_max_inflight"]  # noqa: Y015
@@ -2080,6 +2086,7 @@ class FallbackChain(_message.Message):
     TRIGGERS_FIELD_NUMBER: _builtins.int
     THRESHOLDS_FIELD_NUMBER: _builtins.int
     PEERS_FIELD_NUMBER: _builtins.int
+    CLASSES_FIELD_NUMBER: _builtins.int
     rule: _builtins.str
     model: _builtins.str
     tenant_tier: _builtins.str
@@ -2089,6 +2096,10 @@ class FallbackChain(_message.Message):
     def thresholds(self) -> Global___FallbackThresholds: ...
     @_builtins.property
     def peers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Peer]: ...
+    @_builtins.property
+    def classes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The service classes it escalates; empty: interactive and standard."""
+
     def __init__(
         self,
         *,
@@ -2098,10 +2109,11 @@ class FallbackChain(_message.Message):
         triggers: _abc.Iterable[_builtins.str] | None = ...,
         thresholds: Global___FallbackThresholds | None = ...,
         peers: _abc.Iterable[Global___Peer] | None = ...,
+        classes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_model", b"_model", "_tenant_tier", b"_tenant_tier", "model", b"model", "tenant_tier", b"tenant_tier", "thresholds", b"thresholds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model", b"_model", "_tenant_tier", b"_tenant_tier", "model", b"model", "peers", b"peers", "rule", b"rule", "tenant_tier", b"tenant_tier", "thresholds", b"thresholds", "triggers", b"triggers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model", b"_model", "_tenant_tier", b"_tenant_tier", "classes", b"classes", "model", b"model", "peers", b"peers", "rule", b"rule", "tenant_tier", b"tenant_tier", "thresholds", b"thresholds", "triggers", b"triggers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__model: _TypeAlias = _typing.Literal["model"]  # noqa: Y015
     _WhichOneofArgType__model: _TypeAlias = _typing.Literal["_model", b"_model"]  # noqa: Y015
@@ -2181,6 +2193,8 @@ class TenantGrant(_message.Message):
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENCY_SHARE_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    DEFAULT_CLASS_FIELD_NUMBER: _builtins.int
+    CLASS_CEILING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tier: _builtins.str
     requests_per_minute: _builtins.int
@@ -2210,6 +2224,11 @@ class TenantGrant(_message.Message):
     """Its weight in fair admission: a saturated model's slots go to the tenants with demand in
     proportion to it. 0: 1.
     """
+    default_class: _builtins.str
+    """Its requests' class when they name none, and the highest they may name (service
+    classes: meridian_pb/fleet/v1/classes.py). "": standard.
+    """
+    class_ceiling: _builtins.str
     @_builtins.property
     def allowed_jurisdictions(self) -> Global___Jurisdictions:
         """Unset: any jurisdiction."""
@@ -2236,10 +2255,12 @@ class TenantGrant(_message.Message):
         max_concurrency: _builtins.int | None = ...,
         max_concurrency_share: _builtins.float | None = ...,
         weight: _builtins.float = ...,
+        default_class: _builtins.str = ...,
+        class_ceiling: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier_floor", b"tier_floor", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "debug_routes", b"debug_routes", "disabled", b"disabled", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "name", b"name", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tier_floor", b"tier_floor", "tiering", b"tiering", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "class_ceiling", b"class_ceiling", "debug_routes", b"debug_routes", "default_class", b"default_class", "disabled", b"disabled", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "name", b"name", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tier_floor", b"tier_floor", "tiering", b"tiering", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_concurrency: _TypeAlias = _typing.Literal["max_concurrency"]  # noqa: Y015
     _WhichOneofArgType__max_concurrency: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency"]  # noqa: Y015

@@ -1,0 +1,191 @@
+"""Service classes in admission (agents/router/classes.py): slack, bounds, reserves, shedding
+and fair queueing between classes, on a router with no engine and a clock of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from meridian_pb.fleet.v1.classes import (
+    ClassPolicy,
+    ClassRule,
+    ServiceClass,
+    clamp,
+    policy_for,
+)
+from pydantic import ValidationError
+
+from agents.config import RouteConfig
+from agents.router.admission import Admission
+from agents.router.classes import ClassQueues, Waiter
+from agents.router.plan import Ask, Local, Placement, Plan, Progress, Refusal, Reject
+from agents.router.policies import RouteRequest
+from agents.workers.table import EngineLoad
+from tests.kits.router import MODEL, SYSTEM, router_of, ticking_admission
+
+INTERACTIVE, STANDARD, FLEX, BATCH = ServiceClass
+
+
+async def _plan(
+    admission: Admission,
+    route: RouteConfig,
+    request: RouteRequest,
+    since: float,
+    service_class: ServiceClass,
+) -> Plan:
+    ask = Ask("r", "t", service_class=service_class)
+    return await admission.admit(ask, Placement(MODEL, route, request, None), Progress(since), None)
+
+
+def test_a_request_can_only_lower_its_class() -> None:
+    assert clamp(None, STANDARD, STANDARD) is STANDARD  # it names none: its default
+    assert clamp(INTERACTIVE, STANDARD, STANDARD) is STANDARD  # above the ceiling: clamped
+    assert clamp(BATCH, STANDARD, STANDARD) is BATCH  # lower: as asked
+    assert clamp(INTERACTIVE, STANDARD, INTERACTIVE) is INTERACTIVE
+
+
+def test_a_policy_given_in_part_keeps_each_class_default() -> None:
+    policy = policy_for({"batch": {"max_wait_s": 30}, "preempt": True})
+    assert policy.batch == ClassRule(weight=1, max_wait_s=30, slack=0.25)
+    assert policy.interactive.reserve == 0.2
+    assert policy.preempt
+    with pytest.raises(ValidationError):
+        policy_for({"interactive": {"reserve": 0.5}, "standard": {"reserve": 0.5}})
+    with pytest.raises(ValidationError):
+        policy_for({"gold": {"weight": 1}})
+
+
+def test_classes_that_wait_are_served_in_proportion_to_their_weights() -> None:
+    """Two classes backlogged on a model, weights 3 and 1: of 40 places freed, in the order
+    their tags say, the heavier class gets 30 and the other 10; neither waits for ever."""
+    policy = ClassPolicy(standard=ClassRule(weight=3), batch=ClassRule(weight=1))
+    queues = ClassQueues()
+    waiting: list[Waiter] = []
+    for service_class in (STANDARD, BATCH):
+        for _ in range(40):
+            waiter = Waiter(service_class, queues.tag(MODEL, service_class, policy), ready=True)
+            queues.wait(MODEL, waiter)
+            waiting.append(waiter)
+    served = []
+    for _ in range(40):
+        first = next(w for w in waiting if not queues.behind(MODEL, w.service_class, w.tag))
+        queues.served(MODEL, first.service_class, first.tag)
+        queues.left(MODEL, first)
+        waiting.remove(first)
+        served.append(first.service_class)
+    assert served.count(STANDARD) == 30
+    assert served.count(BATCH) == 10
+    assert BATCH in served[:5]  # the lighter class is not made to wait for the heavier's all
+
+
+def test_a_waiting_request_that_does_not_fit_holds_nobody_back() -> None:
+    queues, policy = ClassQueues(), ClassPolicy()
+    batch = Waiter(BATCH, queues.tag(MODEL, BATCH, policy), ready=False)
+    queues.wait(MODEL, batch)
+    tag = queues.tag(MODEL, INTERACTIVE, policy) + 10  # later than the batch request's
+    assert not queues.behind(MODEL, INTERACTIVE, tag)
+    batch.ready = True
+    assert queues.behind(MODEL, INTERACTIVE, tag)
+    queues.left(MODEL, batch)
+    assert queues.models[MODEL].vtime == 0
+    assert queues.models[MODEL].last == [0.0] * 4
+
+
+def test_reserves_are_kept_while_their_class_is_active_and_always_from_a_peer() -> None:
+    queues, policy = ClassQueues(), ClassPolicy()
+    assert queues.kept(MODEL, STANDARD, policy, now=0.0, escalated=False) == 0.0
+    assert queues.kept(MODEL, STANDARD, policy, now=0.0, escalated=True) == 0.2
+    assert queues.kept(MODEL, INTERACTIVE, policy, now=0.0, escalated=True) == 0.2
+    queues.arrived(MODEL, INTERACTIVE, now=100.0)
+    assert queues.kept(MODEL, BATCH, policy, now=110.0, escalated=False) == 0.2
+    assert queues.kept(MODEL, INTERACTIVE, policy, now=110.0, escalated=False) == 0.0
+    assert queues.kept(MODEL, BATCH, policy, now=200.0, escalated=False) == 0.0  # idle since
+
+
+async def test_a_batch_request_runs_only_on_capacity_others_leave_and_waits_within_its_bound() -> (
+    None
+):
+    """The only worker has held a request back for 0.8 s. An interactive request (its SLO
+    2 s) is admitted: it would start within its SLO. A batch request is admitted only where
+    its first byte would come within a quarter of the SLO: it waits, and is refused 429 when
+    its own bound (3 s) passes. Once the engine starts what it held, batch goes."""
+    clock = [0.0]
+    router, config, table = router_of("cost", workers=1, clock=clock)
+    classes = policy_for({"batch": {"max_wait_s": 3}})
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0, classes=classes)
+    admission = ticking_admission(router, clock)
+    first = router.request(MODEL, SYSTEM + b"held")
+    plan = await _plan(admission, route, first, clock[0], STANDARD)
+    assert isinstance(plan, Local)
+    stuck = router.dispatched(plan.decision.ranked[0], first, wait_s=plan.wait_s)
+    table.polled("w0", EngineLoad(running=1, max_total_tokens=100_000), 2)
+    clock[0] = 0.8
+    batch = await _plan(admission, route, router.request(MODEL, SYSTEM + b"b"), clock[0], BATCH)
+    assert isinstance(batch, Reject)
+    assert batch.code is Refusal.OVERLOADED
+    assert "batch" in batch.message
+    assert batch.retry_after_s is not None
+    assert batch.retry_after_s >= 3
+    assert clock[0] >= 3.8  # it waited its bound, not the SLO
+    clock[0] = 0.8
+    interactive = router.request(MODEL, SYSTEM + b"i")
+    assert isinstance(await _plan(admission, route, interactive, clock[0], INTERACTIVE), Local)
+    router.first_byte(stuck)
+    later = await _plan(admission, route, router.request(MODEL, SYSTEM + b"c"), clock[0], BATCH)
+    assert isinstance(later, Local)
+
+
+async def test_a_full_queue_sheds_the_lowest_class_first() -> None:
+    """The only worker holds a request back, so everything waits; the queue takes one. A
+    batch request waits in it; an interactive request that must wait takes its place: the
+    batch request is refused 429 class_shed, and the interactive one goes when the engine
+    starts what it held."""
+    clock = [0.0]
+    router, config, table = router_of("cost", workers=1, clock=clock)
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=10.0, max_queue=1)
+    admission = Admission(router, clock=lambda: clock[0])
+    first = router.request(MODEL, SYSTEM + b"held")
+    plan = await _plan(admission, route, first, clock[0], STANDARD)
+    assert isinstance(plan, Local)
+    stuck = router.dispatched(plan.decision.ranked[0], first, wait_s=plan.wait_s)
+    table.polled("w0", EngineLoad(running=1, max_total_tokens=100_000), 2)
+    clock[0] = 12.0  # held 12 s: nothing fits a 10 s SLO there now
+    batch = asyncio.create_task(
+        _plan(admission, route, router.request(MODEL, SYSTEM + b"b"), 0.0, BATCH)
+    )
+    await asyncio.sleep(0)  # it looks, and waits
+    assert admission.waiting[MODEL] == 1
+    interactive = asyncio.create_task(
+        _plan(admission, route, router.request(MODEL, SYSTEM + b"i"), clock[0], INTERACTIVE)
+    )
+    shed = await asyncio.wait_for(batch, 5)
+    assert isinstance(shed, Reject)
+    assert shed.code is Refusal.CLASS_SHED
+    assert not interactive.done()
+    router.first_byte(stuck)
+    assert isinstance(await asyncio.wait_for(interactive, 5), Local)
+
+
+async def test_an_interactive_reserve_keeps_room_that_standard_may_not_take() -> None:
+    """The only worker's KV pool is 85% used and its answers end slowly. Once interactive
+    traffic has come, a standard request may not take the last fifth of the pool, and waits
+    (refused when its SLO passes); an interactive request is admitted there."""
+    clock = [0.0]
+    router, config, table = router_of("cost", workers=1, clock=clock)
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0)
+    view = router.views["w0"]
+    view.mean_output, view.decode_step_s = 256, 0.1
+    admission = ticking_admission(router, clock)
+    full = EngineLoad(running=8, used_tokens=85_000, max_total_tokens=100_000)
+    table.polled("w0", full, 2)
+    standard = await _plan(admission, route, router.request(MODEL, SYSTEM + b"s"), clock[0],
+                           STANDARD)  # fmt: skip
+    assert isinstance(standard, Local)  # no interactive traffic yet: no reserve kept
+    interactive = router.request(MODEL, SYSTEM + b"i")
+    assert isinstance(await _plan(admission, route, interactive, clock[0], INTERACTIVE), Local)
+    table.polled("w0", full, 2)
+    later = await _plan(admission, route, router.request(MODEL, SYSTEM + b"t"), clock[0],
+                        STANDARD)  # fmt: skip
+    assert isinstance(later, Reject)
+    assert later.code is Refusal.OVERLOADED
