@@ -29,6 +29,8 @@ from agents.books import Books
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0)  # fmt: skip
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                600.0)  # fmt: skip
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
                     40.96, 81.92)  # fmt: skip
@@ -59,6 +61,8 @@ class Settled(NamedTuple):
     migrated: str = ""  # where its stream was carried on, and why: "a → b (broke); ..."
     crowded: bool = False  # it waited on another tenant's load (agents/router/admission.py)
     load: float = 0.0  # requests of its model in flight here per serving worker, when sent
+    service_class: str = ""  # the class it was served at
+    waited_s: float | None = None  # from its arrival to its first call to a worker here
 
 
 Counts = dict[float, int]
@@ -87,6 +91,10 @@ class RequestMetrics:
                                 registry=r)  # fmt: skip
         self._series: dict[tuple[str, str, str | None], _Series] = {}
         self._requests: dict[tuple[str, str, int, str], Any] = {}
+        self.wait = Histogram("meridian_admission_wait", "From a request's arrival to its "
+                              "admission, by model and service class", ["model", "class"],
+                              unit="seconds", buckets=WAIT_BUCKETS, registry=r)  # fmt: skip
+        self._waits: dict[tuple[str, str], Any] = {}
         self.tokens = Counter("meridian_prompt_tokens", "Prompt tokens, and their cached part, "
                               "as routed (the router's prediction) and as the engines report",
                               ["model", "source", "kind"], registry=r)  # fmt: skip
@@ -108,6 +116,13 @@ class RequestMetrics:
                 served.worker or "none",
             )  # fmt: skip
         counter.inc()
+        if served.waited_s is not None:
+            wait = self._waits.get((model, served.service_class))
+            if wait is None:
+                wait = self._waits[model, served.service_class] = self.wait.labels(
+                    model, served.service_class or "standard"
+                )
+            wait.observe(served.waited_s)
         if status == 200 and served.first_at is not None:
             series.ttft.observe(served.first_at - started)
             if served.completion_tokens and served.completion_tokens > 1:
@@ -118,6 +133,17 @@ class RequestMetrics:
         if served.prompt_tokens:
             series.engine_prompt.inc(served.prompt_tokens)
             series.engine_cached.inc(served.cached_tokens or 0)
+
+    def wait_totals(self) -> dict[tuple[str, str], Bucketed]:
+        """Per (model, class), admission's waits since start, as cumulative (upper bound,
+        count) lists."""
+        out: dict[tuple[str, str], Bucketed] = {}
+        for family in self.wait.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    key = (sample.labels["model"], sample.labels["class"])
+                    out.setdefault(key, []).append((float(sample.labels["le"]), int(sample.value)))
+        return {key: sorted(buckets) for key, buckets in out.items()}
 
     def latency_totals(self) -> dict[str, dict[str, Bucketed]]:
         """Per model, the TTFT and time-per-output-token histograms since start, summed over
@@ -239,6 +265,13 @@ def state_families(
     for (model, worker), state in sorted((held or {}).items()):
         holding.add_metric([model, worker, state], 1)
     out += _tier_families(tiered or {}, tier_moves or {}, cascades or {})
+    by_class = CounterMetricFamily("meridian_class_requests", "Requests by service class and "
+                                   "what became of them: admitted here, shed (refused for "
+                                   "load), preempted, escalated to a peer, refused (no worker)",
+                                   labels=["model", "class", "outcome"])  # fmt: skip
+    for (model, service_class, outcome), n in sorted(books.classes.items()):
+        by_class.add_metric([model, service_class, outcome], n)
+    out.append(by_class)
     return [*out, queue, refused, chosen, flows, states, ours, repaired, carried, judged, holding]
 
 

@@ -20,7 +20,13 @@ from agents.gateway.service import Gateway
 from agents.metrics import state_families
 from agents.quality.prober import Prober
 from agents.settings import AgentSettings
-from agents.telemetry import TelemetryWindow, add_quality, add_tenant_answers, add_tiers
+from agents.telemetry import (
+    TelemetryWindow,
+    add_classes,
+    add_quality,
+    add_tenant_answers,
+    add_tiers,
+)
 from agents.workers.kv_events import KvEventSubscriber
 from agents.workers.poller import LoadPoller
 
@@ -132,4 +138,5 @@ async def telemetry(agent: Agent) -> pb.Telemetry:
     add_quality(told, gateway.quality)
     add_tenant_answers(told, agent.books)
     add_tiers(told, agent.books)
+    add_classes(told, agent.books, gateway.metrics.wait_totals())
     return told

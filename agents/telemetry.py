@@ -204,6 +204,24 @@ def add_tenant_answers(telemetry: pb.Telemetry, books: Books) -> None:
             ))  # fmt: skip
 
 
+def add_classes(
+    telemetry: pb.Telemetry, books: Books, waits: Mapping[tuple[str, str], Bucketed]
+) -> None:
+    """Per model and service class, since the start: its requests by outcome, and the
+    waits of those admitted."""
+    classes: dict[str, dict[str, dict[str, int]]] = {}  # model: class: outcome: count
+    for (model, service_class, outcome), count in books.classes.items():
+        classes.setdefault(model, {}).setdefault(service_class, {})[outcome] = count
+    for model, service_class in waits:
+        classes.setdefault(model, {}).setdefault(service_class, {})
+    for answers in telemetry.answers:
+        for service_class, outcomes in sorted(classes.pop(answers.model, {}).items()):
+            answers.classes.append(pb.ClassAnswers(
+                service_class=service_class, by_outcome=outcomes,
+                wait=_histogram(waits.get((answers.model, service_class), [])),
+            ))  # fmt: skip
+
+
 def add_tiers(telemetry: pb.Telemetry, books: Books) -> None:
     """The tiered routes' counts since the agent started."""
     telemetry.tiers.extend(

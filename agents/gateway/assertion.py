@@ -28,9 +28,9 @@ from cryptography.exceptions import InvalidSignature
 from meridian_pb.fleet.v1.classes import BY_NAME, ServiceClass
 
 from agents.config import RegionConfig, Tenant
-from agents.signing import Signer
 from agents.gateway.auth import admissible
 from agents.gateway.errors import Unauthenticated
+from agents.signing import Signer
 
 HEADER = "x-meridian-assertion"
 TTL_S = 30.0

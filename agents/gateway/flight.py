@@ -123,8 +123,11 @@ class Trail:
         caller, flight = self.caller, self.flight
         tenant = caller.tenant.name if caller is not None else ""
         came_from = (caller.came_from or "") if caller is not None else ""
+        served = caller.service_class if caller is not None else None
+        label = served.label if served is not None else ""
         if flight is None:
-            return Settled(model or "", tenant, first_at=first_at, came_from=came_from)
+            return Settled(model or "", tenant, first_at=first_at, came_from=came_from,
+                           service_class=label)  # fmt: skip
         usage = flight.answer[1] if flight.answer is not None else Usage()
         # the goes that were noted (every local call, and a peer's that answered): the last,
         # and the last local one
@@ -136,7 +139,7 @@ class Trail:
             if attempt.policy != ESCALATION:
                 local = attempt
                 break
-        stream = flight.stream
+        stream, admitted = flight.stream, flight.progress.admitted_at
         return Settled(
             flight.model, tenant,
             last.by if last is not None else "",
@@ -150,4 +153,6 @@ class Trail:
             "; ".join(stream.migrations) if stream is not None else "",
             flight.progress.crowded,
             local.load if local is not None else 0.0,
+            label,
+            None if admitted is None else max(0.0, admitted - flight.arrived),
         )  # fmt: skip

@@ -307,7 +307,10 @@ class Gateway:
         model, decision = flight.model, plan.decision
         self.router.record(flight.id, decision, plan.wait_s)
         chosen = decision.ranked[0]
-        attempt = flight.progress.attempt(chosen.worker.id)
+        progress = flight.progress
+        if progress.admitted_at is None:
+            progress.admitted_at = self.clock()
+        attempt = progress.attempt(chosen.worker.id)
         self.carrier.carried(flight, attempt.by)
         attempt.policy, attempt.reason = decision.policy, decision.reason
         if flight.trace:  # a trace that is kept

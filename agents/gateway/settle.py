@@ -11,6 +11,7 @@ from typing import Any
 from agents.books import Books
 from agents.config import RegionConfig
 from agents.gateway import spans
+from agents.gateway.flight import ESCALATION
 from agents.gateway.receipts import Receipts
 from agents.metrics import CROWDED_OUT, RequestMetrics, Settled, count_by_tenant
 
@@ -47,6 +48,9 @@ class Accounts:
         books.answered[settled.model, code] += 1
         if settled.came_from:
             books.received[settled.model, code] += 1
+        outcome = class_outcome(settled, code)
+        if outcome:
+            books.classes[settled.model, settled.service_class, outcome] += 1
         now = self.clock()
         if settled.tenant:
             routes = config.routes if config is not None else {}
@@ -65,3 +69,22 @@ class Accounts:
             "request %s failed on a fault of the gateway's", request_id,
             exc_info=error, extra={"request_id": request_id},
         )  # fmt: skip
+
+
+SHED = frozenset({"class_shed", "overloaded", "queue_full", "tenant_share", "crowded"})
+REFUSED = frozenset({"no_healthy_worker", "upstream_failed"})
+
+
+def class_outcome(settled: Settled, code: str) -> str:
+    """What its class's books count it as: escalated, admitted (sent to a worker here),
+    preempted, shed (refused for load) or refused (no worker could take it); "" for a
+    request refused before it was placed (bad input, a quota)."""
+    if settled.policy == ESCALATION:
+        return "escalated"
+    if code == "preempted":
+        return "preempted"
+    if settled.waited_s is not None:
+        return "admitted"
+    if code in SHED:
+        return "shed"
+    return "refused" if code in REFUSED else ""

@@ -125,6 +125,7 @@ class Progress:
     # it waited (or its model was full) while another tenant held well over its fair share of
     # the model here: what it met was that tenant's load (a rollout's checks leave it out)
     crowded: bool = False
+    admitted_at: float | None = None  # when it was first sent to a worker here
 
     def attempt(self, by: str) -> Attempt:
         attempt = Attempt(by)

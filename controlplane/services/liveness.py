@@ -25,6 +25,7 @@ from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import NODES, ModelRow, NodeRow, RegionRow
 from controlplane.services.planner.core import start_times
 from controlplane.services.quality import compare, region_quality
+from controlplane.services.rollouts.counts import quantile
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,42 @@ def summarize(
         "escalations": _escalations(live),
         "quality": region_quality(live),
         "tiers": _tiers(live),
+        "classes": _classes(live),
     }
+
+
+OUTCOMES = ("admitted", "shed", "preempted", "escalated", "refused")
+
+
+def _classes(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model and service class, the region's gateways' counts summed since they started:
+    requests admitted, shed (for load), preempted, escalated and refused (no worker could
+    take them), and the 99th percentile of the waits of those admitted."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    waits: dict[tuple[str, str], dict[float, int]] = {}
+    for telemetry in live:
+        for answers in telemetry.get("answers", []):
+            for c in answers.get("classes", []):
+                key = (str(answers.get("model", "")), str(c.get("service_class", "")))
+                mine = counts.setdefault(key, dict.fromkeys(OUTCOMES, 0))
+                for outcome, n in c.get("by_outcome", {}).items():
+                    mine[outcome] = mine.get(outcome, 0) + int(n)
+                wait = c.get("wait", {})
+                buckets = waits.setdefault(key, {})
+                for le, n in zip(wait.get("le", []), wait.get("count", []), strict=False):
+                    buckets[float(le)] = buckets.get(float(le), 0) + int(n)
+    out = []
+    for (model, service_class), outcomes in sorted(counts.items(), key=_by_class):
+        p99 = quantile(waits.get((model, service_class), {}), 0.99)
+        out.append({"model": model, "class": service_class, **outcomes,
+                    "wait_p99_s": round(p99, 3) if p99 is not None else None})  # fmt: skip
+    return out
+
+
+def _by_class(item: tuple[tuple[str, str], Any]) -> tuple[str, int]:
+    (model, service_class), _ = item
+    ranks = {"interactive": 0, "standard": 1, "flex": 2, "batch": 3}
+    return model, ranks.get(service_class, 4)
 
 
 def _tiers(live: list[dict[str, Any]]) -> list[dict[str, Any]]:

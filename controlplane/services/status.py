@@ -52,11 +52,13 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
     out_regions, flows, receipts = [], [], []
     quality = {}
     tiers: list[dict[str, Any]] = []
+    classes: list[dict[str, Any]] = []
     for region in sorted(regions, key=lambda r: r.name):
         mine = sorted((n for n in nodes if n.region_id == region.id), key=lambda n: n.name)
         load = summarize(region.name, mine, latest)
         quality[region.name] = load.pop("quality")
         tiers += [{**t, "region": region.name} for t in load.pop("tiers")]
+        classes += [{**c, "region": region.name} for c in load.pop("classes")]
         for count in load.pop("escalations"):
             if count["direction"] == "out":
                 flows.append({"from": region.name, "to": count["peer"],
@@ -102,6 +104,7 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
             "events": [_judged(e) for e in judged],
         },
         "tiers": tiers,
+        "classes": classes,
         "planner": await planner_view(db),
     }
 

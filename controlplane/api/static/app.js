@@ -132,6 +132,7 @@ function render(doc) {
   quotas(doc.quotas || []);
   quality(doc.quality || { models: {}, events: [] });
   tiers(doc.tiers || []);
+  classes(doc.classes || []);
   $("regions").replaceChildren(...doc.regions.map((r) => region(r, doc.revision)));
   flows(doc.regions, doc.flows);
   receipts(doc.receipts);
@@ -251,6 +252,17 @@ function tiers(items) {
   });
   $("tiers").querySelector("tbody").replaceChildren(...(rows.length ? rows
     : [el("tr", {}, el("td", { colspan: 6, class: "hint" }, "no tiered route has answered yet"))]));
+}
+
+function classes(items) {
+  // per region, model and class: what became of its requests, and the admitted ones' wait
+  const rows = items.map((c) => el("tr", { "data-class": c.class, "data-class-region": c.region },
+    el("td", {}, c.region), el("td", {}, c.model), el("td", {}, c.class),
+    el("td", {}, c.admitted), el("td", {}, c.shed), el("td", {}, c.preempted),
+    el("td", {}, c.escalated), el("td", {}, c.refused),
+    el("td", {}, c.wait_p99_s === null ? "–" : `${fixed(1000 * c.wait_p99_s, 0)} ms`)));
+  $("classes").querySelector("tbody").replaceChildren(...(rows.length ? rows
+    : [el("tr", {}, el("td", { colspan: 9, class: "hint" }, "no request answered yet"))]));
 }
 
 function region(r, declared) {

@@ -757,6 +757,7 @@ class ModelAnswers(_message.Message):
     BANDS_FIELD_NUMBER: _builtins.int
     WAITING_FIELD_NUMBER: _builtins.int
     RECEIVED_BY_CODE_FIELD_NUMBER: _builtins.int
+    CLASSES_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     per_second: _builtins.float
     """Answers a second, whatever their status."""
@@ -803,6 +804,10 @@ class ModelAnswers(_message.Message):
         where it was asked, not here.
         """
 
+    @_builtins.property
+    def classes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClassAnswers]:
+        """Per service class, since the agent started: its requests by outcome and their waits."""
+
     def __init__(
         self,
         *,
@@ -817,22 +822,74 @@ class ModelAnswers(_message.Message):
         bands: _abc.Iterable[Global___LoadBand] | None = ...,
         waiting: _builtins.int = ...,
         received_by_code: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        classes: _abc.Iterable[Global___ClassAnswers] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl", b"itl", "ttft", b"ttft"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bands", b"bands", "escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "received_by_code", b"received_by_code", "tenants", b"tenants", "total_by_code", b"total_by_code", "ttft", b"ttft", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bands", b"bands", "classes", b"classes", "escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "received_by_code", b"received_by_code", "tenants", b"tenants", "total_by_code", b"total_by_code", "ttft", b"ttft", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelAnswers: _TypeAlias = ModelAnswers  # noqa: Y015
 
 @_typing.final
-class LoadBand(_message.Message):
+class ClassAnswers(_message.Message):
     """The answers admitted while the model had about `band` requests in flight here per serving
     worker (1, 2, 4, 8, ...: each band up to twice the one before): their first tokens and
     their times per output token timed, and those past the route's SLO.
     """
 
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ByOutcomeEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SERVICE_CLASS_FIELD_NUMBER: _builtins.int
+    BY_OUTCOME_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    service_class: _builtins.str
+    @_builtins.property
+    def by_outcome(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """admitted (sent to an engine here), shed (refused for load), preempted, escalated."""
+
+    @_builtins.property
+    def wait(self) -> Global___Histogram:
+        """Seconds from arrival to admission, of those admitted."""
+
+    def __init__(
+        self,
+        *,
+        service_class: _builtins.str = ...,
+        by_outcome: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        wait: Global___Histogram | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by_outcome", b"by_outcome", "service_class", b"service_class", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClassAnswers: _TypeAlias = ClassAnswers  # noqa: Y015
+
+@_typing.final
+class LoadBand(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     BAND_FIELD_NUMBER: _builtins.int
