@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
+from meridian_pb.fleet.v1.classes import ServiceClass
 
 from agents.gateway import answers
 from agents.gateway.errors import EngineRefused
@@ -36,10 +37,11 @@ from agents.gateway.relay import (
     upstream_headers,
 )
 from agents.gateway.requests import Inference
-from agents.gateway.streams import relay_stream
+from agents.gateway.streams import preempted, relay_stream
 from agents.gateway.upstream import Answer, Unreachable, Upstream
 from agents.held import Held
 from agents.router.admission import Admission
+from agents.router.classes import Victim
 from agents.router.decision import Ticket
 from agents.router.plan import Call, Continue, Pair
 from agents.router.policies import Candidate, RouteRequest
@@ -76,6 +78,11 @@ class EngineCalls:
         request = flight.placement.request
         with self.dispatch(chosen, request, rid, bool(prefill), wait_s) as slot:
             ticket, slot.batch = slot.ticket, inference.batch
+            served = flight.ask.service_class
+            if served > ServiceClass.INTERACTIVE and flight.placement.route.classes.preempt:
+                slot.victim = Victim(ticket, served, partial(self._abort_later, worker.url, rid,
+                                                             inference.batch))  # fmt: skip
+                self.admission.enlist(ticket.model, slot.victim)
             sent_headers = upstream_headers(rid) + flight.trace
             if prefill is not None:
                 slot.prefill = self._prefill(prefill, flight, sent_headers, given)
@@ -99,19 +106,24 @@ class EngineCalls:
             if upstream is None:  # the prefill failed first: the slot stops the decode call
                 assert slot.prefill is not None
                 return slot.ended(Retry(slot.prefill.worker_id, "the prefill worker failed"))
+            if slot.preempted:  # aborted there for a higher class before it started
+                upstream.close()
+                return slot.ended(Refused(preempted()))
             with upstream:
                 if upstream.status >= 500:  # the engine says it failed: a worker's failure
                     self._failed(ticket)
                     return slot.ended(Retry(worker.id, f"answered {upstream.status}"))
                 since = flight.arrived if flight.caller.came_from is not None else None
                 if inference.stream and upstream.status == 200:
-                    track = _EngineTrack(self, ticket, inference, flight.id, flight.tenant.name)
+                    track = _EngineTrack(self, slot, inference, flight.id, flight.tenant.name)
                     return slot.ended(await relay_stream(flight, upstream, track, headers, since))
                 try:
                     data = await upstream.read()
                 except OSError as error:
                     broke = self._failed(ticket, self._early(ticket, error))
                     return slot.ended(Retry(worker.id, f"{type(error).__name__}: {error}", broke))
+                if slot.preempted:
+                    return slot.ended(Refused(preempted()))
             usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
             self._finished(ticket, inference, usage)
             if self.quality is not None and upstream.status == 200:
@@ -266,7 +278,7 @@ class EngineCalls:
 class _Slot(Held):
     """A worker's in-flight slot (the router's ticket) for one request; see `dispatch`."""
 
-    __slots__ = ("batch", "calls", "failed", "prefill", "rid", "sent", "ticket", "url")
+    __slots__ = ("batch", "calls", "failed", "prefill", "rid", "sent", "ticket", "url", "victim")
 
     def __init__(self, calls: EngineCalls, ticket: Ticket, url: str, rid: str) -> None:
         super().__init__()
@@ -275,6 +287,11 @@ class _Slot(Held):
         self.sent = False  # the request may have reached the engine
         self.prefill: _Prefill | None = None  # a PD request's prefill half
         self.failed = False  # the go ended without its answer (Retry, Cut, Broken)
+        self.victim: Victim | None = None  # a higher class may preempt it until it starts
+
+    @property
+    def preempted(self) -> bool:
+        return self.victim is not None and self.victim.preempted
 
     def ended(self, outcome: Outcome) -> Outcome:
         self.failed = not isinstance(outcome, Answered)
@@ -284,6 +301,8 @@ class _Slot(Held):
         if (error is not None or self.failed) and self.prefill is not None:
             self.prefill.task.cancel()  # its own slot frees its worker
         ticket = self.ticket
+        if self.victim is not None:
+            self.calls.admission.discharge(ticket.model, self.victim)
         if ticket.done:  # finished or failed: the router knows
             return
         self.calls.router.abandoned(ticket)
@@ -298,14 +317,22 @@ class _EngineTrack:
     is the slot's to settle, on its way out."""
 
     calls: EngineCalls
-    ticket: Ticket
+    slot: _Slot
     inference: Inference
     rid: str
     tenant: str
 
     @property
+    def ticket(self) -> Ticket:
+        return self.slot.ticket
+
+    @property
     def name(self) -> str:
         return self.ticket.worker_id
+
+    @property
+    def preempted(self) -> bool:
+        return self.slot.preempted
 
     def first_byte(self) -> None:
         self.calls.router.first_byte(self.ticket)

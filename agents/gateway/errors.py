@@ -138,6 +138,14 @@ class NoHealthyWorker(GatewayError):
     title = "No healthy worker for the model"
 
 
+class Preempted(GatewayError):
+    """A request of a higher service class took this one's place before its engine started
+    it (the route's classes allow it): it was aborted there, and may be sent again."""
+
+    status, code, kind = 503, "preempted", "service_unavailable"
+    title = "Preempted by a higher service class"
+
+
 class UpstreamFailed(GatewayError):
     status, code, kind, title = 502, "upstream_failed", "api_error", "The engine failed"
 

@@ -228,6 +228,7 @@ class Forwarder:
 class _PeerTrack:
     escalations: Escalations
     name: str
+    preempted = False  # a peer's answer is the peer's to preempt
 
     def first_byte(self) -> None:
         pass

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from aiohttp import web
 
+from agents.gateway.errors import Preempted
 from agents.gateway.flight import Flight, Stream
 from agents.gateway.migration import Transcript
 from agents.gateway.relay import (
@@ -25,6 +26,7 @@ from agents.gateway.relay import (
     ClientGone,
     Cut,
     Outcome,
+    Refused,
     Retry,
     StreamMeter,
     Usage,
@@ -44,6 +46,9 @@ class Track(Protocol):
 
     @property
     def name(self) -> str: ...  # the worker or peer, for a retry
+
+    @property
+    def preempted(self) -> bool: ...  # a higher class took its place before it started
 
     def first_byte(self) -> None: ...
     def progressed(self, events: int) -> None: ...
@@ -79,6 +84,8 @@ async def relay_stream(
             if not data:
                 continue
             if first:
+                if track.preempted:  # its place was taken: the client sees none of it
+                    return Refused(preempted())
                 first = False
                 track.first_byte()
                 if stream is None:
@@ -140,3 +147,11 @@ def _head(headers: dict[str, str], since: float | None) -> web.StreamResponse:
     if since is not None:  # a peer region measures its round trip by it
         response.headers["Server-Timing"] = server_timing(since)
     return response
+
+
+def preempted() -> Preempted:
+    return Preempted(
+        "a request of a higher service class took this one's place before its engine started "
+        "it; send it again",
+        retry_after_s=1,
+    )

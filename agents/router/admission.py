@@ -51,7 +51,7 @@ from meridian_pb.fleet.v1.classes import ServiceClass
 
 from agents.config import RouteConfig, Tenant
 from agents.router import predict
-from agents.router.classes import ClassQueues, Waiter
+from agents.router.classes import ClassQueues, Victim, Waiter, victim_for
 from agents.router.decision import Decision
 from agents.router.fairness import Fairness, Places
 from agents.router.plan import (
@@ -183,6 +183,7 @@ class Admission:
         self.clock = clock
         self.fair = Fairness()
         self.classes = ClassQueues()
+        self.running: dict[str, dict[int, Victim]] = {}  # model: requests a class may preempt
         self.waiting: dict[str, int] = {}
         self._full_at: dict[str, float] = {}
         self._events: dict[str, asyncio.Event] = {}
@@ -208,6 +209,15 @@ class Admission:
         rate, at = self._rates.get(model, (0.0, now))
         rate *= math.exp(-(now - at) / RATE_S)
         return waiting / rate if waiting and rate > 1 / RATE_S else 0.0
+
+    def enlist(self, model: str, victim: Victim) -> None:
+        """A request sent to an engine that a higher class may preempt until it starts."""
+        self.running.setdefault(model, {})[id(victim)] = victim
+
+    def discharge(self, model: str, victim: Victim) -> None:
+        running = self.running.get(model)
+        if running is not None:
+            running.pop(id(victim), None)
 
     def hold(self, model: str, tenant: Tenant) -> Places:
         """The request's place among its tenant's on `model`, held by `with` until it ends."""
@@ -258,6 +268,7 @@ class Admission:
         queued = False
         waiter: Waiter | None = None
         tag: float | None = None  # its start tag, once others of the model wait
+        preempts = policy.preempt and served < ServiceClass.BATCH  # it may preempt one
         fair = self.fair
         try:
             while True:
@@ -311,6 +322,11 @@ class Admission:
                 self._full_at[model] = now
                 if verdict is not None:
                     return verdict
+                if preempts and not fit and decision.ranked:
+                    victim = victim_for(self.running.get(model, {}).values(), served)
+                    if victim is not None:  # it goes in that one's place, once it is gone
+                        victim.preempted, preempts = True, False
+                        victim.abort()
                 asleep = asleep or not decision.ranked
                 pause = WAKE_RECHECK_S if asleep else min(deadline - now, RECHECK_S)
                 event = self._events.setdefault(model, asyncio.Event())

@@ -17,13 +17,21 @@ may take of a worker, and who is shed first.
   it that soon, on capacity the classes above leave, and waits up to its bound for it.
 - **Shedding.** A request that finds its model's queue full takes the place of the newest
   waiting request of the lowest class below its own, which is refused 429 `class_shed`.
+- **Preemption** (where the route's classes turn it on). A request that would wait may take
+  the place of a request of a lower class that an engine of its model has been sent and has
+  not started: the newest of the lowest class. That one is aborted on its engine and
+  answered 503 `preempted` with Retry-After; it has not sent a byte to its client. One
+  request preempts at most one other.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from meridian_pb.fleet.v1.classes import CLASSES, ClassPolicy, ServiceClass
+
+from agents.router.decision import Ticket
 
 ACTIVE_S = 30.0  # a class's reserve is kept while it has had a request this recently
 COUNT = len(CLASSES)
@@ -38,6 +46,37 @@ class Waiter:
     tag: float
     ready: bool = False
     shed: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Victim:
+    """A request sent to an engine that a higher class may preempt until it starts there:
+    its ticket, its class, and how to stop it (the gateway's abort on the engine)."""
+
+    ticket: Ticket
+    service_class: ServiceClass
+    abort: Callable[[], None]
+    preempted: bool = False
+
+
+def victim_for(running: Iterable[Victim], service_class: ServiceClass) -> Victim | None:
+    """The request a request of `service_class` may preempt: of those of a lower class whose
+    engine has not started them, the newest of the lowest class; None if none. Pure."""
+    best: Victim | None = None
+    for victim in running:
+        ticket = victim.ticket
+        if (
+            victim.service_class <= service_class
+            or victim.preempted
+            or ticket.first_at is not None
+            or ticket.done
+        ):
+            continue
+        if best is None or (victim.service_class, ticket.sent_at) > (
+            best.service_class, best.ticket.sent_at,
+        ):  # fmt: skip
+            best = victim
+    return best
 
 
 @dataclass(slots=True)

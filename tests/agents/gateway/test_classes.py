@@ -4,12 +4,15 @@ value that is no class is a 400 that changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
 
 import httpx
-from meridian_pb.fleet.v1.classes import ServiceClass
+import pytest
+from meridian_pb.fleet.v1.classes import ServiceClass, policy_for
 
 from tests.kits.inproc import (
     KEY,
@@ -17,6 +20,7 @@ from tests.kits.inproc import (
     OPERATOR,
     OTHER,
     OTHER_KEY,
+    Local,
     local_gateway,
     region_config,
 )
@@ -74,3 +78,68 @@ async def test_a_request_names_its_class_and_is_clamped_to_its_tenants_ceiling()
                 assert refused.status_code == 400, refused.text
                 assert refused.json()["error"]["param"] == param
             assert region.idle()
+
+
+@pytest.mark.parametrize("preempt", [True, False])
+async def test_a_higher_class_preempts_a_request_its_engine_has_not_started(preempt: bool) -> None:
+    """One engine runs one request at a time (--max-running-requests 1), busy with a long
+    standard answer; two batch requests were sent there and wait in its queue (at most two
+    unstarted, the cost policy's max_unstarted). An interactive request that would wait takes
+    the newest one's place: that batch request is aborted on the engine and answered 503
+    preempted with Retry-After, the other is served, and so is the interactive one. Without
+    preempt in the route's classes, nobody is preempted."""
+    async with AsyncExitStack() as stack:
+        sim = await stack.enter_async_context(
+            running_sim("--max-running-requests", "1", "--slow-factor", "20", model=MODEL)
+        )
+        beta = replace(OTHER, class_ceiling=ServiceClass.INTERACTIVE)
+        config = region_config("r", [sim.url])
+        keys = {h: replace(k, tenant=beta) if k.tenant.name == beta.name else k
+                for h, k in config.keys.items()}  # fmt: skip
+        classes = policy_for({"batch": {"slack": 1.0}, "preempt": preempt})
+        route = replace(config.routes[MODEL], slo_ttft_s=30.0, classes=classes)
+        config = replace(config, keys=keys, tenants={**config.tenants, beta.name: beta},
+                         routes={MODEL: route})  # fmt: skip
+        region = await stack.enter_async_context(local_gateway(config))
+        async with httpx.AsyncClient(base_url=region.url, timeout=60) as client:
+
+            async def ask(header: str, max_tokens: int) -> httpx.Response:
+                return await client.post(
+                    "/v1/chat/completions", json=_body() | {"max_tokens": max_tokens},
+                    headers={"Authorization": f"Bearer {OTHER_KEY}", "x-meridian-class": header},
+                )  # fmt: skip
+
+            long = asyncio.create_task(ask("standard", 60))
+            await _until(lambda: _running(region) == 1)
+            batch = [asyncio.create_task(ask("batch", 2)) for _ in range(2)]
+            await _until(lambda: _unstarted(region) == 2)
+            interactive = await ask("interactive", 2)
+            answers = [await b for b in batch]
+            assert (await long).status_code == 200
+        assert interactive.status_code == 200, interactive.text
+        assert interactive.headers["x-meridian-class"] == "interactive"
+        codes = sorted(a.status_code for a in answers)
+        if not preempt:
+            assert codes == [200, 200], [a.text for a in answers]
+            assert not region.gateway.books.classes[MODEL, "batch", "preempted"]
+            return
+        assert codes == [200, 503], [a.text for a in answers]
+        preempted = next(a for a in answers if a.status_code == 503)
+        assert preempted.json()["error"]["code"] == "preempted"
+        assert int(preempted.headers["Retry-After"]) >= 1
+        assert region.gateway.books.classes[MODEL, "batch", "preempted"] == 1
+        assert region.idle()
+
+
+def _running(region: Local) -> int:
+    return sum(v.inflight for v in region.gateway.router.views.values())
+
+
+def _unstarted(region: Local) -> int:
+    return sum(v.unstarted for v in region.gateway.router.views.values())
+
+
+async def _until(probe: Callable[[], bool], within_s: float = 20.0) -> None:
+    async with asyncio.timeout(within_s):
+        while not probe():  # noqa: ASYNC110 (the gateway's state: no event to wait on)
+            await asyncio.sleep(0.02)

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from agents.config import RouteConfig
 from agents.router.admission import Admission
-from agents.router.classes import ClassQueues, Waiter
+from agents.router.classes import ClassQueues, Victim, Waiter, victim_for
+from agents.router.decision import Ticket
 from agents.router.plan import Ask, Local, Placement, Plan, Progress, Refusal, Reject
 from agents.router.policies import RouteRequest
 from agents.workers.table import EngineLoad
@@ -189,3 +190,21 @@ async def test_an_interactive_reserve_keeps_room_that_standard_may_not_take() ->
                         STANDARD)  # fmt: skip
     assert isinstance(later, Reject)
     assert later.code is Refusal.OVERLOADED
+
+
+def test_the_newest_request_of_the_lowest_class_not_yet_started_is_preempted() -> None:
+    def victim(
+        service_class: ServiceClass, sent_at: float, first_at: float | None = None
+    ) -> Victim:
+        ticket = Ticket("w0", MODEL, sent_at, 10, 10, 0, first_at=first_at)
+        return Victim(ticket, service_class, abort=lambda: None)
+
+    old_batch, new_batch, flex = victim(BATCH, 1.0), victim(BATCH, 2.0), victim(FLEX, 3.0)
+    started = victim(BATCH, 4.0, first_at=4.5)
+    running = [old_batch, new_batch, flex, started]
+    assert victim_for(running, INTERACTIVE) is new_batch
+    new_batch.preempted = True  # once: never twice
+    assert victim_for(running, INTERACTIVE) is old_batch
+    assert victim_for(running, FLEX) is old_batch  # only a lower class
+    assert victim_for([flex, started], FLEX) is None
+    assert victim_for([flex], BATCH) is None
