@@ -32,6 +32,7 @@ from agents.engines.backends import backends, tokenizer
 from agents.engines.runner import EngineState
 from agents.engines.supervisor import Supervisor
 from agents.errors import SnapshotInvalid
+from agents.gateway.batches import BatchProxy
 from agents.gateway.requests import Limits
 from agents.gateway.service import Gateway
 from agents.http import Runner, build_app
@@ -78,6 +79,7 @@ class Agent:
             ),
             quality_guard=settings.quality_guard,
         )
+        self.batches = BatchProxy(settings.control_plane_url, lambda: self.gateway.config)
         self.poller = LoadPoller(
             self.table, settings.load_poll_s, settings.probe_timeout_s,
             local=lambda: self.supervisor.engines(),
@@ -162,6 +164,7 @@ class Agent:
             functools.partial(report.status, self),
             self.operator_token,
             functools.partial(report.metric_families, self),
+            self.batches,
         )
         runner = Runner(app, self.settings.header_timeout_s)
         await runner.setup()
@@ -202,6 +205,7 @@ class Agent:
             await self.supervisor.stop_all()
             await runner.cleanup()
             await self.gateway.close()
+            await self.batches.close()
             if self.tracing is not None:
                 await asyncio.to_thread(self.tracing.shutdown)  # what is batched goes out
 

@@ -21,6 +21,8 @@ from prometheus_client.core import Metric
 
 from agents.gateway import models, openapi
 from agents.gateway.auth import bearer, same_secret
+from agents.gateway.batches import PATHS as BATCH_PATHS
+from agents.gateway.batches import BatchProxy
 from agents.gateway.errors import (
     SERVER,
     BadRequest,
@@ -46,6 +48,7 @@ def build_app(
     status: Callable[[], dict[str, Any]],
     operator_token: str,
     state: Callable[[], list[Metric]] = list,
+    batches: BatchProxy | None = None,
 ) -> web.Application:
     async def healthz(_request: web.Request) -> web.Response:
         return _json({"status": "ok"})
@@ -107,6 +110,9 @@ def build_app(
     app.router.add_get("/agent/status", agent_status)
     app.router.add_get("/agent/decisions", decisions)
     app.router.add_get("/metrics", prometheus)
+    if batches is not None:
+        for path in BATCH_PATHS:
+            app.router.add_route("*", path, batches.forward)
     app.router.add_route("*", "/{tail:.*}", elsewhere)  # last: after every route above
     return app
 

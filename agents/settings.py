@@ -14,6 +14,12 @@ class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MERIDIAN_AGENT_", extra="ignore", frozen=True)
 
     control_plane: str = Field(min_length=3, description="HOST:PORT of a control plane's gRPC port")
+    control_plane_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/\s]+(/\S*)?$",
+        description="the control plane's HTTP API, where the Files and Batches API this port "
+        "serves is passed on to; unset: those paths answer 501",
+    )
     region: str = Field(min_length=1, max_length=63)
     bootstrap_token: SecretStr | None = Field(
         default=None, description="exchanged for a credential on first start; kept out of disk"

@@ -24,6 +24,8 @@ from controlplane.push.hub import SnapshotHub
 from controlplane.push.leases import LeaseFeed
 from controlplane.push.server import start_grpc
 from controlplane.push.service import FleetService
+from controlplane.services.batches.runner import BatchRunner
+from controlplane.services.batches.store import store_for
 from controlplane.services.placements import seed_slots
 from controlplane.services.planner.loop import Planner, PlannerConfig
 from controlplane.services.planner.pools import PoolKeeper, providers_for
@@ -111,6 +113,7 @@ class Replica:
                     short_after_s=settings.planner_spot_short_s,
                 ),
             ),
+            batches=BatchRunner(db, store_for(settings.object_store, settings.data_dir)),
         )
         self.feed.subscribe(self.coordinator.publish_revision)
         self.coordinator.on_revision(self.hub.announce)

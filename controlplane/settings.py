@@ -124,6 +124,12 @@ class Settings(BaseSettings):
         "pool's group is resized through it, whatever its cloud",
     )
     local_cloud_token: SecretStr | None = Field(default=None, description="its bearer token")
+    object_store: str | None = Field(
+        default=None,
+        description="where tenants' files (the Batch API) are kept: file:///path or "
+        "s3://bucket/prefix; unset: <data_dir>/objects (one replica, or replicas sharing it)",
+        pattern=r"^(file:///.+|s3://[^/]+(/.*)?)$",
+    )
     trace_endpoint: str | None = Field(
         default=None,
         pattern=r"^https?://",

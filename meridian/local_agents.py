@@ -93,7 +93,7 @@ async def start_agents(
             grpc_target, node.region, node_dir, node=node.name, hostname=node.hostname,
             host=node.hostname, port=node.port, bootstrap_token=token,
             operator_token=admin_token,  # one token for the local fleet
-            env=(envs or {}).get(node.name),
+            env={"MERIDIAN_AGENT_CONTROL_PLANE_URL": api, **(envs or {}).get(node.name, {})},
             log=log_dir / f"agent-{node.name}.log", ready_timeout_s=None,
         )  # fmt: skip
         agents.append(RunningAgent(node, child.process))

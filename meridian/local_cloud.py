@@ -330,7 +330,11 @@ class LocalCloud:
             machine.state = "running"
 
     def _agent_env(self, machine: Machine, pool: LocalPool) -> dict[str, str]:
-        return {"MERIDIAN_AGENT_SIMULATED_GPUS": pool.gpus, **self._notices(machine, pool)}
+        return {
+            "MERIDIAN_AGENT_SIMULATED_GPUS": pool.gpus,
+            "MERIDIAN_AGENT_CONTROL_PLANE_URL": self.api,
+            **self._notices(machine, pool),
+        }
 
     def _notices(self, machine: Machine, pool: LocalPool) -> dict[str, str]:
         """A spot machine's agent watches for notices where this cloud gives them."""

@@ -15,9 +15,6 @@ are not escalated.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,6 +22,8 @@ from dataclasses import dataclass
 
 import orjson
 from cryptography.exceptions import InvalidSignature
+from meridian_pb.fleet.v1 import assertion as contract
+from meridian_pb.fleet.v1.assertion import MAX_WAITED_MS, digest, unb64
 from meridian_pb.fleet.v1.classes import BY_NAME, ServiceClass
 
 from agents.config import RegionConfig, Tenant
@@ -32,10 +31,8 @@ from agents.gateway.auth import admissible
 from agents.gateway.errors import Unauthenticated
 from agents.signing import Signer
 
-HEADER = "x-meridian-assertion"
-TTL_S = 30.0
 MAX_LEN = 4096
-MAX_WAITED_MS = 60_000
+HEADER, TTL_S = contract.HEADER, contract.TTL_S
 
 
 @dataclass(frozen=True)
@@ -81,24 +78,12 @@ def sign(
     service_class: ServiceClass = ServiceClass.STANDARD,
     clock: Callable[[], float] = time.time,
 ) -> str:
-    payload = orjson.dumps(
-        {
-            "iss": origin,
-            "aud": audience,
-            "kid": signer.key_id,
-            "ten": tenant.name,
-            "rid": request_id,
-            "why": reason,
-            "dbg": debug,
-            "hop": 1,
-            "wt": round(min(MAX_WAITED_MS, max(0.0, waited_ms))),
-            "exp": round(clock() + TTL_S, 3),
-            "jti": os.urandom(12).hex(),
-            "bh": _digest(body),
-            "cls": service_class.label,
-        }
-    )
-    return f"{_b64(payload)}.{_b64(signer.key.sign(payload))}"
+    signed = contract.payload(
+        origin=origin, audience=audience, key_id=signer.key_id, tenant=tenant.name,
+        request_id=request_id, reason=reason, body=body, debug=debug, waited_ms=waited_ms,
+        service_class=service_class.label, now=clock(),
+    )  # fmt: skip
+    return contract.header(signed, signer.key.sign(signed))
 
 
 def verify(
@@ -116,10 +101,10 @@ def verify(
         if len(header) > MAX_LEN:
             raise ValueError("too long")
         encoded, _, signature = header.partition(".")
-        payload = _unb64(encoded)
+        payload = unb64(encoded)
         claims = orjson.loads(payload)
         sender = config.senders[claims["iss"]]
-        sender.keys[claims["kid"]].verify(_unb64(signature), payload)
+        sender.keys[claims["kid"]].verify(unb64(signature), payload)
     except (ValueError, KeyError, TypeError, InvalidSignature, orjson.JSONDecodeError):
         raise Unauthenticated("the escalation assertion is not valid in this region") from None
     if claims.get("aud") != config.region:
@@ -128,7 +113,7 @@ def verify(
     expires = claims.get("exp")
     if not isinstance(expires, int | float) or expires <= now:
         raise Unauthenticated("the escalation assertion has expired")
-    if claims.get("bh") != _digest(body) or claims.get("rid") != request_id:
+    if claims.get("bh") != digest(body) or claims.get("rid") != request_id:
         raise Unauthenticated("the escalation assertion was signed for another request")
     waited, name, nonce = claims.get("wt"), claims.get("ten"), claims.get("jti")
     if claims.get("hop") != 1 or not isinstance(waited, int) or not 0 <= waited <= MAX_WAITED_MS:
@@ -147,15 +132,3 @@ def verify(
     if named is not None and served is None:
         raise Unauthenticated("the escalation assertion names no service class this region has")
     return Assertion(sender.region, tenant, reason, debug, waited / 1000, served)
-
-
-def _digest(body: bytes) -> str:
-    return _b64(hashlib.sha256(body).digest())
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from controlplane.api import openapi, operator, planner, problems, quotas, rollouts, status
+from controlplane.api import (
+    batches,
+    openapi,
+    operator,
+    planner,
+    problems,
+    quotas,
+    rollouts,
+    status,
+)
 from controlplane.api.deps import Services
 from controlplane.api.kinds import kind_router
 from controlplane.coord.base import Coordinator, LocalCoordinator, replica_info
 from controlplane.db.engine import Database
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.services.auth import Authenticator
+from controlplane.services.batches.store import store_for
 from controlplane.services.registry import KINDS
 from controlplane.services.resources import Resources
 from controlplane.services.revisions import RevisionFeed
@@ -40,6 +50,7 @@ def create_app(
         auth=Authenticator(db, settings.admin_token),
         feed=feed,
         coordinator=coordinator or LocalCoordinator(replica_info(settings)),
+        store=store_for(settings.object_store, settings.data_dir),
     )
     app.state.metrics = metrics = metrics or ControlPlaneMetrics()
     app.middleware("http")(metrics.timed)
@@ -51,6 +62,7 @@ def create_app(
     app.include_router(rollouts.router)
     app.include_router(planner.router)
     app.include_router(quotas.router)
+    app.include_router(batches.router)
     for kind in KINDS:
         app.include_router(kind_router(kind))
     return app

@@ -12,6 +12,7 @@ from controlplane.coord.base import Coordinator
 from controlplane.db.engine import Database
 from controlplane.domain import Role
 from controlplane.services.auth import Authenticator, Principal
+from controlplane.services.batches.store import ObjectStore
 from controlplane.services.resources import ANY_VERSION, Resources
 from controlplane.services.revisions import RevisionFeed
 from controlplane.settings import Settings
@@ -25,6 +26,7 @@ class Services:
     auth: Authenticator
     feed: RevisionFeed
     coordinator: Coordinator
+    store: ObjectStore  # tenants' files (the Batch API)
 
 
 def get_services(request: Request) -> Services:

@@ -1,6 +1,6 @@
 """The loops exactly one replica runs, the leader: the liveness sweeper, the rollup, the
-rollout driver, the quota leases (every tick: one second) and the capacity planner (every
-period of its own)."""
+rollout driver, the quota leases (every tick: one second), the capacity planner (every
+period of its own) and the batch runner (a task of its own while it leads)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from controlplane.coord.base import Coordinator, logged_and_passed
 from controlplane.db.engine import Database
+from controlplane.services.batches.runner import BatchRunner
 from controlplane.services.liveness import Sweeper, rollup
 from controlplane.services.planner.loop import Planner
 from controlplane.services.preemptions import Preemptions
@@ -40,6 +41,7 @@ class Singletons:
         leaser: Leaser | None = None,
         planner: Planner | None = None,
         preemptions: Preemptions | None = None,
+        batches: BatchRunner | None = None,
     ) -> None:
         self._coord = coordinator
         self._db = db
@@ -55,6 +57,8 @@ class Singletons:
         self._preemptions = preemptions
         self._task: asyncio.Task[None] | None = None
         self._planning: asyncio.Task[None] | None = None
+        self._batches = batches
+        self._batching: asyncio.Task[None] | None = None
         self.leading_since: datetime | None = None
 
     async def tick(self, last_rollup: datetime | None) -> datetime | None:
@@ -70,6 +74,9 @@ class Singletons:
                 if self._planning is not None:
                     self._planning.cancel()  # a plan under way is no longer this replica's
                 self._planner.resign()
+            if self._batching is not None:
+                self._batching.cancel()  # the next leader sends what was under way again
+                self._batching = None
             return last_rollup
         if self.leading_since is None:
             log.info("leading: running the liveness sweeper and the capacity rollup")
@@ -96,6 +103,8 @@ class Singletons:
         if self._planner is not None and (self._planning is None or self._planning.done()):
             # its own task: a cloud slow to answer holds no lease, sweep or rollout meanwhile
             self._planning = asyncio.create_task(self._plan(self._planner), name="planner")
+        if self._batches is not None and (self._batching is None or self._batching.done()):
+            self._batching = asyncio.create_task(self._batches.run(), name="batches")
         if last_rollup is None or (now - last_rollup).total_seconds() >= self._rollup_every_s:
             await rollup(self._db, now, self._keep)
             return now
@@ -119,7 +128,7 @@ class Singletons:
         self._task = asyncio.create_task(self._run(), name="singletons")
 
     async def stop(self) -> None:
-        for task in (self._task, self._planning):
+        for task in (self._task, self._planning, self._batching):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

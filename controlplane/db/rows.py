@@ -9,6 +9,7 @@ from controlplane.db.agent_rows import (
 )
 from controlplane.db.audit_rows import AuditEventRow, ConfigRevisionRow
 from controlplane.db.base import Base, NamedRow
+from controlplane.db.batch_rows import BatchLineRow, BatchRow, BatchSignerRow, FileRow
 from controlplane.db.fleet_rows import (
     CloudRow,
     DeploymentRow,
@@ -28,6 +29,9 @@ __all__ = [
     "ApiKeyRow",
     "AuditEventRow",
     "Base",
+    "BatchLineRow",
+    "BatchRow",
+    "BatchSignerRow",
     "BootstrapTokenRow",
     "CloudRow",
     "ConfigRevisionRow",
@@ -35,6 +39,7 @@ __all__ = [
     "EnginePlanRow",
     "FallbackPeerRow",
     "FallbackRuleRow",
+    "FileRow",
     "HoldingRow",
     "IntentRow",
     "ModelRow",

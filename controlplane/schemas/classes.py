@@ -30,7 +30,7 @@ class ClassRuleSpec(Spec):
     """What is given of one class's rule; a field not given keeps the class's default."""
 
     weight: float | None = Field(
-        default=None, gt=0, le=1000, description="its weight in fair queueing between "
+        default=None, ge=0.001, le=1000, description="its weight in fair queueing between "
         "classes when the model is saturated (defaults: 64, 16, 4, 1 from interactive down)",
     )  # fmt: skip
     reserve: float | None = Field(
@@ -39,12 +39,12 @@ class ClassRuleSpec(Spec):
         "interactive, 0 for the others)",
     )  # fmt: skip
     max_wait_s: float | None = Field(
-        default=None, gt=0, le=86_400, description="the longest a request waits for "
+        default=None, ge=0.1, le=86_400, description="the longest a request waits for "
         "admission before it is refused 429 (defaults: the route's TTFT SLO for interactive "
         "and standard, 120 s for flex, 600 s for batch)",
     )  # fmt: skip
     slack: float | None = Field(
-        default=None, gt=0, le=1, description="where max_wait_s applies: the share of the "
+        default=None, ge=0.01, le=1, description="where max_wait_s applies: the share of the "
         "route's TTFT SLO it is admitted against, its wait not counted (defaults: flex 0.5, "
         "batch 0.25): it runs on capacity others leave",
     )  # fmt: skip

@@ -12,11 +12,13 @@ import base64
 from collections.abc import Iterable
 from typing import Any
 
+from meridian_pb.fleet.v1.assertion import CONTROL_PLANE
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.db.access_rows import ApiKeyRow, TenantRow
 from controlplane.db.audit_rows import AuditEventRow
+from controlplane.db.batch_rows import BatchSignerRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import DeploymentRow, EngineSlotRow, NodeRow, RegionRow
 from controlplane.db.planner_rows import EnginePlanRow
@@ -140,7 +142,13 @@ async def _planned(session: AsyncSession) -> dict[str, int]:
 
 
 async def _signing_keys(session: AsyncSession) -> dict[str, str]:
-    keys_of = await session.execute(select(RegionRow.name, RegionRow.signing_key))
+    """Each region's seed, and the control plane's (which signs batches' lines)."""
+    keys_of = [
+        (n, k) for n, k in await session.execute(select(RegionRow.name, RegionRow.signing_key))
+    ]
+    ours = await session.scalar(select(BatchSignerRow.seed))
+    if ours is not None:
+        keys_of.append((CONTROL_PLANE, ours))
     return {name: base64.b64encode(k).decode() for name, k in sorted(keys_of)}
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+from meridian_pb.fleet.v1.assertion import CONTROL_PLANE
+
 from controlplane.domain import EngineBackend, RegionState
 from controlplane.schemas.fleet import FallbackRuleSpec
 from controlplane.snapshot.index import FleetIndex
@@ -295,7 +297,8 @@ def _signing_key(state: FleetState, region: str) -> SigningKey | None:
 
 
 def _trusted(state: FleetState, region: str) -> list[TrustedRegion]:
-    """The regions that may escalate to this one: their rules name it as a peer."""
+    """The regions that may escalate to this one (their rules name it as a peer), and the
+    control plane, which sends it batches' lines."""
     senders = sorted({r.region for r in state.fallback_rules.values() if region in r.peers})
     trusted = []
     for sender in senders:
@@ -309,6 +312,12 @@ def _trusted(state: FleetState, region: str) -> list[TrustedRegion]:
                 jurisdiction=state.regions[sender].jurisdiction,
                 public_keys={key_id: public},
             )
+        )
+    ours = state.signing_keys.get(CONTROL_PLANE)
+    if ours is not None:  # the control plane, for the batch lines it sends (any jurisdiction)
+        key_id, public = public_key(ours)
+        trusted.append(
+            TrustedRegion(region=CONTROL_PLANE, jurisdiction="", public_keys={key_id: public})
         )
     return trusted
 

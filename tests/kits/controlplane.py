@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,9 +42,10 @@ class Api:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def api(database_url: str) -> AsyncIterator[Api]:
-    """The API application over an in-process ASGI transport, on a fresh database."""
-    settings = Settings(database_url=database_url, admin_token=ADMIN_TOKEN)
+async def api(database_url: str, tmp_path: Path) -> AsyncIterator[Api]:
+    """The API application over an in-process ASGI transport, on a fresh database; its local
+    state (tenants' files) in the test's directory."""
+    settings = Settings(database_url=database_url, admin_token=ADMIN_TOKEN, data_dir=tmp_path)
     db = Database.connect(database_url, pool_size=4)
     app = create_app(settings, db)
     transport = httpx.ASGITransport(app=app)

@@ -149,7 +149,8 @@ async def fleet_of(
                 cp.grpc_target, region, data_dir / region, token=token, node=f"{region}-1",
                 operator=OPERATOR, port=ports[region], inside=ns.run() if ns else None,
                 host=ns.inner_ip if ns else "127.0.0.1",
-                env={**(agent_env or {}), **(region_env or {}).get(region, {})},
+                env={"MERIDIAN_AGENT_CONTROL_PLANE_URL": cp.url, **(agent_env or {}),
+                     **(region_env or {}).get(region, {})},
             )  # fmt: skip
         for region, agent in agents.items():
 

@@ -87,7 +87,7 @@ class ClassRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     weight: float = Field(
-        gt=0, le=1000, description="its weight in fair queueing between classes when the "
+        ge=0.001, le=1000, description="its weight in fair queueing between classes when the "
         "model is saturated: of the places freed, classes that wait get them in proportion",
     )  # fmt: skip
     reserve: Share = Field(
@@ -95,12 +95,12 @@ class ClassRule(BaseModel):
         "take, while this class has had a request lately",
     )  # fmt: skip
     max_wait_s: float | None = Field(
-        default=None, gt=0, le=86_400, description="the longest a request of it waits for "
+        default=None, ge=0.1, le=86_400, description="the longest a request of it waits for "
         "admission before it is refused 429. null: the route's TTFT SLO (its wait counts "
         "against the SLO, as before classes)",
     )  # fmt: skip
     slack: float = Field(
-        default=1.0, gt=0, le=1, description="share of the route's TTFT SLO it is admitted "
+        default=1.0, ge=0.01, le=1, description="share of the route's TTFT SLO it is admitted "
         "against, its wait not counted: below 1, it runs only where an engine would start it "
         "that soon (capacity others leave). Used where max_wait_s is set",
     )  # fmt: skip
