@@ -1,5 +1,6 @@
-"""`meridian bench` commands that run a fleet: a control plane and agents in several regions
-(the single-region ones are in bench/cli.py, which adds these)."""
+"""`meridian bench` commands that run a fleet: a control plane and agents in several regions,
+and service classes beside a batch flood (the other single-region ones are in bench/cli.py,
+which adds these)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from bench import escalation, quotas, revocation, rollout
+from bench import classes, escalation, quotas, revocation, rollout
 from bench.needs import plot_beside, requires, scratch
 
 
@@ -107,4 +108,34 @@ def quotas_command(quota: int, phase: float, out: Path | None, plot: Path | None
         asyncio.run(quotas.run(options))
 
 
-COMMANDS = (escalation_command, revocation_command, rollout_command, quotas_command)
+@click.command("classes")
+@click.option("--workers", type=click.IntRange(1, 32), default=4, show_default=True)
+@click.option("--seconds", type=click.FloatRange(5, 3600), default=60, show_default=True,
+              help="of traffic in each mode")  # fmt: skip
+@click.option("--capacity", type=click.FloatRange(0.1, 1000), default=None,
+              help="no sweep: the region's capacity (rps) from an earlier run")  # fmt: skip
+@click.option("--modes", default=",".join(classes.MODES), show_default=True,
+              help="comma-separated, from the default list")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def classes_command(
+    workers: int, seconds: float, capacity: float | None, modes: str, out: Path | None
+) -> None:
+    """Interactive traffic at 70% of capacity beside batch offered at 3x: service classes,
+    one class for all, and strict priority without reservation, side by side."""
+    names = tuple(n.strip() for n in modes.split(",") if n.strip())
+    unknown = [n for n in names if n not in classes.MODES]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown modes {unknown}", param_hint="--modes")
+    with scratch("classes") as root:
+        options = classes.Options(workers=workers, seconds=seconds, capacity_rps=capacity,
+                                  modes=names, out=out, root=root)  # fmt: skip
+        asyncio.run(classes.run(options))
+
+
+COMMANDS = (
+    escalation_command,
+    revocation_command,
+    rollout_command,
+    quotas_command,
+    classes_command,
+)

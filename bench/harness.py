@@ -179,21 +179,28 @@ class Region:
     def pids(self) -> list[int]:
         return [a.pid for a in self.agents]
 
-    async def route(self, policy: str, params: dict[str, Any], **slo: int | None) -> None:
-        """Set the region's routing policy; return once every agent runs it."""
+    async def route(self, policy: str, params: dict[str, Any], **fields: Any) -> None:
+        """Set the region's routing policy: its parameters, SLO and queue in `fields`, and
+        its service classes' rules (`classes`; none: the defaults); return once every agent
+        runs it."""
+        classes: dict[str, Any] | None = fields.pop("classes", None)
         url = f"/v1/routing-policies/{REGION}"
-        old = (await self.admin.get(url)).json().get("params") or {}
-        # a merge patch: the parameters of the policy before that this one lacks are removed
-        body = {"policy": policy, "params": {**dict.fromkeys(old), **params}, **slo}
+        before = (await self.admin.get(url)).json()
+        old, old_classes = before.get("params") or {}, before.get("classes") or {}
+        # a merge patch: the parameters of the policy before that this one lacks are removed,
+        # and so are the classes' rules
+        given = None if classes is None else {**dict.fromkeys(old_classes), **classes}
+        body = {"policy": policy, "params": {**dict.fromkeys(old), **params}, **fields,
+                "classes": given}  # fmt: skip
         answer = await self.admin.patch(url, json=body, headers={"If-Match": "*"})
         answer.raise_for_status()
         want = int((await self.admin.get("/v1/revision")).json()["revision"])
         await self._settled(want, kv_events=bool(params.get("kv_events")))
 
-    async def tenant_key(self, tenant: str, **quota: int) -> str:
-        """A tenant (`quota`: its requests_per_minute, tokens_per_minute) and a key of it;
-        return once every agent knows the key."""
-        body = {"name": tenant, "tier": "standard", **quota}
+    async def tenant_key(self, tenant: str, **spec: Any) -> str:
+        """A tenant (`spec`: its requests_per_minute, tokens_per_minute, classes...) and a key
+        of it; return once every agent knows the key."""
+        body = {"name": tenant, "tier": "standard", **spec}
         answer = await self.admin.post("/v1/tenants", json=body)
         answer.raise_for_status()
         made = await self.admin.post("/v1/api-keys", json={"tenant": tenant})

@@ -43,6 +43,7 @@ class Result:
     region: str = ""  # the region that served it (x-meridian-region), when a gateway did
     sent_at: float = 0.0  # the event loop's time when it was sent
     done: float = 0.0  # and when it ended
+    service_class: str = ""  # the class that served it (x-meridian-class), when a gateway did
 
     def meets(self, ttft_s: float, itl_s: float) -> bool:
         return self.status == 200 and self.ttft_s <= ttft_s and self.itl_s <= itl_s
@@ -123,6 +124,7 @@ class Client:
                 f"{url}/v1/chat/completions", data=body, headers=self.headers
             ) as response:
                 region = response.headers.get("x-meridian-region", "")
+                served_as = response.headers.get("x-meridian-class", "")
                 tier = response.headers.get("x-meridian-tier")
                 if tier is not None:
                     self.tiers[tier.split(";", 1)[0]] += 1
@@ -150,7 +152,8 @@ class Client:
         if not first:
             return Result(502, error="no content")
         itl = (last - first) / (completion - 1) if completion > 1 else 0.0
-        return Result(200, first - sent, itl, completion, answer="".join(pieces), region=region)
+        return Result(200, first - sent, itl, completion, answer="".join(pieces), region=region,
+                      service_class=served_as)  # fmt: skip
 
 
 async def poisson(

@@ -71,6 +71,13 @@ class ControlPlaneMetrics:
         self.plan_changes = Counter("meridian_planner_changes", "Changes the planner decided, "
                                     "up or down, made (`taken`) or not", ["direction", "taken"],
                                     registry=r)  # fmt: skip
+        self.batch_lines = Counter("meridian_batch_lines", "Batches' lines the leader's runner "
+                                   "sent, by region and what came of them (answered, refused "
+                                   "for room, failed, unreachable)", ["region", "outcome"],
+                                   registry=r)  # fmt: skip
+        self.batch_backlog = Gauge("meridian_batch_backlog", "Batches' lines not answered yet, "
+                                   "pending or running (the leader's)", ["state"],
+                                   registry=r)  # fmt: skip
         self.waves = Histogram("meridian_rollout_wave", "How long a rollout's wave took, from "
                                "its push to the next wave's", unit="seconds",
                                buckets=WAVE_BUCKETS, registry=r)  # fmt: skip
@@ -89,6 +96,13 @@ class ControlPlaneMetrics:
             if d["target"] != d["engines"]:
                 direction = "up" if d["target"] > d["engines"] else "down"
                 self.plan_changes.labels(direction, "true" if d["taken"] else "false").inc()
+
+    def batch_line(self, region: str, outcome: str) -> None:
+        self.batch_lines.labels(region, outcome).inc()
+
+    def backlog(self, states: dict[str, int]) -> None:
+        for state in ("pending", "running"):
+            self.batch_backlog.labels(state).set(states.get(state, 0))
 
     def rollout(self, event: str, detail: dict[str, Any]) -> None:
         """What the rollout driver saw: an outcome, a rollback's check, a wave's time."""

@@ -113,7 +113,12 @@ class Replica:
                     short_after_s=settings.planner_spot_short_s,
                 ),
             ),
-            batches=BatchRunner(db, store_for(settings.object_store, settings.data_dir)),
+            batches=BatchRunner(
+                db,
+                store_for(settings.object_store, settings.data_dir),
+                sent=self.metrics.batch_line,
+                backlog=self.metrics.backlog,
+            ),
         )
         self.feed.subscribe(self.coordinator.publish_revision)
         self.coordinator.on_revision(self.hub.announce)

@@ -15,6 +15,7 @@ COMMANDS = {
     "apply": ("controlplane.client", "apply_command", "Apply a fleet document."),
     "rollout": ("controlplane.rollout_cli", "rollout", "Watch, pause, promote or abort a rollout."),
     "planner": ("controlplane.planner_cli", "planner", "Watch, pause or resume the planner."),
+    "batches": ("controlplane.batch_cli", "batches", "A tenant's batches: submit, follow, fetch."),
     "join": ("meridian.join", "join_command", "Join Terraform's pools to the fleet (tokens)."),
     "up": ("meridian.up", "up_command", "Run a whole local fleet."),
     "demo": ("meridian.demo", "demo", "Show the local fleet at work (sample traffic, live)."),

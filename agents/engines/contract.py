@@ -35,6 +35,7 @@ class LoadReading:
     max_total_tokens: int
     step_s: float  # seconds a token of each running answer takes now; 0 while idle
     version: str
+    max_running: int = 0  # requests it runs at once at the most (all ranks); 0: not said
 
 
 SILENT_AFTER = 2  # polls of `/v1/loads` in a row without an answer: it does not answer
@@ -85,6 +86,7 @@ def read_loads(document: Any) -> LoadReading:
         # all running answers together: one answer's token takes running / throughput
         step_s=running / throughput if running > 0 and throughput > 0 else 0.0,
         version=str(document.get("version") or ""),
+        max_running=sum(_int(r.get("max_running_requests")) for r in ranks),
     )
 
 

@@ -8,10 +8,13 @@ may take of a worker, and who is shed first.
   its last look: of the places freed, classes that wait get them in proportion to their
   weights, and none is starved (each class also has a bound on its wait). When nothing
   waits the tags start again: fair queueing costs nothing until it has something to decide.
-- **Reserves.** A class's reserve is a share of each worker's KV pool that the classes below
+- **Reserves.** A class's reserve is a share of each worker's KV pool, and of the requests
+  its engine runs at once (`max_running_requests`, from /v1/loads), that the classes below
   it may not take, while the class has had a request in the last `ACTIVE_S` (a reserve for
-  a class nobody uses would only waste). A request escalated here from a peer region never
-  takes the reserve of this region's `interactive` traffic.
+  a class nobody uses would only waste). The slots matter where the engine is bound by
+  compute rather than memory: a batch request it runs holds its slot to the end. A request
+  escalated here from a peer region never takes the reserve of this region's `interactive`
+  traffic.
 - **Slack.** A class with a `max_wait_s` (by default `flex` and `batch`) is admitted against
   a share of the route's TTFT SLO, its wait not counted: it runs where an engine would start
   it that soon, on capacity the classes above leave, and waits up to its bound for it.

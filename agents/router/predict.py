@@ -234,8 +234,9 @@ def fits(
     first byte predicted there (None where admission predicts none: the policy's stands).
     `ratio`: of each running answer's rest, the room kept for it (1: every answer there
     finishes; RESERVE_RATIO: as the engine itself admits). `kept`: the share of the
-    worker's KV pool it may not take (higher classes' reserves). `slack`: a class admitted
-    on slack is admitted when its first byte is predicted that soon, its wait not counted."""
+    worker's KV pool, and of the requests its engine runs at once, it may not take (higher
+    classes' reserves). `slack`: a class admitted on slack is admitted when its first byte
+    is predicted that soon, its wait not counted."""
     slo = route.slo_ttft_s
     predicted = decision.best_ttft_s
     if slo is None or predicted is None:
@@ -248,6 +249,10 @@ def fits(
     # room for every answer there to finish (when room runs out an engine retracts its
     # newest request, which then waits for room again, often before its first chunk)
     view, load, params = best.view, best.entry.load, route.params
+    if kept > 0 and load.max_running > 0:  # a higher class's share of the engine's slots
+        busy = load.running + load.waiting + view.sent_since_poll
+        if busy + 1 > load.max_running * (1.0 - kept):
+            return False, predicted
     uncached = max(0, request.prompt_tokens - best.matched_tokens)
     answer = view.answer(request.max_new)
     held, room = (

@@ -136,6 +136,7 @@ class LoadPoller:
                 max_total_tokens=reading.max_total_tokens,
                 step_s=reading.step_s,
                 at=self.table.clock(),
+                max_running=reading.max_running,
             ),
             FAIL_AFTER,
         )

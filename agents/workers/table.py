@@ -30,6 +30,7 @@ class EngineLoad:
     step_s: float = 0.0  # seconds a token of each running answer takes, from the engine's
     # generation throughput (prefill steps between decode steps count); 0: unknown or idle
     at: float = 0.0  # monotonic time of the poll
+    max_running: int = 0  # requests it runs at once at the most; 0: not known
 
     @property
     def kv_usage(self) -> float:

@@ -34,9 +34,9 @@ class ClassRuleSpec(Spec):
         "classes when the model is saturated (defaults: 64, 16, 4, 1 from interactive down)",
     )  # fmt: skip
     reserve: float | None = Field(
-        default=None, ge=0, le=0.9, description="share of each worker's KV pool that lower "
-        "classes may not take while this class has had a request lately (default: 0.2 for "
-        "interactive, 0 for the others)",
+        default=None, ge=0, le=0.9, description="share of each worker's KV pool, and of the "
+        "requests its engine runs at once, that lower classes may not take while this class "
+        "has had a request lately (default: 0.2 for interactive, 0 for the others)",
     )  # fmt: skip
     max_wait_s: float | None = Field(
         default=None, ge=0.1, le=86_400, description="the longest a request waits for "

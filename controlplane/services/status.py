@@ -22,6 +22,7 @@ from controlplane.db.agent_rows import NodeTelemetryRow
 from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import NodeRow, RegionRow
+from controlplane.services.batches.batches import batches_view
 from controlplane.services.liveness import DEGRADED, UP, summarize
 from controlplane.services.planner.loop import read_state as planner_state
 from controlplane.services.quality import compare
@@ -105,6 +106,7 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
         },
         "tiers": tiers,
         "classes": classes,
+        "batches": await batches_view(db),
         "planner": await planner_view(db),
     }
 

@@ -133,6 +133,7 @@ function render(doc) {
   quality(doc.quality || { models: {}, events: [] });
   tiers(doc.tiers || []);
   classes(doc.classes || []);
+  batches(doc.batches || []);
   $("regions").replaceChildren(...doc.regions.map((r) => region(r, doc.revision)));
   flows(doc.regions, doc.flows);
   receipts(doc.receipts);
@@ -263,6 +264,15 @@ function classes(items) {
     el("td", {}, c.wait_p99_s === null ? "–" : `${fixed(1000 * c.wait_p99_s, 0)} ms`)));
   $("classes").querySelector("tbody").replaceChildren(...(rows.length ? rows
     : [el("tr", {}, el("td", { colspan: 9, class: "hint" }, "no request answered yet"))]));
+}
+
+function batches(items) {
+  const rows = items.map((b) => el("tr", { "data-batch": b.id },
+    el("td", {}, b.id), el("td", {}, b.tenant), el("td", {}, b.status), el("td", {}, b.total),
+    el("td", {}, b.completed), el("td", {}, b.failed), el("td", {}, b.pending),
+    el("td", { class: "why" }, Object.entries(b.running).map(([r, n]) => `${r} ${n}`).join(", ") || "–")));
+  $("batches").querySelector("tbody").replaceChildren(...(rows.length ? rows
+    : [el("tr", {}, el("td", { colspan: 8, class: "hint" }, "no batch yet"))]));
 }
 
 function region(r, declared) {

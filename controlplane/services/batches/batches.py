@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import func, insert, select, tuple_, update
 
+from controlplane.db.access_rows import TenantRow
 from controlplane.db.base import utcnow
 from controlplane.db.batch_rows import BatchLineRow, BatchRow
 from controlplane.db.engine import Database
@@ -159,6 +160,47 @@ async def cancel(db: Database, tenant: TenantCaller, batch: str) -> dict[str, An
         if not running:
             row.status, row.cancelled_at = "cancelled", now
     return batch_doc(row)
+
+
+RECENT = 10  # ended batches the status page shows beside the open ones
+
+
+async def batches_view(db: Database) -> list[dict[str, Any]]:
+    """The status page's: every open batch and the latest that ended, with their tenant,
+    counts, and lines pending and running (by region)."""
+    async with db.sessions() as session:
+        open_rows = (await session.execute(
+            select(BatchRow, TenantRow.name).join(TenantRow, TenantRow.id == BatchRow.tenant_id)
+            .where(BatchRow.status.in_(OPEN)).order_by(BatchRow.created_at)
+        )).all()  # fmt: skip
+        ended = (await session.execute(
+            select(BatchRow, TenantRow.name).join(TenantRow, TenantRow.id == BatchRow.tenant_id)
+            .where(BatchRow.status.in_(ENDED))
+            .order_by(BatchRow.created_at.desc()).limit(RECENT)
+        )).all()  # fmt: skip
+        ids = [b.id for b, _ in open_rows]
+        lines = (await session.execute(
+            select(BatchLineRow.batch_id, BatchLineRow.state, BatchLineRow.region, func.count())
+            .where(BatchLineRow.batch_id.in_(ids),
+                   BatchLineRow.state.in_(("pending", "running")))
+            .group_by(BatchLineRow.batch_id, BatchLineRow.state, BatchLineRow.region)
+        )).all() if ids else []  # fmt: skip
+    pending: dict[str, int] = {}
+    running: dict[str, dict[str, int]] = {}
+    for batch_id, state, region, n in lines:
+        if state == "pending":
+            pending[batch_id] = pending.get(batch_id, 0) + n
+        else:
+            running.setdefault(batch_id, {})[str(region)] = n
+    out = []
+    for row, tenant in [*open_rows, *ended]:
+        batch: BatchRow = row
+        doc = batch_doc(batch)
+        out.append({"id": batch.id, "tenant": tenant, "status": batch.status,
+                    **doc["request_counts"], "pending": pending.get(batch.id, 0),
+                    "running": running.get(batch.id, {}), "created_at": doc["created_at"],
+                    "expires_at": doc["expires_at"]})  # fmt: skip
+    return out
 
 
 def batch_doc(row: BatchRow) -> dict[str, Any]:

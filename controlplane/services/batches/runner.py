@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from meridian_pb.fleet.v1 import assertion
-from sqlalchemy import select, tuple_, update
+from sqlalchemy import func, select, tuple_, update
 
 from controlplane.db.access_rows import TenantRow
 from controlplane.db.base import utcnow
@@ -99,6 +99,8 @@ class BatchRunner:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _http: httpx.AsyncClient | None = None
     _key: tuple[str, Ed25519PrivateKey] | None = None
+    sent: Callable[[str, str], None] = lambda region, outcome: None
+    backlog: Callable[[dict[str, int]], None] = lambda states: None
 
     async def run(self) -> None:
         """While this replica leads (cancelled when it no longer does)."""
@@ -134,6 +136,7 @@ class BatchRunner:
     async def tick(self) -> bool:
         """Expire, finalize and send what can be; whether anything is under way or was sent."""
         batches = await self._open()
+        self.backlog(await backlog(self.db))
         if not batches:
             return bool(self._tasks)
         targets = await self._targets()
@@ -262,6 +265,7 @@ class BatchRunner:
             answer = await self._http.post(target.url + batch.endpoint, content=body,
                                            headers=headers)  # fmt: skip
         except httpx.HTTPError as error:  # the region is gone: its lines go elsewhere
+            self.sent(target.name, "unreachable")
             window.unreachable += 1
             window.size = 1.0
             window.resume_at = self.clock() + min(UNREACHABLE_S, 0.5 * 2**window.unreachable)
@@ -272,6 +276,10 @@ class BatchRunner:
             window.inflight -= 1
         window.unreachable = 0
         status = answer.status_code
+        outcome = (
+            "refused" if status in REFUSED_FOR_ROOM else "failed" if status >= 500 else "answered"
+        )
+        self.sent(target.name, outcome)
         if status in REFUSED_FOR_ROOM:
             window.size = max(1.0, window.size / 2)
             retry = answer.headers.get("Retry-After", "1")
@@ -337,6 +345,17 @@ def _pending(batch: str, line: int, attempt: int) -> Any:
                BatchLineRow.state == "running", BatchLineRow.attempts == attempt)
         .values(state="pending", region=None, lease_until=None)
     )  # fmt: skip
+
+
+async def backlog(db: Database) -> dict[str, int]:
+    """Lines not answered yet, pending or running, in all batches."""
+    async with db.sessions() as session:
+        rows = await session.execute(
+            select(BatchLineRow.state, func.count())
+            .where(BatchLineRow.state.in_(("pending", "running")))
+            .group_by(BatchLineRow.state)
+        )
+        return {str(state): int(n) for state, n in rows}
 
 
 async def record(

@@ -143,3 +143,63 @@ async def _until(probe: Callable[[], bool], within_s: float = 20.0) -> None:
     async with asyncio.timeout(within_s):
         while not probe():  # noqa: ASYNC110 (the gateway's state: no event to wait on)
             await asyncio.sleep(0.02)
+
+
+async def test_interactive_keeps_its_slo_batch_takes_the_rest_flex_never_waits_forever() -> None:
+    """One engine that runs four requests at once (it says so in /v1/loads). Four
+    interactive clients keep it busy, each sending its next request as its last ends (at
+    capacity); twelve batch clients flood it (three times as many). Interactive keeps its
+    SLO: every request served, none refused (its reserve keeps a fifth of the engine's
+    slots from batch). Batch is served only from the rest, and what waits past its bound
+    (2 s) is refused 429, not left waiting; a flex request (bound 3 s) is answered or
+    refused within its bound, never later."""
+    async with AsyncExitStack() as stack:
+        sim = await stack.enter_async_context(
+            running_sim("--max-running-requests", "4", "--slow-factor", "5", model=MODEL)
+        )
+        beta = replace(OTHER, class_ceiling=ServiceClass.INTERACTIVE)
+        config = region_config("r", [sim.url])
+        keys = {h: replace(k, tenant=beta) if k.tenant.name == beta.name else k
+                for h, k in config.keys.items()}  # fmt: skip
+        classes = policy_for({"batch": {"max_wait_s": 2}, "flex": {"max_wait_s": 3}})
+        route = replace(config.routes[MODEL], slo_ttft_s=5.0, classes=classes)
+        config = replace(config, keys=keys, tenants={**config.tenants, beta.name: beta},
+                         routes={MODEL: route})  # fmt: skip
+        region = await stack.enter_async_context(local_gateway(config))
+        stop = asyncio.Event()
+        seen: dict[str, list[tuple[int, float]]] = {"interactive": [], "batch": [], "flex": []}
+        async with httpx.AsyncClient(base_url=region.url, timeout=60) as client:
+
+            async def ask(service_class: str) -> None:
+                started = asyncio.get_running_loop().time()
+                answer = await client.post(
+                    "/v1/chat/completions", json=_body() | {"max_tokens": 16},
+                    headers={"Authorization": f"Bearer {OTHER_KEY}",
+                             "x-meridian-class": service_class},
+                )  # fmt: skip
+                took = asyncio.get_running_loop().time() - started
+                seen[service_class].append((answer.status_code, took))
+
+            async def keep(service_class: str) -> None:
+                while not stop.is_set():
+                    await ask(service_class)
+
+            load = [asyncio.create_task(keep("interactive")) for _ in range(4)]
+            load += [asyncio.create_task(keep("batch")) for _ in range(12)]
+            await asyncio.sleep(2)
+            await ask("flex")
+            await asyncio.sleep(4)
+            stop.set()
+            await asyncio.gather(*load)
+        interactive, batch = seen["interactive"], seen["batch"]
+        assert interactive
+        assert {status for status, _ in interactive} == {200}  # none refused, none failed
+        assert max(took for _, took in interactive) < 5.0
+        assert {status for status, _ in batch} <= {200, 429}
+        assert any(status == 200 for status, _ in batch)  # served from the rest
+        assert any(status == 429 for status, _ in batch)  # the rest was not enough
+        assert all(took < 2 + 3 for status, took in batch if status == 429)  # bound, not more
+        ((status, took),) = seen["flex"]
+        assert status in (200, 429)
+        assert took < 3 + 3  # its bound, plus at most an answer's length
+        assert region.idle()

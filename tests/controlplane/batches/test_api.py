@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from controlplane.db.batch_rows import BatchLineRow, BatchRow, FileRow
 from controlplane.db.engine import Database
 from meridian.procs import stop_child
-from tests.kits.controlplane import ADMIN_TOKEN, start_server
+from tests.kits.controlplane import ADMIN_TOKEN, run_cli, start_server
 from tests.kits.fleet_docs import BASE
 
 CHAT = "/v1/chat/completions"
@@ -161,3 +161,33 @@ async def test_a_tenant_sees_nothing_of_anothers(
     assert cancel.status_code == 404
     # an admin's token is not a tenant's key
     assert (await api.client.get("/v1/batches")).status_code == 401
+
+
+async def test_meridian_batches_submits_lists_shows_and_cancels(
+    api: Api, keys: dict[str, str], tmp_path: Path
+) -> None:
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(jsonl(*(request(n) for n in range(3))))
+    env = {"MERIDIAN_URL": api.url, "MERIDIAN_API_KEY": keys["acme"]}
+    code, out = await run_cli("batches", "submit", str(requests), env=env)
+    assert code == 0, out
+    batch = out.split()[1].rstrip(":")
+    assert batch.startswith("batch_")
+    assert "3 requests, in_progress" in out
+    code, out = await run_cli("batches", "list", env=env)
+    assert code == 0, out
+    assert batch in out
+    code, out = await run_cli("batches", "cancel", batch, env=env)
+    assert code == 0, out
+    assert "cancelled" in out
+    code, out = await run_cli("batches", "output", batch, "-o", str(tmp_path / "o"), env=env)
+    assert code == 1, out
+    assert "no output file" in out  # nothing ran: nothing to write
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"custom_id": "x"}\n')
+    code, out = await run_cli("batches", "submit", str(bad), env=env)
+    assert code == 1, out
+    assert "file.line.1" in out  # the line that is wrong, named
+    code, out = await run_cli("batches", "list", env={"MERIDIAN_URL": api.url})
+    assert code == 2
+    assert "MERIDIAN_API_KEY" in out

@@ -91,8 +91,9 @@ class ClassRule(BaseModel):
         "model is saturated: of the places freed, classes that wait get them in proportion",
     )  # fmt: skip
     reserve: Share = Field(
-        default=0.0, description="share of each worker's KV pool that lower classes may not "
-        "take, while this class has had a request lately",
+        default=0.0, description="share of each worker's KV pool, and of the requests its "
+        "engine runs at once, that lower classes may not take, while this class has had a "
+        "request lately",
     )  # fmt: skip
     max_wait_s: float | None = Field(
         default=None, ge=0.1, le=86_400, description="the longest a request of it waits for "

@@ -1,0 +1,195 @@
+"""`meridian bench classes`: interactive traffic beside a batch flood, on one region of
+simulated engines, with service classes and without.
+
+The region's capacity is measured first (the overload benchmark's sweep: the highest Poisson
+rate at which 90% of requests meet the SLO, TTFT 2 s and inter-token gap 50 ms). Then, for
+`seconds` each, in one run:
+
+- `alone`: interactive traffic at 70% of capacity, nothing else: its TTFT p99 is the
+  reference;
+- `classes`: the same, plus batch traffic offered at 3x capacity, as the `batch` class
+  (Meridian's defaults but a 5 s bound, so that what is refused is refused soon, as the batch
+  runner's lines would be sent again);
+- `one_class`: the same traffic with no class at all: every request `standard` (Meridian
+  before service classes);
+- `strict`: strict priority without reservation: batch may wait on the SLO as interactive
+  does (slack 1), with no interactive reserve and weights 1000 to 0.001.
+
+The batch tenant's requests ask for `interactive` (a header above its ceiling, `batch`): an
+answer served above it is counted. Goals: interactive TTFT p99 within 1.1x `alone`'s;
+batch gets at least 90% of the capacity left (output tokens a second); no admitted batch
+request waits past its bound; none served above its ceiling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench import plots, routing
+from bench.harness import flush, start_region, start_sims
+from bench.load import Client, Req, Result, poisson, quantile, summarize
+
+INTERACTIVE_LOAD, BATCH_LOAD = 0.7, 3.0  # of capacity
+BATCH_WAIT_S = 5.0
+SLO = {"slo_ttft_ms": 2000, "slo_itl_ms": 50, "max_queue": 1024}
+MODES: dict[str, dict[str, Any] | None] = {  # the route's classes; None: no batch traffic
+    "alone": None,
+    "classes": {"batch": {"max_wait_s": BATCH_WAIT_S}},
+    "one_class": {"batch": {"max_wait_s": BATCH_WAIT_S}},  # the load names no class
+    "strict": {
+        "interactive": {"weight": 1000, "reserve": 0},
+        "batch": {"weight": 0.001, "slack": 1.0, "max_wait_s": BATCH_WAIT_S},
+    },
+}
+
+
+@dataclass
+class Options:
+    workers: int = 4
+    seconds: float = 60.0
+    speed: float = 0.5
+    stream_interval: int = 16
+    capacity_rps: float | None = None  # from an earlier run: no sweep
+    modes: tuple[str, ...] = tuple(MODES)
+    out: Path | None = None
+    root: Path = Path(".")
+
+
+async def run(options: Options) -> dict[str, Any]:
+    console = Console(width=160)
+    o = routing.Options(
+        workers=options.workers, phase_seconds=30.0, speed=options.speed,
+        stream_interval=options.stream_interval, start_rps=8.0, root=options.root,
+    )  # fmt: skip
+    workload = o.workload()
+    result: dict[str, Any] = {"seconds": options.seconds, "results": {}}
+    async with AsyncExitStack() as stack:
+        with console.status(f"starting {o.workers} simulators and a region"):
+            sims = await start_sims(
+                stack, o.workers, max_total_tokens=o.pool_tokens,
+                stream_interval=o.stream_interval, speeds=[o.speed] * o.workers,
+                log_dir=options.root,
+            )  # fmt: skip
+            region = await start_region(stack, options.root, sims, gateways=1)
+        operator = Client({"Authorization": f"Bearer {region.operator}"})
+        stack.push_async_callback(operator.close)
+        bench = routing.Bench(o, console, stack, options.root, sims, region, operator)
+        await bench.use("cost")
+        capacity = options.capacity_rps
+        if capacity is None:
+            console.print("[bold]capacity[/] of the region (cost policy, with admission)")
+            capacity, _ = await routing._sweep(bench, workload)
+        result["capacity_rps"] = round(capacity, 3)
+        result["capacity_tok_s"] = round(capacity * o.output_tokens, 1)
+        chat = await region.tenant_key("chat", default_class="interactive",
+                                        class_ceiling="interactive")  # fmt: skip
+        nightly = await region.tenant_key("nightly", default_class="batch", class_ceiling="batch")
+        keys = {"chat": chat, "nightly": nightly}
+        for mode in options.modes:
+            classes = MODES[mode]
+            await region.route("cost", {"kv_events": True}, classes=classes, **SLO)
+            await flush(sims)
+            runs = await _phase(stack, region.gateway_urls[0], keys, workload, capacity,
+                                options.seconds, mode)  # fmt: skip
+            result["results"][mode] = runs
+            _progress(console, mode, runs)
+            plots.write_json(console, result, options.out)
+    _verdicts(result)
+    _report(console, result)
+    plots.write_json(console, result, options.out)
+    return result
+
+
+async def _phase(
+    stack: AsyncExitStack,
+    url: str,
+    keys: dict[str, str],
+    workload: list[Req],
+    capacity: float,
+    seconds: float,
+    mode: str,
+) -> dict[str, Any]:
+    """Interactive at 70% of capacity and (but alone) batch at 3x, side by side."""
+    named = mode != "one_class"
+    chat = Client({"Authorization": f"Bearer {keys['chat']}",
+                   **({"x-meridian-class": "interactive"} if named else {})})  # fmt: skip
+    nightly = Client({"Authorization": f"Bearer {keys['nightly']}",
+                      **({"x-meridian-class": "interactive"} if named else {})})  # fmt: skip
+    stack.push_async_callback(chat.close)
+    stack.push_async_callback(nightly.close)
+    rate_i, rate_b = capacity * INTERACTIVE_LOAD, capacity * BATCH_LOAD
+    asks_i = routing._subset(workload, round(rate_i * seconds), seed=1)
+    asks_b = routing._subset(workload, round(rate_b * seconds), seed=2)
+    interactive = poisson(chat, lambda _: url, asks_i, rate_i, seed=1)
+    batch: list[Result] = []
+    if MODES[mode] is None:
+        results_i, span = await interactive
+    else:
+        (results_i, span), (batch, _) = await asyncio.gather(
+            interactive, poisson(nightly, lambda _: url, asks_b, rate_b, seed=2)
+        )
+    return {
+        "interactive": _summary(results_i, span),
+        "batch": _summary(batch, span) | {"above_ceiling": _above(batch, named)},
+    }
+
+
+def _summary(results: list[Result], span: float) -> dict[str, Any]:
+    s = summarize(results, span, 2.0, 0.05)
+    ok = [r for r in results if r.status == 200]
+    s["ttft_max_s"] = round(max((r.ttft_s for r in ok), default=0.0), 4)
+    s["ttft_p999_s"] = round(quantile([r.ttft_s for r in ok], 0.999), 4)
+    s["classes"] = dict(Counter(r.service_class for r in ok))
+    return s
+
+
+def _above(results: list[Result], named: bool) -> int:
+    """Answers of the batch tenant (ceiling `batch`) served at another class."""
+    if not named:
+        return 0
+    return sum(r.status == 200 and r.service_class != "batch" for r in results)
+
+
+def _verdicts(result: dict[str, Any]) -> None:
+    runs = result["results"]
+    reference = runs.get("alone", {}).get("interactive", {}).get("ttft_p99_s")
+    for mode, run in runs.items():
+        i, b = run["interactive"], run["batch"]
+        left = max(1e-9, result["capacity_tok_s"] - i["output_tok_per_s"])
+        share = b["output_tok_per_s"] / left if MODES[mode] is not None else None
+        run["batch_share_of_left"] = round(share, 3) if share is not None else None
+        run["ttft_p99_vs_alone"] = round(i["ttft_p99_s"] / reference, 3) if reference else None
+
+
+def _progress(console: Console, mode: str, run: dict[str, Any]) -> None:
+    i, b = run["interactive"], run["batch"]
+    console.print(f"  {mode:<10} interactive: ttft p99 {i['ttft_p99_s']:.3f} s, slo "
+                  f"{i['slo_met']:.0%}, refused {i['rejected']}; batch: "
+                  f"{b['output_tok_per_s']:.0f} tok/s, refused {b['rejected']}")  # fmt: skip
+
+
+def _report(console: Console, result: dict[str, Any]) -> None:
+    table = Table(title=f"classes: a region of capacity {result['capacity_rps']:.2f} rps "
+                        f"({result['capacity_tok_s']:.0f} output tok/s)")  # fmt: skip
+    for column in ("mode", "interactive TTFT p99 s", "vs alone", "interactive SLO met",
+                   "interactive refused", "batch tok/s", "batch share of left",
+                   "batch TTFT max s", "batch refused", "above ceiling"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for mode, run in result["results"].items():
+        i, b = run["interactive"], run["batch"]
+        share = run["batch_share_of_left"]
+        table.add_row(
+            mode, f"{i['ttft_p99_s']:.3f}", f"{run['ttft_p99_vs_alone'] or 0:.2f}x",
+            f"{i['slo_met']:.1%}", str(i["rejected"]), f"{b['output_tok_per_s']:.0f}",
+            "-" if share is None else f"{share:.0%}", f"{b['ttft_max_s']:.2f}",
+            str(b["rejected"]), str(b["above_ceiling"]),
+        )  # fmt: skip
+    console.print(table)
