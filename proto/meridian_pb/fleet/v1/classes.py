@@ -24,6 +24,7 @@ names the class that served it in `x-meridian-class`, and the tier OpenAI would 
 from __future__ import annotations
 
 from enum import IntEnum
+from functools import cached_property
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -39,7 +40,7 @@ class ServiceClass(IntEnum):
 
     @property
     def label(self) -> str:
-        return self.name.lower()
+        return LABELS[self]
 
     @classmethod
     def named(cls, name: str) -> ServiceClass:
@@ -51,7 +52,8 @@ class ServiceClass(IntEnum):
 
 
 CLASSES = tuple(ServiceClass)
-NAMES = tuple(c.label for c in CLASSES)
+LABELS = {c: c.name.lower() for c in CLASSES}
+NAMES = tuple(LABELS.values())
 BY_NAME = {c.label: c for c in CLASSES}
 HEADER = "x-meridian-class"  # a request's class, asked; an answer's, served
 TIER_HEADER = "x-meridian-service-tier"  # the answer's class as OpenAI's service_tier
@@ -139,11 +141,15 @@ class ClassPolicy(BaseModel):
 
     def reserved_above(self, service_class: ServiceClass) -> tuple[tuple[ServiceClass, float], ...]:
         """The reserves of the classes above this one (those it may not take)."""
-        return tuple(
-            (c, self.rule(c).reserve)
-            for c in CLASSES[: service_class.value]
-            if self.rule(c).reserve > 0
-        )
+        return self._above[service_class]
+
+    @cached_property
+    def _above(self) -> dict[ServiceClass, tuple[tuple[ServiceClass, float], ...]]:
+        """Each class's `reserved_above`, worked out once (a request asks on its path)."""
+        return {
+            c: tuple((a, self.rule(a).reserve) for a in CLASSES[:c] if self.rule(a).reserve > 0)
+            for c in CLASSES
+        }
 
 
 DEFAULT_POLICY = ClassPolicy()
