@@ -47,6 +47,7 @@ class RegionRow(NamedRow):
     jurisdiction: Mapped[str] = mapped_column(String(32))
     state: Mapped[str] = mapped_column(String(16))
     gateway_url: Mapped[str | None] = mapped_column(Text)
+    utc_offset_h: Mapped[float | None] = mapped_column(Float)  # its local time, for batches
     # Ed25519 seed: the region signs the requests it escalates with it (peers get the public
     # half). Made with the region, never shown by the API, sent only to its own agents.
     signing_key: Mapped[bytes] = mapped_column(

@@ -45,6 +45,11 @@ class RegionSpec(Spec):
     jurisdiction: Slug = Field(description="data-residency jurisdiction, e.g. us or eu")
     state: RegionState = RegionState.ACTIVE
     gateway_url: HttpUrl | None = Field(default=None, description="the region's public gateway")
+    utc_offset_h: float | None = Field(
+        default=None, ge=-12, le=14, multiple_of=0.25,
+        description="its local time's offset from UTC, in hours: batches' lines go first, "
+        "and more of them, to regions where it is night",
+    )  # fmt: skip
 
 
 class Gpu(Spec):

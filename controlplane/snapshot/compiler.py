@@ -90,7 +90,7 @@ def region_catalog(
     models = [r.model for r in routes]
     return {
         "revision": state.revision,
-        "region": RegionInfo(name=region, **spec.model_dump()),
+        "region": RegionInfo(name=region, **spec.model_dump(exclude={"utc_offset_h"})),
         "models": [
             ModelInfo(
                 name=m,
