@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import plots, routing
-from bench.harness import flush, start_region, start_sims
+from bench.harness import flush
 from bench.load import Client, Req, Result, poisson, quantile, summarize
 
 INTERACTIVE_LOAD, BATCH_LOAD = 0.7, 3.0  # of capacity
@@ -72,21 +72,9 @@ async def run(options: Options) -> dict[str, Any]:
     workload = o.workload()
     result: dict[str, Any] = {"seconds": options.seconds, "results": {}}
     async with AsyncExitStack() as stack:
-        with console.status(f"starting {o.workers} simulators and a region"):
-            sims = await start_sims(
-                stack, o.workers, max_total_tokens=o.pool_tokens,
-                stream_interval=o.stream_interval, speeds=[o.speed] * o.workers,
-                log_dir=options.root,
-            )  # fmt: skip
-            region = await start_region(stack, options.root, sims, gateways=1)
-        operator = Client({"Authorization": f"Bearer {region.operator}"})
-        stack.push_async_callback(operator.close)
-        bench = routing.Bench(o, console, stack, options.root, sims, region, operator)
-        await bench.use("cost")
-        capacity = options.capacity_rps
-        if capacity is None:
-            console.print("[bold]capacity[/] of the region (cost policy, with admission)")
-            capacity, _ = await routing._sweep(bench, workload)
+        bench = await routing.one_region(o, console, stack)
+        sims, region = bench.sims, bench.region
+        capacity = await routing.capacity_of(bench, workload, options.capacity_rps)
         result["capacity_rps"] = round(capacity, 3)
         result["capacity_tok_s"] = round(capacity * o.output_tokens, 1)
         chat = await region.tenant_key("chat", default_class="interactive",

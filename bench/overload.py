@@ -20,8 +20,6 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import plots, routing
-from bench.harness import start_region, start_sims
-from bench.load import Client
 
 MULTIPLES = (1.0, 2.0, 5.0)
 # KV events on: the engines' caches are flushed before each run, and only the exact index
@@ -57,22 +55,9 @@ async def run(options: Options) -> dict[str, Any]:
     workload = o.workload()
     result: dict[str, Any] = {"results": {}}
     async with AsyncExitStack() as stack:
-        with console.status(f"starting {o.workers} simulators and a region"):
-            sims = await start_sims(
-                stack, o.workers, max_total_tokens=o.pool_tokens,
-                stream_interval=o.stream_interval, speeds=[o.speed] * o.workers,
-                log_dir=options.root,
-            )  # fmt: skip
-            region = await start_region(stack, options.root, sims, gateways=1)
-        client = Client({"Authorization": f"Bearer {region.operator}"})
-        stack.push_async_callback(client.close)
-        bench = routing.Bench(o, console, stack, options.root, sims, region, client)
-        await bench.use("cost")
-        if options.capacity_rps is None:
-            console.print("[bold]capacity[/] of the region (cost policy, with admission)")
-            capacity, _ = await routing._sweep(bench, workload)
-        else:
-            capacity = options.capacity_rps
+        bench = await routing.one_region(o, console, stack)
+        region = bench.region
+        capacity = await routing.capacity_of(bench, workload, options.capacity_rps)
         result["capacity_rps"] = round(capacity, 3)
         plots.write_json(console, result, options.out)  # each part kept as it is measured
         for mode in options.modes:

@@ -183,6 +183,32 @@ class Bench:
         return summary
 
 
+async def one_region(
+    o: Options, console: Console, stack: AsyncExitStack, gateways: int = 1
+) -> Bench:
+    """`o.workers` simulators at `o.speed` and a region of `gateways` agents in front of them,
+    with the operator's client: the single-region benchmarks' start."""
+    with console.status(f"starting {o.workers} simulators and a region of {gateways} gateways"):
+        sims = await start_sims(
+            stack, o.workers, max_total_tokens=o.pool_tokens,
+            stream_interval=o.stream_interval, speeds=[o.speed] * o.workers, log_dir=o.root,
+        )  # fmt: skip
+        region = await start_region(stack, o.root, sims, gateways=gateways)
+    client = Client({"Authorization": f"Bearer {region.operator}"})
+    stack.push_async_callback(client.close)
+    return Bench(o, console, stack, o.root, sims, region, client)
+
+
+async def capacity_of(bench: Bench, workload: list[Req], known: float | None) -> float:
+    """The region's capacity under the cost policy with admission: `known`, or swept."""
+    await bench.use("cost")
+    if known is not None:
+        return known
+    bench.console.print("[bold]capacity[/] of the region (cost policy, with admission)")
+    capacity, _ = await _sweep(bench, workload)
+    return capacity
+
+
 def _subset(workload: list[Req], count: int, seed: int) -> list[Req]:
     """`count` requests of the workload, reshuffled; cycling through it if it has fewer."""
     picked = list(workload)
@@ -215,20 +241,11 @@ def _progress(bench: Bench, what: str, s: dict[str, Any]) -> None:
 
 async def run(options: Options) -> dict[str, Any]:
     console = Console(width=150)
-    root = options.root
     o = options
     workload = o.workload()
     result: dict[str, Any] = {"results": {}, "sweeps": {}, "workloads": {}, "setup": {}}
     async with AsyncExitStack() as stack:
-        with console.status(f"starting {o.workers} simulators and a region with 2 gateways"):
-            sims = await start_sims(
-                stack, o.workers, max_total_tokens=o.pool_tokens,
-                stream_interval=o.stream_interval, speeds=[o.speed] * o.workers, log_dir=root,
-            )  # fmt: skip
-            region = await start_region(stack, root, sims, gateways=2)
-        client = Client({"Authorization": f"Bearer {region.operator}"})
-        stack.push_async_callback(client.close)
-        bench = Bench(o, console, stack, root, sims, region, client)
+        bench = await one_region(o, console, stack, gateways=2)
         result["setup"] = {
             "workers": o.workers, "speed": o.speed, "pool_tokens": o.pool_tokens, "page_size": 16,
             "stream_interval": o.stream_interval, "phase_seconds": o.phase_seconds,

@@ -14,6 +14,8 @@ import zmq
 import zmq.asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.engines import contract
+
 Shape = Any
 JSON = {"content-type": "application/json"}
 
@@ -147,6 +149,12 @@ async def http_probes(http: httpx.AsyncClient) -> dict[str, Any]:
     reads = {"server_info": SERVER_INFO_READ, "model_info": MODEL_INFO_READ}
     for name, path in gets.items():
         out[name] = _answer(await http.get(path), reads.get(name, ()))
+    # what the agent reads of it: the KV pool, and the slots service classes reserve a share of
+    read = contract.read_loads((await http.get("/v1/loads")).json())
+    out["loads, as the agent reads them"] = {
+        "max_total_tokens known": read.max_total_tokens > 0,
+        "max_running known": read.max_running > 0,
+    }
     out["health"] = _answer(await http.get("/health", timeout=60))
     posts: dict[str, tuple[str, Any]] = {
         "generate": ("/generate", GENERATE),
