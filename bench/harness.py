@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import yaml
 
+from agents.engines.backends import priority_flags
 from bench.procfs import cpu_seconds, machine_busy
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
@@ -85,7 +86,7 @@ async def start_sims(
             "--speed-factor", str(speed),
             "--page-size", str(PAGE_SIZE),
             "--kv-events-config", json.dumps(events),
-            "--enable-metrics", "--enable-cache-report", *extra,
+            "--enable-metrics", "--enable-cache-report", *priority_flags({}), *extra,
         ]  # fmt: skip
         child = await procs.start_sim(
             args, port=port, log=log_dir / f"sim-{model}-{i}.log", ready_timeout_s=None

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from agents.engines import sglang_env
 from agents.engines.base import Backend, EngineSpec, Launch, check_owned, flags, gpu_env
+from agents.engines.contract import DEFAULT_PRIORITY, PRIORITY_POLICIES
 from agents.engines.sim import tokens as sim_tokens
 from agents.engines.sim.cli import sim_command
 from agents.engines.sim.config import SUFFIX as SIM_SUFFIX
@@ -31,6 +33,7 @@ def _served_flags(spec: EngineSpec) -> list[str]:
         "--enable-metrics",
         "--enable-cache-report",
     ]  # fmt: skip
+    out += priority_flags(spec.args)
     if spec.context_length and "context-length" not in spec.args:
         out += ["--context-length", str(spec.context_length)]
     if spec.kv_events_port is not None:
@@ -41,6 +44,14 @@ def _served_flags(spec: EngineSpec) -> list[str]:
         }
         out += ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
     return out + _pd_flags(spec)
+
+
+def priority_flags(args: Mapping[str, Any]) -> list[str]:
+    """The engine takes requests by their class (agents/engines/contract.py), unless its
+    engine_args choose a schedule policy priorities do not work with."""
+    if str(args.get("schedule-policy", "fcfs")) not in PRIORITY_POLICIES:
+        return []
+    return ["--enable-priority-scheduling", "--default-priority-value", str(DEFAULT_PRIORITY)]
 
 
 def _pd_flags(spec: EngineSpec) -> list[str]:

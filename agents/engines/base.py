@@ -68,7 +68,8 @@ class Backend(ABC):
 OWNED_FLAGS = frozenset({
     "model-path", "served-model-name", "host", "port", "tp-size", "tp", "dp-size", "dp",
     "disaggregation-mode", "disaggregation-bootstrap-port", "enable-metrics",
-    "enable-cache-report", "kv-events-config",
+    "enable-cache-report", "kv-events-config", "enable-priority-scheduling",
+    "default-priority-value", "schedule-low-priority-values-first",
 })  # fmt: skip
 
 

@@ -17,11 +17,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from meridian_pb.fleet.v1.classes import CLASSES, ServiceClass
+
 READY = "/ready"
 HEALTH = "/health"  # generates: seconds, not milliseconds
 LOADS = "/v1/loads"
 SERVER_INFO = "/server_info"
 METRICS = "/metrics"
+
+# SGLang's own priority scheduling (--enable-priority-scheduling; higher values first), which
+# Meridian turns on where it starts an engine: the engine takes a request by its class from
+# its queue, and a request two classes or more above a running one may retract it when every
+# slot is taken (SGLang's --priority-scheduling-preemption-threshold, 10 by default: the
+# difference must be over it). A retracted request is not lost: it waits and is served later.
+PRIORITY_STEP = 10
+PRIORITY_POLICIES = frozenset({"fcfs", "lof"})  # the schedule policies priorities work with
+
+
+def engine_priority(served: ServiceClass) -> int:
+    """The `priority` a request of class `served` is sent to its engine with."""
+    return (len(CLASSES) - 1 - served) * PRIORITY_STEP
+
+
+DEFAULT_PRIORITY = engine_priority(ServiceClass.STANDARD)  # a request sent without one
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from aiohttp import web
 from meridian_pb.fleet.v1.classes import HEADER, TIER_HEADER, TIER_OF, ServiceClass, clamp
 
 from agents.config import ModelConfig, RegionConfig
+from agents.engines.contract import engine_priority
 from agents.gateway import assertion, auth
 from agents.gateway.errors import GatewayError, UpstreamFailed
 from agents.gateway.flight import OPERATOR, Caller, Flight
@@ -14,6 +15,10 @@ from agents.gateway.requests import Inference, asked_class, cache_salt, context_
 from agents.router.escalation import Escalations
 from agents.router.plan import Ask, Placement, Progress
 from agents.router.router import Router
+
+# what the engine is told of a request's class: SGLang's `priority`, put before the client's
+# fields (a client's own `priority` is taken out of its body on arrival)
+PRIORITY_FIELD = {c: b'"priority":%d,' % engine_priority(c) for c in ServiceClass}
 
 
 class Arrival:
@@ -71,6 +76,7 @@ class Arrival:
         )
         served = caller.service_class = clamp(asked, tenant.default_class, tenant.class_ceiling)
         headers[HEADER], headers[TIER_HEADER] = served.label, TIER_OF[served]
+        inference.extra = PRIORITY_FIELD[served]
         fits = model  # a tiered request: what its tiers take together (its tier is chosen next)
         if inference.tiered is not None:
             model = config.models[inference.tiered.tiers[-1]]  # meanwhile, the strongest

@@ -90,7 +90,8 @@ class Inference:
     needs: frozenset[str] = frozenset()  # the capabilities it asks of a model (tools, vision)
     tiered: TieredRouteConfig | None = None  # asked of a tiered route (a virtual model)
     doc: dict[str, Any] | None = None  # the body, parsed: kept for a tiered request only
-    extra: bytes = b""  # fields the gateway adds to what the engine gets ('"name":value,')
+    extra: bytes = b""  # fields the gateway adds to what the engine gets ('"name":value,'):
+    # its class's priority
     client_salt: str = ""  # the client's own cache_salt, folded into its tenant's
     salt: str = ""  # its tenant's prefix-cache namespace (`cache_salt`), set on arrival
     asked_class: ServiceClass | None = None  # its service_tier's class (None: its default)
@@ -123,11 +124,13 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
         raise BadRequest(f"the body is not JSON: {error}") from None
     if not isinstance(body, dict) or not body:
         raise BadRequest("the body must be a JSON object")
-    client_salt = body.pop("cache_salt", None)
-    if client_salt is not None:  # the engine gets its tenant's, with this folded in
-        if not isinstance(client_salt, str) or len(client_salt) > MAX_SALT:
-            raise BadRequest(f"cache_salt must be a string of at most {MAX_SALT} characters",
-                             param="cache_salt")  # fmt: skip
+    client_salt = body.pop("cache_salt", None)  # the engine gets its tenant's, this folded in
+    bad_salt = not isinstance(client_salt, str) or len(client_salt) > MAX_SALT
+    if client_salt is not None and bad_salt:
+        raise BadRequest(f"cache_salt must be a string of at most {MAX_SALT} characters",
+                         param="cache_salt")  # fmt: skip
+    # SGLang's own `priority` is its class's (Inference.extra), never what a client says
+    if client_salt is not None or body.pop("priority", EMPTY) is not EMPTY:
         raw = orjson.dumps(body)
     native = path == "/generate"
     name = body.get("model")

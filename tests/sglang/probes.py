@@ -306,6 +306,43 @@ async def cache_salt_probe(http: httpx.AsyncClient) -> list[bool]:
     return [await _store(http, salt) > 0 for salt in ("a", "a", "b", None, "b")]
 
 
+SLOTS = 4  # --max-running-requests of both engines: the priority probe fills them
+
+
+async def priority_probe(http: httpx.AsyncClient) -> dict[str, Any]:
+    """With every slot taken by long requests of priority 0, three short ones arrive: of
+    priority 0, of none (the engine's default, 20, as Meridian starts it) and of 30, in that
+    order. Which finished last, and whether the other two finished before any long one (they
+    preempted)."""
+    await _idle(http)
+    done: list[str] = []
+
+    async def one(name: str, priority: int | None, tokens: int) -> None:
+        body: dict[str, Any] = {
+            "text": f"priority {name}",
+            "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True},
+        }
+        if priority is not None:
+            body["priority"] = priority
+        answer = await http.post("/generate", json=body)
+        assert answer.status_code == 200, answer.text
+        done.append(name)
+
+    calls = [asyncio.create_task(one(f"long {i}", 0, 400)) for i in range(SLOTS)]
+    for _ in range(400):
+        if (await http.get("/v1/loads")).json()["loads"][0]["num_running_reqs"] >= SLOTS:
+            break
+        await asyncio.sleep(0.02)
+    for name, priority in (("low", 0), ("default", None), ("high", 30)):
+        calls.append(asyncio.create_task(one(name, priority, 8)))
+        await asyncio.sleep(0.05)
+    await asyncio.gather(*calls)
+    first_long = min(done.index(f"long {i}") for i in range(SLOTS))
+    return {"last short": [n for n in done if not n.startswith("long")][-1],
+            "high before every long one": done.index("high") < first_long,
+            "default before every long one": done.index("default") < first_long}  # fmt: skip
+
+
 async def _flushed(http: httpx.AsyncClient) -> None:
     for _ in range(100):
         if (await http.post("/flush_cache")).status_code == 200:

@@ -32,6 +32,7 @@ KNOWN: dict[str, str] = {}
 # routing keys, host memory, HTTP and process counters, startup memory). Nothing in Meridian
 # reads them; the families an orchestrator reads (probes.ORCHESTRATOR_FAMILIES) are compared
 # name by name and label by label.
+SLOTS = (("max-running-requests", probes.SLOTS),)
 STARTUP_S = 30 * 60  # the real engine's first start may compile and cache on a busy machine
 
 
@@ -51,9 +52,9 @@ async def answers(
     context = zmq.asyncio.Context()
     try:
         for name, backend, spec in (
-            ("real", real, engine_spec("sglang", model_dir)),
+            ("real", real, engine_spec("sglang", model_dir, engine_args=SLOTS)),
             ("sim", SimBackend(), engine_spec("sim", model_dir,
-                                              engine_args=(("startup-s", 2.0),))),
+                                              engine_args=(*SLOTS, ("startup-s", 2.0)))),
         ):  # fmt: skip
             async with launched(backend, spec, logs / f"{name}.log") as process:
                 found: dict[str, Any] = {}
@@ -63,6 +64,7 @@ async def answers(
                     endpoint = f"tcp://127.0.0.1:{spec.kv_events_port}"
                     found["kv"] = await probes.kv_event_probe(http, endpoint, context)
                     found["salt"] = await probes.cache_salt_probe(http)
+                    found["priority"] = await probes.priority_probe(http)
                     metrics = (await http.get("/metrics")).text
                 found["metrics"] = probes.metric_families(metrics)
                 out[name] = found
@@ -110,6 +112,19 @@ async def test_a_prefix_is_cached_per_cache_salt_as_the_real_engine_caches_it(
     """What isolates tenants' caches (agents/gateway/requests.py: cache_salt)."""
     assert answers["real"]["salt"] == [False, True, False, False, True]
     assert answers["sim"]["salt"] == answers["real"]["salt"]
+
+
+async def test_requests_are_taken_by_priority_as_the_real_engine_takes_them(
+    answers: dict[str, dict[str, Any]],
+) -> None:
+    """What service classes ask of the engine (agents/engines/contract.py: engine_priority):
+    Meridian starts engines with priority scheduling, and a class two above running work
+    retracts it when every slot is taken."""
+    assert answers["real"]["priority"] == {
+        "last short": "low", "high before every long one": True,
+        "default before every long one": True,
+    }  # fmt: skip
+    assert answers["sim"]["priority"] == answers["real"]["priority"]
 
 
 async def test_metric_families_an_orchestrator_reads_have_the_real_names_and_labels(

@@ -41,6 +41,12 @@ SHUTDOWN_GRACE_S = 5
 @click.option("--kv-events-config", default=None,
               help="JSON: publisher (zmq), endpoint (tcp://*:5557), topic")  # fmt: skip
 @click.option("--schedule-policy", default="fcfs")
+@click.option("--enable-priority-scheduling", is_flag=True,
+              help="take waiting requests by `priority`, higher first")  # fmt: skip
+@click.option("--disable-priority-preemption", is_flag=True)
+@click.option("--default-priority-value", type=int, default=None)
+@click.option("--schedule-low-priority-values-first", is_flag=True)
+@click.option("--priority-scheduling-preemption-threshold", type=int, default=10)
 @click.option(
     "--disaggregation-mode", type=click.Choice(["null", "prefill", "decode"]), default="null"
 )

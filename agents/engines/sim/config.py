@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents.engines.sglang_env import SGLANG_VERSION
 from agents.engines.sim.cost import CostModel
 from agents.engines.sim.kv_events import KvEventsConfig
+from agents.engines.sim.request import Priority
 from agents.engines.sim.tokens import MODEL_DIR
 
 SUFFIX = "-meridian-sim"  # of its version: what tells a simulator from SGLang
@@ -35,6 +36,11 @@ class SimConfig(BaseModel):
     kv_events_config: KvEventsConfig | None = None
     stream_interval: int = Field(default=1, ge=1, le=1024)
     schedule_policy: str = "fcfs"
+    enable_priority_scheduling: bool = False
+    disable_priority_preemption: bool = False
+    default_priority_value: int | None = None
+    schedule_low_priority_values_first: bool = False
+    priority_scheduling_preemption_threshold: int = 10
     disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
     disaggregation_bootstrap_port: int = Field(default=8998, ge=1, le=65535)
     enable_metrics: bool = False
@@ -53,6 +59,27 @@ class SimConfig(BaseModel):
         default=None, min_length=1, max_length=64,
         description="requests whose prompt holds <marker>:json|tool|length|logprob fail so",
     )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _priority_policy(self) -> SimConfig:
+        if self.enable_priority_scheduling and self.schedule_policy not in ("fcfs", "lof"):
+            # as SGLang refuses it
+            raise ValueError(
+                f"To use priority scheduling, schedule_policy must be 'fcfs' or 'lof'. "
+                f"'{self.schedule_policy}' is not supported."
+            )
+        return self
+
+    def priority(self) -> Priority | None:
+        """Its priority scheduling, when on."""
+        if not self.enable_priority_scheduling:
+            return None
+        return Priority(
+            default=self.default_priority_value,
+            low_first=self.schedule_low_priority_values_first,
+            preempt=not self.disable_priority_preemption,
+            threshold=self.priority_scheduling_preemption_threshold,
+        )
 
     @property
     def role(self) -> Literal["unified", "prefill", "decode"]:

@@ -17,6 +17,11 @@ It follows SGLang's scheduler where routing depends on it:
   had computed is kept in the cache while room lasts) and the ratio goes back to 0.7.
 - A step is a prefill step when something can be admitted, else a decode step for the whole
   running batch (SGLang without mixed chunking).
+- **Priority scheduling**, when on (`Priority`): the queue is taken by priority, then by when
+  each joined it (a request retracted for lack of room keeps its place, a preempted one joins
+  again); a request that finds every slot taken retracts running requests of a priority more
+  than the threshold below its own (the lowest, the newest first) when that frees what it
+  needs, as SGLang's `preempt_to_schedule` does.
 
 Finished sequences stay in the radix cache for later requests, until LRU eviction needs room.
 """
@@ -40,6 +45,7 @@ from agents.engines.sim.request import (
     Finish,
     InjectedError,
     Observer,
+    Priority,
     Request,
 )
 from agents.engines.sim.stats import StepStats
@@ -65,6 +71,7 @@ class Engine:
         faults: Faults | None = None,
         observer: Observer | None = None,
         seed: int = 0,
+        priority: Priority | None = None,
         listener: Listener | None = None,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -78,6 +85,7 @@ class Engine:
         self.speed = speed
         self.faults = faults or Faults()
         self.observer = observer or Observer()
+        self.priority = priority
         self._clock = clock or asyncio.get_running_loop().time
         self._sleep = sleep
         self._random = random.Random(seed)
@@ -88,6 +96,7 @@ class Engine:
         self.chunked: Request | None = None  # a prompt part-way through chunked prefill
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.retracted_total = 0
+        self.preempted_total = 0  # retracted for a request of a higher priority
         self._wake = asyncio.Event()
         self._unhung = asyncio.Event()
         self._unhung.set()
@@ -139,6 +148,8 @@ class Engine:
         return request
 
     def submit(self, request: Request) -> None:
+        request.priority = self.priority.of(request.priority) if self.priority else None
+        request.queued = self.now()
         self.waiting.append(request)
         self._wake.set()
 
@@ -208,6 +219,11 @@ class Engine:
 
     def _prefill_batch(self) -> list[tuple[Request, int]]:
         """The next prefill step: (request, tokens to compute now), in queue order."""
+        if self.priority is not None and len(self.waiting) > 1:
+            rank = self.priority.rank
+            self.waiting = deque(
+                sorted(self.waiting, key=lambda r: (rank(r.priority or 0), r.queued))
+            )
         room = self._room()
         chunk_left, input_left = self.chunk_size, self.max_prefill_tokens
         batch: list[tuple[Request, int]] = []
@@ -227,9 +243,15 @@ class Engine:
                 return batch  # the chunk fills the step
             chunk_left, input_left, room = chunk_left - take, input_left - take, room - take
         count = len(self.running)
-        while self.waiting and count < self.max_running and chunk_left > 0 and input_left > 0:
+        while self.waiting and chunk_left > 0 and input_left > 0:
             request = self.waiting[0]
             sequence = request.sequence()
+            if count >= self.max_running:
+                freed = self._preempt_for(request, room)
+                if not freed:
+                    break
+                count -= freed
+                room = self._room() - sum(take + self._reserve(r) for r, take in batch)
             if request.prefilled:  # PD decode: the KV arrived whole; no prefill here
                 need = len(sequence) + self._reserve(request)
                 if need > room and self.running:
@@ -330,15 +352,46 @@ class Engine:
             self.cache.evict(short)
         while self.decoding and self.held_tokens + len(self.decoding) > self.capacity:
             victim = self.decoding.pop()
-            self._release(victim)
-            self.cache.insert(
-                victim.sequence(), victim.salt
-            )  # kept while room lasts, as SGLang does
-            victim.computed = 0
+            self._retract(victim)
             self.waiting.appendleft(victim)
-            self.retracted_total += 1
             self.new_token_ratio = INIT_NEW_TOKEN_RATIO
             self.cache.evict(self.held_tokens + len(self.decoding) - self.capacity)
+
+    def _preempt_for(self, request: Request, room: int) -> int:
+        """With every slot taken: retract decoding requests of a priority more than the
+        threshold below `request`'s, the lowest and newest first, if together they free what
+        it needs (its sequence and decode reserve, less `room`). How many were retracted."""
+        policy = self.priority
+        if policy is None or not policy.preempt or request.priority is None:
+            return 0
+        rank = policy.rank
+        mine = rank(request.priority)
+        need = len(request.sequence()) + self._reserve(request) - room
+        victims: list[Request] = []
+        for running in sorted(self.decoding, key=lambda r: (-rank(r.priority or 0), -r.queued)):
+            if rank(running.priority or 0) - mine <= policy.threshold:
+                break
+            victims.append(running)
+            need -= running.context + self._reserve(running)
+            if need <= 0:
+                break
+        if not victims or need > 0:
+            return 0
+        for victim in victims:
+            self.decoding.remove(victim)
+            self._retract(victim)
+            victim.queued = self.now()  # SGLang queues it again, as a new arrival
+            self.waiting.append(victim)
+        self.preempted_total += len(victims)
+        return len(victims)
+
+    def _retract(self, victim: Request) -> None:
+        """Out of the running batch, back to wait: what it computed stays in the cache while
+        room lasts, as SGLang keeps it."""
+        self._release(victim)
+        self.cache.insert(victim.sequence(), victim.salt)
+        victim.computed = 0
+        self.retracted_total += 1
 
     async def _step(self, seconds: float) -> float:
         """Steps keep time against a deadline, so the timer's lateness does not add up; after

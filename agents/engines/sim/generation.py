@@ -45,6 +45,7 @@ class Body(BaseModel):
 
     stream: bool = False
     rid: str | None = None
+    priority: int | None = None  # read when the engine schedules by priority
     cache_salt: str | list[str] | None = None  # a prefix is cached per salt (a list: a prompt's)
     bootstrap_host: str | None = None
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
@@ -114,6 +115,7 @@ async def start(engine: Engine, kv: Kv, body: Body, request: Request) -> None:
         # as SGLang 0.5.23 refuses a rid it is serving (measured)
         raise SimError(400, f"Duplicate request ID detected: {request.rid}", "BadRequestError")
     request.streaming = body.stream
+    request.priority = body.priority
     pd = (body.bootstrap_host, body.bootstrap_port, body.bootstrap_room)
     if engine.role == "decode" and any(v is not None for v in pd):
         await _receive_kv(engine, kv, body, request)

@@ -23,14 +23,21 @@ class Metrics(Observer):
     Names and labels as SGLang 0.5.23 has them: the tokenizer's series carry
     `{engine_type, is_streaming, model_name}` (`cached_tokens_total` `cache_source` instead of
     `is_streaming`; `inter_token_latency_seconds` and `num_aborted_requests_total` neither), the
-    scheduler's `{engine_type, model_name, moe_ep_rank, pp_rank, tp_rank}`."""
+    scheduler's `{engine_type, model_name, moe_ep_rank, pp_rank, tp_rank}`. With priority
+    scheduling on, every one of them has a `priority` label too: the request's priority on the
+    tokenizer's series, empty on the scheduler's, whose running and queued counts are broken
+    down by priority besides."""
 
-    def __init__(self, model_name: str, engine_type: str) -> None:
+    def __init__(self, model_name: str, engine_type: str, priority: bool = False) -> None:
         self.registry = CollectorRegistry()
         self.engine: Engine | None = None
+        self._by_priority = priority
         base = {"engine_type": engine_type, "model_name": model_name}
+        if priority:
+            base["priority"] = ""
         sched = {**base, "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": "0"}
-        self._base = base
+        self._base, self._sched = base, sched
+        self._priorities: set[int] = set()  # those the counts are broken down by
         streaming = [*base, "is_streaming"]
         self._prompt = self._counter("prompt_tokens", "Prefill tokens processed", streaming)
         self._generation = self._counter("generation_tokens", "Generation tokens", streaming)
@@ -66,9 +73,11 @@ class Metrics(Observer):
             "num_decode_prealloc_queue_reqs": lambda: 0,
             "num_decode_transfer_queue_reqs": lambda: self.transfer_queue,
         }
+        self._gauges: dict[str, Gauge] = {}
         for name, read in gauges.items():
             gauge = Gauge(f"sglang:{name}", name, list(sched), registry=self.registry)
             gauge.labels(**sched).set_function(read)
+            self._gauges[name] = gauge
         self._transfer = (
             Histogram(
                 "sglang:kv_transfer_latency_ms",
@@ -99,8 +108,28 @@ class Metrics(Observer):
         engine = self._engine()
         return engine.used_tokens / max(1, engine.cost.max_total_tokens)
 
+    def _labels(self, request: Request) -> dict[str, str]:
+        """The tokenizer's series' labels for `request`."""
+        if not self._by_priority:
+            return self._base
+        return {**self._base, "priority": str(request.priority)}
+
     def _streaming(self, request: Request) -> dict[str, str]:
-        return {**self._base, "is_streaming": "true" if request.streaming else "false"}
+        return {**self._labels(request), "is_streaming": "true" if request.streaming else "false"}
+
+    def _break_down(self, priority: int | None) -> None:
+        """Running and queued requests counted for `priority` too, from the first seen."""
+        if priority is None or not self._by_priority or priority in self._priorities:
+            return
+        self._priorities.add(priority)
+        labels = {**self._sched, "priority": str(priority)}
+        engine = self._engine()
+        self._gauges["num_running_reqs"].labels(**labels).set_function(
+            lambda: sum(1 for r in engine.running if r.priority == priority)
+        )
+        self._gauges["num_queue_reqs"].labels(**labels).set_function(
+            lambda: sum(1 for r in engine.waiting if r.priority == priority)
+        )
 
     def transferred(self, milliseconds: float) -> None:
         self.last_transfer_ms = milliseconds
@@ -109,11 +138,10 @@ class Metrics(Observer):
 
     def admitted(self, request: Request) -> None:
         assert request.admitted is not None
-        self._queue.labels(**self._base, moe_ep_rank="0", pp_rank="0", tp_rank="0").observe(
-            request.admitted - request.arrived
-        )
+        self._break_down(request.priority)
+        self._queue.labels(**self._sched).observe(request.admitted - request.arrived)
         self._prompt.labels(**self._streaming(request)).inc(len(request.prompt))
-        self._cached.labels(**self._base, cache_source="device").inc(request.cached)
+        self._cached.labels(**self._labels(request), cache_source="device").inc(request.cached)
         self._prompt_total += len(request.prompt)
         self._cached_total += request.cached
 
@@ -128,13 +156,13 @@ class Metrics(Observer):
         labels = self._streaming(request)
         self._generation.labels(**labels).inc(request.generated)
         if request.finish == "abort":
-            self._aborted.labels(**self._base).inc()
+            self._aborted.labels(**self._labels(request)).inc()
             return
         self._requests.labels(**labels).inc()
         self._e2e.labels(**labels).observe(request.finished_at - request.arrived)
         if request.first_token_at is not None and request.generated > 1:
             mean = (request.finished_at - request.first_token_at) / (request.generated - 1)
-            self._itl.labels(**self._base).observe(mean)
+            self._itl.labels(**self._labels(request)).observe(mean)
             self._tpot.labels(**labels).observe(mean)
 
     def load(self, mode: str) -> dict[str, object]:

@@ -4,6 +4,7 @@ and what the engine reports as it goes."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,6 +36,31 @@ class Faults:
         return self.logprob_shift + (5.0 if self.output != "none" else 0.0)
 
 
+@dataclass(frozen=True)
+class Priority:
+    """SGLang's priority scheduling (`--enable-priority-scheduling`): the queue is taken in
+    order of priority (higher first, or lower with `low_first`), then of arrival; and when
+    every slot is taken, a request whose priority is more than `threshold` above running ones
+    retracts the lowest of them (the newest first) while that frees what it needs, unless
+    `preempt` is off. A retracted request waits again; it is not lost."""
+
+    default: int | None = None  # a request's that names none (SGLang: the lowest there is)
+    low_first: bool = False
+    preempt: bool = True
+    threshold: int = 10
+
+    def of(self, asked: int | None) -> int:
+        if asked is not None:
+            return asked
+        if self.default is not None:
+            return self.default
+        return sys.maxsize if self.low_first else -sys.maxsize - 1
+
+    def rank(self, priority: int) -> int:
+        """A sort key: smaller is served first."""
+        return priority if self.low_first else -priority
+
+
 @dataclass(eq=False)
 class Request:
     rid: str
@@ -44,6 +70,8 @@ class Request:
     salt: str | None = None  # its cache namespace (`cache_salt`): a prefix is cached per salt
     prefilled: bool = False  # PD decode: the KV cache came from a prefill server
     streaming: bool = False  # its answer is streamed (metrics' `is_streaming`)
+    priority: int | None = None  # with priority scheduling on: its priority (else None)
+    queued: float = 0.0  # when it last joined the queue (a preempted request joins again)
     output: list[int] = field(default_factory=list)
     generated: int = 0
     cached: int = 0  # prompt tokens found in the cache when first admitted

@@ -52,7 +52,9 @@ class FaultChange(BaseModel):
 class Simulator:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.metrics = Metrics(config.served_model_name, config.role)
+        self.metrics = Metrics(
+            config.served_model_name, config.role, config.enable_priority_scheduling
+        )
         self.kv_events = (
             KvEvents(config.kv_events_config, config.page_size)
             if config.kv_events_config is not None
@@ -69,6 +71,7 @@ class Simulator:
             faults=Faults(config.slow_factor, config.error_rate, config.hang),
             observer=self.metrics,
             seed=config.seed,
+            priority=config.priority(),
             listener=self.kv_events,
         )
         self.engine.set_hang(config.hang)

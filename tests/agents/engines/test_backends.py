@@ -15,10 +15,12 @@ import pytest
 from agents.engines import sglang_env
 from agents.engines.backends import CPU_KV_TOKENS, SglangBackend, SimBackend
 from agents.engines.base import EngineSpec
+from agents.engines.contract import DEFAULT_PRIORITY
 from agents.errors import SnapshotInvalid
 
 DOCUMENTED_FLAGS = frozenset({
-    "--api-key", "--chunked-prefill-size", "--context-length", "--device",
+    "--api-key", "--chunked-prefill-size", "--context-length", "--default-priority-value",
+    "--device", "--enable-priority-scheduling",
     "--disaggregation-bootstrap-port", "--disaggregation-mode",
     "--disaggregation-transfer-backend", "--dp-size", "--enable-cache-report",
     "--enable-metrics", "--host", "--kv-events-config", "--max-running-requests",
@@ -78,7 +80,12 @@ def test_sglang_argv_uses_only_documented_flags_with_the_deployment_settings() -
     assert "--enable-metrics" in flags
     assert "--enable-cache-report" in flags
     assert "--disaggregation-mode" not in flags
+    assert "--enable-priority-scheduling" in flags  # requests are taken by their class
+    assert flags["--default-priority-value"] == str(DEFAULT_PRIORITY)
     assert launch.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2,3"}
+    # a schedule policy priorities do not work with: none (SGLang would refuse to start)
+    lpm = flag_values(SglangBackend().launch(spec(engine_args=(("schedule-policy", "lpm"),))).argv)
+    assert "--enable-priority-scheduling" not in lpm
 
 
 def test_sglang_argv_for_pd_roles_and_kv_events() -> None:

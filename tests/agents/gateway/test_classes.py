@@ -13,7 +13,10 @@ from typing import Any
 import httpx
 import pytest
 from meridian_pb.fleet.v1.classes import ServiceClass, policy_for
+from prometheus_client.parser import text_string_to_metric_families
 
+from agents.engines.backends import priority_flags
+from agents.engines.contract import engine_priority
 from tests.kits.inproc import (
     KEY,
     MODEL,
@@ -203,3 +206,30 @@ async def test_interactive_keeps_its_slo_batch_takes_the_rest_flex_never_waits_f
         assert status in (200, 429)
         assert took < 3 + 3  # its bound, plus at most an answer's length
         assert region.idle()
+
+
+async def test_the_engine_is_told_the_class_never_what_a_client_says_its_priority_is() -> None:
+    """An engine Meridian starts schedules by priority (agents/engines/backends.py); the
+    gateway sends each request's class as SGLang's `priority` and drops a client's own, which
+    would otherwise let it jump the engine's queue."""
+    flags = priority_flags({})
+    async with AsyncExitStack() as stack:
+        sim = await stack.enter_async_context(running_sim(*flags, "--enable-metrics", model=MODEL))
+        region = await stack.enter_async_context(local_gateway(region_config("r", [sim.url])))
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=region.url, timeout=30) as client:
+            for header, extra in (("batch", {"priority": 1000}), ("flex", {"priority": None}),
+                                  (None, {})):  # fmt: skip
+                sent = {**headers, "x-meridian-class": header} if header else headers
+                answer = await client.post("/v1/chat/completions", json=_body(**extra),
+                                           headers=sent)  # fmt: skip
+                assert answer.status_code == 200, answer.text
+            metrics = (await client.get(f"{sim.url}/metrics")).text
+    served = {
+        labels["priority"]: value
+        for family in text_string_to_metric_families(metrics)
+        for name, labels, value, *_ in family.samples
+        if name == "sglang:num_requests_total"
+    }
+    classes = (ServiceClass.BATCH, ServiceClass.FLEX, ServiceClass.STANDARD)
+    assert served == {str(engine_priority(c)): 1.0 for c in classes}

@@ -5,14 +5,14 @@ when it runs short, and a speed per engine. Time is virtual here: each step adva
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from agents.engines.sim.cost import CostModel
 from agents.engines.sim.engine import Engine
 from agents.engines.sim.radix import Listener
-from agents.engines.sim.request import Request
+from agents.engines.sim.request import Priority, Request
 
 
 class Clock:
@@ -152,3 +152,61 @@ async def test_a_faster_engine_runs_the_same_steps_in_less_time(
         assert request.finished_at is not None
         times.append(request.finished_at - request.arrived)
     assert times[1] == pytest.approx(times[0] / 2)
+
+
+async def test_with_priorities_the_queue_is_taken_highest_first_and_ties_by_arrival(
+    running: list[asyncio.Task[None]],
+) -> None:
+    engine, _, _ = await _engine(max_running=1, priority=Priority(preempt=False))
+    first = engine.new_request(list(range(10)), 50)
+    engine.submit(first)
+    queued = []
+    for n, priority in enumerate((0, 30, None, 30, 10)):
+        request = engine.new_request(list(range(100 * (n + 1), 100 * (n + 1) + 10)), 2)
+        request.priority = priority
+        engine.submit(request)
+        queued.append(request)
+    running.append(asyncio.create_task(engine.run()))
+    await _all_done([first, *queued])
+    order = sorted(queued, key=lambda r: r.finished_at or 0)
+    # 30, 30 (in arrival), 10, 0, then None (the lowest there is, no default being set)
+    assert [queued.index(r) for r in order] == [1, 3, 4, 0, 2]
+    assert engine.preempted_total == 0
+
+
+async def test_a_request_far_enough_above_running_ones_retracts_the_lowest_and_all_finish(
+    running: list[asyncio.Task[None]],
+) -> None:
+    engine, _, _ = await _engine(max_running=2, priority=Priority(default=20, threshold=10))
+    low = [engine.new_request(list(range(10 * i, 10 * i + 10)), 400) for i in range(2)]
+    low[0].priority = 0
+    low[1].priority = 5
+    for request in low:
+        engine.submit(request)
+    running.append(asyncio.create_task(engine.run()))
+    await _until(lambda: all(r.generated >= 5 for r in low))
+    near = engine.new_request(list(range(500, 510)), 5)
+    near.priority = 15  # 15 above 0, 10 above 5: only the lowest may go
+    engine.submit(near)
+    await _until(lambda: near.admitted is not None)
+    assert engine.preempted_total == 1
+    assert low[0] in engine.waiting  # the lowest went
+    assert low[1] in engine.decoding
+    await asyncio.wait_for(near.ended.wait(), 10)
+    assert not any(r.done for r in low)
+    equal = engine.new_request(list(range(600, 610)), 5)
+    equal.priority = 5  # not above anything that runs by more than 10: it waits
+    engine.submit(equal)
+    await _all_done([*low, equal])
+    assert engine.preempted_total == 1
+    assert all(r.finish == "length" and r.generated == r.max_new_tokens for r in low)
+    assert (equal.finished_at or 0) > min(r.finished_at or 0 for r in low)
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    """Until `done()`, stepping the engine's loop (time is virtual: no wall clock passes)."""
+    for _ in range(100_000):
+        if done():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never")
