@@ -30,11 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+from meridian_pb.fleet.v1.classes import ServiceClass
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
+from agents.engines.contract import engine_priority
+from agents.engines.metrics import quantile as quantile_of
 from bench import plots, routing
-from bench.harness import flush
+from bench.harness import Sim, flush
 from bench.load import Client, Req, Result, poisson, quantile, summarize
 
 INTERACTIVE_LOAD, BATCH_LOAD = 0.7, 3.0  # of capacity
@@ -43,6 +48,8 @@ SLO = {"slo_ttft_ms": 2000, "slo_itl_ms": 50, "max_queue": 1024}
 MODES: dict[str, dict[str, Any] | None] = {  # the route's classes; None: no batch traffic
     "alone": None,
     "classes": {"batch": {"max_wait_s": BATCH_WAIT_S}},
+    # the defaults, but half of each engine kept for interactive while it has traffic
+    "reserve_half": {"interactive": {"reserve": 0.5}, "batch": {"max_wait_s": BATCH_WAIT_S}},
     "one_class": {"batch": {"max_wait_s": BATCH_WAIT_S}},  # the load names no class
     "strict": {
         "interactive": {"weight": 1000, "reserve": 0},
@@ -85,8 +92,8 @@ async def run(options: Options) -> dict[str, Any]:
             classes = MODES[mode]
             await region.route("cost", {"kv_events": True}, classes=classes, **SLO)
             await flush(sims)
-            runs = await _phase(stack, region.gateway_urls[0], keys, workload, capacity,
-                                options.seconds, mode)  # fmt: skip
+            runs = await _phase(stack, region.gateway_urls[0], region.operator, sims, keys,
+                                workload, capacity, options.seconds, mode)  # fmt: skip
             result["results"][mode] = runs
             _progress(console, mode, runs)
             plots.write_json(console, result, options.out)
@@ -99,6 +106,8 @@ async def run(options: Options) -> dict[str, Any]:
 async def _phase(
     stack: AsyncExitStack,
     url: str,
+    operator: str,
+    sims: list[Sim],
     keys: dict[str, str],
     workload: list[Req],
     capacity: float,
@@ -118,15 +127,70 @@ async def _phase(
     asks_b = routing._subset(workload, round(rate_b * seconds), seed=2)
     interactive = poisson(chat, lambda _: url, asks_i, rate_i, seed=1)
     batch: list[Result] = []
+    before = await _histograms(url, operator, sims)
     if MODES[mode] is None:
         results_i, span = await interactive
     else:
         (results_i, span), (batch, _) = await asyncio.gather(
             interactive, poisson(nightly, lambda _: url, asks_b, rate_b, seed=2)
         )
+    seen = _since(await _histograms(url, operator, sims), before)
+    # the classes they were served at (one class for all: both standard)
+    as_i, as_b = ("interactive", "batch") if named else ("standard", "standard")
     return {
-        "interactive": _summary(results_i, span),
-        "batch": _summary(batch, span) | {"above_ceiling": _above(batch, named)},
+        "interactive": _summary(results_i, span) | _seen(seen, as_i, 2.0),
+        "batch": _summary(batch, span)
+        | {"above_ceiling": _above(batch, named)}
+        | _seen(seen, as_b, BATCH_WAIT_S if named else 2.0),
+    }
+
+
+# what the agent and the engines saw: the admission wait (the agent's histogram, by class)
+# and the engines' own first token (theirs, by priority), each as {le: count}
+Histograms = dict[tuple[str, str], dict[float, float]]
+WAIT = "meridian_admission_wait_seconds"
+ENGINE_TTFT = "sglang:time_to_first_token_seconds"
+
+
+async def _histograms(url: str, operator: str, sims: list[Sim]) -> Histograms:
+    out: Histograms = {}
+    async with httpx.AsyncClient(timeout=10) as http:
+        agent = await http.get(f"{url}/metrics", headers={"Authorization": f"Bearer {operator}"})
+        agent.raise_for_status()
+        texts = [agent.text]
+        texts += [(await http.get(f"{sim.url}/metrics")).text for sim in sims]
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            if family.name not in (WAIT, ENGINE_TTFT):
+                continue
+            for sample in family.samples:
+                if not sample.name.endswith("_bucket"):
+                    continue
+                key = sample.labels.get("class") or sample.labels.get("priority", "")
+                buckets = out.setdefault((family.name, key), {})
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return out
+
+
+def _since(after: Histograms, before: Histograms) -> Histograms:
+    return {key: {le: n - before.get(key, {}).get(le, 0.0) for le, n in buckets.items()}
+            for key, buckets in after.items()}  # fmt: skip
+
+
+def _seen(seen: Histograms, service_class: str, bound: float) -> dict[str, Any]:
+    """The class's admission waits (p99, the longest bucket reached, how many past `bound`)
+    and its engine TTFT p99 (one class for all: of both tenants together)."""
+    waits = seen.get((WAIT, service_class), {})
+    engine = seen.get((ENGINE_TTFT, str(engine_priority(ServiceClass.named(service_class)))), {})
+    total = max(waits.values(), default=0.0)
+    within = max((n for le, n in waits.items() if le <= bound), default=0.0)
+    longest = min((le for le, n in waits.items() if n >= total), default=0.0)
+    return {
+        "admission_wait_p99_s": round(quantile_of(waits, 0.99), 4),
+        "admission_wait_at_most_s": longest,
+        "admitted_past_bound": int(total - within),
+        "engine_ttft_p99_s": round(quantile_of(engine, 0.99), 4),
     }
 
 
@@ -159,9 +223,12 @@ def _verdicts(result: dict[str, Any]) -> None:
 
 def _progress(console: Console, mode: str, run: dict[str, Any]) -> None:
     i, b = run["interactive"], run["batch"]
-    console.print(f"  {mode:<10} interactive: ttft p99 {i['ttft_p99_s']:.3f} s, slo "
-                  f"{i['slo_met']:.0%}, refused {i['rejected']}; batch: "
-                  f"{b['output_tok_per_s']:.0f} tok/s, refused {b['rejected']}")  # fmt: skip
+    console.print(f"  {mode:<10} interactive: ttft p99 {i['ttft_p99_s']:.3f} s (admission "
+                  f"wait p99 {i['admission_wait_p99_s']:.3f} s, engine {i['engine_ttft_p99_s']:.3f}"
+                  f" s), slo {i['slo_met']:.0%}, refused {i['rejected']}; batch: "
+                  f"{b['output_tok_per_s']:.0f} tok/s, refused {b['rejected']}, admission "
+                  f"wait p99 {b['admission_wait_p99_s']:.3f} s, past its bound "
+                  f"{b['admitted_past_bound']}")  # fmt: skip
 
 
 def _report(console: Console, result: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from agents.gateway.relay import (
     Refused,
     Retry,
     Usage,
+    Yielded,
     body_usage,
     engine_message,
     relayed_headers,
@@ -78,11 +79,13 @@ class EngineCalls:
         request = flight.placement.request
         with self.dispatch(chosen, request, rid, bool(prefill), wait_s) as slot:
             ticket, slot.batch = slot.ticket, inference.batch
-            served = flight.ask.service_class
-            if served > ServiceClass.INTERACTIVE and flight.placement.route.classes.preempt:
-                slot.victim = Victim(ticket, served, partial(self._abort_later, worker.url, rid,
-                                                             inference.batch))  # fmt: skip
-                self.admission.enlist(ticket.model, slot.victim)
+            served, classes = flight.ask.service_class, flight.placement.route.classes
+            if served > ServiceClass.INTERACTIVE and not flight.progress.continuing:
+                requeue = classes.requeues(served)
+                if requeue or classes.preempt:  # a higher class may take its room
+                    abort = partial(self._abort_later, worker.url, rid, inference.batch)
+                    slot.victim = Victim(ticket, served, abort, requeue)
+                    self.admission.enlist(ticket.model, slot.victim)
             sent_headers = upstream_headers(rid) + flight.trace
             if prefill is not None:
                 slot.prefill = self._prefill(prefill, flight, sent_headers, given)
@@ -106,9 +109,9 @@ class EngineCalls:
             if upstream is None:  # the prefill failed first: the slot stops the decode call
                 assert slot.prefill is not None
                 return slot.ended(Retry(slot.prefill.worker_id, "the prefill worker failed"))
-            if slot.preempted:  # aborted there for a higher class before it started
+            if slot.preempted:  # aborted there: its room went to a higher class
                 upstream.close()
-                return slot.ended(Refused(preempted()))
+                return slot.ended(slot.taken())
             with upstream:
                 if upstream.status >= 500:  # the engine says it failed: a worker's failure
                     self._failed(ticket)
@@ -123,7 +126,7 @@ class EngineCalls:
                     broke = self._failed(ticket, self._early(ticket, error))
                     return slot.ended(Retry(worker.id, f"{type(error).__name__}: {error}", broke))
                 if slot.preempted:
-                    return slot.ended(Refused(preempted()))
+                    return slot.ended(slot.taken())
             usage = body_usage(data, inference.native) if upstream.status == 200 else Usage()
             self._finished(ticket, inference, usage)
             if self.quality is not None and upstream.status == 200:
@@ -293,6 +296,17 @@ class _Slot(Held):
     def preempted(self) -> bool:
         return self.victim is not None and self.victim.preempted
 
+    def taken(self) -> Outcome:
+        """What becomes of it, its room taken by a higher class: it waits again (its class
+        requeues), or it is answered 503 (preempted before its engine started it)."""
+        victim = self.victim
+        assert victim is not None
+        if victim.requeued:
+            books = self.calls.router.books
+            books.classes[self.ticket.model, victim.service_class.label, "requeued"] += 1
+            return Yielded(self.ticket.worker_id)
+        return Refused(preempted())
+
     def ended(self, outcome: Outcome) -> Outcome:
         self.failed = not isinstance(outcome, Answered)
         return outcome
@@ -330,11 +344,12 @@ class _EngineTrack:
     def name(self) -> str:
         return self.ticket.worker_id
 
-    @property
-    def preempted(self) -> bool:
-        return self.slot.preempted
+    def taken(self) -> Outcome | None:
+        return self.slot.taken() if self.slot.preempted else None
 
     def first_byte(self) -> None:
+        if self.slot.victim is not None:  # its client sees it from now: never requeued
+            self.slot.victim.shown = True
         self.calls.router.first_byte(self.ticket)
         self.calls.admission.notify(self.ticket.model)
 

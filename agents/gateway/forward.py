@@ -228,7 +228,9 @@ class Forwarder:
 class _PeerTrack:
     escalations: Escalations
     name: str
-    preempted = False  # a peer's answer is the peer's to preempt
+
+    def taken(self) -> Outcome | None:
+        return None  # a peer's answer is the peer's to preempt
 
     def first_byte(self) -> None:
         pass

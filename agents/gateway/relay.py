@@ -177,7 +177,16 @@ class Refused:
     error: GatewayError
 
 
-Outcome = Answered | Retry | Cut | Broken | Refused  # how one worker's (or peer's) go ended
+@dataclass(frozen=True, slots=True)
+class Yielded:
+    """It gave its engine's room to a higher class's request before its client saw a byte of
+    it: it waits for admission again (agents/router/classes.py)."""
+
+    worker_id: str
+
+
+# how one worker's (or peer's) go ended
+Outcome = Answered | Retry | Cut | Broken | Refused | Yielded
 
 
 @dataclass(frozen=True, slots=True)

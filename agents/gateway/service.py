@@ -64,6 +64,7 @@ from agents.gateway.relay import (
     Refused,
     Retry,
     Usage,
+    Yielded,
     new_id,
 )
 from agents.gateway.requests import DEFAULT_LIMITS, Limits, read_body
@@ -362,6 +363,8 @@ class Gateway:
                 flight.answer = response, Usage()
             case Refused(error):
                 return error
+            case Yielded():  # it waits for admission again: no fault of the worker's
+                progress.requeued += 1
         return None
 
     async def escalate(self, flight: Flight, plan: Peer) -> GatewayError | None:

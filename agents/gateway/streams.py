@@ -26,7 +26,6 @@ from agents.gateway.relay import (
     ClientGone,
     Cut,
     Outcome,
-    Refused,
     Retry,
     StreamMeter,
     Usage,
@@ -47,8 +46,9 @@ class Track(Protocol):
     @property
     def name(self) -> str: ...  # the worker or peer, for a retry
 
-    @property
-    def preempted(self) -> bool: ...  # a higher class took its place before it started
+    def taken(self) -> Outcome | None:
+        """What becomes of it if a higher class took its room (None: none did)."""
+        ...
 
     def first_byte(self) -> None: ...
     def progressed(self, events: int) -> None: ...
@@ -84,8 +84,9 @@ async def relay_stream(
             if not data:
                 continue
             if first:
-                if track.preempted:  # its place was taken: the client sees none of it
-                    return Refused(preempted())
+                taken = track.taken()
+                if taken is not None:  # its room was taken: the client sees none of it
+                    return taken
                 first = False
                 track.first_byte()
                 if stream is None:

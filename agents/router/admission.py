@@ -51,7 +51,7 @@ from meridian_pb.fleet.v1.classes import ServiceClass
 
 from agents.config import RouteConfig, Tenant
 from agents.router import predict
-from agents.router.classes import ClassQueues, Victim, Waiter, victim_for
+from agents.router.classes import TAKES, ClassQueues, Victim, Waiter, victim_for
 from agents.router.decision import Decision
 from agents.router.fairness import Fairness, Places
 from agents.router.plan import (
@@ -211,10 +211,11 @@ class Admission:
         return waiting / rate if waiting and rate > 1 / RATE_S else 0.0
 
     def enlist(self, model: str, victim: Victim) -> None:
-        """A request sent to an engine that a higher class may preempt until it starts."""
+        """A request sent to an engine whose room a higher class may take (classes.py)."""
         self.running.setdefault(model, {})[id(victim)] = victim
 
     def discharge(self, model: str, victim: Victim) -> None:
+        victim.gone = True
         running = self.running.get(model)
         if running is not None:
             running.pop(id(victim), None)
@@ -268,7 +269,8 @@ class Admission:
         queued = False
         waiter: Waiter | None = None
         tag: float | None = None  # its start tag, once others of the model wait
-        preempts = policy.preempt and served < ServiceClass.BATCH  # it may preempt one
+        takes = TAKES if policy.takes_room(served) else 0  # lower classes' room it may take
+        taken: Victim | None = None
         fair = self.fair
         try:
             while True:
@@ -317,19 +319,25 @@ class Admission:
                     fair.queued(model, tenant, 1)
                     queued = True
                     tag = tag if tag is not None else classes.tag(model, served, policy)
-                    waiter = Waiter(served, tag, ok)
+                    waiter = Waiter(served, tag, ok, line=(served, tenant) if bound else None)
                     classes.wait(model, waiter)
                 self._full_at[model] = now
                 if verdict is not None:
                     return verdict
-                if preempts and not fit and decision.ranked:
-                    victim = victim_for(self.running.get(model, {}).values(), served)
-                    if victim is not None:  # it goes in that one's place, once it is gone
-                        victim.preempted, preempts = True, False
-                        victim.abort()
+                if takes and not fit and decision.ranked and (taken is None or taken.gone):
+                    best = decision.ranked[0].worker.id
+                    taken = victim_for(self.running.get(model, {}).values(), served, best,
+                                       policy.preempt)  # fmt: skip
+                    if taken is not None:  # it goes in that one's place, once it is gone
+                        # one answered 503 is the one it takes; requeued, up to TAKES
+                        taken.preempted, takes = True, takes - 1 if taken.requeue else 0
+                        taken.abort()
                 asleep = asleep or not decision.ranked
                 pause = WAKE_RECHECK_S if asleep else min(deadline - now, RECHECK_S)
                 event = self._events.setdefault(model, asyncio.Event())
+                if waiter is not None and not classes.in_front(model, waiter):
+                    await self._turn(model, waiter, deadline)  # behind in its line
+                    continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), pause)
         finally:
@@ -342,6 +350,20 @@ class Admission:
                     self.notify(model)  # those it held back look again
             if queued or request.full:
                 progress.crowded = progress.crowded or fair.crowded(model, tenant)
+
+    async def _turn(self, model: str, waiter: Waiter, deadline: float) -> None:
+        """Until the waiter is at the front of its line, shed, or at its deadline: it does
+        not look for a worker meanwhile."""
+        while not self.classes.in_front(model, waiter) and not waiter.shed:
+            left = deadline - self.clock()
+            if left <= 0:
+                return
+            waiter.turn = turn = asyncio.Event()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(turn.wait(), left)
+            finally:
+                waiter.turn = None
 
     def _queue(
         self, route: RouteConfig, tenant: str, standing: int, served: ServiceClass

@@ -20,15 +20,27 @@ may take of a worker, and who is shed first.
   it that soon, on capacity the classes above leave, and waits up to its bound for it.
 - **Shedding.** A request that finds its model's queue full takes the place of the newest
   waiting request of the lowest class below its own, which is refused 429 `class_shed`.
-- **Preemption** (where the route's classes turn it on). A request that would wait may take
-  the place of a request of a lower class that an engine of its model has been sent and has
-  not started: the newest of the lowest class. That one is aborted on its engine and
-  answered 503 `preempted` with Retry-After; it has not sent a byte to its client. One
-  request preempts at most one other.
+- **Giving way.** A request that would wait may take the room of a request of a lower class
+  on an engine of its model:
+  - one of a class that requeues (by default `flex` and `batch`) whose client has seen
+    nothing of its answer yet (not streamed, or a stream before its first token), running or
+    not: it is aborted on its engine and waits for admission again, within its bound (the
+    engine's work on it is lost, the client sees only the wait);
+  - where the route's classes turn preemption on, one of any lower class that its engine
+    has not started: aborted there and answered 503 `preempted` with Retry-After.
+
+  The one taken is on the worker the request would go to if one is there, then of the
+  lowest class, the newest. A request takes one at a time: at most one that is answered
+  503, and at most `TAKES` in all.
+  SGLang's own priority scheduling (agents/engines/contract.py) orders what an engine
+  queues; this frees room for the higher class where the engine would not (it preempts for
+  its slots, never for its KV pool).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -37,48 +49,69 @@ from meridian_pb.fleet.v1.classes import CLASSES, ClassPolicy, ServiceClass
 from agents.router.decision import Ticket
 
 ACTIVE_S = 30.0  # a class's reserve is kept while it has had a request this recently
+TAKES = 2  # the most requests one request takes the room of, one at a time
+FRONT = 4  # of a tenant's line of a bounded class, those that look for a worker
 COUNT = len(CLASSES)
 
 
 @dataclass(slots=True, eq=False)
 class Waiter:
     """A request of a model waiting for admission: its tag, whether it fitted at its last
-    look, and whether a higher class's request took its place."""
+    look, and whether a higher class's request took its place. A request of a class bounded
+    by its own wait waits in its tenant's line of that class (`line`: not None), and looks
+    for a worker only from its front (`turn` is set when it gets there, or is shed)."""
 
     service_class: ServiceClass
     tag: float
     ready: bool = False
     shed: bool = False
+    line: tuple[ServiceClass, str] | None = None
+    turn: asyncio.Event | None = None
+
+    def wake(self) -> None:
+        if self.turn is not None:
+            self.turn.set()
 
 
 @dataclass(slots=True, eq=False)
 class Victim:
-    """A request sent to an engine that a higher class may preempt until it starts there:
-    its ticket, its class, and how to stop it (the gateway's abort on the engine)."""
+    """A request sent to an engine whose room a higher class may take: its ticket, its class,
+    how to stop it (the gateway's abort on the engine), whether it is requeued when taken
+    (else answered 503), and whether its client has seen a byte of it."""
 
     ticket: Ticket
     service_class: ServiceClass
     abort: Callable[[], None]
-    preempted: bool = False
+    requeue: bool = False
+    shown: bool = False
+    preempted: bool = False  # taken: its room went to a higher class
+    gone: bool = False  # its slot was given back: what it held on its engine is free
+
+    @property
+    def requeued(self) -> bool:
+        return self.preempted and self.requeue
 
 
-def victim_for(running: Iterable[Victim], service_class: ServiceClass) -> Victim | None:
-    """The request a request of `service_class` may preempt: of those of a lower class whose
-    engine has not started them, the newest of the lowest class; None if none. Pure."""
+def victim_for(
+    running: Iterable[Victim], service_class: ServiceClass, worker_id: str, unstarted: bool
+) -> Victim | None:
+    """The request a request of `service_class` bound for `worker_id` may take the room of:
+    of a lower class, one that requeues and whose client has seen nothing, or (`unstarted`:
+    the route preempts) one its engine has not started; on that worker first, then of the
+    lowest class, the newest. None if none. Pure."""
     best: Victim | None = None
+    best_key = (False, 0, 0.0)
     for victim in running:
         ticket = victim.ticket
-        if (
-            victim.service_class <= service_class
-            or victim.preempted
-            or ticket.first_at is not None
-            or ticket.done
+        if victim.service_class <= service_class or victim.preempted or ticket.done:
+            continue
+        if not (victim.requeue and not victim.shown) and not (
+            unstarted and ticket.first_at is None
         ):
             continue
-        if best is None or (victim.service_class, ticket.sent_at) > (
-            best.service_class, best.ticket.sent_at,
-        ):  # fmt: skip
-            best = victim
+        key = (ticket.worker_id == worker_id, int(victim.service_class), ticket.sent_at)
+        if best is None or key > best_key:
+            best, best_key = victim, key
     return best
 
 
@@ -91,6 +124,8 @@ class ModelClasses:
     waiting: list[dict[int, Waiter]] = field(default_factory=lambda: [{} for _ in CLASSES])
     seen_at: list[float] = field(default_factory=lambda: [-ACTIVE_S] * COUNT)
     count: int = 0  # requests waiting, all classes
+    # bounded classes' waiting requests, by class and tenant, in the order they came
+    lines: dict[tuple[ServiceClass, str], dict[int, Waiter]] = field(default_factory=dict)
 
 
 class ClassQueues:
@@ -116,17 +151,37 @@ class ClassQueues:
         return max(state.vtime, state.last[service_class]) + 1.0 / weight
 
     def wait(self, model: str, waiter: Waiter) -> None:
-        """It joins the model's waiting requests, with its tag."""
+        """It joins the model's waiting requests, with its tag (and its line)."""
         state = self.of(model)
         state.last[waiter.service_class] = max(state.last[waiter.service_class], waiter.tag)
         state.waiting[waiter.service_class][id(waiter)] = waiter
         state.count += 1
+        if waiter.line is not None:
+            state.lines.setdefault(waiter.line, {})[id(waiter)] = waiter
+
+    def in_front(self, model: str, waiter: Waiter) -> bool:
+        """It is among the first FRONT of its line (a request with no line always is): it
+        looks for a worker. Those behind wait for their turn: a flood of batch requests
+        costs the gateway what FRONT of each tenant's cost, not each one's, at every look."""
+        state = self.models.get(model)
+        if waiter.line is None or state is None:
+            return True
+        line = state.lines.get(waiter.line, {})
+        return any(w is waiter for w in itertools.islice(line.values(), FRONT))
 
     def left(self, model: str, waiter: Waiter) -> None:
-        """It leaves the waiting requests (admitted, refused or gone)."""
+        """It leaves the waiting requests (admitted, refused or gone); the next in its line
+        gets its turn."""
         state = self.models.get(model)
         if state is None or state.waiting[waiter.service_class].pop(id(waiter), None) is None:
             return
+        if waiter.line is not None:
+            line = state.lines.get(waiter.line, {})
+            line.pop(id(waiter), None)
+            if not line:
+                state.lines.pop(waiter.line, None)
+            for front in itertools.islice(line.values(), FRONT):
+                front.wake()
         state.count -= 1
         if not state.count:  # nothing waits: the tags start again
             state.vtime = 0.0
@@ -166,6 +221,7 @@ class ClassQueues:
             for waiter in reversed(state.waiting[index].values()):
                 if not waiter.shed:
                     waiter.shed = True
+                    waiter.wake()  # it hears it at once, in its line or not
                     return waiter
         return None
 

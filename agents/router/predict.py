@@ -206,6 +206,20 @@ def held_wait(view: WorkerView, load: EngineLoad, now: float) -> float:
     return finish_s(view, _held_share(view, load), now, load.running)
 
 
+def slot_wait(view: WorkerView, load: EngineLoad, now: float) -> float:
+    """Seconds until the engine has a slot for one more request (it runs
+    `max_running_requests` at once, as /v1/loads says): those waiting there, and this one,
+    each take the slot of a running one as it finishes. 0 while slots are free."""
+    if load.max_running <= 0:
+        return 0.0
+    there = max(load.running + load.waiting + view.sent_since_poll, view.inflight)
+    short = there + 1 - load.max_running
+    if short <= 0:
+        return 0.0
+    running = min(there, load.max_running)
+    return finish_s(view, short / running, now, running)
+
+
 def _held_share(view: WorkerView, load: EngineLoad) -> float:
     if load.waiting <= 0 or load.running <= 0:
         return 0.0
@@ -256,7 +270,7 @@ def fits(
     uncached = max(0, request.prompt_tokens - best.matched_tokens)
     answer = view.answer(request.max_new)
     held, room = (
-        held_wait(view, load, now),
+        max(held_wait(view, load, now), slot_wait(view, load, now)),
         room_wait(view, uncached, load, now, answer, ratio, kept),
     )
     # what the model misses (a step it has not learned, answers that run long) it misses

@@ -48,6 +48,12 @@ class ClassRuleSpec(Spec):
         "route's TTFT SLO it is admitted against, its wait not counted (defaults: flex 0.5, "
         "batch 0.25): it runs on capacity others leave",
     )  # fmt: skip
+    requeue: bool | None = Field(
+        default=None, description="where max_wait_s applies: a request of it running on an "
+        "engine, its client having seen nothing yet, gives way to a higher class's request "
+        "that finds no room (aborted there, admitted again within its max_wait_s; the work "
+        "done on it is lost). Defaults: true for flex and batch",
+    )  # fmt: skip
 
 
 class ClassesSpec(Spec):

@@ -5,6 +5,7 @@ value that is no class is a 400 that changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -83,14 +84,16 @@ async def test_a_request_names_its_class_and_is_clamped_to_its_tenants_ceiling()
             assert region.idle()
 
 
-@pytest.mark.parametrize("preempt", [True, False])
-async def test_a_higher_class_preempts_a_request_its_engine_has_not_started(preempt: bool) -> None:
+@pytest.mark.parametrize("mode", ["preempt", "requeue", "neither"])
+async def test_a_higher_class_preempts_a_request_its_engine_has_not_started(mode: str) -> None:
     """One engine runs one request at a time (--max-running-requests 1), busy with a long
     standard answer; two batch requests were sent there and wait in its queue (at most two
     unstarted, the cost policy's max_unstarted). An interactive request that would wait takes
     the newest one's place: that batch request is aborted on the engine and answered 503
-    preempted with Retry-After, the other is served, and so is the interactive one. Without
-    preempt in the route's classes, nobody is preempted."""
+    preempted with Retry-After, the other is served, and so is the interactive one. Where
+    batch requeues instead (its default), the ones taken wait again and are served too;
+    with neither, nobody's place is taken."""
+    preempt = mode == "preempt"
     async with AsyncExitStack() as stack:
         sim = await stack.enter_async_context(
             running_sim("--max-running-requests", "1", "--slow-factor", "20", model=MODEL)
@@ -99,7 +102,8 @@ async def test_a_higher_class_preempts_a_request_its_engine_has_not_started(pree
         config = region_config("r", [sim.url])
         keys = {h: replace(k, tenant=beta) if k.tenant.name == beta.name else k
                 for h, k in config.keys.items()}  # fmt: skip
-        classes = policy_for({"batch": {"slack": 1.0}, "preempt": preempt})
+        classes = policy_for({"batch": {"slack": 1.0, "requeue": mode == "requeue"},
+                              "preempt": preempt})  # fmt: skip
         route = replace(config.routes[MODEL], slo_ttft_s=30.0, classes=classes)
         config = replace(config, keys=keys, tenants={**config.tenants, beta.name: beta},
                          routes={MODEL: route})  # fmt: skip
@@ -122,15 +126,76 @@ async def test_a_higher_class_preempts_a_request_its_engine_has_not_started(pree
         assert interactive.status_code == 200, interactive.text
         assert interactive.headers["x-meridian-class"] == "interactive"
         codes = sorted(a.status_code for a in answers)
+        books = region.gateway.books.classes
         if not preempt:
             assert codes == [200, 200], [a.text for a in answers]
-            assert not region.gateway.books.classes[MODEL, "batch", "preempted"]
+            assert not books[MODEL, "batch", "preempted"]
+            # requeued, both give way in turn (the slot is the long answer's still)
+            assert books[MODEL, "batch", "requeued"] == (2 if mode == "requeue" else 0)
+            assert region.idle()
             return
         assert codes == [200, 503], [a.text for a in answers]
         preempted = next(a for a in answers if a.status_code == 503)
         assert preempted.json()["error"]["code"] == "preempted"
         assert int(preempted.headers["Retry-After"]) >= 1
         assert region.gateway.books.classes[MODEL, "batch", "preempted"] == 1
+        assert region.idle()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
+    stream: bool,
+) -> None:
+    """One engine that runs one request at a time, busy with a long batch answer. An
+    interactive request that would wait past its SLO for its slot takes its room: the batch
+    request is aborted on the engine, waits again, and is served whole after it; its client
+    sees only the wait. A batch stream its client has seen a byte of is never taken: the
+    interactive request waits for it."""
+    async with AsyncExitStack() as stack:
+        sim = await stack.enter_async_context(
+            running_sim("--max-running-requests", "1", "--slow-factor", "10", model=MODEL)
+        )
+        beta = replace(OTHER, class_ceiling=ServiceClass.INTERACTIVE)
+        config = region_config("r", [sim.url])
+        keys = {h: replace(k, tenant=beta) if k.tenant.name == beta.name else k
+                for h, k in config.keys.items()}  # fmt: skip
+        classes = policy_for({"batch": {"slack": 1.0, "max_wait_s": 120}})
+        route = replace(config.routes[MODEL], slo_ttft_s=1.0, classes=classes)
+        config = replace(config, keys=keys, tenants={**config.tenants, beta.name: beta},
+                         routes={MODEL: route})  # fmt: skip
+        region = await stack.enter_async_context(local_gateway(config))
+        ended: list[str] = []
+        async with httpx.AsyncClient(base_url=region.url, timeout=120) as client:
+
+            async def ask(header: str, max_tokens: int, streamed: bool = False) -> str:
+                body = _body() | {"max_tokens": max_tokens, "stream": streamed}
+                headers = {"Authorization": f"Bearer {OTHER_KEY}", "x-meridian-class": header}
+                answer = await client.post("/v1/chat/completions", json=body, headers=headers)
+                assert answer.status_code == 200, answer.text
+                ended.append(header)
+                return answer.text
+
+            await ask("standard", 40)  # the gateway learns the engine's step and answers
+            ended.clear()
+            batch = asyncio.create_task(ask("batch", 40, stream))
+            for _ in range(500):  # until the engine runs it
+                loads = (await client.get(f"{sim.url}/v1/loads")).json()["loads"][0]
+                if loads["num_running_reqs"]:
+                    break
+                await asyncio.sleep(0.02)
+            await ask("interactive", 2)
+            text = await batch
+        books = region.gateway.books.classes
+        if stream:
+            assert ended == ["batch", "interactive"]  # it waited for the stream
+            assert not books[MODEL, "batch", "requeued"]
+            assert text.rstrip().endswith("data: [DONE]")
+        else:
+            assert ended == ["interactive", "batch"]
+            assert books[MODEL, "batch", "requeued"] == 1
+            answer = json.loads(text)
+            assert answer["choices"][0]["finish_reason"] == "length"
+            assert answer["usage"]["completion_tokens"] == 40  # served whole, once
         assert region.idle()
 
 

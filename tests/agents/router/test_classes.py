@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from agents.config import RouteConfig
 from agents.router.admission import Admission
-from agents.router.classes import ClassQueues, Victim, Waiter, victim_for
+from agents.router.classes import FRONT, ClassQueues, Victim, Waiter, victim_for
 from agents.router.decision import Ticket
 from agents.router.plan import Ask, Local, Placement, Plan, Progress, Refusal, Reject
 from agents.router.policies import RouteRequest
@@ -48,7 +48,7 @@ def test_a_request_can_only_lower_its_class() -> None:
 
 def test_a_policy_given_in_part_keeps_each_class_default() -> None:
     policy = policy_for({"batch": {"max_wait_s": 30}, "preempt": True})
-    assert policy.batch == ClassRule(weight=1, max_wait_s=30, slack=0.25)
+    assert policy.batch == ClassRule(weight=1, max_wait_s=30, slack=0.25, requeue=True)
     assert policy.interactive.reserve == 0.2
     assert policy.preempt
     with pytest.raises(ValidationError):
@@ -202,9 +202,65 @@ def test_the_newest_request_of_the_lowest_class_not_yet_started_is_preempted() -
     old_batch, new_batch, flex = victim(BATCH, 1.0), victim(BATCH, 2.0), victim(FLEX, 3.0)
     started = victim(BATCH, 4.0, first_at=4.5)
     running = [old_batch, new_batch, flex, started]
-    assert victim_for(running, INTERACTIVE) is new_batch
+    assert victim_for(running, INTERACTIVE, "w0", True) is new_batch
     new_batch.preempted = True  # once: never twice
-    assert victim_for(running, INTERACTIVE) is old_batch
-    assert victim_for(running, FLEX) is old_batch  # only a lower class
-    assert victim_for([flex, started], FLEX) is None
-    assert victim_for([flex], BATCH) is None
+    assert victim_for(running, INTERACTIVE, "w0", True) is old_batch
+    assert victim_for(running, FLEX, "w0", True) is old_batch  # only a lower class
+    assert victim_for([flex, started], FLEX, "w0", True) is None
+    assert victim_for([flex], BATCH, "w0", True) is None
+    assert victim_for(running, INTERACTIVE, "w0", False) is None  # preemption is off
+
+
+def test_a_request_that_requeues_gives_way_running_until_its_client_sees_a_byte() -> None:
+    """Of those that requeue: on the worker the request would go to first, then the lowest
+    class, the newest; a stream its client has seen a byte of never."""
+
+    def victim(service_class: ServiceClass, sent_at: float, worker: str = "w0") -> Victim:
+        ticket = Ticket(worker, MODEL, sent_at, 10, 10, 0, first_at=sent_at + 0.1)
+        return Victim(ticket, service_class, abort=lambda: None, requeue=True)
+
+    batch, flex, elsewhere = victim(BATCH, 1.0), victim(FLEX, 3.0), victim(BATCH, 4.0, "w1")
+    running = [batch, flex, elsewhere]
+    assert victim_for(running, INTERACTIVE, "w0", False) is batch  # running, on w0
+    assert victim_for(running, INTERACTIVE, "w1", False) is elsewhere
+    assert victim_for(running, STANDARD, "w2", False) is elsewhere  # the newest batch
+    batch.shown = elsewhere.shown = True  # their streams have begun
+    assert victim_for(running, INTERACTIVE, "w0", False) is flex
+    assert victim_for(running, FLEX, "w0", False) is None
+    policy = policy_for(None)
+    assert policy.requeues(BATCH)
+    assert policy.requeues(FLEX)
+    assert not policy.requeues(STANDARD)
+    assert policy.takes_room(INTERACTIVE)
+    assert policy.takes_room(FLEX)
+    assert not policy.takes_room(BATCH)
+    none = policy_for({"flex": {"requeue": False}, "batch": {"requeue": False}})
+    assert not none.takes_room(INTERACTIVE)
+    assert policy_for({"standard": {"requeue": True}}).requeues(STANDARD) is False  # no bound
+
+
+async def test_a_bounded_class_waits_in_its_tenants_line_and_only_its_front_looks() -> None:
+    """Ten batch requests of one tenant wait: the first FRONT look for a worker, the rest
+    wait for their turn, which comes as those ahead leave; another tenant's line has its own
+    front; a request shed from the back hears it at once."""
+    queues = ClassQueues()
+    policy = policy_for(None)
+    line = [Waiter(BATCH, queues.tag(MODEL, BATCH, policy), line=(BATCH, "acme"))
+            for _ in range(10)]  # fmt: skip
+    for waiter in line:
+        queues.wait(MODEL, waiter)
+    other = Waiter(BATCH, queues.tag(MODEL, BATCH, policy), line=(BATCH, "beta"))
+    queues.wait(MODEL, other)
+    assert [queues.in_front(MODEL, w) for w in line] == [True] * FRONT + [False] * (10 - FRONT)
+    assert queues.in_front(MODEL, other)
+    assert queues.in_front(MODEL, Waiter(STANDARD, 0.0))  # no line: it always looks
+    nxt = line[FRONT]
+    nxt.turn = asyncio.Event()
+    queues.left(MODEL, line[0])
+    assert nxt.turn.is_set()
+    assert queues.in_front(MODEL, nxt)
+    last = line[-1]
+    last.turn = asyncio.Event()
+    assert queues.shed_for(MODEL, INTERACTIVE) is other  # the newest batch request
+    assert queues.shed_for(MODEL, INTERACTIVE) is last
+    assert last.turn.is_set()

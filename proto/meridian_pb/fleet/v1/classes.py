@@ -107,6 +107,13 @@ class ClassRule(BaseModel):
         "against, its wait not counted: below 1, it runs only where an engine would start it "
         "that soon (capacity others leave). Used where max_wait_s is set",
     )  # fmt: skip
+    requeue: bool = Field(
+        default=False, description="a request of it that runs on an engine, its client having "
+        "seen nothing yet (not streamed, or a stream before its first token), gives way to a "
+        "higher class's request that finds no room: it is aborted there and waits for "
+        "admission again, within its max_wait_s (the engine's work on it is lost). Used where "
+        "max_wait_s is set",
+    )  # fmt: skip
 
 
 def _rule(weight: float, **rest: Any) -> ClassRule:
@@ -121,8 +128,12 @@ class ClassPolicy(BaseModel):
 
     interactive: ClassRule = Field(default_factory=lambda: _rule(64, reserve=0.2))
     standard: ClassRule = Field(default_factory=lambda: _rule(16))
-    flex: ClassRule = Field(default_factory=lambda: _rule(4, max_wait_s=120.0, slack=0.5))
-    batch: ClassRule = Field(default_factory=lambda: _rule(1, max_wait_s=600.0, slack=0.25))
+    flex: ClassRule = Field(
+        default_factory=lambda: _rule(4, max_wait_s=120.0, slack=0.5, requeue=True)
+    )
+    batch: ClassRule = Field(
+        default_factory=lambda: _rule(1, max_wait_s=600.0, slack=0.25, requeue=True)
+    )
     preempt: bool = Field(
         default=False, description="a request of a higher class that would wait may take the "
         "place of a lower class's request sent to an engine that has not started it (aborted "
@@ -138,6 +149,27 @@ class ClassPolicy(BaseModel):
     def rule(self, service_class: ServiceClass) -> ClassRule:
         rule: ClassRule = getattr(self, service_class.label)
         return rule
+
+    def requeues(self, service_class: ServiceClass) -> bool:
+        """A request of the class gives way to higher classes' (aborted and requeued)."""
+        return self._requeues[service_class]
+
+    def takes_room(self, service_class: ServiceClass) -> bool:
+        """A request of the class may take a lower class's room: preemption is on, or a
+        class below it requeues."""
+        return self._takes[service_class]
+
+    @cached_property
+    def _requeues(self) -> dict[ServiceClass, bool]:
+        return {c: self.rule(c).requeue and self.rule(c).max_wait_s is not None for c in CLASSES}
+
+    @cached_property
+    def _takes(self) -> dict[ServiceClass, bool]:
+        return {
+            c: c < ServiceClass.BATCH
+            and (self.preempt or any(self._requeues[b] for b in CLASSES[c + 1 :]))
+            for c in CLASSES
+        }
 
     def reserved_above(self, service_class: ServiceClass) -> tuple[tuple[ServiceClass, float], ...]:
         """The reserves of the classes above this one (those it may not take)."""
