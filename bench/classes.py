@@ -48,6 +48,8 @@ SLO = {"slo_ttft_ms": 2000, "slo_itl_ms": 50, "max_queue": 1024}
 MODES: dict[str, dict[str, Any] | None] = {  # the route's classes; None: no batch traffic
     "alone": None,
     "classes": {"batch": {"max_wait_s": BATCH_WAIT_S}},
+    # the defaults, but batch never gives way once sent
+    "no_requeue": {"batch": {"max_wait_s": BATCH_WAIT_S, "requeue": False}},
     # the defaults, but half of each engine kept for interactive while it has traffic
     "reserve_half": {"interactive": {"reserve": 0.5}, "batch": {"max_wait_s": BATCH_WAIT_S}},
     "one_class": {"batch": {"max_wait_s": BATCH_WAIT_S}},  # the load names no class
@@ -118,8 +120,10 @@ async def _phase(
     named = mode != "one_class"
     chat = Client({"Authorization": f"Bearer {keys['chat']}",
                    **({"x-meridian-class": "interactive"} if named else {})})  # fmt: skip
+    # batch work asks for whole answers, as the Batch API's lines are sent
     nightly = Client({"Authorization": f"Bearer {keys['nightly']}",
-                      **({"x-meridian-class": "interactive"} if named else {})})  # fmt: skip
+                      **({"x-meridian-class": "interactive"} if named else {})},
+                     stream=False)  # fmt: skip
     stack.push_async_callback(chat.close)
     stack.push_async_callback(nightly.close)
     rate_i, rate_b = capacity * INTERACTIVE_LOAD, capacity * BATCH_LOAD

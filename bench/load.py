@@ -92,9 +92,12 @@ def conversations(
 
 
 class Client:
-    def __init__(self, headers: dict[str, str] | None = None, model: str = MODEL) -> None:
+    def __init__(
+        self, headers: dict[str, str] | None = None, model: str = MODEL, stream: bool = True
+    ) -> None:
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         self.model = model
+        self.stream = stream  # False: whole answers (ttft_s is then the whole latency)
         self.tiers: Counter[str] = Counter()  # the tier (x-meridian-tier's model) of each answer
         connector = aiohttp.TCPConnector(limit=0, force_close=True)  # a fresh connection each
         self.session = aiohttp.ClientSession(
@@ -112,6 +115,8 @@ class Client:
         return result
 
     async def _chat(self, url: str, req: Req) -> Result:
+        if not self.stream:
+            return await self._whole(url, req)
         body = orjson.dumps({
             "model": self.model, "messages": req.messages, "max_tokens": req.max_tokens,
             "stream": True, "stream_options": {"include_usage": True},
@@ -154,6 +159,28 @@ class Client:
         itl = (last - first) / (completion - 1) if completion > 1 else 0.0
         return Result(200, first - sent, itl, completion, answer="".join(pieces), region=region,
                       service_class=served_as)  # fmt: skip
+
+    async def _whole(self, url: str, req: Req) -> Result:
+        body = orjson.dumps(
+            {"model": self.model, "messages": req.messages, "max_tokens": req.max_tokens}
+        )
+        sent = time.perf_counter()
+        try:
+            async with self.session.post(
+                f"{url}/v1/chat/completions", data=body, headers=self.headers
+            ) as response:
+                data = await response.read()
+                if response.status != 200:
+                    return Result(response.status, error=data[:200].decode(errors="replace"))
+                answer = orjson.loads(data)
+                served_as = response.headers.get("x-meridian-class", "")
+                region = response.headers.get("x-meridian-region", "")
+        except (aiohttp.ClientError, TimeoutError) as error:
+            return Result(0, error=f"{type(error).__name__}: {error}")
+        completion = int((answer.get("usage") or {}).get("completion_tokens") or 0)
+        text = answer["choices"][0]["message"].get("content") or ""
+        return Result(200, time.perf_counter() - sent, 0.0, completion, answer=text,
+                      region=region, service_class=served_as)  # fmt: skip
 
 
 async def poisson(

@@ -42,7 +42,7 @@ from agents.gateway.streams import preempted, relay_stream
 from agents.gateway.upstream import Answer, Unreachable, Upstream
 from agents.held import Held
 from agents.router.admission import Admission
-from agents.router.classes import Victim
+from agents.router.classes import ABORT_AGAIN_S, TAKES, Victim, victim_for
 from agents.router.decision import Ticket
 from agents.router.plan import Call, Continue, Pair
 from agents.router.policies import Candidate, RouteRequest
@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 JSON = b"Content-Type: application/json\r\n"
 PAIRED = (Pair, Continue)  # the calls that may name a prefill worker
 PREFILL_SLACK_S = 2.0  # past its predicted first token, a request is no longer in prefill
+# a stream of a class that takes lower classes' room with no first token this long past its
+# predicted wait: its engine holds it for room a lower class's request has there, which
+# gives way (agents/router/classes.py); the engine's own priority never frees its KV pool
+RESCUE_S = 0.25
 
 
 class EngineCalls:
@@ -93,6 +97,8 @@ class EngineCalls:
             else:
                 body = inference.upstream_body(rid, body=given)
             slot.sent = True
+            if inference.stream and classes.takes_room(served) and not flight.progress.continuing:
+                slot.rescue_after(RESCUE_S + (wait_s or 0.0), served)
             upstream: Answer | None
             try:
                 if slot.prefill is None:
@@ -281,7 +287,8 @@ class EngineCalls:
 class _Slot(Held):
     """A worker's in-flight slot (the router's ticket) for one request; see `dispatch`."""
 
-    __slots__ = ("batch", "calls", "failed", "prefill", "rid", "sent", "ticket", "url", "victim")
+    __slots__ = ("batch", "calls", "failed", "prefill", "rescue", "rescues", "rid", "sent",
+                 "ticket", "url", "victim")  # fmt: skip
 
     def __init__(self, calls: EngineCalls, ticket: Ticket, url: str, rid: str) -> None:
         super().__init__()
@@ -291,10 +298,38 @@ class _Slot(Held):
         self.prefill: _Prefill | None = None  # a PD request's prefill half
         self.failed = False  # the go ended without its answer (Retry, Cut, Broken)
         self.victim: Victim | None = None  # a higher class may preempt it until it starts
+        self.rescue: asyncio.TimerHandle | None = None  # see `rescue_after`
+        self.rescues = 0
 
     @property
     def preempted(self) -> bool:
         return self.victim is not None and self.victim.preempted
+
+    def rescue_after(self, delay_s: float, served: ServiceClass) -> None:
+        """If its first token has not come in `delay_s`, a lower class's request on its
+        worker that gives way is taken (up to TAKES, RESCUE_S apart)."""
+        loop = asyncio.get_running_loop()
+        self.rescue = loop.call_later(delay_s, self._rescued, served)
+
+    def _rescued(self, served: ServiceClass, taken: Victim | None = None) -> None:
+        self.rescue = None
+        ticket = self.ticket
+        if ticket.first_at is not None or ticket.done:
+            return
+        now = self.calls.router.clock()
+        if taken is not None and not taken.gone:
+            taken.again(now)
+        else:
+            running = self.calls.admission.running.get(ticket.model, {}).values()
+            taken = victim_for(running, served, ticket.worker_id, False)
+            if taken is not None and taken.ticket.worker_id == ticket.worker_id:
+                taken.take(now)
+                self.rescues += 1
+            else:
+                taken = None
+        if self.rescues < TAKES or (taken is not None and not taken.gone):
+            loop = asyncio.get_running_loop()
+            self.rescue = loop.call_later(ABORT_AGAIN_S, self._rescued, served, taken)
 
     def taken(self) -> Outcome:
         """What becomes of it, its room taken by a higher class: it waits again (its class
@@ -312,6 +347,8 @@ class _Slot(Held):
         return outcome
 
     def release(self, error: BaseException | None) -> None:
+        if self.rescue is not None:
+            self.rescue.cancel()
         if (error is not None or self.failed) and self.prefill is not None:
             self.prefill.task.cancel()  # its own slot frees its worker
         ticket = self.ticket
@@ -348,8 +385,12 @@ class _EngineTrack:
         return self.slot.taken() if self.slot.preempted else None
 
     def first_byte(self) -> None:
-        if self.slot.victim is not None:  # its client sees it from now: never requeued
-            self.slot.victim.shown = True
+        slot = self.slot
+        if slot.victim is not None:  # its client sees it from now: never requeued
+            slot.victim.shown = True
+        if slot.rescue is not None:
+            slot.rescue.cancel()
+            slot.rescue = None
         self.calls.router.first_byte(self.ticket)
         self.calls.admission.notify(self.ticket.model)
 

@@ -121,7 +121,9 @@ def admits(decision: Decision, fit: bool, standing: int, under_waiting: bool) ->
 def judge(look: Look) -> Call | Peer | Reject | None:
     """Admitted (the call to make), sent to a peer, refused, or None: it waits. Pure."""
     decision = look.decision
-    if admits(decision, look.fits, look.standing, look.under_waiting) and not look.behind:
+    late = look.bound_s is not None and look.left_s < 0  # never admitted past its own bound
+    admitted = admits(decision, look.fits, look.standing, look.under_waiting)
+    if admitted and not look.behind and not late:
         return call(decision, look.continuing, look.wait_s)
     if not decision.ranked and not decision.vetoed:
         if look.waking_s is not None and not look.tried:
@@ -288,8 +290,9 @@ class Admission:
                     predict.fits(decision, route, request, since, now, ratio, kept, slack)
                     if decision.ranked else (False, None)
                 )  # fmt: skip
-                under = standing > 0 and fair.under_waiting(model)
-                ok = admits(decision, fit, standing, under)
+                under = standing > 0 and fair.under_waiting(model, served)
+                # a class bounded by its own wait is never admitted past its bound
+                ok = admits(decision, fit, standing, under) and not (bound and now > deadline)
                 waiting = self.waiting.get(model, 0)
                 behind = False
                 if ok and waiting:  # others wait: the classes' turns
@@ -316,7 +319,7 @@ class Admission:
                     return verdict
                 if not queued:  # it waits (or its wait is over: it was one of the waiting)
                     self.waiting[model] = waiting + 1
-                    fair.queued(model, tenant, 1)
+                    fair.queued(model, tenant, 1, served)
                     queued = True
                     tag = tag if tag is not None else classes.tag(model, served, policy)
                     waiter = Waiter(served, tag, ok, line=(served, tenant) if bound else None)
@@ -324,14 +327,16 @@ class Admission:
                 self._full_at[model] = now
                 if verdict is not None:
                     return verdict
+                if taken is not None:
+                    taken.again(now)
                 if takes and not fit and decision.ranked and (taken is None or taken.gone):
                     best = decision.ranked[0].worker.id
                     taken = victim_for(self.running.get(model, {}).values(), served, best,
                                        policy.preempt)  # fmt: skip
                     if taken is not None:  # it goes in that one's place, once it is gone
                         # one answered 503 is the one it takes; requeued, up to TAKES
-                        taken.preempted, takes = True, takes - 1 if taken.requeue else 0
-                        taken.abort()
+                        takes = takes - 1 if taken.requeue else 0
+                        taken.take(now)
                 asleep = asleep or not decision.ranked
                 pause = WAKE_RECHECK_S if asleep else min(deadline - now, RECHECK_S)
                 event = self._events.setdefault(model, asyncio.Event())
@@ -343,7 +348,7 @@ class Admission:
         finally:
             if queued:
                 self.waiting[model] -= 1
-                fair.queued(model, tenant, -1)
+                fair.queued(model, tenant, -1, served)
             if waiter is not None:
                 classes.left(model, waiter)
                 if waiter.ready and self.waiting.get(model):

@@ -51,6 +51,7 @@ from agents.router.decision import Ticket
 ACTIVE_S = 30.0  # a class's reserve is kept while it has had a request this recently
 TAKES = 2  # the most requests one request takes the room of, one at a time
 FRONT = 4  # of a tenant's line of a bounded class, those that look for a worker
+ABORT_AGAIN_S = 0.1  # a request taken and not gone this long after is aborted again
 COUNT = len(CLASSES)
 
 
@@ -86,10 +87,24 @@ class Victim:
     shown: bool = False
     preempted: bool = False  # taken: its room went to a higher class
     gone: bool = False  # its slot was given back: what it held on its engine is free
+    taken_at: float = 0.0
 
     @property
     def requeued(self) -> bool:
         return self.preempted and self.requeue
+
+    def take(self, now: float) -> None:
+        """Its room goes to a higher class: it is aborted on its engine."""
+        self.preempted, self.taken_at = True, now
+        self.abort()
+
+    def again(self, now: float) -> None:
+        """Aborted again if still not gone a while after: an abort can reach the engine
+        before the request it names does (each goes on a connection of its own), and the
+        engine then runs it whole."""
+        if self.preempted and not self.gone and now - self.taken_at >= ABORT_AGAIN_S:
+            self.taken_at = now
+            self.abort()
 
 
 def victim_for(

@@ -1,9 +1,14 @@
 """Fair shares between tenants on a model: every request of a model holds a place of its
 tenant's (from its admission until it ends); a tenant's fair share of the model here is the
 places held, in proportion to the weights of the tenants holding any. Admission
-(agents/router/admission.py) asks who is over or under its share, and who crowds whom."""
+(agents/router/admission.py) asks who is over or under its share, and who crowds whom.
+Shares are kept between requests of a class and those above it: a tenant under its share
+that waits with batch work holds back no one's interactive request (service classes decide
+between classes)."""
 
 from __future__ import annotations
+
+from meridian_pb.fleet.v1.classes import CLASSES, ServiceClass
 
 from agents.config import Tenant
 from agents.held import Held
@@ -34,6 +39,8 @@ class Fairness:
         self.weight: dict[str, dict[str, float]] = {}  # model: tenant: weight, while held
         self.total_weight: dict[str, float] = {}
         self.waiting: dict[str, dict[str, int]] = {}  # model: tenant: requests queued
+        # model: tenant: requests queued, by class
+        self.classes: dict[str, dict[str, list[int]]] = {}
 
     def take(self, model: str, tenant: Tenant) -> None:
         held = self.held.setdefault(model, {})
@@ -84,13 +91,17 @@ class Fairness:
         total = self.total_weight.get(model, 0.0)
         return max(1.0, max_queue * weights.get(tenant, 1.0) / total) if total else max_queue
 
-    def under_waiting(self, model: str) -> bool:
-        """A tenant under its share waits for the model."""
-        return any(n and self.standing(model, t) < 0
-                   for t, n in self.waiting.get(model, {}).items())  # fmt: skip
+    def under_waiting(self, model: str, served: ServiceClass = ServiceClass.BATCH) -> bool:
+        """A tenant under its share waits for the model, at class `served` or above."""
+        return any(sum(n[: served + 1]) and self.standing(model, t) < 0
+                   for t, n in self.classes.get(model, {}).items())  # fmt: skip
 
-    def queued(self, model: str, tenant: str, by: int) -> None:
+    def queued(
+        self, model: str, tenant: str, by: int, served: ServiceClass = ServiceClass.STANDARD
+    ) -> None:
         waiting = self.waiting.setdefault(model, {})
         waiting[tenant] = waiting.get(tenant, 0) + by
+        by_class = self.classes.setdefault(model, {}).setdefault(tenant, [0] * len(CLASSES))
+        by_class[served] += by
         if not waiting[tenant]:
-            del waiting[tenant]
+            del waiting[tenant], self.classes[model][tenant]

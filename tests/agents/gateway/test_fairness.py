@@ -3,6 +3,8 @@ the outcome over real engines: test_isolation.py)."""
 
 from __future__ import annotations
 
+from meridian_pb.fleet.v1.classes import ServiceClass
+
 from agents.config import Tenant
 from agents.router.fairness import Fairness
 
@@ -61,3 +63,27 @@ def test_a_request_is_crowded_only_by_another_tenant_well_over_its_share() -> No
     for _ in range(6):
         fair.take("llama", bank)
     assert not fair.crowded("llama", "bank")  # 10 against 7: 1.5 over, under a quarter
+
+
+def test_a_tenant_under_its_share_waiting_with_batch_work_holds_back_no_interactive_request() -> (
+    None
+):
+    """Shares are kept within a class and those above it: a higher class is not held back by
+    lower classes' waiting tenants; a lower class still is by a higher one's."""
+    fair = Fairness()
+    chat, nightly = _tenant("chat"), _tenant("nightly")
+    for _ in range(10):
+        fair.take("llama", chat)
+    fair.take("llama", nightly)
+    fair.queued("llama", "nightly", 1, ServiceClass.BATCH)
+    assert fair.standing("llama", "chat") == 1  # over its share: but nightly waits in batch
+    assert not fair.under_waiting("llama", ServiceClass.INTERACTIVE)
+    assert not fair.under_waiting("llama", ServiceClass.FLEX)
+    assert fair.under_waiting("llama", ServiceClass.BATCH)
+    fair.queued("llama", "nightly", 1, ServiceClass.STANDARD)
+    assert fair.under_waiting("llama", ServiceClass.STANDARD)
+    assert not fair.under_waiting("llama", ServiceClass.INTERACTIVE)
+    fair.queued("llama", "nightly", -1, ServiceClass.STANDARD)
+    fair.queued("llama", "nightly", -1, ServiceClass.BATCH)
+    assert fair.waiting == {"llama": {}}  # nobody waits: nothing kept
+    assert fair.classes == {"llama": {}}
