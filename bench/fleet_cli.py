@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from bench import classes, escalation, quotas, revocation, rollout
+from bench import batch, classes, escalation, quotas, revocation, rollout
 from bench.needs import plot_beside, requires, scratch
 
 
@@ -132,10 +132,32 @@ def classes_command(
         asyncio.run(classes.run(options))
 
 
+@click.command("batch")
+@click.option("--lines", type=click.IntRange(1, 1_000_000), default=10_000, show_default=True)
+@click.option("--engines", type=click.IntRange(1, 16), default=2, show_default=True,
+              help="simulated engines in each of the three regions")  # fmt: skip
+@click.option("--interactive-rps", type=click.FloatRange(0.1, 1000), default=6.0,
+              show_default=True, help="each region's own interactive traffic")  # fmt: skip
+@click.option("--seconds", type=click.FloatRange(5, 3600), default=30, show_default=True,
+              help="the baseline; each round of interactive traffic beside the batch")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def batch_command(
+    lines: int, engines: int, interactive_rps: float, seconds: float, out: Path | None
+) -> None:
+    """A batch of many lines over three regions (night, morning, afternoon where they are),
+    on the slack their own interactive traffic leaves: lines by region and local hour, and
+    the interactive SLO misses it may be blamed for."""
+    with scratch("batch") as root:
+        options = batch.Options(lines=lines, engines=engines, interactive_rps=interactive_rps,
+                                seconds=seconds, out=out, root=root)  # fmt: skip
+        asyncio.run(batch.run(options))
+
+
 COMMANDS = (
     escalation_command,
     revocation_command,
     rollout_command,
     quotas_command,
     classes_command,
+    batch_command,
 )

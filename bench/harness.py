@@ -285,6 +285,14 @@ async def start_control(
 ) -> tuple[ControlPlane, httpx.AsyncClient]:
     """An embedded PostgreSQL and a control plane on it (`env`: more settings), and an admin
     client of it."""
+    cp, admin, _ = await start_control_on_db(stack, root, env)
+    return cp, admin
+
+
+async def start_control_on_db(
+    stack: AsyncExitStack, root: Path, env: dict[str, str] | None = None
+) -> tuple[ControlPlane, httpx.AsyncClient, str]:
+    """`start_control`, and its database's URL."""
     postgres = EmbeddedPostgres(root / "postgres")
     credentials = await postgres.start()
     stack.push_async_callback(postgres.stop)
@@ -301,7 +309,7 @@ async def start_control(
         base_url=cp.url, headers={"Authorization": f"Bearer {token}"}, timeout=60
     )
     stack.push_async_callback(admin.aclose)
-    return cp, admin
+    return cp, admin, db_url
 
 
 async def apply(admin: httpx.AsyncClient, doc: dict[str, Any]) -> None:
