@@ -286,10 +286,15 @@ class Admission:
                     deadline = now + (bound or (slo if slo is not None else DEFAULT_WAIT_S))
                 standing = fair.standing(model, tenant)
                 ratio = RESERVE_RATIO if standing < 0 else 1.0
+                slots = takes > 0 and bool(self.running.get(model))  # room it may take
                 fit, wait = (
-                    predict.fits(decision, route, request, since, now, ratio, kept, slack)
+                    predict.fits(decision, route, request, since, now, ratio, kept, slack, slots)
                     if decision.ranked else (False, None)
                 )  # fmt: skip
+                if not fit and taken is not None and taken.gone and decision.ranked:
+                    # it goes in the place of the one that gave way on its best worker: the
+                    # engine's load, as last polled, still counts what that one held
+                    fit = taken.ticket.worker_id == decision.ranked[0].worker.id
                 under = standing > 0 and fair.under_waiting(model, served)
                 # a class bounded by its own wait is never admitted past its bound
                 ok = admits(decision, fit, standing, under) and not (bound and now > deadline)

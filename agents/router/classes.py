@@ -30,8 +30,8 @@ may take of a worker, and who is shed first.
     has not started: aborted there and answered 503 `preempted` with Retry-After.
 
   The one taken is on the worker the request would go to if one is there, then of the
-  lowest class, the newest. A request takes one at a time: at most one that is answered
-  503, and at most `TAKES` in all.
+  lowest class, the newest; once it is gone, the request goes in its place there. A request
+  takes one at a time: at most one that is answered 503, and at most `TAKES` in all.
   SGLang's own priority scheduling (agents/engines/contract.py) orders what an engine
   queues; this frees room for the higher class where the engine would not (it preempts for
   its slots, never for its KV pool).

@@ -243,6 +243,7 @@ def fits(
     ratio: float = 1.0,
     kept: float = 0.0,
     slack: float | None = None,
+    slots: bool = False,
 ) -> tuple[bool, float | None]:
     """Whether the best worker can start the request within the SLO, and the wait for its
     first byte predicted there (None where admission predicts none: the policy's stands).
@@ -250,7 +251,10 @@ def fits(
     finishes; RESERVE_RATIO: as the engine itself admits). `kept`: the share of the
     worker's KV pool, and of the requests its engine runs at once, it may not take (higher
     classes' reserves). `slack`: a class admitted on slack is admitted when its first byte
-    is predicted that soon, its wait not counted."""
+    is predicted that soon, its wait not counted. `slots`: an engine whose slots are all
+    taken makes it wait for one (see `slot_wait`); asked only where lower classes' requests
+    run that it may take the room of, since elsewhere the engine's own queue serves as
+    before (and escalation reads its queue)."""
     slo = route.slo_ttft_s
     predicted = decision.best_ttft_s
     if slo is None or predicted is None:
@@ -270,7 +274,7 @@ def fits(
     uncached = max(0, request.prompt_tokens - best.matched_tokens)
     answer = view.answer(request.max_new)
     held, room = (
-        max(held_wait(view, load, now), slot_wait(view, load, now)),
+        max(held_wait(view, load, now), slot_wait(view, load, now) if slots else 0.0),
         room_wait(view, uncached, load, now, answer, ratio, kept),
     )
     # what the model misses (a step it has not learned, answers that run long) it misses
