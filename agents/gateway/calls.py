@@ -30,7 +30,6 @@ from agents.gateway.relay import (
     Refused,
     Retry,
     Usage,
-    Yielded,
     body_usage,
     engine_message,
     relayed_headers,
@@ -38,11 +37,11 @@ from agents.gateway.relay import (
     upstream_headers,
 )
 from agents.gateway.requests import Inference
-from agents.gateway.streams import preempted, relay_stream
+from agents.gateway.slots import RESCUE_S, Slot
+from agents.gateway.streams import relay_stream
 from agents.gateway.upstream import Answer, Unreachable, Upstream
-from agents.held import Held
 from agents.router.admission import Admission
-from agents.router.classes import ABORT_AGAIN_S, TAKES, Victim, victim_for
+from agents.router.classes import Victim
 from agents.router.decision import Ticket
 from agents.router.plan import Call, Continue, Pair
 from agents.router.policies import Candidate, RouteRequest
@@ -55,10 +54,6 @@ log = logging.getLogger(__name__)
 JSON = b"Content-Type: application/json\r\n"
 PAIRED = (Pair, Continue)  # the calls that may name a prefill worker
 PREFILL_SLACK_S = 2.0  # past its predicted first token, a request is no longer in prefill
-# a stream of a class that takes lower classes' room with no first token this long past its
-# predicted wait: its engine holds it for room a lower class's request has there, which
-# gives way (agents/router/classes.py); the engine's own priority never frees its KV pool
-RESCUE_S = 0.25
 
 
 class EngineCalls:
@@ -87,7 +82,7 @@ class EngineCalls:
             if served > ServiceClass.INTERACTIVE and not flight.progress.continuing:
                 requeue = classes.requeues(served)
                 if requeue or classes.preempt:  # a higher class may take its room
-                    abort = partial(self._abort_later, worker.url, rid, inference.batch)
+                    abort = partial(self.abort_later, worker.url, rid, inference.batch)
                     slot.victim = Victim(ticket, served, abort, requeue)
                     self.admission.enlist(ticket.model, slot.victim)
             sent_headers = upstream_headers(rid) + flight.trace
@@ -155,16 +150,16 @@ class EngineCalls:
         rid: str,
         prefilled: bool = False,
         wait_s: float | None = None,
-    ) -> _Slot:
+    ) -> Slot:
         """The worker's in-flight slot for one request, held by `with`: what ends without the
         worker's answer or failure (a client that left, an exception) frees it and, when the
         request may have reached the engine, tells the engine to stop."""
         ticket = self.router.dispatched(chosen, request, prefilled, wait_s)
-        return _Slot(self, ticket, chosen.worker.url, rid)
+        return Slot(self, ticket, chosen.worker.url, rid)
 
     def _prefill(
         self, prefill: Candidate, flight: Flight, headers: bytes, given: bytes | None
-    ) -> _Prefill:
+    ) -> PrefillHalf:
         """PD: the same body to the prefill worker, with the bootstrap fields SGLang expects;
         its answer is read and dropped (the client gets the decode worker's)."""
         worker, inference, request_id = prefill.worker, flight.inference, flight.rid
@@ -177,7 +172,7 @@ class EngineCalls:
         body = inference.upstream_body(request_id, fields, given)
         route_request = flight.placement.request
         call = self._prefill_call(prefill, route_request, request_id, inference.path, body, headers)
-        return _Prefill(worker.id, fields, self.in_background(call))
+        return PrefillHalf(worker.id, fields, self.in_background(call))
 
     async def _prefill_call(
         self,
@@ -205,7 +200,7 @@ class EngineCalls:
 
     async def _paired(
         self,
-        pd: _Prefill,
+        pd: PrefillHalf,
         worker_url: str,
         inference: Inference,
         body: bytes,
@@ -258,7 +253,7 @@ class EngineCalls:
         self.admission.notify(ticket.model)
         return broke and serving
 
-    def _abort_later(self, worker_url: str, rid: str, batch: int = 1) -> None:
+    def abort_later(self, worker_url: str, rid: str, batch: int = 1) -> None:
         """Tell the engine to stop the request: a batch's each prompt (SGLang names them
         `<rid>_<i>`)."""
         if rid:
@@ -284,91 +279,13 @@ class EngineCalls:
         return True
 
 
-class _Slot(Held):
-    """A worker's in-flight slot (the router's ticket) for one request; see `dispatch`."""
-
-    __slots__ = ("batch", "calls", "failed", "prefill", "rescue", "rescues", "rid", "sent",
-                 "ticket", "url", "victim")  # fmt: skip
-
-    def __init__(self, calls: EngineCalls, ticket: Ticket, url: str, rid: str) -> None:
-        super().__init__()
-        self.calls, self.ticket, self.url, self.rid = calls, ticket, url, rid
-        self.batch = 1  # prompts, for a completions batch
-        self.sent = False  # the request may have reached the engine
-        self.prefill: _Prefill | None = None  # a PD request's prefill half
-        self.failed = False  # the go ended without its answer (Retry, Cut, Broken)
-        self.victim: Victim | None = None  # a higher class may preempt it until it starts
-        self.rescue: asyncio.TimerHandle | None = None  # see `rescue_after`
-        self.rescues = 0
-
-    @property
-    def preempted(self) -> bool:
-        return self.victim is not None and self.victim.preempted
-
-    def rescue_after(self, delay_s: float, served: ServiceClass) -> None:
-        """If its first token has not come in `delay_s`, a lower class's request on its
-        worker that gives way is taken (up to TAKES, RESCUE_S apart)."""
-        loop = asyncio.get_running_loop()
-        self.rescue = loop.call_later(delay_s, self._rescued, served)
-
-    def _rescued(self, served: ServiceClass, taken: Victim | None = None) -> None:
-        self.rescue = None
-        ticket = self.ticket
-        if ticket.first_at is not None or ticket.done:
-            return
-        now = self.calls.router.clock()
-        if taken is not None and not taken.gone:
-            taken.again(now)
-        else:
-            running = self.calls.admission.running.get(ticket.model, {}).values()
-            taken = victim_for(running, served, ticket.worker_id, False)
-            if taken is not None and taken.ticket.worker_id == ticket.worker_id:
-                taken.take(now)
-                self.rescues += 1
-            else:
-                taken = None
-        if self.rescues < TAKES or (taken is not None and not taken.gone):
-            loop = asyncio.get_running_loop()
-            self.rescue = loop.call_later(ABORT_AGAIN_S, self._rescued, served, taken)
-
-    def taken(self) -> Outcome:
-        """What becomes of it, its room taken by a higher class: it waits again (its class
-        requeues), or it is answered 503 (preempted before its engine started it)."""
-        victim = self.victim
-        assert victim is not None
-        if victim.requeued:
-            books = self.calls.router.books
-            books.classes[self.ticket.model, victim.service_class.label, "requeued"] += 1
-            return Yielded(self.ticket.worker_id)
-        return Refused(preempted())
-
-    def ended(self, outcome: Outcome) -> Outcome:
-        self.failed = not isinstance(outcome, Answered)
-        return outcome
-
-    def release(self, error: BaseException | None) -> None:
-        if self.rescue is not None:
-            self.rescue.cancel()
-        if (error is not None or self.failed) and self.prefill is not None:
-            self.prefill.task.cancel()  # its own slot frees its worker
-        ticket = self.ticket
-        if self.victim is not None:
-            self.calls.admission.discharge(ticket.model, self.victim)
-        if ticket.done:  # finished or failed: the router knows
-            return
-        self.calls.router.abandoned(ticket)
-        self.calls.admission.notify(ticket.model)
-        if self.sent:
-            self.calls._abort_later(self.url, self.rid, self.batch)
-
-
 @dataclass
 class _EngineTrack:
     """A streamed answer of an engine, told to the router as it goes. A client that leaves
     is the slot's to settle, on its way out."""
 
     calls: EngineCalls
-    slot: _Slot
+    slot: Slot
     inference: Inference
     rid: str
     tenant: str
@@ -411,7 +328,7 @@ class _EngineTrack:
 
 
 @dataclass
-class _Prefill:
+class PrefillHalf:
     """A PD request's prefill half, running beside its decode call in its own task, which
     holds the prefill worker's slot."""
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
-from meridian_pb.fleet.v1.classes import ServiceClass, policy_for
+from meridian_pb.fleet.v1.classes import ClassPolicy, ServiceClass, policy_for
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.config import RegionConfig
 from agents.engines.backends import priority_flags
 from agents.engines.contract import engine_priority
 from tests.kits.inproc import (
@@ -38,13 +39,9 @@ def _body(**extra: Any) -> dict[str, Any]:
 
 async def test_a_request_names_its_class_and_is_clamped_to_its_tenants_ceiling() -> None:
     """acme has the defaults (standard, and no higher); beta may ask for interactive."""
-    beta = replace(OTHER, class_ceiling=ServiceClass.INTERACTIVE)
     async with AsyncExitStack() as stack:
         sim = await stack.enter_async_context(running_sim(model=MODEL))
-        config = region_config("r", [sim.url])
-        keys = {h: replace(k, tenant=beta) if k.tenant.name == beta.name else k
-                for h, k in config.keys.items()}  # fmt: skip
-        config = replace(config, keys=keys, tenants={**config.tenants, beta.name: beta})
+        config = _beta_may_ask_interactive(sim.url)
         region = await stack.enter_async_context(local_gateway(config))
         async with httpx.AsyncClient(base_url=region.url, timeout=30) as client:
 
@@ -98,15 +95,9 @@ async def test_a_higher_class_preempts_a_request_its_engine_has_not_started(mode
         sim = await stack.enter_async_context(
             running_sim("--max-running-requests", "1", "--slow-factor", "20", model=MODEL)
         )
-        beta = replace(OTHER, class_ceiling=ServiceClass.INTERACTIVE)
-        config = region_config("r", [sim.url])
-        keys = {h: replace(k, tenant=beta) if k.tenant.name == beta.name else k
-                for h, k in config.keys.items()}  # fmt: skip
         classes = policy_for({"batch": {"slack": 1.0, "requeue": mode == "requeue"},
                               "preempt": preempt})  # fmt: skip
-        route = replace(config.routes[MODEL], slo_ttft_s=30.0, classes=classes)
-        config = replace(config, keys=keys, tenants={**config.tenants, beta.name: beta},
-                         routes={MODEL: route})  # fmt: skip
+        config = _beta_may_ask_interactive(sim.url, classes, slo_s=30.0)
         region = await stack.enter_async_context(local_gateway(config))
         async with httpx.AsyncClient(base_url=region.url, timeout=60) as client:
 
@@ -155,14 +146,8 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
         sim = await stack.enter_async_context(
             running_sim("--max-running-requests", "1", "--slow-factor", "10", model=MODEL)
         )
-        beta = replace(OTHER, class_ceiling=ServiceClass.INTERACTIVE)
-        config = region_config("r", [sim.url])
-        keys = {h: replace(k, tenant=beta) if k.tenant.name == beta.name else k
-                for h, k in config.keys.items()}  # fmt: skip
         classes = policy_for({"batch": {"slack": 1.0, "max_wait_s": 120}})
-        route = replace(config.routes[MODEL], slo_ttft_s=1.0, classes=classes)
-        config = replace(config, keys=keys, tenants={**config.tenants, beta.name: beta},
-                         routes={MODEL: route})  # fmt: skip
+        config = _beta_may_ask_interactive(sim.url, classes, slo_s=1.0)
         region = await stack.enter_async_context(local_gateway(config))
         ended: list[str] = []
         async with httpx.AsyncClient(base_url=region.url, timeout=120) as client:
@@ -197,6 +182,22 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
             assert answer["choices"][0]["finish_reason"] == "length"
             assert answer["usage"]["completion_tokens"] == 40  # served whole, once
         assert region.idle()
+
+
+def _beta_may_ask_interactive(
+    url: str, classes: ClassPolicy | None = None, slo_s: float | None = None
+) -> RegionConfig:
+    """A region of the engine at `url` where tenant beta (OTHER_KEY's) may ask for any
+    class; with `classes`, its route has them and a TTFT SLO of `slo_s`."""
+    beta = replace(OTHER, class_ceiling=ServiceClass.INTERACTIVE)
+    config = region_config("r", [url])
+    keys = {h: replace(k, tenant=beta) if k.tenant.name == beta.name else k
+            for h, k in config.keys.items()}  # fmt: skip
+    routes = config.routes
+    if classes is not None:
+        routes = {MODEL: replace(routes[MODEL], slo_ttft_s=slo_s, classes=classes)}
+    return replace(config, keys=keys, tenants={**config.tenants, beta.name: beta},
+                   routes=routes)  # fmt: skip
 
 
 def _running(region: Local) -> int:

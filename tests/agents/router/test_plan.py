@@ -11,7 +11,6 @@ import pytest
 from meridian_pb.fleet.v1.params import CostParams
 
 from agents.config import FallbackChain, Peer, RouteConfig, WorkerSpec
-from agents.router.admission import Look, judge
 from agents.router.decision import Decision
 from agents.router.plan import (
     Ask,
@@ -32,6 +31,7 @@ from agents.router.plan import (
 )
 from agents.router.plan import Peer as ToPeer
 from agents.router.policies import Candidate, RouteRequest
+from agents.router.verdict import Look, judge
 from agents.router.view import WorkerView
 from agents.workers.table import WorkerEntry
 
