@@ -364,19 +364,8 @@ class Engine:
         policy = self.priority
         if policy is None or not policy.preempt or request.priority is None:
             return 0
-        rank = policy.rank
-        mine = rank(request.priority)
         need = len(request.sequence()) + self._reserve(request) - room
-        victims: list[Request] = []
-        for running in sorted(self.decoding, key=lambda r: (-rank(r.priority or 0), -r.queued)):
-            if rank(running.priority or 0) - mine <= policy.threshold:
-                break
-            victims.append(running)
-            need -= running.context + self._reserve(running)
-            if need <= 0:
-                break
-        if not victims or need > 0:
-            return 0
+        victims = policy.victims(request, self.decoding, need, self._reserve)
         for victim in victims:
             self.decoding.remove(victim)
             self._retract(victim)

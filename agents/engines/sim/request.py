@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -59,6 +60,23 @@ class Priority:
     def rank(self, priority: int) -> int:
         """A sort key: smaller is served first."""
         return priority if self.low_first else -priority
+
+    def victims(
+        self, request: Request, running: list[Request], need: int, reserve: Callable[[Request], int]
+    ) -> list[Request]:
+        """Of `running`, those `request` retracts for the `need` tokens it lacks: of a
+        priority more than the threshold below its own, the lowest and newest first, until
+        what they hold (and their `reserve`) covers it; none if they cannot."""
+        rank, mine = self.rank, self.rank(request.priority or 0)
+        victims: list[Request] = []
+        for one in sorted(running, key=lambda r: (-rank(r.priority or 0), -r.queued)):
+            if rank(one.priority or 0) - mine <= self.threshold:
+                break
+            victims.append(one)
+            need -= one.context + reserve(one)
+            if need <= 0:
+                return victims
+        return victims if victims and need <= 0 else []
 
 
 @dataclass(eq=False)
