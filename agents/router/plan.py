@@ -121,7 +121,6 @@ class Progress:
     broken: int = 0  # workers that broke off with it in hand, while serving others
     cuts: int = 0  # times its stream broke off after the client saw part of it
     continuing: bool = False  # the client has seen part of the answer
-    requeued: int = 0  # times it gave its engine's room to a higher class and waited again
     declined: set[Reason] = field(default_factory=set)  # escalations no peer took
     # it waited (or its model was full) while another tenant held well over its fair share of
     # the model here: what it met was that tenant's load (a rollout's checks leave it out)

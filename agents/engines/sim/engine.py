@@ -14,7 +14,8 @@ It follows SGLang's scheduler where routing depends on it:
   output times a new-token ratio that starts at 0.7 and decays to 0.1, as SGLang's), fits
   the free pool after evicting unused prefixes. When a decode step finds no room for the
   batch's next tokens, the newest request is retracted to the front of the queue (what it
-  had computed is kept in the cache while room lasts) and the ratio goes back to 0.7.
+  had computed is kept in the cache while room lasts) and the ratio goes back to 0.7
+  (retraction.py).
 - A step is a prefill step when something can be admitted, else a decode step for the whole
   running batch (SGLang without mixed chunking).
 - **Priority scheduling**, when on (`Priority`): the queue is taken by priority, then by when
@@ -36,7 +37,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
-from agents.engines.sim import tokens
+from agents.engines.sim import retraction, tokens
 from agents.engines.sim.cost import CostModel
 from agents.engines.sim.radix import Listener, RadixCache
 from agents.engines.sim.request import (
@@ -48,10 +49,10 @@ from agents.engines.sim.request import (
     Priority,
     Request,
 )
+from agents.engines.sim.retraction import INIT_NEW_TOKEN_RATIO
 from agents.engines.sim.stats import StepStats
 
 CATCH_UP_S = 0.05
-INIT_NEW_TOKEN_RATIO = 0.7  # SGLang's defaults (schedule_conservativeness 1.0)
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 Role = Literal["unified", "prefill", "decode"]
@@ -160,10 +161,10 @@ class Engine:
             self.waiting.remove(request)
         elif request is self.chunked:
             self.chunked = None
-            self._release(request)
+            self.release(request)
         elif request in self.decoding:
             self.decoding.remove(request)
-            self._release(request)
+            self.release(request)
         self._finish(request, "abort")
         self._wake.set()
 
@@ -209,13 +210,13 @@ class Engine:
 
     # -- prefill ---------------------------------------------------------------------------
 
-    def _reserve(self, request: Request) -> int:
+    def reserve(self, request: Request) -> int:
         return math.ceil(self.new_token_ratio * (request.max_new_tokens - request.generated))
 
     def _room(self) -> int:
         """Tokens a new chunk may take: free and evictable pool, less the decode reserve."""
         free = self.capacity - self.held_tokens + self.cache.evictable
-        return free - sum(self._reserve(r) for r in self.running)
+        return free - sum(self.reserve(r) for r in self.running)
 
     def _prefill_batch(self) -> list[tuple[Request, int]]:
         """The next prefill step: (request, tokens to compute now), in queue order."""
@@ -235,7 +236,7 @@ class Engine:
             if take <= 0:
                 if not self.decoding:  # it can never fit
                     self.chunked = None
-                    self._release(request)
+                    self.release(request)
                     self._finish(request, "abort")
                 return []
             batch.append((request, take))
@@ -247,13 +248,13 @@ class Engine:
             request = self.waiting[0]
             sequence = request.sequence()
             if count >= self.max_running:
-                freed = self._preempt_for(request, room)
+                freed = retraction.preempt_for(self, request, room)
                 if not freed:
                     break
                 count -= freed
-                room = self._room() - sum(take + self._reserve(r) for r, take in batch)
+                room = self._room() - sum(take + self.reserve(r) for r, take in batch)
             if request.prefilled:  # PD decode: the KV arrived whole; no prefill here
-                need = len(sequence) + self._reserve(request)
+                need = len(sequence) + self.reserve(request)
                 if need > room and self.running:
                     break
                 self.waiting.popleft()
@@ -266,7 +267,7 @@ class Engine:
             matched = min(matched, len(sequence) - 1)  # the last token is always computed
             uncached = len(sequence) - matched
             take = min(uncached, chunk_left)
-            if take + self._reserve(request) > room:
+            if take + self.reserve(request) > room:
                 if self.running or batch:
                     break  # wait for running requests to free the pool
                 if len(sequence) > self.capacity:
@@ -277,7 +278,7 @@ class Engine:
             self.waiting.popleft()
             self._start(request, matched)
             batch.append((request, take))
-            room -= take + self._reserve(request)
+            room -= take + self.reserve(request)
             chunk_left, input_left, count = chunk_left - take, input_left - take, count + 1
             if take < uncached:
                 self.chunked = request
@@ -329,7 +330,7 @@ class Engine:
     # -- decode ----------------------------------------------------------------------------
 
     async def _decode(self) -> None:
-        self._make_room(len(self.decoding))
+        retraction.make_room(self, len(self.decoding))
         batch = list(self.decoding)
         if not batch:
             return
@@ -343,44 +344,6 @@ class Engine:
                 self._advance(request)
         generated = self.stats.generated_total - before
         self.stats.decoded(len(batch), step_s, generated, self.now())
-
-    def _make_room(self, tokens: int) -> None:
-        """Room for the decode batch's next tokens: evict unused prefixes, then retract the
-        newest requests until the rest fit."""
-        short = self.held_tokens + tokens - self.capacity
-        if short > 0:
-            self.cache.evict(short)
-        while self.decoding and self.held_tokens + len(self.decoding) > self.capacity:
-            victim = self.decoding.pop()
-            self._retract(victim)
-            self.waiting.appendleft(victim)
-            self.new_token_ratio = INIT_NEW_TOKEN_RATIO
-            self.cache.evict(self.held_tokens + len(self.decoding) - self.capacity)
-
-    def _preempt_for(self, request: Request, room: int) -> int:
-        """With every slot taken: retract decoding requests of a priority more than the
-        threshold below `request`'s, the lowest and newest first, if together they free what
-        it needs (its sequence and decode reserve, less `room`). How many were retracted."""
-        policy = self.priority
-        if policy is None or not policy.preempt or request.priority is None:
-            return 0
-        need = len(request.sequence()) + self._reserve(request) - room
-        victims = policy.victims(request, self.decoding, need, self._reserve)
-        for victim in victims:
-            self.decoding.remove(victim)
-            self._retract(victim)
-            victim.queued = self.now()  # SGLang queues it again, as a new arrival
-            self.waiting.append(victim)
-        self.preempted_total += len(victims)
-        return len(victims)
-
-    def _retract(self, victim: Request) -> None:
-        """Out of the running batch, back to wait: what it computed stays in the cache while
-        room lasts, as SGLang keeps it."""
-        self._release(victim)
-        self.cache.insert(victim.sequence(), victim.salt)
-        victim.computed = 0
-        self.retracted_total += 1
 
     async def _step(self, seconds: float) -> float:
         """Steps keep time against a deadline, so the timer's lateness does not add up; after
@@ -414,12 +377,12 @@ class Engine:
     def _complete(self, request: Request) -> None:
         if request in self.decoding:
             self.decoding.remove(request)
-        self._release(request)
+        self.release(request)
         self.cache.insert(request.sequence(), request.salt)
         self._finish(request, "length")
         self._wake.set()
 
-    def _release(self, request: Request) -> None:
+    def release(self, request: Request) -> None:
         """The request lets go of its cached prefix and its generated tokens' pool slots."""
         if request.node is not None:
             self.cache.unlock(request.node)
