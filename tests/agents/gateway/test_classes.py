@@ -133,6 +133,7 @@ async def test_a_higher_class_preempts_a_request_its_engine_has_not_started(mode
         assert region.idle()
 
 
+@pytest.mark.alone  # an order of answers on a timed engine: a busy machine skews it
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
     stream: bool,
