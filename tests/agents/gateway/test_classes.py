@@ -152,23 +152,34 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
         region = await stack.enter_async_context(local_gateway(config))
         ended: list[str] = []
         async with httpx.AsyncClient(base_url=region.url, timeout=120) as client:
+            seen = asyncio.Event()  # the batch request's client has a byte of its answer
 
             async def ask(header: str, max_tokens: int, streamed: bool = False) -> str:
                 body = _body() | {"max_tokens": max_tokens, "stream": streamed}
                 headers = {"Authorization": f"Bearer {OTHER_KEY}", "x-meridian-class": header}
-                answer = await client.post("/v1/chat/completions", json=body, headers=headers)
-                assert answer.status_code == 200, answer.text
+                async with client.stream(
+                    "POST", "/v1/chat/completions", json=body, headers=headers
+                ) as answer:
+                    assert answer.status_code == 200, await answer.aread()
+                    chunks = []
+                    async for chunk in answer.aiter_text():
+                        seen.set()
+                        chunks.append(chunk)
                 ended.append(header)
-                return answer.text
+                return "".join(chunks)
 
             await ask("standard", 40)  # the gateway learns the engine's step and answers
             ended.clear()
+            seen.clear()
             batch = asyncio.create_task(ask("batch", 40, stream))
-            for _ in range(500):  # until the engine runs it
-                loads = (await client.get(f"{sim.url}/v1/loads")).json()["loads"][0]
-                if loads["num_running_reqs"]:
-                    break
-                await asyncio.sleep(0.02)
+            if stream:  # taken only until its client sees a byte: wait for that byte
+                await asyncio.wait_for(seen.wait(), 60)
+            else:
+                for _ in range(500):  # until the engine runs it
+                    loads = (await client.get(f"{sim.url}/v1/loads")).json()["loads"][0]
+                    if loads["num_running_reqs"]:
+                        break
+                    await asyncio.sleep(0.02)
             await ask("interactive", 2)
             text = await batch
         books = region.gateway.books.classes
@@ -177,7 +188,7 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
             assert not books[MODEL, "batch", "requeued"]
             assert text.rstrip().endswith("data: [DONE]")
         else:
-            assert ended == ["interactive", "batch"]
+            assert ended == ["interactive", "batch"], dict(books)
             assert books[MODEL, "batch", "requeued"] == 1
             answer = json.loads(text)
             assert answer["choices"][0]["finish_reason"] == "length"
