@@ -106,7 +106,7 @@ def placed(
     go there: it does not fit the context of `fits` (default: the model), or the region has
     no route for it."""
     route_request = router.request(model.name, inference.key, inference.tokens, inference.max_new,
-                                   inference.salt or None)  # fmt: skip
+                                   inference.salt or None, whole=not inference.stream)  # fmt: skip
     too_long = context_error(fits or model, route_request.prompt_tokens, inference.max_new)
     if too_long is not None:
         return too_long

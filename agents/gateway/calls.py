@@ -41,7 +41,7 @@ from agents.gateway.slots import RESCUE_S, Slot
 from agents.gateway.streams import relay_stream
 from agents.gateway.upstream import Answer, Unreachable, Upstream
 from agents.router.admission import Admission
-from agents.router.classes import Victim
+from agents.router.classes import YIELDS, Victim
 from agents.router.decision import Ticket
 from agents.router.plan import Call, Continue, Pair
 from agents.router.policies import Candidate, RouteRequest
@@ -80,7 +80,8 @@ class EngineCalls:
             ticket, slot.batch = slot.ticket, inference.batch
             served, classes = flight.ask.service_class, flight.placement.route.classes
             if served > ServiceClass.INTERACTIVE and not flight.progress.continuing:
-                requeue = classes.requeues(served)
+                # it gives way up to YIELDS times; then it runs to its end
+                requeue = classes.requeues(served) and flight.progress.yields < YIELDS
                 if requeue or classes.preempt:  # a higher class may take its room
                     abort = partial(self.abort_later, worker.url, rid, inference.batch)
                     slot.victim = Victim(ticket, served, abort, requeue)

@@ -364,7 +364,7 @@ class Gateway:
             case Refused(error):
                 return error
             case Yielded():  # it waits for admission again: no fault of the worker's
-                pass
+                progress.gave_way(self.clock())
         return None
 
     async def escalate(self, flight: Flight, plan: Peer) -> GatewayError | None:

@@ -241,6 +241,8 @@ class Admission:
                     taken = victim_for(self.running.get(model, {}).values(), served, best,
                                        policy.preempt)  # fmt: skip
                     if taken is not None:  # it goes in that one's place, once it is gone
+                        if waiter is not None:
+                            waiter.taking = True
                         # one answered 503 is the one it takes; requeued, up to TAKES
                         takes = takes - 1 if taken.requeue else 0
                         taken.take(now)

@@ -24,8 +24,10 @@ may take of a worker, and who is shed first.
   on an engine of its model:
   - one of a class that requeues (by default `flex` and `batch`) whose client has seen
     nothing of its answer yet (not streamed, or a stream before its first token), running or
-    not: it is aborted on its engine and waits for admission again, within its bound (the
-    engine's work on it is lost, the client sees only the wait);
+    not: it is aborted on its engine and waits for admission again, within its bound
+    counted anew from then (the engine's work on it is lost, the client sees only the
+    wait). A request gives way at most `YIELDS` times; after that it runs to its end, so
+    that sustained higher-class load cannot keep it from finishing;
   - where the route's classes turn preemption on, one of any lower class that its engine
     has not started: aborted there and answered 503 `preempted` with Retry-After.
 
@@ -50,6 +52,7 @@ from agents.router.decision import Ticket
 
 ACTIVE_S = 30.0  # a class's reserve is kept while it has had a request this recently
 TAKES = 2  # the most requests one request takes the room of, one at a time
+YIELDS = 2  # the most times one request gives way: then it runs to its end (no starvation)
 FRONT = 4  # of a tenant's line of a bounded class, those that look for a worker
 ABORT_AGAIN_S = 0.1  # a request taken and not gone this long after is aborted again
 COUNT = len(CLASSES)
@@ -58,13 +61,15 @@ COUNT = len(CLASSES)
 @dataclass(slots=True, eq=False)
 class Waiter:
     """A request of a model waiting for admission: its tag, whether it fitted at its last
-    look, and whether a higher class's request took its place. A request of a class bounded
+    look, whether it has taken a lower class's room (it goes there once that is free), and
+    whether a higher class's request took its place. A request of a class bounded
     by its own wait waits in its tenant's line of that class (`line`: not None), and looks
     for a worker only from its front (`turn` is set when it gets there, or is shed)."""
 
     service_class: ServiceClass
     tag: float
     ready: bool = False
+    taking: bool = False
     shed: bool = False
     line: tuple[ServiceClass, str] | None = None
     turn: asyncio.Event | None = None
@@ -211,8 +216,9 @@ class ClassQueues:
         state.last[service_class] = max(state.last[service_class], tag)
 
     def behind(self, model: str, service_class: ServiceClass, tag: float) -> bool:
-        """A request of another class, tagged earlier, waits and fitted at its last look:
-        it goes first."""
+        """A request of another class, tagged earlier, waits and fitted at its last look, or
+        one of a higher class has taken room (the request that gave it way, requeued, must
+        not take it back): it goes first."""
         state = self.models.get(model)
         if state is None or not state.count:
             return False
@@ -222,7 +228,7 @@ class ClassQueues:
             for other in waiting.values():  # in the order they came: their tags rise
                 if other.tag >= tag:
                     break
-                if other.ready and not other.shed:
+                if (other.ready or (other.taking and index < service_class)) and not other.shed:
                     return True
         return False
 

@@ -126,6 +126,7 @@ class Progress:
     # the model here: what it met was that tenant's load (a rollout's checks leave it out)
     crowded: bool = False
     admitted_at: float | None = None  # when it was first sent to a worker here
+    yields: int = 0  # times it gave way to a higher class (it waited again each time)
 
     def attempt(self, by: str) -> Attempt:
         attempt = Attempt(by)
@@ -139,6 +140,14 @@ class Progress:
         self.failures += 1
         self.broken += broke
         self.since = now  # time lost to a failed worker is not the load's
+
+    def gave_way(self, now: float) -> None:
+        """Its room on a worker went to a higher class before the client saw a byte: it
+        waits for admission again, its wait bounded anew from now (what it ran there was
+        work done for the higher class's sake, not its own wait)."""
+        self.attempts[-1].ended = "gave way to a higher class"
+        self.yields += 1
+        self.since = now
 
     def cut(self, worker: str, why: str, now: float) -> None:
         """Its stream broke off at `worker` after the client saw part of it."""

@@ -34,6 +34,7 @@ class RouteRequest:
     now: float = 0.0  # the router's clock when it is routed
     full: bool = False  # requests of its model have lately waited in admission for room
     root: int = 0  # where its prefix's chain starts: its cache namespace (prefix.salt_root)
+    whole: bool = False  # its answer comes whole (not streamed): no byte of it before its end
 
 
 @dataclass

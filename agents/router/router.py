@@ -201,10 +201,12 @@ class Router:
         tokens: Callable[[PromptTokenizer], bytes] | None = None,
         max_new: int | None = None,
         salt: str | None = None,
+        whole: bool = False,
     ) -> RouteRequest:
         """`key` is the prompt as bytes; `tokens` gives it as the engine's token ids, for a
         model whose engines publish KV-cache events; `max_new`, the answer's most tokens;
-        `salt`, its cache namespace (the engine's `cache_salt`)."""
+        `salt`, its cache namespace (the engine's `cache_salt`); `whole`, its answer is not
+        streamed."""
         root = salt_root(salt)
         exact = self.exact.get(model)
         if exact is not None and tokens is not None:
@@ -215,10 +217,10 @@ class Router:
             else:
                 count = max(1, len(ids) // TOKEN_BYTES)
                 return RouteRequest(model, ids, count, 1 / TOKEN_BYTES, exact=exact.index,
-                                    max_new=max_new, root=root)  # fmt: skip
+                                    max_new=max_new, root=root, whole=whole)  # fmt: skip
         ratio = self.tokens_per_byte(model)
         return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio, max_new=max_new,
-                            root=root)  # fmt: skip
+                            root=root, whole=whole)  # fmt: skip
 
     def route(self, route: RouteConfig, request: RouteRequest, exclude: set[str]) -> Decision:
         """The model's workers that may take the request, ranked by its policy
@@ -261,7 +263,7 @@ class Router:
         )  # fmt: skip
         ticket.active_at = ticket.sent_at
         answer = view.answer(request.max_new)
-        view.sent(id(ticket), ticket.sent_at, uncached, answer, placed, probe)
+        view.sent(id(ticket), ticket.sent_at, uncached, answer, placed, probe, request.whole)
         self.live.setdefault(ticket.worker_id, {})[id(ticket)] = ticket
         return ticket
 
@@ -290,7 +292,9 @@ class Router:
         entry = self.table.get(ticket.worker_id)
         return entry is not None and entry.polls == ticket.polls
 
-    def first_byte(self, ticket: Ticket) -> None:
+    def first_byte(self, ticket: Ticket, timed: bool = True) -> None:
+        """Its first byte came. `timed`: it times the wait for it (not so the end of an answer
+        that came whole, with no byte before it: that times the whole answer)."""
         if ticket.first_at is not None:
             return
         ticket.first_at = ticket.active_at = self.clock()
@@ -298,7 +302,7 @@ class Router:
         if view is None:
             return
         view.first_byte(id(ticket), ticket.first_at, ticket.uncached_tokens, self._unpolled(ticket))
-        if ticket.probe:  # a canary (it asks for log-probabilities): no speed of the worker's
+        if ticket.probe or not timed:  # a canary (it asks for log-probabilities): no speed
             return
         view.learn_bias(ticket.predicted_s, ticket.first_at - ticket.sent_at)
         if ticket.learns_prefill and ticket.queued_ahead == 0:
@@ -323,7 +327,8 @@ class Router:
         """The answer is complete; usage, where the engine reported it, teaches the router."""
         if ticket.done:
             return
-        self.first_byte(ticket)
+        first_at = ticket.first_at  # None: it came whole, and no first byte timed it
+        self.first_byte(ticket, timed=False)
         self._end(ticket)
         now = self.clock()
         view = self.views.get(ticket.worker_id)
@@ -333,10 +338,10 @@ class Router:
                 view.learn_output(completion, ticket.max_new)
                 if flight is not None:
                     view.learn_events(completion, flight.events)
-            if completion and completion > 1 and ticket.first_at is not None:
+            if completion and completion > 1 and first_at is not None:
                 entry = self.table.get(ticket.worker_id)
                 batch = entry.load.running if entry is not None else 0
-                view.learn_decode((now - ticket.first_at) / (completion - 1), batch)
+                view.learn_decode((now - first_at) / (completion - 1), batch)
         if prompt_tokens and prompt_bytes:
             seen_bytes, seen_tokens = self._bytes.get(ticket.model, (0.0, 0.0))
             if seen_bytes > 1e8:  # keep it moving: halve the history

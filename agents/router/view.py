@@ -22,6 +22,7 @@ BIAS_MIN_S = 0.05  # a predicted TTFT below this says more about overheads than 
 BIAS_ALPHA = 0.1  # weight of a new first byte in the bias
 OVERDUE_MARGIN = 1.1  # an answer running past its expected end has a tenth of it to go
 BIAS_MAX = 8.0
+POLL_MARGIN_S = 0.05  # a request sent this long before a load poll is in the engine's counts
 RESERVE_RATIO = 0.1  # of an answer's tokens an engine keeps KV room for: SGLang's new-token
 # ratio, which decays from 0.7 to 0.1 while nothing is retracted (its steady state)
 
@@ -33,8 +34,9 @@ class Flight:
     sent_at: float
     answer: float  # the tokens its answer is expected to take
     tokens: float = 0.0  # the uncached prompt tokens it takes of the pool
-    first_at: float | None = None
+    first_at: float | None = None  # its first byte, or (`whole`) when its engine started it
     events: int = 0  # of its stream, relayed so far
+    whole: bool = False  # its answer is not streamed: no byte of it comes before its end
 
 
 @dataclass
@@ -64,6 +66,7 @@ class WorkerView:
     _rate_at: float = 0.0
     _flights: dict[int, Flight] = field(default_factory=dict)  # dispatch -> flight, in order
     _unstarted: int = 0
+    _whole: int = 0  # of those unstarted, the answers that come whole (not streamed)
     _running: int = 0  # of the flights, those started, with the sums of their answers and
     _answers: float = 0.0  # first-byte times (what is to come of them, in O(1))
     _firsts: float = 0.0
@@ -81,16 +84,41 @@ class WorkerView:
             return
         self.poll_seen, self.sent_since_poll, self.tokens_since_poll = polls, 0, 0
         self.observe_queue(load.waiting, load.at)
+        if self._whole:
+            self._whole_started(load)
         if load.step_s > 0:
             self.batch_step_s = load.step_s
             self.line.observe(load.running, load.step_s)
 
+    def _whole_started(self, load: EngineLoad) -> None:
+        """Answers that come whole (not streamed) show no byte until they end, yet their
+        engine started them long before: a request that runs is not one queued there (taken
+        for one, every request sent here would wait for the longest answer running). A poll
+        that finds fewer requests waiting in the engine than this gateway's unstarted ones
+        sent before it says that the oldest of those have started (by then, at the latest):
+        they run from the poll on."""
+        cutoff = load.at - POLL_MARGIN_S
+        unstarted = [(key, flight) for key, flight in self._flights.items()
+                     if flight.first_at is None and flight.sent_at <= cutoff]  # fmt: skip
+        for key, flight in unstarted[: max(0, len(unstarted) - load.waiting)]:
+            if flight.whole:  # a stream says so itself, with its first byte
+                self.started(key, load.at)
+                self.queued_tokens = max(0, self.queued_tokens - int(flight.tokens))
+
     def sent(
-        self, key: int, at: float, uncached: int, answer: float, placed: bool, probe: bool = False
+        self,
+        key: int,
+        at: float,
+        uncached: int,
+        answer: float,
+        placed: bool,
+        probe: bool = False,
+        whole: bool = False,
     ) -> None:
         """A request sent here: `uncached`, its prompt tokens the engine computes; `answer`,
         the tokens its answer is expected to take; `placed`, its prefix new here; `probe`, a
-        canary (in flight, but not one of the worker's users': nothing is learned of it)."""
+        canary (in flight, but not one of the worker's users': nothing is learned of it);
+        `whole`, its answer is not streamed."""
         if not probe:
             self.count_dispatch(at, placed)
         self.inflight += 1
@@ -99,15 +127,16 @@ class WorkerView:
         self.tokens_since_poll += uncached
         if not probe:  # a canary is no half-open breaker's probe
             self.breaker.dispatched(key)
-        self.flew(key, at, answer, uncached, learn=not probe)
+        self.flew(key, at, answer, uncached, learn=not probe, whole=whole)
 
     def first_byte(self, key: int, at: float, uncached: int, unpolled: bool) -> None:
         """Its first byte came: its prefill is done, no longer queued work (nor, before the
-        next poll, work sent since the last); the worker answers."""
-        self.started(key, at)
-        self.queued_tokens = max(0, self.queued_tokens - uncached)
-        if unpolled:
-            self.tokens_since_poll = max(0, self.tokens_since_poll - uncached)
+        next poll, work sent since the last); the worker answers. (An answer that came whole
+        may have been taken to have started at a poll: its work left the queue then.)"""
+        if self.started(key, at):
+            self.queued_tokens = max(0, self.queued_tokens - uncached)
+            if unpolled:
+                self.tokens_since_poll = max(0, self.tokens_since_poll - uncached)
         self.breaker.succeeded()
 
     def finished(self, key: int, unpolled: bool) -> Flight | None:
@@ -134,7 +163,9 @@ class WorkerView:
     def _ended(self, key: int, unstarted: int, unpolled: bool) -> None:
         """A request that ended without an answer: its work is no longer the worker's."""
         self.inflight = max(0, self.inflight - 1)
-        self.landed(key)
+        flight = self.landed(key)
+        if flight is not None and flight.first_at is not None:
+            unstarted = 0  # taken to have started at a poll: its work left the queue then
         self.queued_tokens = max(0, self.queued_tokens - unstarted)
         if unpolled:
             self.tokens_since_poll = max(0, self.tokens_since_poll - unstarted)
@@ -161,21 +192,32 @@ class WorkerView:
         return self.mean_output if max_new is None else max(1.0, max_new * self.answer_share)
 
     def flew(
-        self, key: int, at: float, answer: float, tokens: float = 0.0, learn: bool = True
+        self,
+        key: int,
+        at: float,
+        answer: float,
+        tokens: float = 0.0,
+        learn: bool = True,
+        whole: bool = False,
     ) -> None:
-        self._flights[key] = Flight(at, answer, tokens)
+        self._flights[key] = Flight(at, answer, tokens, whole=whole)
         self._unstarted += 1
+        self._whole += whole
         if learn:
             self.mean_output += LEARN_ALPHA * (answer - self.mean_output)
 
-    def started(self, key: int, at: float) -> None:
+    def started(self, key: int, at: float) -> bool:
+        """It runs from `at` (False: it ran already, or is not here)."""
         flight = self._flights.get(key)
-        if flight is not None and flight.first_at is None:
-            flight.first_at = at
-            self._unstarted -= 1
-            self._running += 1
-            self._answers += flight.answer
-            self._firsts += at
+        if flight is None or flight.first_at is not None:
+            return False
+        flight.first_at = at
+        self._unstarted -= 1
+        self._whole -= flight.whole
+        self._running += 1
+        self._answers += flight.answer
+        self._firsts += at
+        return True
 
     def progressed(self, key: int, events: int) -> None:
         """Events of a started answer's stream relayed: how far it has run, counted, where
@@ -204,6 +246,7 @@ class WorkerView:
             return None
         if flight.first_at is None:
             self._unstarted -= 1
+            self._whole -= flight.whole
             return flight
         self._running -= 1
         self._answers -= flight.answer

@@ -29,7 +29,7 @@ from tests.kits.inproc import (
     local_gateway,
     region_config,
 )
-from tests.kits.sim import running_sim
+from tests.kits.sim import Sim, running_sim
 
 
 def _body(**extra: Any) -> dict[str, Any]:
@@ -144,12 +144,7 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
     sees only the wait. A batch stream its client has seen a byte of is never taken: the
     interactive request waits for it."""
     async with AsyncExitStack() as stack:
-        sim = await stack.enter_async_context(
-            running_sim("--max-running-requests", "1", "--slow-factor", "10", model=MODEL)
-        )
-        classes = policy_for({"batch": {"slack": 1.0, "max_wait_s": 120}})
-        config = _beta_may_ask_interactive(sim.url, classes, slo_s=1.0)
-        region = await stack.enter_async_context(local_gateway(config))
+        sim, region = await _one_slot(stack, max_wait_s=120)
         ended: list[str] = []
         async with httpx.AsyncClient(base_url=region.url, timeout=120) as client:
             seen = asyncio.Event()  # the batch request's client has a byte of its answer
@@ -194,6 +189,58 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
             assert answer["choices"][0]["finish_reason"] == "length"
             assert answer["usage"]["completion_tokens"] == 40  # served whole, once
         assert region.idle()
+
+
+@pytest.mark.alone  # answers on a timed engine: a busy machine skews them
+async def test_a_batch_request_gives_way_twice_at_most_then_runs_to_its_end() -> None:
+    """One engine that runs one request at a time, busy with a long batch answer, and three
+    interactive requests in turn, each of which would wait past its SLO: the first two take
+    the batch request's room; the third does not, and the batch request, admitted a third
+    time, is served whole."""
+    async with AsyncExitStack() as stack:
+        sim, region = await _one_slot(stack, max_wait_s=3)
+        async with httpx.AsyncClient(base_url=region.url, timeout=120) as client:
+
+            async def ask(header: str, max_tokens: int) -> httpx.Response:
+                body = _body() | {"max_tokens": max_tokens}
+                headers = {"Authorization": f"Bearer {OTHER_KEY}", "x-meridian-class": header}
+                return await client.post("/v1/chat/completions", json=body, headers=headers)
+
+            async def batch_runs() -> bool:
+                loads = (await client.get(f"{sim.url}/v1/loads")).json()["loads"][0]
+                return bool(loads["num_running_reqs"])
+
+            assert (await ask("standard", 40)).status_code == 200  # the engine's step learned
+            batch = asyncio.create_task(ask("batch", 40))
+            codes = []
+            for _ in range(3):
+                async with asyncio.timeout(60):
+                    while not await batch_runs():  # noqa: ASYNC110 (another process's state)
+                        await asyncio.sleep(0.02)
+                codes.append((await ask("interactive", 2)).status_code)
+            answer = await batch
+        books = region.gateway.books.classes
+        # the third is not given the batch request's room here: it waits for it (and is
+        # refused at its SLO) or the engine's own priority retracts the batch request for
+        # its slot (which loses nothing of it)
+        assert codes[:2] == [200, 200]
+        assert codes[2] in (200, 429)
+        assert books[MODEL, "batch", "requeued"] == 2
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 40  # served whole, once
+        assert region.idle()
+
+
+async def _one_slot(stack: AsyncExitStack, max_wait_s: float) -> tuple[Sim, Local]:
+    """A slow engine that runs one request at a time, and a region of it where beta may ask
+    for any class: batch admitted on all of the SLO (0.5 s) as slack, bounded by
+    `max_wait_s`."""
+    sim = await stack.enter_async_context(
+        running_sim("--max-running-requests", "1", "--slow-factor", "10", model=MODEL)
+    )
+    classes = policy_for({"batch": {"slack": 1.0, "max_wait_s": max_wait_s}})
+    config = _beta_may_ask_interactive(sim.url, classes, slo_s=0.5)
+    return sim, await stack.enter_async_context(local_gateway(config))
 
 
 def _beta_may_ask_interactive(
