@@ -126,10 +126,23 @@ def _id(piece: str) -> int:
     return len(_vocab()) + zlib.crc32(piece.encode()) % span
 
 
+_MET: dict[str, int] = {}  # pieces met, with their ids: an agent tokenizes every prompt
+_MET_MAX = 1 << 20  # ...up to so many (prompts' words are not bounded; the vocabulary is)
+
+
 def encode(text: str) -> list[int]:
     if _directory is not None:
         return list(_directory.tokenizer.encode(text, add_special_tokens=False).ids)
-    return [_id(piece) for piece in _PIECES.findall(text)]
+    met = _MET
+    pieces = _PIECES.findall(text)
+    ids = [met.get(piece, -1) for piece in pieces]
+    if -1 in ids:
+        for n, piece in enumerate(pieces):
+            if ids[n] < 0:
+                ids[n] = _id(piece)
+                if len(met) < _MET_MAX:
+                    met[piece] = ids[n]
+    return ids
 
 
 def decode(ids: Sequence[int], after: str = "") -> str:
