@@ -105,15 +105,16 @@ def placed(
     tenant's fallback rule for it (a peer's request goes no further: none); or why it cannot
     go there: it does not fit the context of `fits` (default: the model), or the region has
     no route for it."""
+    served = ServiceClass.STANDARD if caller.service_class is None else caller.service_class
     route_request = router.request(model.name, inference.key, inference.tokens, inference.max_new,
-                                   inference.salt or None, whole=not inference.stream)  # fmt: skip
+                                   inference.salt or None, whole=not inference.stream,
+                                   service_class=served)  # fmt: skip
     too_long = context_error(fits or model, route_request.prompt_tokens, inference.max_new)
     if too_long is not None:
         return too_long
     route = config.routes.get(model.name)
     if route is None:
         return UpstreamFailed(f"region {config.region} has no route for {model.name}")
-    served = caller.service_class or ServiceClass.STANDARD
     chain = (
         config.chain(model.name, caller.tenant.tier, served) if caller.came_from is None else None
     )

@@ -50,7 +50,8 @@ from meridian_pb.fleet.v1.classes import ServiceClass
 
 from agents.config import RouteConfig, Tenant
 from agents.router import predict
-from agents.router.classes import TAKES, ClassQueues, Victim, Waiter, victim_for
+from agents.router.classes import TAKES, WANTED_MAX, ClassQueues, Victim, Waiter, victim_for
+from agents.router.decision import Decision
 from agents.router.fairness import Fairness, Places
 from agents.router.plan import (
     Ask,
@@ -124,6 +125,16 @@ class Admission:
         if running is not None:
             running.pop(id(victim), None)
 
+    def _wanted(self, model: str, served: ServiceClass, decision: Decision, now: float) -> float:
+        """The share of the model's KV pools here that the classes above `served` held at
+        their recent peaks and do not hold now (classes.Holding): room they are likely to
+        want back while this request's answer runs, which it does not take."""
+        wanted = self.router.holding(model).wanted(served, now)
+        if wanted <= 0:
+            return 0.0
+        pool = sum(c.entry.load.max_total_tokens for c in decision.ranked)
+        return min(WANTED_MAX, wanted / pool) if pool > 0 else 0.0
+
     def hold(self, model: str, tenant: Tenant) -> Places:
         """The request's place among its tenant's on `model`, held by `with` until it ends."""
         return Places(self.fair, model, tenant)
@@ -189,8 +200,12 @@ class Admission:
                 standing = fair.standing(model, tenant)
                 ratio = RESERVE_RATIO if standing < 0 else 1.0
                 slots = takes > 0 and bool(self.running.get(model))  # room it may take
+                room_kept = kept
+                if served > ServiceClass.INTERACTIVE and decision.ranked:
+                    room_kept = max(kept, self._wanted(model, served, decision, now))
                 fit, wait = (
-                    predict.fits(decision, route, request, since, now, ratio, kept, slack, slots)
+                    predict.fits(decision, route, request, since, now, ratio, kept, slack, slots,
+                                 room_kept)
                     if decision.ranked else (False, None)
                 )  # fmt: skip
                 if not fit and taken is not None and taken.gone and decision.ranked:

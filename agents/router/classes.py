@@ -14,7 +14,9 @@ may take of a worker, and who is shed first.
   a class nobody uses would only waste). The slots matter where the engine is bound by
   compute rather than memory: a batch request it runs holds its slot to the end. A request
   escalated here from a peer region never takes the reserve of this region's `interactive`
-  traffic.
+  traffic. Beyond the reserves, a request does not take the KV room the classes above held
+  at their recent peaks and do not hold now (`Holding`): room they are likely to want back
+  while its answer runs, which the engine could not take back from it.
 - **Slack.** A class with a `max_wait_s` (by default `flex` and `batch`) is admitted against
   a share of the route's TTFT SLO, its wait not counted: it runs where an engine would start
   it that soon, on capacity the classes above leave, and waits up to its bound for it.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -55,6 +58,8 @@ TAKES = 2  # the most requests one request takes the room of, one at a time
 YIELDS = 2  # the most times one request gives way: then it runs to its end (no starvation)
 FRONT = 4  # of a tenant's line of a bounded class, those that look for a worker
 ABORT_AGAIN_S = 0.1  # a request taken and not gone this long after is aborted again
+PEAK_S = 30.0  # the time constant over which a class's peak holding fades
+WANTED_MAX = 0.9  # of a model's KV pools, the most lower classes are kept from for those above
 COUNT = len(CLASSES)
 
 
@@ -133,6 +138,36 @@ def victim_for(
         if best is None or key > best_key:
             best, best_key = victim, key
     return best
+
+
+@dataclass(slots=True)
+class Holding:
+    """The KV room one model's requests in flight from this gateway will hold at their ends
+    (prompt and expected answer), by class, and each class's recent peak of it (fading
+    over PEAK_S). What a class held at its peak and does not hold now is room it is likely
+    to want back within a lower class's answer: a lower class does not take it (the
+    engines cannot take KV room back: they preempt for slots only)."""
+
+    held: list[float] = field(default_factory=lambda: [0.0] * COUNT)
+    peak: list[float] = field(default_factory=lambda: [0.0] * COUNT)
+    at: list[float] = field(default_factory=lambda: [0.0] * COUNT)
+
+    def add(self, service_class: int, tokens: float, now: float) -> None:
+        held = self.held[service_class] = self.held[service_class] + tokens
+        if held >= self.peak_of(service_class, now):
+            self.peak[service_class], self.at[service_class] = held, now
+
+    def remove(self, service_class: int, tokens: float) -> None:
+        self.held[service_class] = max(0.0, self.held[service_class] - tokens)
+
+    def peak_of(self, service_class: int, now: float) -> float:
+        faded = self.peak[service_class] * math.exp(-(now - self.at[service_class]) / PEAK_S)
+        return max(self.held[service_class], faded)
+
+    def wanted(self, service_class: int, now: float) -> float:
+        """Room the classes above `service_class` held at their recent peaks and do not
+        hold now (tokens)."""
+        return sum(self.peak_of(above, now) - self.held[above] for above in range(service_class))
 
 
 @dataclass(slots=True)

@@ -35,6 +35,7 @@ class RouteRequest:
     full: bool = False  # requests of its model have lately waited in admission for room
     root: int = 0  # where its prefix's chain starts: its cache namespace (prefix.salt_root)
     whole: bool = False  # its answer comes whole (not streamed): no byte of it before its end
+    service_class: int = 1  # its class (ServiceClass: 0 interactive .. 3 batch)
 
 
 @dataclass

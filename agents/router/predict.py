@@ -244,6 +244,7 @@ def fits(
     kept: float = 0.0,
     slack: float | None = None,
     slots: bool = False,
+    room_kept: float | None = None,
 ) -> tuple[bool, float | None]:
     """Whether the best worker can start the request within the SLO, and the wait for its
     first byte predicted there (None where admission predicts none: the policy's stands).
@@ -254,7 +255,9 @@ def fits(
     is predicted that soon, its wait not counted. `slots`: an engine whose slots are all
     taken makes it wait for one (see `slot_wait`); asked only where lower classes' requests
     run that it may take the room of, since elsewhere the engine's own queue serves as
-    before (and escalation reads its queue)."""
+    before (and escalation reads its queue). `room_kept`: of the KV pool, the share it may
+    not take, where that is more than `kept` (what higher classes are likely to want back:
+    admission.py)."""
     slo = route.slo_ttft_s
     predicted = decision.best_ttft_s
     if slo is None or predicted is None:
@@ -273,9 +276,10 @@ def fits(
             return False, predicted
     uncached = max(0, request.prompt_tokens - best.matched_tokens)
     answer = view.answer(request.max_new)
+    room_kept = kept if room_kept is None else room_kept
     held, room = (
         max(held_wait(view, load, now), slot_wait(view, load, now) if slots else 0.0),
-        room_wait(view, uncached, load, now, answer, ratio, kept),
+        room_wait(view, uncached, load, now, answer, ratio, room_kept),
     )
     # what the model misses (a step it has not learned, answers that run long) it misses
     # again: the prediction is scaled by how late first bytes have lately come here

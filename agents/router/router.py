@@ -20,6 +20,7 @@ from agents.config import RegionConfig, RouteConfig
 from agents.engines.tokenizers import PromptTokenizer
 from agents.router import predict, ranking
 from agents.router.admission import Admission
+from agents.router.classes import Holding
 from agents.router.decision import Decision, Ticket
 from agents.router.escalation import Escalations
 from agents.router.plan import (
@@ -72,6 +73,7 @@ class Router:
         self._bytes: dict[str, tuple[float, float]] = {}  # model -> (prompt bytes, tokens)
         self._pd_models: set[str] = set()  # models with prefill workers
         self.exact: dict[str, Exact] = {}  # model -> its event-kept index
+        self._holding: dict[str, Holding] = {}  # model -> what its requests hold, by class
         # (when, request id, decision, the wait admission predicted at its best worker)
         self._recent: deque[tuple[float, str, Decision, float | None]] = deque(
             maxlen=DECISIONS_KEPT
@@ -202,11 +204,12 @@ class Router:
         max_new: int | None = None,
         salt: str | None = None,
         whole: bool = False,
+        service_class: int = 1,
     ) -> RouteRequest:
         """`key` is the prompt as bytes; `tokens` gives it as the engine's token ids, for a
         model whose engines publish KV-cache events; `max_new`, the answer's most tokens;
         `salt`, its cache namespace (the engine's `cache_salt`); `whole`, its answer is not
-        streamed."""
+        streamed; `service_class`, its class (ServiceClass)."""
         root = salt_root(salt)
         exact = self.exact.get(model)
         if exact is not None and tokens is not None:
@@ -217,10 +220,11 @@ class Router:
             else:
                 count = max(1, len(ids) // TOKEN_BYTES)
                 return RouteRequest(model, ids, count, 1 / TOKEN_BYTES, exact=exact.index,
-                                    max_new=max_new, root=root, whole=whole)  # fmt: skip
+                                    max_new=max_new, root=root, whole=whole,
+                                    service_class=service_class)  # fmt: skip
         ratio = self.tokens_per_byte(model)
         return RouteRequest(model, key, max(1, int(len(key) * ratio)), ratio, max_new=max_new,
-                            root=root, whole=whole)  # fmt: skip
+                            root=root, whole=whole, service_class=service_class)  # fmt: skip
 
     def route(self, route: RouteConfig, request: RouteRequest, exclude: set[str]) -> Decision:
         """The model's workers that may take the request, ranked by its policy
@@ -263,6 +267,10 @@ class Router:
         )  # fmt: skip
         ticket.active_at = ticket.sent_at
         answer = view.answer(request.max_new)
+        if not probe:
+            # the room it takes: its uncached prompt (a cached prefix is shared) and its answer
+            ticket.service_class, ticket.holds = request.service_class, uncached + answer
+            self.holding(request.model).add(ticket.service_class, ticket.holds, ticket.sent_at)
         view.sent(id(ticket), ticket.sent_at, uncached, answer, placed, probe, request.whole)
         self.live.setdefault(ticket.worker_id, {})[id(ticket)] = ticket
         return ticket
@@ -280,8 +288,17 @@ class Router:
         ticket = self.dispatched(Candidate(entry.spec, entry, view), request, probe=True)
         return ticket
 
+    def holding(self, model: str) -> Holding:
+        """What the model's requests in flight from here hold, by class (classes.py)."""
+        found = self._holding.get(model)
+        if found is None:
+            found = self._holding[model] = Holding()
+        return found
+
     def _end(self, ticket: Ticket) -> None:
         ticket.done = True
+        if ticket.holds:
+            self.holding(ticket.model).remove(ticket.service_class, ticket.holds)
         live = self.live.get(ticket.worker_id)
         if live is not None:
             live.pop(id(ticket), None)

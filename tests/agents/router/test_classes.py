@@ -264,3 +264,36 @@ async def test_a_bounded_class_waits_in_its_tenants_line_and_only_its_front_look
     assert queues.shed_for(MODEL, INTERACTIVE) is other  # the newest batch request
     assert queues.shed_for(MODEL, INTERACTIVE) is last
     assert last.turn.is_set()
+
+
+async def test_room_a_higher_class_held_lately_is_kept_from_batch_until_its_peak_fades() -> None:
+    """Interactive requests held some 60% of the only worker's KV pool, and have just ended;
+    no reserve is configured. Batch may not take that room while interactive is likely to
+    want it back (the engine could not take it back from a batch answer): a batch request
+    waits and is refused at its bound. Once interactive's peak has faded (minutes without
+    such traffic) a batch request is admitted on the same pool."""
+    clock = [0.0]
+    router, config, table = router_of("cost", workers=1, clock=clock)
+    classes = policy_for({"interactive": {"reserve": 0}, "batch": {"max_wait_s": 5}})
+    route = dataclasses.replace(config.routes[MODEL], slo_ttft_s=2.0, classes=classes)
+    busy = EngineLoad(running=4, used_tokens=30_000, max_total_tokens=100_000)
+    table.polled("w0", busy, 2)
+    tickets = []
+    for n in range(3):
+        request = router.request(MODEL, SYSTEM + bytes([n]), max_new=20_000,
+                                 service_class=INTERACTIVE)  # fmt: skip
+        tickets.append(router.dispatched(router.route(route, request, set()).ranked[0], request))
+    for ticket in tickets:
+        router.abandoned(ticket)
+    table.polled("w0", busy, 2)
+    admission = ticking_admission(router, clock)
+
+    def batch() -> RouteRequest:
+        return router.request(MODEL, SYSTEM + b"b", max_new=100, service_class=BATCH)
+
+    held = await _plan(admission, route, batch(), clock[0], BATCH)
+    assert isinstance(held, Reject)
+    assert held.code is Refusal.OVERLOADED
+    clock[0] += 300.0
+    table.polled("w0", busy, 2)
+    assert isinstance(await _plan(admission, route, batch(), clock[0], BATCH), Local)
