@@ -143,9 +143,9 @@ def victim_for(
 @dataclass(slots=True)
 class Holding:
     """The KV room one model's requests in flight from this gateway will hold at their ends
-    (prompt and expected answer), by class, and each class's recent peak of it (fading
-    over PEAK_S). What a class held at its peak and does not hold now is room it is likely
-    to want back within a lower class's answer: a lower class does not take it (the
+    (uncached prompt and expected answer), by class, and each class's recent peak of it
+    (fading over PEAK_S). What a class held at its peak and does not hold now is room it is
+    likely to want back within a lower class's answer: a lower class does not take it (the
     engines cannot take KV room back: they preempt for slots only)."""
 
     held: list[float] = field(default_factory=lambda: [0.0] * COUNT)

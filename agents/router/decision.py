@@ -68,4 +68,4 @@ class Ticket:
     active_at: float = 0.0  # when it was sent, or its answer last moved (the audit's)
     probe: bool = False  # a canary: in flight as any request, but the router learns nothing of it
     service_class: int = 1  # its class (ServiceClass)
-    holds: float = 0.0  # KV tokens it will hold at its end (its prompt and expected answer)
+    holds: float = 0.0  # KV tokens it will take by its end (uncached prompt, expected answer)
