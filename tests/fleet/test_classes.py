@@ -17,15 +17,18 @@ HELLO = {"model": LLAMA, "messages": [{"role": "user", "content": "hello there"}
 
 
 def _ceiling(doc: dict[str, Any]) -> None:
+    """acme may ask for any class; us-east escalates interactive and flex only."""
     acme = next(t for t in doc["tenants"] if t["name"] == "acme")
     acme["class_ceiling"] = "interactive"
+    rule = next(r for r in doc["fallback_rules"] if r["region"] == "us-east")
+    rule["classes"] = ["interactive", "flex"]
 
 
 async def test_only_the_classes_a_rule_names_escalate(database_url: str, tmp_path: Path) -> None:
-    """us-east's engine fails every request. Its rule escalates interactive and standard (the
-    default): those are answered by us-west. flex and batch requests stay in us-east, where
-    they fail; none reaches us-west. The classes' counts show it in Prometheus and on the
-    status page."""
+    """us-east's engine fails every request. Its rule escalates interactive and flex (not the
+    default, interactive and standard): those are answered by us-west. standard and batch
+    requests stay in us-east, where they fail; none reaches us-west. The classes' counts show
+    it in Prometheus and on the status page."""
     async with fleet_of(database_url, tmp_path, ("us-east", "us-west"), _ceiling) as fleet:
         await fleet.fail_engines("us-east")
         east_url = fleet.agents["us-east"].url
@@ -53,17 +56,17 @@ async def test_only_the_classes_a_rule_names_escalate(database_url: str, tmp_pat
                 east = {r["class"]: r for r in rows if r["region"] == "us-east"}
                 west = {r["class"]: r for r in rows if r["region"] == "us-west"}
                 if (
-                    east.get("standard", {}).get("escalated") == 2
+                    east.get("flex", {}).get("escalated") == 2
                     and east.get("batch", {}).get("refused") == 2
-                    and west.get("standard", {}).get("admitted") == 2
+                    and west.get("flex", {}).get("admitted") == 2
                 ):
                     return rows
                 return None
 
             rows = await eventually(reported, within_s=20)
-    for service_class in ("interactive", "standard"):
+    for service_class in ("interactive", "flex"):
         assert served[service_class] == [(200, "us-west", service_class)] * 2
-    for service_class in ("flex", "batch"):  # the worker's breaker has opened: 503 here
+    for service_class in ("standard", "batch"):  # the worker failed it, or its breaker: 503
         assert served[service_class] == [(503, "us-east", service_class)] * 2
     assert received.get(("in", "us-east")) == 4  # the four of the two classes that may go
     samples = {
@@ -73,12 +76,16 @@ async def test_only_the_classes_a_rule_names_escalate(database_url: str, tmp_pat
         for s in f.samples
     }
     assert samples[("interactive", "escalated")] == 2
-    assert samples[("standard", "escalated")] == 2
+    assert samples[("flex", "escalated")] == 2
     assert samples[("batch", "refused")] == 2
     assert ("batch", "escalated") not in samples
+    assert ("standard", "escalated") not in samples
     east = {r["class"]: r for r in rows if r["region"] == "us-east"}
-    assert (east["flex"]["escalated"], east["flex"]["refused"]) == (0, 2)
+    # each was sent to the failing engine, or refused once the worker's breaker had opened
+    standard = east["standard"]
+    assert (standard["escalated"], standard["admitted"] + standard["refused"]) == (0, 2)
     west = {r["class"]: r for r in rows if r["region"] == "us-west"}
-    assert west["standard"]["admitted"] == 2
+    assert west["flex"]["admitted"] == 2
     assert "batch" not in west
-    assert west["standard"]["wait_p99_s"] is not None
+    assert "standard" not in west
+    assert west["flex"]["wait_p99_s"] is not None

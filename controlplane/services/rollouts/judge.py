@@ -257,9 +257,9 @@ def _worse(
     new: Counts, base: Counts | None, count: Count, margin: float, total: Count = _answers
 ) -> tuple[bool, str]:
     """The updated share past the baseline's by the margin, twice it, and more than chance
-    explains: `Z` standard errors of the difference of two shares (one flagged and one clean
-    answer added, so that two clean sides still leave room for chance; without a baseline,
-    as if it were the same size)."""
+    explains: `Z` standard errors of the difference of two shares (`_se_apart`: one flagged
+    and one clean answer added to each side, so that two clean sides still leave room for
+    chance; without a baseline, as if it were the same size)."""
     n, x = total(new), count(new)
     m, y = (total(base), count(base)) if base is not None else (0, 0)
     return _shares_worse(x, n, y, m, margin)
@@ -268,7 +268,7 @@ def _worse(
 def _shares_worse(x: float, n: int, y: float, m: int, margin: float) -> tuple[bool, str]:
     share = x / n if n else 0.0
     base_share = y / m if m else 0.0
-    chance = Z * _se(x, n, y, m)
+    chance = Z * _se_apart(x, n, y, m)
     bad = share > base_share + max(margin, chance) and share > 2 * base_share
     return bad, f"{share:.1%} vs {base_share:.1%}"
 
@@ -277,6 +277,18 @@ def _se(x: float, n: int, y: float, m: int) -> float:
     """The standard error of a difference of two shares, x of n and y of m (pooled)."""
     pooled = (x + y + 1) / (n + m + 2)
     return math.sqrt(pooled * (1 - pooled) * (1 / max(n, 1) + 1 / max(m or n, 1)))
+
+
+def _se_apart(x: float, n: int, y: float, m: int) -> float:
+    """The same as Agresti and Caffo's interval has it: each side's own spread, with one
+    flagged and one clean answer added to each; what a rollback must be beyond. (The pooled
+    share understates a small side's spread where the baseline's is near zero: one refusal
+    in 14 answers against none in 300 came out past 3 standard errors, and rolled a harmless
+    change back. A pass keeps the pooled one: it asks for a share well under the margin.)"""
+    if not m:  # no baseline: as if it were the same size
+        m, y = n, 0
+    new, base = (x + 1) / (n + 2), (y + 1) / (m + 2)
+    return math.sqrt(new * (1 - new) / (n + 2) + base * (1 - base) / (m + 2))
 
 
 def _latency(

@@ -292,10 +292,13 @@ async def test_a_new_engine_starts_beside_a_draining_one_unless_they_share_a_gpu
     supervisor.want([slow])
     await until(lambda: len(supervisor.ready()) == 1)
     engine = supervisor.runners[slow.id]
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=60) as client:
         body = {"text": "finish me", "sampling_params": {"max_new_tokens": 12}}
         call = asyncio.create_task(client.post(f"{slow.url}/generate", json=body))
         await until(lambda: engine.load.running == 1)
+        # its steps slow to 1.8 s until the checks below are done, however long the new
+        # engine takes to start on a busy machine
+        await client.post(f"{slow.url}/sim/faults", json={"slow_factor": 300})
         elsewhere = EngineSpec(**{**sim_spec("d/unified-1").__dict__, "gpu_indexes": (1,)})
         same_gpu = sim_spec("e/unified-0")  # GPU 0, the draining engine's
         supervisor.want([elsewhere, same_gpu])
@@ -303,6 +306,7 @@ async def test_a_new_engine_starts_beside_a_draining_one_unless_they_share_a_gpu
         await until(lambda: supervisor.runners[elsewhere.id].state is EngineState.READY)
         assert engine.state is EngineState.DRAINING  # surge: the new one serves already
         assert same_gpu.id not in supervisor.runners  # it waits for GPU 0
+        await client.post(f"{slow.url}/sim/faults", json={"slow_factor": 1})
         answer = await call
     assert answer.json()["meta_info"]["completion_tokens"] == 12  # the drain finished it
     await supervisor.settled()

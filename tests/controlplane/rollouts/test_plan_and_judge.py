@@ -162,6 +162,19 @@ def test_a_few_answers_harmed_at_light_traffic_wait_and_never_pass() -> None:
     assert verdicts["escalated"] == "fail"
 
 
+def test_one_refusal_in_a_few_answers_against_a_clean_baseline_is_chance() -> None:
+    """Seen in the suite: a harmless change's wave had one refusal in 14 answers, its
+    baseline none in 300, and was rolled back (a pooled share put it past 3 standard errors).
+    It waits; a share that chance does not explain at that size still fails."""
+    limits = RolloutChecks(min_requests=10)
+    one = Sides({LLAMA: _counts(13, overloaded=1)}, {}, {LLAMA: _counts(300)}, {})
+    verdicts = {c.check: c.verdict for c in judge_traffic(limits, one, {LLAMA})}
+    assert verdicts["refusals"] == "wait"
+    many = Sides({LLAMA: _counts(8, overloaded=6)}, {}, {LLAMA: _counts(300)}, {})
+    verdicts = {c.check: c.verdict for c in judge_traffic(limits, many, {LLAMA})}
+    assert verdicts["refusals"] == "fail"
+
+
 def _slow(n: int) -> Counts:
     return Counts({"ok": n}, 0, {0.5: 0, 2.5: n, float("inf"): n}, {})
 
