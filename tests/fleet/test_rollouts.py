@@ -271,8 +271,9 @@ async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every
         # completes.
         async with traffic(fleet, tenant="eurobank", regions=("eu-west",)) as bank:
             await asyncio.sleep(3)  # a baseline of eu-west's traffic
-            async with traffic(fleet, per_region=10, regions=("eu-west",), max_tokens=100_000,
-                               hold=True):
+            async with traffic(
+                fleet, per_region=10, regions=("eu-west",), max_tokens=100_000, hold=True
+            ):
                 await asyncio.sleep(1)
                 harmless = await apply(fleet, routing_policies=[{**LLAMA_EU_WEST,
                                                                  "slo_ttft_ms": 650}])  # fmt: skip
