@@ -40,7 +40,8 @@ class Books:
     tier_moves: Counter[tuple[str, str, str, str]] = field(default_factory=Counter)
     cascades: Counter[tuple[str, str]] = field(default_factory=Counter)
     external_late: Counter[str] = field(default_factory=Counter)
-    # service classes: (model, class, outcome): admitted, shed, preempted, escalated
+    # service classes: (model, class, outcome): admitted, shed, preempted, escalated; and
+    # requeued (times one gave way), past_slo (admitted streams whose first token was late)
     classes: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     # the quality guard: (model, worker, kind, check)
     quality: Counter[tuple[str, str, str, str]] = field(default_factory=Counter)

@@ -267,7 +267,9 @@ def state_families(
     out += _tier_families(tiered or {}, tier_moves or {}, cascades or {})
     by_class = CounterMetricFamily("meridian_class_requests", "Requests by service class and "
                                    "what became of them: admitted here, shed (refused for "
-                                   "load), preempted, escalated to a peer, refused (no worker)",
+                                   "load), preempted, escalated to a peer, refused (no worker); "
+                                   "requeued (times one gave way), past_slo (admitted streams "
+                                   "whose first token came past the route's SLO)",
                                    labels=["model", "class", "outcome"])  # fmt: skip
     for (model, service_class, outcome), n in sorted(books.classes.items()):
         by_class.add_metric([model, service_class, outcome], n)

@@ -52,8 +52,13 @@ class Accounts:
         if outcome:
             books.classes[settled.model, settled.service_class, outcome] += 1
         now = self.clock()
+        routes = config.routes if config is not None else {}
+        if outcome == "admitted" and settled.first_at is not None:
+            route = routes.get(settled.model)
+            slo = route.slo_ttft_s if route is not None else None
+            if slo is not None and settled.first_at - started > slo:
+                books.classes[settled.model, settled.service_class, "past_slo"] += 1
         if settled.tenant:
-            routes = config.routes if config is not None else {}
             count_by_tenant(books.by_tenant, books.by_load, settled, code, started, now, routes)
         self.metrics.answered(path, status, started, now, settled, error_type)
         self.receipts.note(request_id, status, started, now, settled, error_type)

@@ -127,14 +127,15 @@ def summarize(
     }
 
 
-OUTCOMES = ("admitted", "shed", "preempted", "requeued", "escalated", "refused")
+OUTCOMES = ("admitted", "shed", "preempted", "requeued", "escalated", "refused", "past_slo")
 
 
 def _classes(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per model and service class, the region's gateways' counts summed since they started:
     requests admitted, shed (for load), preempted, escalated and refused (no worker could
-    take them), the times one was requeued (gave its room to a higher class), and the 99th
-    percentile of the waits of those admitted."""
+    take them), the times one was requeued (gave its room to a higher class), the admitted
+    streams whose first token came past the route's SLO, and the 99th percentile of the
+    waits of those admitted."""
     counts: dict[tuple[str, str], dict[str, int]] = {}
     waits: dict[tuple[str, str], dict[float, int]] = {}
     for telemetry in live:

@@ -261,9 +261,10 @@ function classes(items) {
     el("td", {}, c.region), el("td", {}, c.model), el("td", {}, c.class),
     el("td", {}, c.admitted), el("td", {}, c.shed), el("td", {}, c.preempted),
     el("td", {}, c.requeued), el("td", {}, c.escalated), el("td", {}, c.refused),
+    el("td", {}, c.past_slo ?? 0),
     el("td", {}, c.wait_p99_s === null ? "–" : `${fixed(1000 * c.wait_p99_s, 0)} ms`)));
   $("classes").querySelector("tbody").replaceChildren(...(rows.length ? rows
-    : [el("tr", {}, el("td", { colspan: 10, class: "hint" }, "no request answered yet"))]));
+    : [el("tr", {}, el("td", { colspan: 11, class: "hint" }, "no request answered yet"))]));
 }
 
 function batches(items) {

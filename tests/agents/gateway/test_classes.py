@@ -338,6 +338,30 @@ async def test_interactive_keeps_its_slo_batch_takes_the_rest_flex_never_waits_f
         assert region.idle()
 
 
+async def test_a_stream_whose_first_token_came_past_the_slo_is_counted_by_its_class() -> None:
+    """Per region and class, on the status page and in Prometheus: the admitted streams whose
+    first token came past the route's SLO. A whole answer has no first token to time."""
+    async with AsyncExitStack() as stack:
+        sim = await stack.enter_async_context(
+            running_sim("--slow-factor", "200", model=MODEL)  # a first token in about 1.6 s
+        )
+        config = _beta_may_ask_interactive(sim.url)
+        route = replace(config.routes[MODEL], slo_ttft_s=0.5)
+        region = await stack.enter_async_context(
+            local_gateway(replace(config, routes={MODEL: route}))
+        )
+        headers = {"Authorization": f"Bearer {OTHER_KEY}", "x-meridian-class": "interactive"}
+        async with httpx.AsyncClient(base_url=region.url, timeout=60) as client:
+            streamed = await client.post("/v1/chat/completions", headers=headers,
+                                         json=_body(stream=True, max_tokens=2))  # fmt: skip
+            whole = await client.post("/v1/chat/completions", headers=headers,
+                                      json=_body(max_tokens=2))  # fmt: skip
+        assert (streamed.status_code, whole.status_code) == (200, 200)
+        books = region.gateway.books.classes
+        assert books[MODEL, "interactive", "admitted"] == 2
+        assert books[MODEL, "interactive", "past_slo"] == 1
+
+
 async def test_the_engine_is_told_the_class_never_what_a_client_says_its_priority_is() -> None:
     """An engine Meridian starts schedules by priority (agents/engines/backends.py); the
     gateway sends each request's class as SGLang's `priority` and drops a client's own, which
