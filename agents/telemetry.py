@@ -180,9 +180,15 @@ TENANTS_TOLD = 16  # per model: the tenants with the most answers that were not 
 
 def add_tenant_answers(telemetry: pb.Telemetry, books: Books) -> None:
     """Per model, the tenants with the most answers that were not "ok" (or came past the
-    SLO), since the start: their answers, and those by code (with `@timed`, `@slow_ttft` and
-    the rest of agents/metrics.py's TTFT_CODES and ITL_CODES); and the model's timed answers
-    by the load they met."""
+    SLO), then those with the most answers, since the start: their answers, and those by
+    code (with `@timed`, `@slow_ttft` and the rest of agents/metrics.py's TTFT_CODES and
+    ITL_CODES), and whether that is every tenant with answers; and the model's timed
+    answers by the load they met.
+
+    A tenant is told from its first answer while there is room, not from its first refusal:
+    a reader takes the difference of two heartbeats as what happened between them, and a
+    tenant told for the first time with all its answers since the start would count them
+    all in that window."""
     models: dict[str, dict[str, dict[str, int]]] = {}  # model: tenant: code: count
     for (model, tenant, code), count in books.by_tenant.items():
         models.setdefault(model, {}).setdefault(tenant, {})[code] = count
@@ -195,11 +201,14 @@ def add_tenant_answers(telemetry: pb.Telemetry, books: Books) -> None:
         tenants = models.get(answers.model, {})
         bad = {t: sum(n for c, n in codes.items() if c not in ("ok", "@timed", "@itl_timed"))
                for t, codes in tenants.items()}  # fmt: skip
-        told = sorted((t for t, n in bad.items() if n), key=lambda t: -bad[t])[:TENANTS_TOLD]
-        for tenant in told:
+        total = {t: sum(n for c, n in codes.items() if not c.startswith("@"))
+                 for t, codes in tenants.items()}  # fmt: skip
+        ranked = sorted(tenants, key=lambda t: (-bad[t], -total[t], t))
+        answers.tenants_all = len(ranked) <= TENANTS_TOLD
+        for tenant in ranked[:TENANTS_TOLD]:
             codes = tenants[tenant]
             answers.tenants.append(pb.TenantAnswers(
-                tenant=tenant, total=sum(n for c, n in codes.items() if not c.startswith("@")),
+                tenant=tenant, total=total[tenant],
                 by_code={c: n for c, n in codes.items() if c != "ok"},
             ))  # fmt: skip
 

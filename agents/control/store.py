@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -110,10 +111,12 @@ class Store:
 
 
 def _write_atomically(path: Path, data: bytes, *, mode: int) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    # a name of its own (mkstemp): two writers of one file never share a temporary
+    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    temporary = Path(name)
     try:
         with os.fdopen(descriptor, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())

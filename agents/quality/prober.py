@@ -76,6 +76,7 @@ class Prober:
         self.quality = quality
         self.canaries: dict[str, list[Canary]] = dict(canaries or {})
         self._save = save
+        self._saving = asyncio.Lock()  # one save at a time, each of all the canaries made
         self.every_s = every_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.clock = clock
@@ -214,7 +215,8 @@ class Prober:
             log.info("canaries of %s made from %d workers: %s", model, len(entries),
                      [asdict(c) for c in made])  # fmt: skip
             if self._save is not None:
-                await asyncio.to_thread(self._save, dict(self.canaries))
+                async with self._saving:  # two models' saves at once wrote one file twice
+                    await asyncio.to_thread(self._save, dict(self.canaries))
 
     async def _continue(self, http: Http, entry: WorkerEntry, prompt: str) -> str | None:
         body = orjson.dumps({

@@ -225,6 +225,8 @@ class Admission:
                 if ok and not behind:  # most requests: at the first look
                     self._admitted(model, now)
                     classes.served(model, served, tag)
+                    if progress.admitted_at is None:  # its wait is the one judged by its bound
+                        progress.admitted_at = now
                     return call(decision, progress.continuing, wait)
                 look = Look(
                     model, tenant, decision, fit, wait, standing, under, waiting,

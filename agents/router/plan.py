@@ -125,7 +125,7 @@ class Progress:
     # it waited (or its model was full) while another tenant held well over its fair share of
     # the model here: what it met was that tenant's load (a rollout's checks leave it out)
     crowded: bool = False
-    admitted_at: float | None = None  # when it was first sent to a worker here
+    admitted_at: float | None = None  # when admission first sent it to a worker here
     yields: int = 0  # times it gave way to a higher class (it waited again each time)
 
     def attempt(self, by: str) -> Attempt:

@@ -1,6 +1,7 @@
-"""What the heartbeat tells of each model's answers per tenant: the tenants with the most
-answers that were not "ok", so that a rollout's checks can leave out the one that gave the
-most (controlplane/services/rollouts/judge.py); and its timed answers by the load they met."""
+"""What the heartbeat tells of each model's answers per tenant: the tenants with the most answers
+that were not "ok", then with the most answers, so that a rollout's checks can leave out the one
+that gave the most (controlplane/services/rollouts/judge.py); and its timed answers by the load they
+met."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def test_the_tenants_with_the_most_answers_not_ok_are_told_per_model() -> None:
     by_tenant = books.by_tenant
     by_tenant["llama", "acme", "ok"] = 40
     by_tenant["llama", "acme", "queue_full"] = 30
-    by_tenant["llama", "beta", "ok"] = 100  # nothing went wrong for beta: not told
+    by_tenant["llama", "beta", "ok"] = 100  # nothing went wrong for beta: no room for it
     for i in range(TENANTS_TOLD + 4):
         by_tenant["llama", f"t{i}", "overloaded"] = i + 1
     by_tenant["qwen", "acme", "internal_error"] = 2
@@ -38,7 +39,27 @@ def test_the_tenants_with_the_most_answers_not_ok_are_told_per_model() -> None:
     assert told["acme"] == (70, {"queue_full": 30})
     assert "beta" not in told
     assert "t0" not in told  # the fewest
+    assert not llama.tenants_all
     assert [(t.tenant, dict(t.by_code)) for t in qwen.tenants] == [("acme", {"internal_error": 2})]
+    assert qwen.tenants_all
+
+
+def test_a_tenant_is_told_from_its_first_answer_while_there_is_room() -> None:
+    """Not from its first refusal: told then with all its answers since the start, a reader
+    of two heartbeats would count them all between the two (and a rollout's checks, leaving
+    out the tenant that gave the most refusals, would find no one else's answers left)."""
+    books = Books()
+    books.by_tenant["llama", "acme", "ok"] = 40
+    books.by_tenant["llama", "beta", "ok"] = 100
+    books.by_tenant["llama", "beta", "@timed"] = 100
+    books.by_tenant["llama", "gamma", "queue_full"] = 1
+    telemetry = pb.Telemetry(answers=[pb.ModelAnswers(model="llama")])
+    add_tenant_answers(telemetry, books)
+    (llama,) = telemetry.answers
+    told = [(t.tenant, t.total, dict(t.by_code)) for t in llama.tenants]
+    assert told == [("gamma", 1, {"queue_full": 1}), ("beta", 100, {"@timed": 100}),
+                    ("acme", 40, {})]  # fmt: skip
+    assert llama.tenants_all
 
 
 def test_answers_to_requests_a_peer_escalated_here_are_told_apart() -> None:

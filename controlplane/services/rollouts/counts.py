@@ -1,8 +1,7 @@
-"""What a node's gateway answered for each model, as the rollout's checks read it: answers by
-code, answers a peer gave, TTFT and ITL histograms, the tenants with the most answers that
-were not "ok", and timed answers by the load they met, all cumulative since the gateway
-started, so that the difference between two heartbeats is what happened in between. No
-I/O."""
+"""What a node's gateway answered for each model, as the rollout's checks read it: answers by code,
+answers a peer gave, TTFT and ITL histograms, the tenants with the most answers that were not "ok"
+(then the most answers), and timed answers by the load they met, all cumulative since the gateway
+started, so that the difference between two heartbeats is what happened in between. No I/O."""
 
 from __future__ import annotations
 
@@ -33,6 +32,8 @@ class Counts:
     bands: dict[int, dict[str, int]] = field(default_factory=dict)
     # of `codes`, the answers to requests a peer region escalated here
     received: dict[str, int] = field(default_factory=dict)
+    # every tenant with answers is in `tenants` (none before a first heartbeat: all of none)
+    tenants_all: bool = True
 
     @property
     def answers(self) -> int:
@@ -53,6 +54,7 @@ class Counts:
         for band, counts in other.bands.items():
             self.bands[band] = _plus(self.bands.get(band, {}), counts)
         self.received = _plus(self.received, other.received)
+        self.tenants_all = self.tenants_all and other.tenants_all
 
     def without(self, tenant: str) -> Counts:
         """These counts with one tenant's answers left out."""
@@ -62,14 +64,18 @@ class Counts:
         codes["ok"] = max(0, codes.get("ok", 0) - max(0, sum(codes.values()) - left))
         others = {t: c for t, c in self.tenants.items() if t != tenant}
         return Counts(codes, self.escalated, self.ttft, self.itl, others,
-                      _plus(self.left_out, theirs), self.bands, self.received)  # fmt: skip
+                      _plus(self.left_out, theirs), self.bands, self.received,
+                      self.tenants_all)  # fmt: skip
 
     def tenants_count(self, code: str) -> int:
         """A code's count over the tenants reported (and not left out)."""
         return sum(codes.get(code, 0) for codes in self.tenants.values())
 
     def minus(self, then: Counts) -> Counts:
-        """What happened since `then`; all of it when a counter went back (a restart)."""
+        """What happened since `then`; all of it when a counter went back (a restart). A
+        tenant `then` did not tell had no answers then if it told every tenant; else what it
+        had is unknown, and the tenant is not told for the window (its answers since the
+        start are not the window's)."""
         went_back = (
             self.escalated < then.escalated
             or _went_back(self.codes, then.codes)
@@ -80,7 +86,8 @@ class Counts:
         if went_back:
             return self
         tenants = {t: {c: n for c, n in _plus(codes, then.tenants.get(t, {}), -1).items() if n > 0}
-                   for t, codes in self.tenants.items()}  # fmt: skip
+                   for t, codes in self.tenants.items()
+                   if t in then.tenants or then.tenants_all}  # fmt: skip
         bands = {b: {k: n for k, n in _plus(c, then.bands.get(b, {}), -1).items() if n > 0}
                  for b, c in self.bands.items()}  # fmt: skip
         return Counts(
@@ -91,6 +98,7 @@ class Counts:
             {t: c for t, c in tenants.items() if c},
             bands={b: c for b, c in bands.items() if c},
             received={c: n for c, n in _plus(self.received, then.received, -1).items() if n},
+            tenants_all=self.tenants_all and len(tenants) == len(self.tenants),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -103,6 +111,7 @@ class Counts:
             "tenants": self.tenants,
             "bands": {str(b): c for b, c in self.bands.items()},
             "received": self.received,
+            "tenants_all": self.tenants_all,
         }
 
     @classmethod
@@ -117,6 +126,7 @@ class Counts:
             bands={int(b): {k: int(n) for k, n in c.items()}
                    for b, c in (doc.get("bands") or {}).items()},
             received={k: int(v) for k, v in (doc.get("received") or {}).items()},
+            tenants_all=bool(doc.get("tenants_all", False)),
         )  # fmt: skip
 
 
@@ -157,6 +167,7 @@ class Reading:
                 {k: int(v) for k, v in (answers.get("total_by_code") or {}).items()},
                 int(answers.get("escalated_total") or 0), ttft, itl, tenants, bands=bands,
                 received={k: int(v) for k, v in (answers.get("received_by_code") or {}).items()},
+                tenants_all=bool(answers.get("tenants_all", False)),
             )  # fmt: skip
         engines = list(doc.get("engines", []))
         return cls(models, {e["id"]: int(e.get("restarts") or 0) for e in engines}, engines)

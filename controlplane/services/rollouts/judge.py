@@ -10,12 +10,12 @@ says "wait", never "pass"; and a rate passes only once the evidence rules out a 
 its margin (within `Z_PASS` standard errors): at light traffic a wave waits for enough
 answers rather than passing a change that harms a few percent of them.
 
-One tenant's traffic never rolls a change back: agents report, per model, the tenants with
-the most answers that were not "ok", and a rate check that fails is judged again with the
-tenant that gave the most of what it counts left out on both sides (its answers and its
-bad ones); it fails only if it fails both times, so the evidence must come from more than
-one tenant. Where the others had too few answers to judge by (a fleet that one tenant's
-traffic is all of), that tenant's answers are the evidence.
+One tenant's traffic never rolls a change back: agents report, per model, the tenants with the most
+answers that were not "ok" (then those with the most answers), and a rate check that fails is judged
+again with the tenant that gave the most of what it counts left out on both sides (its answers and
+its bad ones); it fails only if it fails both times, so the evidence must come from more than one
+tenant. Where the others had too few answers to judge by (a fleet that one tenant's traffic is all
+of), that tenant's answers are the evidence.
 
 Nor does one tenant's load: a request that waited while another tenant held well over its
 fair share of the model (agents/router/admission.py) is counted apart by the agent, its

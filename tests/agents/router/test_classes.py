@@ -133,8 +133,14 @@ async def test_a_batch_request_runs_only_on_capacity_others_leave_and_waits_with
     interactive = router.request(MODEL, SYSTEM + b"i")
     assert isinstance(await _plan(admission, route, interactive, clock[0], INTERACTIVE), Local)
     router.first_byte(stuck)
-    later = await _plan(admission, route, router.request(MODEL, SYSTEM + b"c"), clock[0], BATCH)
+    since, progress = clock[0], Progress(clock[0])
+    placement = Placement(MODEL, route, router.request(MODEL, SYSTEM + b"c"), None)
+    later = await admission.admit(Ask("r", "t", service_class=BATCH), placement, progress, None)
     assert isinstance(later, Local)
+    # its wait is the one its bound judged, taken when admission let it go: not a later
+    # reading of the clock, which on a busy loop could fall a little past the bound
+    assert progress.admitted_at is not None
+    assert since < progress.admitted_at <= clock[0]
 
 
 async def test_a_full_queue_sheds_the_lowest_class_first() -> None:

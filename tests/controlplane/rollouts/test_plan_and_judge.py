@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+
+from agents.books import Books
+from agents.telemetry import add_tenant_answers
+from controlplane.push.wire import telemetry_doc
 from controlplane.schemas.rollout import RolloutChecks, RolloutPolicySpec, WaveSpec
 from controlplane.services.rollouts.compose import Intent, compose, intent_doc
 from controlplane.services.rollouts.counts import Counts, Reading, quantile
@@ -302,6 +307,47 @@ def test_tenants_counts_are_taken_since_a_heartbeat() -> None:
     since = now.minus(then)
     assert since.tenants == {"acme": {"": 7, "queue_full": 7}, "beta": {"": 3, "overloaded": 1}}
     assert Counts.from_json(since.as_json()).tenants == since.tenants
+
+
+def test_a_tenant_told_for_the_first_time_counts_only_what_it_had_since() -> None:
+    """The CI failure of stop 53: acme's 1,000 answers in eu-west were all "ok" until its
+    own long streams filled the engines and 11 of its short ones were refused during the
+    bake. The heartbeat before the bake did not tell acme (tenants were told from their
+    first refusal), so the window took its 1,000 answers since the start as the window's;
+    left out, acme left fewer than none, and its refusals rolled a harmless change back."""
+    books = Books()
+    books.by_tenant[LLAMA, "acme", "ok"] = 1000
+    books.by_tenant[LLAMA, "eurobank", "ok"] = 20
+
+    def heartbeat() -> Reading:
+        telemetry = pb.Telemetry(
+            answers=[
+                pb.ModelAnswers(
+                    model=LLAMA, total_by_code={"ok": 1020 + n_ok, "overloaded": n_refused}
+                )
+            ]
+        )
+        add_tenant_answers(telemetry, books)
+        return Reading.from_json(Reading.from_telemetry(telemetry_doc(telemetry)).as_json())
+
+    n_ok = n_refused = 0
+    then = heartbeat()
+    n_ok, n_refused = 120, 11  # the bake: eurobank's 100 answers, acme's 20 and 11 refused
+    books.by_tenant[LLAMA, "eurobank", "ok"] += 100
+    books.by_tenant[LLAMA, "acme", "ok"] += 20
+    books.by_tenant[LLAMA, "acme", "overloaded"] = 11
+    window = heartbeat().minus(then)[LLAMA]
+    assert window.tenants["acme"] == {"": 31, "overloaded": 11}
+    sides = Sides({LLAMA: window}, {}, {LLAMA: _counts(300)}, {})
+    (refusals,) = [c for c in judge_traffic(RolloutChecks(), sides, {LLAMA})
+                   if c.check == "refusals"]  # fmt: skip
+    assert refusals.verdict == "pass", refusals.figure
+    assert "without acme" in refusals.figure
+    # where the heartbeat before could not tell every tenant, one it did not tell then is
+    # unknown: not counted for the window, never with its answers since the start
+    then.models[LLAMA].tenants_all = False
+    then.models[LLAMA].tenants.pop("acme")
+    assert "acme" not in heartbeat().minus(then)[LLAMA].tenants
 
 
 def test_where_one_tenant_is_all_the_traffic_its_answers_are_the_evidence() -> None:

@@ -758,6 +758,7 @@ class ModelAnswers(_message.Message):
     WAITING_FIELD_NUMBER: _builtins.int
     RECEIVED_BY_CODE_FIELD_NUMBER: _builtins.int
     CLASSES_FIELD_NUMBER: _builtins.int
+    TENANTS_ALL_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     per_second: _builtins.float
     """Answers a second, whatever their status."""
@@ -765,6 +766,11 @@ class ModelAnswers(_message.Message):
     waiting: _builtins.int
     """Requests the gateway holds now, waiting for an engine's slot (admission's queue): work
     in flight that the engines' own queues do not show; the capacity planner counts it.
+    """
+    tenants_all: _builtins.bool
+    """Every tenant that has answers of the model is in `tenants`: one that a later heartbeat
+    tells, and this one does not, had none yet (a reader takes its answers since as all it
+    has). False when there were more than `tenants` holds.
     """
     @_builtins.property
     def per_second_by_code(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
@@ -786,9 +792,10 @@ class ModelAnswers(_message.Message):
     def itl(self) -> Global___Histogram: ...
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantAnswers]:
-        """The tenants with the most answers that were not "ok" (at most 16), each with its
-        answers and those by code, since the gateway started: a rollout's checks leave out the
-        tenant that gave the most, so that one tenant's traffic never rolls a change back.
+        """The tenants with the most answers that were not "ok", then with the most answers (at
+        most 16), each with its answers and those by code, since the gateway started: a
+        rollout's checks leave out the tenant that gave the most, so that one tenant's traffic
+        never rolls a change back.
         """
 
     @_builtins.property
@@ -823,10 +830,11 @@ class ModelAnswers(_message.Message):
         waiting: _builtins.int = ...,
         received_by_code: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         classes: _abc.Iterable[Global___ClassAnswers] | None = ...,
+        tenants_all: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl", b"itl", "ttft", b"ttft"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bands", b"bands", "classes", b"classes", "escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "received_by_code", b"received_by_code", "tenants", b"tenants", "total_by_code", b"total_by_code", "ttft", b"ttft", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bands", b"bands", "classes", b"classes", "escalated_total", b"escalated_total", "itl", b"itl", "model", b"model", "per_second", b"per_second", "per_second_by_code", b"per_second_by_code", "received_by_code", b"received_by_code", "tenants", b"tenants", "tenants_all", b"tenants_all", "total_by_code", b"total_by_code", "ttft", b"ttft", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
