@@ -77,6 +77,13 @@ class Arrival:
         served = caller.service_class = clamp(asked, tenant.default_class, tenant.class_ceiling)
         headers[HEADER], headers[TIER_HEADER] = served.label, TIER_OF[served]
         inference.extra = PRIORITY_FIELD[served]
+        route = config.routes.get(model.name)
+        # a whole answer of a class that gives way is gathered from a stream, so that it
+        # keeps its work when it does (agents/gateway/gather.py)
+        inference.gathered = (
+            inference.plain and inference.tiered is None and route is not None
+            and route.classes.requeues(served)
+        )  # fmt: skip
         fits = model  # a tiered request: what its tiers take together (its tier is chosen next)
         if inference.tiered is not None:
             model = config.models[inference.tiered.tiers[-1]]  # meanwhile, the strongest
@@ -107,7 +114,8 @@ def placed(
     no route for it."""
     served = ServiceClass.STANDARD if caller.service_class is None else caller.service_class
     route_request = router.request(model.name, inference.key, inference.tokens, inference.max_new,
-                                   inference.salt or None, whole=not inference.stream,
+                                   inference.salt or None,
+                                   whole=not (inference.stream or inference.gathered),
                                    service_class=served)  # fmt: skip
     too_long = context_error(fits or model, route_request.prompt_tokens, inference.max_new)
     if too_long is not None:

@@ -23,6 +23,7 @@ from meridian_pb.fleet.v1.classes import ServiceClass
 from agents.gateway import answers
 from agents.gateway.errors import EngineRefused
 from agents.gateway.flight import Flight
+from agents.gateway.gather import Gather, gather_stream
 from agents.gateway.migration import Transcript
 from agents.gateway.relay import (
     Answered,
@@ -75,6 +76,10 @@ class EngineCalls:
             self.router.books.pd_choices[decision.pd] += 1
         stream = flight.stream
         given = stream.continuation.body if stream and stream.continuation else None
+        gather = flight.gather
+        if inference.gathered:  # asked as a stream, carried on from what came before
+            gather = flight.gather = gather or Gather(inference)
+            given = gather.next_body()
         request = flight.placement.request
         with self.dispatch(chosen, request, rid, bool(prefill), wait_s) as slot:
             ticket, slot.batch = slot.ticket, inference.batch
@@ -119,6 +124,11 @@ class EngineCalls:
                     self._failed(ticket)
                     return slot.ended(Retry(worker.id, f"answered {upstream.status}"))
                 since = flight.arrived if flight.caller.came_from is not None else None
+                if gather is not None and upstream.status == 200:
+                    track = _EngineTrack(self, slot, inference, flight.id, flight.tenant.name,
+                                         shown=False)  # fmt: skip
+                    outcome = await gather_stream(flight, gather, upstream, track, headers, since)
+                    return slot.ended(outcome)
                 if inference.stream and upstream.status == 200:
                     track = _EngineTrack(self, slot, inference, flight.id, flight.tenant.name)
                     return slot.ended(await relay_stream(flight, upstream, track, headers, since))
@@ -290,6 +300,7 @@ class _EngineTrack:
     inference: Inference
     rid: str
     tenant: str
+    shown: bool = True  # its client sees its events as they come (not a gathered answer)
 
     @property
     def ticket(self) -> Ticket:
@@ -304,7 +315,7 @@ class _EngineTrack:
 
     def first_byte(self) -> None:
         slot = self.slot
-        if slot.victim is not None:  # its client sees it from now: never requeued
+        if slot.victim is not None and self.shown:  # its client sees it from now: never requeued
             slot.victim.shown = True
         if slot.rescue is not None:
             slot.rescue.cancel()

@@ -18,6 +18,7 @@ from aiohttp import web
 from meridian_pb.fleet.v1.classes import ServiceClass
 
 from agents.config import Tenant
+from agents.gateway.gather import Gather
 from agents.gateway.migration import Continuation, Transcript
 from agents.gateway.relay import Usage
 from agents.gateway.requests import Inference
@@ -79,6 +80,7 @@ class Flight:
     placement: Placement  # where it is going: replaced whole when its tier changes
     progress: Progress  # how it has fared: the SLO clock, the attempts
     stream: Stream | None = None
+    gather: Gather | None = None  # a whole answer gathered from a stream, so far
     upstream: Answer | None = None  # the answer being relayed to the client
     answer: tuple[web.StreamResponse, Usage] | None = None  # what the client got
     tier: TierChoice | None = None  # a tiered route's request: its tier, and why

@@ -40,8 +40,8 @@ class Transcript:
     """What of the answer reached the client."""
 
     __slots__ = (
-        "_events", "_size", "calls", "finish_reason", "finished", "kind", "last", "open",
-        "parts", "sent", "tokens",
+        "_events", "_size", "calls", "finish_reason", "finished", "head", "kind", "last",
+        "matched_stop", "open", "parts", "reasoning", "sent", "tokens", "usage",
     )  # fmt: skip
 
     def __init__(self, inference: Inference) -> None:
@@ -56,6 +56,14 @@ class Transcript:
         self.last: dict[str, Any] | None = None  # /generate: the last event (cumulative)
         self.finish_reason: str | None = None
         self.calls: dict[int, list[str]] = {}  # a chat's tool calls: index -> [name, arguments]
+        # what a whole answer is made of (agents/gateway/gather.py): the first event's id,
+        # created and model, the reasoning's text, the stop matched, the last usage seen (a
+        # stream asked for `continuous_usage_stats` carries it in every event: then `tokens`
+        # is its exact count, not one per event)
+        self.head: dict[str, Any] | None = None
+        self.reasoning: list[str] = []
+        self.matched_stop: Any = None
+        self.usage: dict[str, Any] | None = None
 
     def add(self, data: bytes) -> None:
         """Whole events as they went to the client: on the hot path, an append."""
@@ -83,7 +91,15 @@ class Transcript:
                 meta = last.get("meta_info") or {}
                 self.finished = meta.get("finish_reason") is not None
             return
+        counted = None
         for doc in parsed:
+            if self.head is None:
+                self.head = {k: doc.get(k) for k in ("id", "created", "model")}
+            usage = doc.get("usage")
+            if isinstance(usage, dict):
+                self.usage = usage
+                if type(usage.get("completion_tokens")) is int:
+                    counted = usage["completion_tokens"]
             choices = doc.get("choices")
             if not choices or not isinstance(choices, list):
                 continue
@@ -91,10 +107,13 @@ class Transcript:
             if self.kind == "chat":
                 delta = choice.get("delta") or {}
                 calls = delta.get("tool_calls")
-                if calls or delta.get("reasoning_content"):
+                reasoning = delta.get("reasoning_content")
+                if calls or reasoning:
                     self.open = False
                 if calls:
                     self._calls(calls)
+                if reasoning:
+                    self.reasoning.append(str(reasoning))
                 text = delta.get("content")
             else:
                 text = choice.get("text")
@@ -104,6 +123,9 @@ class Transcript:
             if choice.get("finish_reason") is not None:
                 self.finished = True
                 self.finish_reason = str(choice["finish_reason"])
+                self.matched_stop = choice.get("matched_stop")
+        if counted is not None:
+            self.tokens = counted
 
     def _calls(self, calls: Any) -> None:
         """A chat stream's tool calls, pieced together: the name comes once, the arguments in

@@ -31,6 +31,11 @@ from agents.gateway.errors import (
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+# what a request whose whole answer may be gathered from a stream sets (agents/gateway/gather.py)
+PLAIN = frozenset({
+    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
+    "top_p", "top_k", "min_p", "stop", "n", "stream", "service_tier", "user",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,8 @@ class Inference:
     client_salt: str = ""  # the client's own cache_salt, folded into its tenant's
     salt: str = ""  # its tenant's prefix-cache namespace (`cache_salt`), set on arrival
     asked_class: ServiceClass | None = None  # its service_tier's class (None: its default)
+    plain: bool = False  # a whole answer that may be gathered from a stream (`plain`)
+    gathered: bool = False  # it is: its class gives way (agents/gateway/gather.py)
 
     def tokens(self, tokenizer: PromptTokenizer) -> bytes:
         """The prompt as the engine's token ids, four bytes a token (as `key` for ids)."""
@@ -219,9 +226,25 @@ def _parsed(
         "stream_options" in body, native, messages=messages, text=text,
         key_is_tokens=messages is None and text is None, max_new=max_new, stops=stops,
         json_wanted=_json_wanted(body.get("response_format")), tools=_tools(body),
-        needs=needs, tool_forced=forced, batch=batch,
+        needs=needs, tool_forced=forced, batch=batch, plain=plain(path, body),
     )  # fmt: skip
     return inference
+
+
+def plain(path: str, body: dict[str, Any]) -> bool:
+    """A whole answer that may be gathered from a stream and carried on where it gave way:
+    chat, or a completion of one text prompt, asking nothing a continuation would read
+    differently (tools, logprobs, response formats, seeds, penalties, SGLang's own fields)."""
+    if path not in ("/v1/chat/completions", "/v1/completions") or not body.keys() <= PLAIN:
+        return False
+    if body.get("stream") or body.get("n", 1) not in (1, None):
+        return False
+    if path == "/v1/completions":
+        prompt = body.get("prompt")
+        return isinstance(prompt, str) or (
+            isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
+        )
+    return True
 
 
 def _forced(params: schema.ChatParams) -> str | None:

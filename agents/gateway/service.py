@@ -267,7 +267,8 @@ class Gateway:
 
     def admit(self, flight: Flight) -> Charge:
         """The tenant's quota: held until the answer settles it. A peer's request was counted
-        there; the operator's is not counted."""
+        there; the operator's is not counted, nor a batch's line the control plane sends
+        (batch limits are apart from rate limits, as OpenAI's are: docs/gateway.md)."""
         if flight.tenant is OPERATOR or flight.caller.came_from is not None:
             return uncharged(flight.tenant)
         return self.quotas.admit(flight.tenant, flight.placement.request.prompt_tokens)

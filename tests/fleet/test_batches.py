@@ -96,13 +96,38 @@ async def _regions(database_url: str, batch: str) -> dict[str, int]:
         await db.close()
 
 
+def _eurobank_rate(doc: dict[str, Any]) -> None:
+    bank = next(t for t in doc["tenants"] if t["name"] == "eurobank")
+    bank["requests_per_minute"] = 6
+
+
+async def _direct(fleet: Fleet, tenant: str, region: str, n: int) -> list[int]:
+    """`n` requests of the tenant's own, at once: their statuses."""
+    async with openai.AsyncOpenAI(api_key=fleet.keys[tenant], max_retries=0,
+                                  base_url=f"{fleet.agents[region].url}/v1") as client:  # fmt: skip
+
+        async def one() -> int:
+            try:
+                await client.chat.completions.create(
+                    model=LLAMA, max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+                )
+                return 200
+            except openai.APIStatusError as error:
+                return error.status_code
+
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
 async def test_a_batch_runs_within_residency_and_answers_each_line_once(
     database_url: str, tmp_path: Path
 ) -> None:
+    """And outside its tenant's rate quota: eurobank may make 6 requests a minute of its own,
+    and its 20 lines all run (OpenAI keeps batch limits apart from rate limits too)."""
     env = {"data_dir": str(tmp_path / "cp")}
-    async with fleet_of(database_url, tmp_path, cp_env=env) as fleet:
+    async with fleet_of(database_url, tmp_path, change=_eurobank_rate, cp_env=env) as fleet:
         batch, output = await _run(fleet, "acme", 60)
         eu_batch, eu_output = await _run(fleet, "eurobank", 20, via="eu-west")  # an agent's port
+        assert 429 in await _direct(fleet, "eurobank", "eu-west", 12)  # its quota holds
         async with openai.AsyncOpenAI(
             api_key=fleet.keys["eurobank"],
             max_retries=0,

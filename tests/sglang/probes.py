@@ -135,6 +135,8 @@ GENERATE = {
 }
 LONG = {"text": "a long one", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
 USAGE = {"stream": True, "stream_options": {"include_usage": True}}
+# the usage so far in every event: how the gateway gathers a whole answer (agents/gateway/gather.py)
+EACH = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 
 
 async def http_probes(http: httpx.AsyncClient) -> dict[str, Any]:
@@ -174,7 +176,10 @@ async def http_probes(http: httpx.AsyncClient) -> dict[str, Any]:
     streams = {"generate stream": ("/generate", {**GENERATE, "stream": True}),
                "chat stream": ("/v1/chat/completions", {**CHAT, **USAGE}),
                "completions stream": ("/v1/completions", {**COMPLETION, **USAGE}),
-               "completions batch stream": ("/v1/completions", {**BATCH, **USAGE})}  # fmt: skip
+               "completions batch stream": ("/v1/completions", {**BATCH, **USAGE}),
+               "chat stream, usage in each": ("/v1/chat/completions", {**CHAT, **EACH}),
+               "completions stream, usage in each": ("/v1/completions",
+                                                     {**COMPLETION, **EACH})}  # fmt: skip
     for name, (path, body) in streams.items():
         answer = await http.post(path, json=body)
         out[name] = {"status": answer.status_code, "frames": frames(answer.text)}

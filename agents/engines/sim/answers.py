@@ -19,6 +19,7 @@ from agents.engines.sim.tool_calls import forced_call
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # each content chunk carries the usage so far
 
 
 class OpenAiBody(Body):
@@ -174,8 +175,12 @@ class Shape:
         body.update(logprobs=None, finish_reason=finish, matched_stop=None)
         return body
 
-    def usage(self, request: Request, details: bool = True) -> dict[str, Any]:
-        prompt, completion = len(request.prompt), request.generated
+    def usage(
+        self, request: Request, details: bool = True, generated: int | None = None
+    ) -> dict[str, Any]:
+        """`generated`: the tokens so far (a stream's continuous usage); default: all."""
+        prompt = len(request.prompt)
+        completion = request.generated if generated is None else generated
         usage: dict[str, Any] = {
             "prompt_tokens": prompt,
             "total_tokens": prompt + completion,

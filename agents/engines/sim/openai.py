@@ -134,9 +134,11 @@ async def _answer(
     request = engine.new_request(prompt, body.limit, body.rid, body.salt())
     await start(engine, kv, body, request)
     if body.stream:
-        usage = body.stream_options is not None and body.stream_options.include_usage
+        options = body.stream_options
+        usage = options is not None and options.include_usage
+        continuous = options is not None and options.continuous_usage_stats
         return StreamingResponse(
-            _stream(engine, request, shape, usage), media_type="text/event-stream"
+            _stream(engine, request, shape, usage, continuous), media_type="text/event-stream"
         )
     await finished(engine, request)
     answer = shape.head(streaming=False)
@@ -148,11 +150,13 @@ async def _answer(
 
 
 async def _stream(
-    engine: Engine, request: Request, shape: Shape, usage: bool
+    engine: Engine, request: Request, shape: Shape, usage: bool, continuous: bool = False
 ) -> AsyncIterator[bytes]:
     """Chat: a first chunk with the role, content chunks (or a tool call's), then the finish
     reason in a chunk of its own. Completions: text chunks each with `"usage": null`, the
-    finish reason on the last. Then, when asked, the usage in a chunk with no choices."""
+    finish reason on the last. Then, when asked, the usage in a chunk with no choices.
+    `continuous` (`stream_options.continuous_usage_stats`): each content chunk carries the
+    usage so far instead, as SGLang's do."""
     call = shape.call()
     if call is not None:
         async for event in _stream_call(engine, request, shape, call, usage):
@@ -169,7 +173,11 @@ async def _stream(
             text, sent = shape.text(request, sent, count), count
             chunk = shape.head(streaming=True)
             chunk["choices"] = [shape.choice(text, reason, streaming=True, first=False)]
-            if not shape.chat:
+            if continuous:  # SGLang's: a completion's says nothing of the cache here
+                chunk["usage"] = shape.usage(request, generated=count)
+                if not shape.chat:
+                    chunk["usage"]["prompt_tokens_details"] = None
+            elif not shape.chat:
                 chunk["usage"] = None
             yield _event(chunk)
     if shape.chat:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -31,6 +32,8 @@ from tests.kits.inproc import (
     region_config,
 )
 from tests.kits.sim import Sim, running_sim
+
+LONG = 60  # tokens of a long answer: seconds on the slow engine of `_one_slot`
 
 
 def _body(**extra: Any) -> dict[str, Any]:
@@ -142,8 +145,10 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
     """One engine that runs one request at a time, busy with a long batch answer. An
     interactive request that would wait past its SLO for its slot takes its room: the batch
     request is aborted on the engine, waits again, and is served whole after it; its client
-    sees only the wait. A batch stream its client has seen a byte of is never taken: the
-    interactive request waits for it."""
+    sees only the wait. Its whole answer was gathered from a stream, so it keeps its work:
+    carried on from what the engine made before it gave way, it reads as the answer given
+    without a break, and the engine made each of its tokens once. A batch stream its client
+    has seen a byte of is never taken: the interactive request waits for it."""
     async with AsyncExitStack() as stack:
         sim, region = await _one_slot(stack, max_wait_s=120)
         ended: list[str] = []
@@ -164,10 +169,15 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
                 ended.append(header)
                 return "".join(chunks)
 
-            await ask("standard", 40)  # the gateway learns the engine's step and answers
+            tokens = 40 if stream else LONG
+            started = time.monotonic()
+            whole = json.loads(await ask("standard", tokens))  # the engine's step learned, and
+            # the answer unbroken (the simulator's is a function of the prompt and answer so
+            # far, as greedy decoding is)
+            took = time.monotonic() - started
             ended.clear()
             seen.clear()
-            batch = asyncio.create_task(ask("batch", 40, stream))
+            batch = asyncio.create_task(ask("batch", tokens, stream))
             if stream:  # taken only until its client sees a byte: wait for that byte
                 await asyncio.wait_for(seen.wait(), 60)
             else:
@@ -176,8 +186,11 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
                     if loads["num_running_reqs"]:
                         break
                     await asyncio.sleep(0.02)
+                await asyncio.sleep(took / 3)  # and has made a good part of it
+            made = await _generated(client, sim)
             await ask("interactive", 2)
             text = await batch
+            generated = await _generated(client, sim) - made
         books = region.gateway.books.classes
         if stream:
             assert ended == ["batch", "interactive"]  # it waited for the stream
@@ -188,7 +201,13 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
             assert books[MODEL, "batch", "requeued"] == 1
             answer = json.loads(text)
             assert answer["choices"][0]["finish_reason"] == "length"
-            assert answer["usage"]["completion_tokens"] == 40  # served whole, once
+            assert answer["usage"]["completion_tokens"] == LONG  # served whole, once
+            assert answer["choices"][0]["message"] == whole["choices"][0]["message"]
+            assert answer["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+            assert answer["object"] == "chat.completion"
+            # its LONG and the interactive request's 2, and the few the engine made between the
+            # last event the gateway read and the abort (started over: a third of LONG more)
+            assert generated <= LONG + 2 + 6
         assert region.idle()
 
 
@@ -212,7 +231,7 @@ async def test_a_batch_request_gives_way_twice_at_most_then_runs_to_its_end() ->
                 return bool(loads["num_running_reqs"])
 
             assert (await ask("standard", 40)).status_code == 200  # the engine's step learned
-            batch = asyncio.create_task(ask("batch", 40))
+            batch = asyncio.create_task(ask("batch", 3 * LONG))  # long: it gives way, twice
             codes = []
             for _ in range(3):
                 async with asyncio.timeout(60):
@@ -228,8 +247,20 @@ async def test_a_batch_request_gives_way_twice_at_most_then_runs_to_its_end() ->
         assert codes[2] in (200, 429)
         assert books[MODEL, "batch", "requeued"] == 2
         assert answer.status_code == 200, answer.text
-        assert answer.json()["usage"]["completion_tokens"] == 40  # served whole, once
+        assert answer.json()["usage"]["completion_tokens"] == 3 * LONG  # served whole, once
         assert region.idle()
+
+
+async def _generated(client: httpx.AsyncClient, sim: Sim) -> float:
+    """The tokens the engine has made (of requests ended or aborted)."""
+    text = (await client.get(f"{sim.url}/metrics")).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "sglang:generation_tokens"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
 
 
 async def _one_slot(stack: AsyncExitStack, max_wait_s: float) -> tuple[Sim, Local]:
@@ -237,7 +268,9 @@ async def _one_slot(stack: AsyncExitStack, max_wait_s: float) -> tuple[Sim, Loca
     for any class: batch admitted on all of the SLO (0.5 s) as slack, bounded by
     `max_wait_s`."""
     sim = await stack.enter_async_context(
-        running_sim("--max-running-requests", "1", "--slow-factor", "10", model=MODEL)
+        running_sim(
+            "--max-running-requests", "1", "--slow-factor", "10", "--enable-metrics", model=MODEL
+        )
     )
     classes = policy_for({"batch": {"slack": 1.0, "max_wait_s": max_wait_s}})
     config = _beta_may_ask_interactive(sim.url, classes, slo_s=0.5)
