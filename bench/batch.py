@@ -34,14 +34,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import func, select
 
-from bench import plots, routing
+from bench import plots, procfs, routing
+from bench.classes import histograms, histograms_since, seen_by_class
 from bench.harness import IMMEDIATE, MODEL, apply, start_agent, start_control_on_db, start_sims
 from bench.load import Client, Result, poisson
 from controlplane.db.batch_rows import BatchLineRow
@@ -163,9 +166,13 @@ async def run(options: Options) -> dict[str, Any]:
 
         console.print(f"[bold]batch[/]: {options.lines} lines, the same interactive traffic")
         made_at = time.monotonic()
+        engines = {name: started[i * options.engines:(i + 1) * options.engines]
+                   for i, name in enumerate(urls)}  # fmt: skip
+        before = {n: await histograms(u, operator, engines[n]) for n, u in urls.items()}
         batch_id = await _create(cp.url, keys["nightly"], options.lines, options.max_tokens)
         with_batch: dict[str, list[Result]] = {name: [] for name in urls}
         ended = asyncio.create_task(_follow(cp.url, keys["nightly"], batch_id, console))
+        busy = asyncio.create_task(_machine_busy(ended))
         seed = 100
         while not ended.done():
             for name, results in (await interactive(seed)).items():
@@ -173,11 +180,19 @@ async def run(options: Options) -> dict[str, Any]:
             seed += 10
         batch = await ended
         took = time.monotonic() - made_at
+        result["machine_busy_by_10_s"] = await busy
+        after = {n: await histograms(u, operator, engines[n]) for n, u in urls.items()}
+        outcomes = {n: await _class_outcomes(u, operator) for n, u in urls.items()}
+        seen = {n: histograms_since(after[n], before[n]) for n in urls}
         lines = await _lines(database_url, batch_id, offsets)
         result["results"]["batch"] = {
             "batch": batch, "seconds": round(took, 1),
             "lines_per_s": round(options.lines / took, 1),
-            "interactive": {n: _misses(r) for n, r in with_batch.items()},
+            # where interactive waited: the agent's admission, and the engines' first token
+            "interactive": {n: _misses(r) | seen_by_class(seen[n], "interactive", TTFT_S)
+                            | {"misses_by_10_s": _misses_in_time(r, made_at),
+                               "class_outcomes": outcomes[n]}
+                            for n, r in with_batch.items()},
             **lines,
         }  # fmt: skip
     _attribute(result)
@@ -220,14 +235,36 @@ async def _follow(base: str, key: str, batch_id: str, console: Console) -> dict[
                         output = (await client.files.content(batch.output_file_id)).content
                     answered = Counter(orjson.loads(line)["custom_id"]
                                        for line in output.splitlines() if line)  # fmt: skip
+                    errors = b""
+                    if batch.error_file_id:
+                        errors = (await client.files.content(batch.error_file_id)).content
                     return {
                         "status": batch.status,
                         "completed": counts.completed if counts else 0,
                         "failed": counts.failed if counts else 0,
                         "answered_once": sum(1 for n in answered.values() if n == 1),
                         "answered_twice_or_more": sum(1 for n in answered.values() if n > 1),
+                        "errors": _errors(errors),
                     }
                 await asyncio.sleep(1.0)
+
+
+def _errors(file: bytes) -> dict[str, int]:
+    """The error file's lines, counted by what each says (its status and message)."""
+    said: Counter[str] = Counter()
+    for line in file.splitlines():
+        if not line:
+            continue
+        entry = orjson.loads(line)
+        if entry.get("error"):
+            said[f"{entry['error'].get('code')}: {entry['error'].get('message')}"[:160]] += 1
+            continue
+        response = entry.get("response") or {}
+        body = response.get("body")
+        error = body.get("error") if isinstance(body, dict) else body
+        message = error.get("message") if isinstance(error, dict) else error
+        said[f"{response.get('status_code')}: {message}"[:160]] += 1
+    return dict(said.most_common(10))
 
 
 async def _lines(database_url: str, batch_id: str, offsets: dict[str, float]) -> dict[str, Any]:
@@ -268,7 +305,47 @@ def _misses(results: list[Result]) -> dict[str, Any]:
     ttfts = sorted(r.ttft_s for r in ok)
     p99 = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else 0.0
     return {"requests": len(results), "slo_misses": misses, "refused": len(results) - len(ok),
+            # of the answered misses, those whose first token came late, and those whose
+            # tokens came too slowly after it (a request may be both)
+            "ttft_over": sum(1 for r in ok if r.ttft_s > TTFT_S),
+            "itl_over": sum(1 for r in ok if r.itl_s > ITL_S),
             "ttft_p99_s": round(p99, 4)}  # fmt: skip
+
+
+async def _machine_busy(until: asyncio.Task[Any]) -> dict[int, float]:
+    """The machine's cores' busy share in each 10 s until `until` ends: on a shared machine,
+    misses in a spell when every core was busy may be the machine's, not the batch's."""
+    shares: dict[int, float] = {}
+    at, (busy, total) = 0, procfs.machine_busy()
+    while not until.done():
+        await asyncio.wait({until}, timeout=10)
+        now_busy, now_total = procfs.machine_busy()
+        shares[at] = round((now_busy - busy) / max(1, now_total - total), 3)
+        at, busy, total = at + 10, now_busy, now_total
+    return shares
+
+
+def _misses_in_time(results: list[Result], since: float) -> dict[int, int]:
+    """Misses by the 10 s (from `since`) in which each was sent: when the batch hurt."""
+    when: Counter[int] = Counter()
+    for r in results:
+        if not r.meets(TTFT_S, ITL_S):
+            when[int((r.sent_at - since) // 10) * 10] += 1
+    return dict(sorted(when.items()))
+
+
+async def _class_outcomes(url: str, operator: str) -> dict[str, int]:
+    """The agent's requests by class and what became of them (meridian_class_requests)."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        text = (await http.get(f"{url}/metrics",
+                               headers={"Authorization": f"Bearer {operator}"})).text  # fmt: skip
+    return {
+        f"{sample.labels['class']} {sample.labels['outcome']}": int(sample.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == "meridian_class_requests"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
 
 
 def _attribute(result: dict[str, Any]) -> None:
@@ -291,6 +368,8 @@ def _report(console: Console, result: dict[str, Any]) -> None:
     console.print(f"batch {b['status']}: {b['completed']} completed, {b['failed']} failed, "
                   f"{b['answered_once']} answered once, {b['answered_twice_or_more']} more "
                   f"than once; {batch['seconds']} s ({batch['lines_per_s']} lines/s)")  # fmt: skip
+    for said, n in b.get("errors", {}).items():
+        console.print(f"  {n} failed: {said}", highlight=False, markup=False)
     table = Table(title="per region")
     for column in (
         "region",
@@ -300,6 +379,9 @@ def _report(console: Console, result: dict[str, Any]) -> None:
         "by local hour",
         "interactive SLO misses (baseline)",
         "with batch",
+        "of which refused / TTFT / ITL",
+        "admission wait p99 s",
+        "engines' TTFT p99 s",
         "attributable",
     ):
         table.add_column(column, justify="right")
@@ -311,6 +393,9 @@ def _report(console: Console, result: dict[str, Any]) -> None:
             region, f"{offset:+g}", str(batch["by_region"].get(region, 0)),
             f"{batch['per_region_lines_per_s'].get(region, 0)}", hours,
             f"{base['slo_misses']}/{base['requests']}",
-            f"{seen['slo_misses']}/{seen['requests']}", str(seen["attributable_to_batch"]),
+            f"{seen['slo_misses']}/{seen['requests']}",
+            f"{seen['refused']} / {seen['ttft_over']} / {seen['itl_over']}",
+            f"{seen['admission_wait_p99_s']:.3f}", f"{seen['engine_ttft_p99_s']:.3f}",
+            str(seen["attributable_to_batch"]),
         )  # fmt: skip
     console.print(table)

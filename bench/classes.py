@@ -131,21 +131,21 @@ async def _phase(
     asks_b = routing._subset(workload, round(rate_b * seconds), seed=2)
     interactive = poisson(chat, lambda _: url, asks_i, rate_i, seed=1)
     batch: list[Result] = []
-    before = await _histograms(url, operator, sims)
+    before = await histograms(url, operator, sims)
     if MODES[mode] is None:
         results_i, span = await interactive
     else:
         (results_i, span), (batch, _) = await asyncio.gather(
             interactive, poisson(nightly, lambda _: url, asks_b, rate_b, seed=2)
         )
-    seen = _since(await _histograms(url, operator, sims), before)
+    seen = histograms_since(await histograms(url, operator, sims), before)
     # the classes they were served at (one class for all: both standard)
     as_i, as_b = ("interactive", "batch") if named else ("standard", "standard")
     return {
-        "interactive": _summary(results_i, span) | _seen(seen, as_i, 2.0),
+        "interactive": _summary(results_i, span) | seen_by_class(seen, as_i, 2.0),
         "batch": _summary(batch, span)
         | {"above_ceiling": _above(batch, named)}
-        | _seen(seen, as_b, BATCH_WAIT_S if named else 2.0),
+        | seen_by_class(seen, as_b, BATCH_WAIT_S if named else 2.0),
     }
 
 
@@ -156,7 +156,7 @@ WAIT = "meridian_admission_wait_seconds"
 ENGINE_TTFT = "sglang:time_to_first_token_seconds"
 
 
-async def _histograms(url: str, operator: str, sims: list[Sim]) -> Histograms:
+async def histograms(url: str, operator: str, sims: list[Sim]) -> Histograms:
     out: Histograms = {}
     async with httpx.AsyncClient(timeout=10) as http:
         agent = await http.get(f"{url}/metrics", headers={"Authorization": f"Bearer {operator}"})
@@ -177,12 +177,12 @@ async def _histograms(url: str, operator: str, sims: list[Sim]) -> Histograms:
     return out
 
 
-def _since(after: Histograms, before: Histograms) -> Histograms:
+def histograms_since(after: Histograms, before: Histograms) -> Histograms:
     return {key: {le: n - before.get(key, {}).get(le, 0.0) for le, n in buckets.items()}
             for key, buckets in after.items()}  # fmt: skip
 
 
-def _seen(seen: Histograms, service_class: str, bound: float) -> dict[str, Any]:
+def seen_by_class(seen: Histograms, service_class: str, bound: float) -> dict[str, Any]:
     """The class's admission waits (p99, the longest bucket reached, how many past `bound`)
     and its engine TTFT p99 (one class for all: of both tenants together)."""
     waits = seen.get((WAIT, service_class), {})

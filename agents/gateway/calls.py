@@ -71,7 +71,7 @@ class EngineCalls:
         decision, wait_s = plan.decision, plan.wait_s
         chosen = decision.ranked[0]
         prefill = plan.prefill if isinstance(plan, PAIRED) else None
-        worker, inference, rid = chosen.worker, flight.inference, flight.rid
+        worker, inference, rid = chosen.worker, flight.inference, flight.engine_rid()
         if decision.pd is not None:
             self.router.books.pd_choices[decision.pd] += 1
         stream = flight.stream
@@ -173,7 +173,7 @@ class EngineCalls:
     ) -> PrefillHalf:
         """PD: the same body to the prefill worker, with the bootstrap fields SGLang expects;
         its answer is read and dropped (the client gets the decode worker's)."""
-        worker, inference, request_id = prefill.worker, flight.inference, flight.rid
+        worker, inference, request_id = prefill.worker, flight.inference, flight.engine_rid()
         room = secrets.randbits(63)
         fields = (
             b'"bootstrap_host":' + orjson.dumps(worker.host)

@@ -85,6 +85,7 @@ class Flight:
     answer: tuple[web.StreamResponse, Usage] | None = None  # what the client got
     tier: TierChoice | None = None  # a tiered route's request: its tier, and why
     rid: str = ""  # the engine's id for it: the gateway's own, never only what a client chose
+    going: str = ""  # the engine's id for the go under way (see `engine_rid`)
     span: Any = None  # its trace span, when tracing is on
     trace: bytes = b""  # the span's context as header lines, for the engine (a kept trace)
     client_stalled: bool = False  # its client stopped reading: the stream was cut
@@ -99,6 +100,16 @@ class Flight:
             came = self.caller.came_from is not None
             # within the 128 characters an X-Request-ID may have, for a peer's sake
             self.rid = self.id if came else f"{self.id[:115]}.{os.urandom(6).hex()}"
+
+    def engine_rid(self) -> str:
+        """The rid of the go under way at an engine. Each go has its own (the first's is
+        `rid`), so that it never meets the go before it on an engine that has not yet dropped
+        that one (an abort is sent, not awaited), nor is stopped by that one's abort; but a
+        stream the client has seen part of is carried on under the id it saw."""
+        if not (self.progress.continuing and self.going):
+            goes = len(self.progress.attempts)
+            self.going = self.rid if goes <= 1 else f"{self.rid}.{goes}"
+        return self.going
 
     @property
     def tenant(self) -> Tenant:

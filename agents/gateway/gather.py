@@ -26,6 +26,7 @@ anyway, never for interactive traffic.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -38,6 +39,7 @@ from agents.gateway.relay import (
     Outcome,
     Retry,
     StreamMeter,
+    Yielded,
     server_timing,
 )
 from agents.gateway.upstream import Answer, UpstreamError
@@ -108,7 +110,8 @@ async def gather_stream(
     becomes when a higher class took its room (it waits again, keeping what came)."""
     meter = StreamMeter(False, keep_usage=True)
     carried, transcript = gather.continuation, gather.transcript
-    first = True
+    transcript.fold()  # its tokens counted so far
+    made, first = transcript.tokens, True
     try:
         async for chunk in upstream.chunks():
             data = meter.feed(chunk)
@@ -116,7 +119,7 @@ async def gather_stream(
                 continue
             taken = track.taken()
             if taken is not None:  # its room went to a higher class: it keeps what came
-                return taken
+                return _kept(taken, transcript, made)
             if first:
                 first = False
                 track.first_byte()
@@ -128,7 +131,7 @@ async def gather_stream(
         return Retry(track.name, f"stream broke: {error}", track.failed(first))
     taken = track.taken()
     if taken is not None:
-        return taken
+        return _kept(taken, transcript, made)
     transcript.fold()
     if first or not transcript.finished or transcript.finish_reason == "abort":
         track.failed(False)
@@ -142,3 +145,12 @@ async def gather_stream(
     if since is not None:
         out["Server-Timing"] = server_timing(since)
     return Answered(web.Response(body=gather.answer(), headers=out), usage)
+
+
+def _kept(taken: Outcome, transcript: Transcript, made: int) -> Outcome:
+    """A go that gave way having made part of the answer (more than `made` tokens): it is
+    kept (not counted against the request's YIELDS, agents/router/plan.py)."""
+    if not isinstance(taken, Yielded):
+        return taken
+    transcript.fold()
+    return replace(taken, kept=True) if transcript.tokens > made else taken

@@ -27,9 +27,12 @@ may take of a worker, and who is shed first.
   - one of a class that requeues (by default `flex` and `batch`) whose client has seen
     nothing of its answer yet (not streamed, or a stream before its first token), running or
     not: it is aborted on its engine and waits for admission again, within its bound
-    counted anew from then (the engine's work on it is lost, the client sees only the
-    wait). A request gives way at most `YIELDS` times; after that it runs to its end, so
-    that sustained higher-class load cannot keep it from finishing;
+    counted anew from then (the client sees only the wait; a plain whole answer keeps
+    what its engine made and is carried on from there, agents/gateway/gather.py; any other
+    loses that work). A request gives way at most `YIELDS` times without keeping work
+    (a gathered answer that grew where it gave way is not counted: each such go brings it
+    nearer its end); after that it runs to its end, so that sustained higher-class load
+    cannot keep it from finishing;
   - where the route's classes turn preemption on, one of any lower class that its engine
     has not started: aborted there and answered 503 `preempted` with Retry-After.
 

@@ -99,6 +99,7 @@ class Engine:
         self.retracted_total = 0
         self.preempted_total = 0  # retracted for a request of a higher priority
         self._wake = asyncio.Event()
+        self._aborting: list[str | None] = []  # rids asked to stop (None: all), see `abort_soon`
         self._unhung = asyncio.Event()
         self._unhung.set()
         self._ids = itertools.count()
@@ -168,6 +169,23 @@ class Engine:
         self._finish(request, "abort")
         self._wake.set()
 
+    def abort_soon(self, rid: str | None) -> None:
+        """`/abort_request`, as SGLang 0.5.23 serves it: the abort goes to the scheduler,
+        which drops the request (every request, for None) between its steps. Until then the
+        rid is still the engine's: a request naming it is refused as a duplicate."""
+        self._aborting.append(rid)
+        self._wake.set()
+
+    def _take_aborts(self) -> None:
+        aborting, self._aborting = self._aborting, []
+        for rid in aborting:
+            if rid is None:
+                self.abort_all()
+                continue
+            for victim in [*self.waiting, *self.running]:
+                if victim.rid == rid:
+                    self.abort(victim)
+
     def abort_all(self) -> int:
         victims = [*self.waiting, *self.running]
         for request in victims:
@@ -195,6 +213,7 @@ class Engine:
         while True:
             await self._unhung.wait()
             self._wake.clear()  # before publishing: a wake while it publishes is kept
+            self._take_aborts()
             await self.cache.listener.flush()  # the last step's KV-cache events, if published
             if not self.waiting and not self.running:
                 await self._wake.wait()

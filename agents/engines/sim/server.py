@@ -274,12 +274,8 @@ class Simulator:
 
     async def abort_request(self, request: HttpRequest) -> Response:
         body = await parse(request, _Abort)
-        if body.abort_all:
-            self.engine.abort_all()
-        elif body.rid:
-            for victim in [*self.engine.waiting, *self.engine.running]:
-                if victim.rid == body.rid:
-                    self.engine.abort(victim)
+        if body.abort_all or body.rid:
+            self.engine.abort_soon(None if body.abort_all else body.rid)
         return Response(status_code=200)
 
     async def prometheus(self, _request: HttpRequest) -> Response:

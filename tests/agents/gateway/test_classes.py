@@ -212,17 +212,23 @@ async def test_a_running_batch_request_gives_way_until_its_client_sees_a_byte(
 
 
 @pytest.mark.alone  # answers on a timed engine: a busy machine skews them
-async def test_a_batch_request_gives_way_twice_at_most_then_runs_to_its_end() -> None:
+@pytest.mark.parametrize("gathered", [False, True])
+async def test_a_batch_request_gives_way_twice_at_most_unless_it_keeps_its_work(
+    gathered: bool,
+) -> None:
     """One engine that runs one request at a time, busy with a long batch answer, and three
-    interactive requests in turn, each of which would wait past its SLO: the first two take
-    the batch request's room; the third does not, and the batch request, admitted a third
-    time, is served whole."""
+    interactive requests in turn, each of which would wait past its SLO. An answer that
+    loses its work when it gives way (one that sets a field a continuation may read
+    differently, here a penalty) gives way to the first two; the third does not take its
+    room, and it, admitted a third time, is served whole. A gathered answer that made part
+    of itself each time keeps it, so it gives way to all three and is still served whole,
+    each of its tokens made once."""
     async with AsyncExitStack() as stack:
         sim, region = await _one_slot(stack, max_wait_s=3)
         async with httpx.AsyncClient(base_url=region.url, timeout=120) as client:
 
-            async def ask(header: str, max_tokens: int) -> httpx.Response:
-                body = _body() | {"max_tokens": max_tokens}
+            async def ask(header: str, max_tokens: int, **more: float) -> httpx.Response:
+                body = _body() | {"max_tokens": max_tokens} | more
                 headers = {"Authorization": f"Bearer {OTHER_KEY}", "x-meridian-class": header}
                 return await client.post("/v1/chat/completions", json=body, headers=headers)
 
@@ -230,24 +236,37 @@ async def test_a_batch_request_gives_way_twice_at_most_then_runs_to_its_end() ->
                 loads = (await client.get(f"{sim.url}/v1/loads")).json()["loads"][0]
                 return bool(loads["num_running_reqs"])
 
+            started = time.monotonic()
             assert (await ask("standard", 40)).status_code == 200  # the engine's step learned
-            batch = asyncio.create_task(ask("batch", 3 * LONG))  # long: it gives way, twice
+            step = (time.monotonic() - started) / 40
+            more = {} if gathered else {"presence_penalty": 0.0}
+            batch = asyncio.create_task(ask("batch", 3 * LONG, **more))  # long: it gives way
+            made = await _generated(client, sim)
             codes = []
             for _ in range(3):
                 async with asyncio.timeout(60):
                     while not await batch_runs():  # noqa: ASYNC110 (another process's state)
                         await asyncio.sleep(0.02)
+                await asyncio.sleep(5 * step)  # it makes part of its answer
                 codes.append((await ask("interactive", 2)).status_code)
             answer = await batch
+            generated = await _generated(client, sim) - made
         books = region.gateway.books.classes
-        # the third is not given the batch request's room here: it waits for it (and is
-        # refused at its SLO) or the engine's own priority retracts the batch request for
-        # its slot (which loses nothing of it)
-        assert codes[:2] == [200, 200]
-        assert codes[2] in (200, 429)
-        assert books[MODEL, "batch", "requeued"] == 2
         assert answer.status_code == 200, answer.text
         assert answer.json()["usage"]["completion_tokens"] == 3 * LONG  # served whole, once
+        if gathered:
+            assert codes == [200, 200, 200]
+            assert books[MODEL, "batch", "requeued"] == 3, (dict(books), generated)
+            # its tokens once, the interactive requests' 2 each, and the few an engine made
+            # between the last event the gateway read and each abort
+            assert generated <= 3 * LONG + 3 * 2 + 3 * 6
+        else:
+            # the third is not given the batch request's room here: it waits for it (and is
+            # refused at its SLO) or the engine's own priority retracts the batch request for
+            # its slot (which loses nothing of it)
+            assert codes[:2] == [200, 200]
+            assert codes[2] in (200, 429)
+            assert books[MODEL, "batch", "requeued"] == 2
         assert region.idle()
 
 

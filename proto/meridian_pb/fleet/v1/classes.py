@@ -111,7 +111,8 @@ class ClassRule(BaseModel):
         default=False, description="a request of it that runs on an engine, its client having "
         "seen nothing yet (not streamed, or a stream before its first token), gives way to a "
         "higher class's request that finds no room: it is aborted there and waits for "
-        "admission again, within its max_wait_s (the engine's work on it is lost). Used where "
+        "admission again, within its max_wait_s (a plain whole answer is carried on from what "
+        "its engine made; any other starts over). Used where "
         "max_wait_s is set",
     )  # fmt: skip
 
