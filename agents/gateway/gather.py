@@ -26,7 +26,6 @@ anyway, never for interactive traffic.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -39,7 +38,6 @@ from agents.gateway.relay import (
     Outcome,
     Retry,
     StreamMeter,
-    Yielded,
     server_timing,
 )
 from agents.gateway.upstream import Answer, UpstreamError
@@ -110,8 +108,7 @@ async def gather_stream(
     becomes when a higher class took its room (it waits again, keeping what came)."""
     meter = StreamMeter(False, keep_usage=True)
     carried, transcript = gather.continuation, gather.transcript
-    transcript.fold()  # its tokens counted so far
-    made, first = transcript.tokens, True
+    first = True
     try:
         async for chunk in upstream.chunks():
             data = meter.feed(chunk)
@@ -119,7 +116,7 @@ async def gather_stream(
                 continue
             taken = track.taken()
             if taken is not None:  # its room went to a higher class: it keeps what came
-                return _kept(taken, transcript, made)
+                return taken
             if first:
                 first = False
                 track.first_byte()
@@ -131,7 +128,7 @@ async def gather_stream(
         return Retry(track.name, f"stream broke: {error}", track.failed(first))
     taken = track.taken()
     if taken is not None:
-        return _kept(taken, transcript, made)
+        return taken
     transcript.fold()
     if first or not transcript.finished or transcript.finish_reason == "abort":
         track.failed(False)
@@ -145,12 +142,3 @@ async def gather_stream(
     if since is not None:
         out["Server-Timing"] = server_timing(since)
     return Answered(web.Response(body=gather.answer(), headers=out), usage)
-
-
-def _kept(taken: Outcome, transcript: Transcript, made: int) -> Outcome:
-    """A go that gave way having made part of the answer (more than `made` tokens): it is
-    kept (not counted against the request's YIELDS, agents/router/plan.py)."""
-    if not isinstance(taken, Yielded):
-        return taken
-    transcript.fold()
-    return replace(taken, kept=True) if transcript.tokens > made else taken

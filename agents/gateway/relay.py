@@ -180,11 +180,9 @@ class Refused:
 @dataclass(frozen=True, slots=True)
 class Yielded:
     """It gave its engine's room to a higher class's request before its client saw a byte of
-    it: it waits for admission again (agents/router/classes.py). `kept`: its answer grew
-    there, and what grew is kept (a gathered answer: agents/gateway/gather.py)."""
+    it: it waits for admission again (agents/router/classes.py)."""
 
     worker_id: str
-    kept: bool = False
 
 
 # how one worker's (or peer's) go ended

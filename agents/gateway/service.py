@@ -364,8 +364,8 @@ class Gateway:
                 flight.answer = response, Usage()
             case Refused(error):
                 return error
-            case Yielded(kept=kept):  # it waits for admission again: no fault of the worker's
-                progress.gave_way(self.clock(), counted=not kept)
+            case Yielded():  # it waits for admission again: no fault of the worker's
+                progress.gave_way(self.clock())
         return None
 
     async def escalate(self, flight: Flight, plan: Peer) -> GatewayError | None:

@@ -29,10 +29,10 @@ may take of a worker, and who is shed first.
     not: it is aborted on its engine and waits for admission again, within its bound
     counted anew from then (the client sees only the wait; a plain whole answer keeps
     what its engine made and is carried on from there, agents/gateway/gather.py; any other
-    loses that work). A request gives way at most `YIELDS` times without keeping work
-    (a gathered answer that grew where it gave way is not counted: each such go brings it
-    nearer its end); after that it runs to its end, so that sustained higher-class load
-    cannot keep it from finishing;
+    loses that work). A request gives way at most `YIELDS` times; after that it runs to
+    its end, so that sustained higher-class load cannot keep it from finishing (a
+    gathered answer too: each time it gives way costs its engine the prefill of its
+    answer so far, and higher-class traffic could take it again and again);
   - where the route's classes turn preemption on, one of any lower class that its engine
     has not started: aborted there and answered 503 `preempted` with Retry-After.
 

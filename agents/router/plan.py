@@ -141,14 +141,12 @@ class Progress:
         self.broken += broke
         self.since = now  # time lost to a failed worker is not the load's
 
-    def gave_way(self, now: float, counted: bool = True) -> None:
+    def gave_way(self, now: float) -> None:
         """Its room on a worker went to a higher class before the client saw a byte: it
         waits for admission again, its wait bounded anew from now (what it ran there was
-        work done for the higher class's sake, not its own wait). Not `counted` against its
-        YIELDS where it kept what it made there: each such go brought its answer nearer its
-        end, so giving way again cannot keep it from ending."""
+        work done for the higher class's sake, not its own wait)."""
         self.attempts[-1].ended = "gave way to a higher class"
-        self.yields += counted
+        self.yields += 1
         self.since = now
 
     def cut(self, worker: str, why: str, now: float) -> None:
