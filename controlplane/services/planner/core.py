@@ -235,10 +235,15 @@ def _need(d: Deployment, seen: Observed | None, shape: DailyShape | None, guards
     if seen.refused_per_s > 0 and need < 1:
         need, keep = 1, 1
         why = f"{seen.refused_per_s:.1f} rps refused: never zero while refusing"
+    # a lull is not idleness: zero only after a whole window of none, for an engine that
+    # runs; one at zero wakes only for requests (not for a window not yet heard whole, or
+    # a model at zero would start an engine whenever the control plane starts)
     quiet = seen.rates[-QUIET_PERIODS:]
-    if need < 1 and (len(quiet) < QUIET_PERIODS or any(r > 0 for _, r in quiet)):
-        need = 1  # a lull is not idleness: zero only after a whole window of none
-        why += f"; asked for within its last {QUIET_PERIODS} periods: one engine kept"
+    asked = any(r > 0 for _, r in quiet)
+    if need < 1 and (asked or (len(quiet) < QUIET_PERIODS and d.engines > 0)):
+        need = 1
+        why += f"; asked for within its last {QUIET_PERIODS} periods: one engine"
+        why += " kept" if d.engines else ""
     return _Need(need, why, expected, per_engine, keep, seen.ready)
 
 
