@@ -40,10 +40,10 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from sqlalchemy import func, select
 
 from bench import plots, procfs, routing
+from bench.batch_report import TTFT_S, attribute, errors, misses, misses_in_time, report
 from bench.classes import histograms, histograms_since, seen_by_class
 from bench.harness import IMMEDIATE, MODEL, apply, start_agent, start_control_on_db, start_sims
 from bench.load import Client, Result, poisson
@@ -53,7 +53,6 @@ from meridian.procs import free_port
 
 REGIONS = (("night", 2), ("morning", 9), ("afternoon", 15))  # (name, local hour now)
 SLO = {"slo_ttft_ms": 2000, "slo_itl_ms": 50, "max_queue": 1024}
-TTFT_S, ITL_S = 2.0, 0.05
 
 
 @dataclass
@@ -161,7 +160,7 @@ async def run(options: Options) -> dict[str, Any]:
         for round_ in range(options.baseline_rounds):
             for name, results in (await interactive(seed=1 + 10 * round_)).items():
                 baseline[name] += results
-        result["results"]["baseline"] = {n: _misses(r) for n, r in baseline.items()}
+        result["results"]["baseline"] = {n: misses(r) for n, r in baseline.items()}
         plots.write_json(console, result, options.out)
 
         console.print(f"[bold]batch[/]: {options.lines} lines, the same interactive traffic")
@@ -189,14 +188,14 @@ async def run(options: Options) -> dict[str, Any]:
             "batch": batch, "seconds": round(took, 1),
             "lines_per_s": round(options.lines / took, 1),
             # where interactive waited: the agent's admission, and the engines' first token
-            "interactive": {n: _misses(r) | seen_by_class(seen[n], "interactive", TTFT_S)
-                            | {"misses_by_10_s": _misses_in_time(r, made_at),
+            "interactive": {n: misses(r) | seen_by_class(seen[n], "interactive", TTFT_S)
+                            | {"misses_by_10_s": misses_in_time(r, made_at),
                                "class_outcomes": outcomes[n]}
                             for n, r in with_batch.items()},
             **lines,
         }  # fmt: skip
-    _attribute(result)
-    _report(console, result)
+    attribute(result)
+    report(console, result)
     plots.write_json(console, result, options.out)
     return result
 
@@ -235,36 +234,18 @@ async def _follow(base: str, key: str, batch_id: str, console: Console) -> dict[
                         output = (await client.files.content(batch.output_file_id)).content
                     answered = Counter(orjson.loads(line)["custom_id"]
                                        for line in output.splitlines() if line)  # fmt: skip
-                    errors = b""
+                    error_file = b""
                     if batch.error_file_id:
-                        errors = (await client.files.content(batch.error_file_id)).content
+                        error_file = (await client.files.content(batch.error_file_id)).content
                     return {
                         "status": batch.status,
                         "completed": counts.completed if counts else 0,
                         "failed": counts.failed if counts else 0,
                         "answered_once": sum(1 for n in answered.values() if n == 1),
                         "answered_twice_or_more": sum(1 for n in answered.values() if n > 1),
-                        "errors": _errors(errors),
+                        "errors": errors(error_file),
                     }
                 await asyncio.sleep(1.0)
-
-
-def _errors(file: bytes) -> dict[str, int]:
-    """The error file's lines, counted by what each says (its status and message)."""
-    said: Counter[str] = Counter()
-    for line in file.splitlines():
-        if not line:
-            continue
-        entry = orjson.loads(line)
-        if entry.get("error"):
-            said[f"{entry['error'].get('code')}: {entry['error'].get('message')}"[:160]] += 1
-            continue
-        response = entry.get("response") or {}
-        body = response.get("body")
-        error = body.get("error") if isinstance(body, dict) else body
-        message = error.get("message") if isinstance(error, dict) else error
-        said[f"{response.get('status_code')}: {message}"[:160]] += 1
-    return dict(said.most_common(10))
 
 
 async def _lines(database_url: str, batch_id: str, offsets: dict[str, float]) -> dict[str, Any]:
@@ -299,19 +280,6 @@ async def _lines(database_url: str, batch_id: str, offsets: dict[str, float]) ->
     }
 
 
-def _misses(results: list[Result]) -> dict[str, Any]:
-    ok = [r for r in results if r.status == 200]
-    misses = sum(1 for r in results if not r.meets(TTFT_S, ITL_S))
-    ttfts = sorted(r.ttft_s for r in ok)
-    p99 = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else 0.0
-    return {"requests": len(results), "slo_misses": misses, "refused": len(results) - len(ok),
-            # of the answered misses, those whose first token came late, and those whose
-            # tokens came too slowly after it (a request may be both)
-            "ttft_over": sum(1 for r in ok if r.ttft_s > TTFT_S),
-            "itl_over": sum(1 for r in ok if r.itl_s > ITL_S),
-            "ttft_p99_s": round(p99, 4)}  # fmt: skip
-
-
 async def _machine_busy(until: asyncio.Task[Any]) -> dict[int, float]:
     """The machine's cores' busy share in each 10 s until `until` ends: on a shared machine,
     misses in a spell when every core was busy may be the machine's, not the batch's."""
@@ -323,15 +291,6 @@ async def _machine_busy(until: asyncio.Task[Any]) -> dict[int, float]:
         shares[at] = round((now_busy - busy) / max(1, now_total - total), 3)
         at, busy, total = at + 10, now_busy, now_total
     return shares
-
-
-def _misses_in_time(results: list[Result], since: float) -> dict[int, int]:
-    """Misses by the 10 s (from `since`) in which each was sent: when the batch hurt."""
-    when: Counter[int] = Counter()
-    for r in results:
-        if not r.meets(TTFT_S, ITL_S):
-            when[int((r.sent_at - since) // 10) * 10] += 1
-    return dict(sorted(when.items()))
 
 
 async def _class_outcomes(url: str, operator: str) -> dict[str, int]:
@@ -346,56 +305,3 @@ async def _class_outcomes(url: str, operator: str) -> dict[str, int]:
         for sample in family.samples
         if sample.name.endswith("_total")
     }
-
-
-def _attribute(result: dict[str, Any]) -> None:
-    """Misses above the baseline's rate, per region: those the batch may be blamed for."""
-    base, runs = result["results"]["baseline"], result["results"].get("batch")
-    if runs is None:
-        return
-    for region, seen in runs["interactive"].items():
-        rate = base[region]["slo_misses"] / max(1, base[region]["requests"])
-        expected = rate * seen["requests"]
-        seen["attributable_to_batch"] = max(0, round(seen["slo_misses"] - expected))
-
-
-def _report(console: Console, result: dict[str, Any]) -> None:
-    runs = result["results"]
-    batch = runs.get("batch")
-    if batch is None:
-        return
-    b = batch["batch"]
-    console.print(f"batch {b['status']}: {b['completed']} completed, {b['failed']} failed, "
-                  f"{b['answered_once']} answered once, {b['answered_twice_or_more']} more "
-                  f"than once; {batch['seconds']} s ({batch['lines_per_s']} lines/s)")  # fmt: skip
-    for said, n in b.get("errors", {}).items():
-        console.print(f"  {n} failed: {said}", highlight=False, markup=False)
-    table = Table(title="per region")
-    for column in (
-        "region",
-        "UTC offset h",
-        "lines",
-        "lines/s",
-        "by local hour",
-        "interactive SLO misses (baseline)",
-        "with batch",
-        "of which refused / TTFT / ITL",
-        "admission wait p99 s",
-        "engines' TTFT p99 s",
-        "attributable",
-    ):
-        table.add_column(column, justify="right")
-    for region, offset in result["offsets_h"].items():
-        base, seen = runs["baseline"][region], batch["interactive"][region]
-        hours = ", ".join(f"{h}: {n}" for h, n in
-                          sorted(batch["by_local_hour"].get(region, {}).items()))  # fmt: skip
-        table.add_row(
-            region, f"{offset:+g}", str(batch["by_region"].get(region, 0)),
-            f"{batch['per_region_lines_per_s'].get(region, 0)}", hours,
-            f"{base['slo_misses']}/{base['requests']}",
-            f"{seen['slo_misses']}/{seen['requests']}",
-            f"{seen['refused']} / {seen['ttft_over']} / {seen['itl_over']}",
-            f"{seen['admission_wait_p99_s']:.3f}", f"{seen['engine_ttft_p99_s']:.3f}",
-            str(seen["attributable_to_batch"]),
-        )  # fmt: skip
-    console.print(table)
