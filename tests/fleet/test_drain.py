@@ -115,13 +115,17 @@ async def test_streams_past_the_drain_deadline_are_carried_on_and_the_engine_sto
             return all(e["running_requests"] > 0 for e in await _engines(fleet))
 
         await eventually(both_busy, within_s=20, every_s=0.1)
+        # The streams must outlast the push of the change on a loaded machine: the engines
+        # slow to a crawl until one has gone, then the one left runs fast.
+        await fleet.speed_engines("us-east", 40)
         await patch(fleet.cp.url, DEPLOYMENT, {"replicas": 1})
 
         async def one_left() -> bool:
             return len(await _engines(fleet)) == 1
 
-        await eventually(one_left, within_s=20, every_s=0.1)
+        await eventually(one_left, within_s=30, every_s=0.1)
         stopped_while_streaming = not all(t.done() for t in long)
+        await fleet.speed_engines("us-east", 0.2)
         await asyncio.gather(*long)
         with contextlib.suppress(Exception):
             await traffic.client.close()
