@@ -5,7 +5,8 @@ It follows SGLang's scheduler where routing depends on it:
 - **Prefill batches are capped.** Each prefill step takes waiting requests in order while the
   step's budget lasts (`--max-prefill-tokens` input tokens, `--chunked-prefill-size` a
   chunk). A prompt longer than what is left is cut: its first chunk runs now, the rest in
-  the next steps, ahead of anything new. A long queue is served over several steps.
+  the next steps, ahead of anything new. A long queue is served over several steps
+  (prefill.py).
 - **Only computed prefixes are cache hits.** A request matches the radix cache as it is
   before its step; prefixes computed in the same step are not shared (each request pays for
   its own), and a chunk enters the cache once its step has run.
@@ -37,7 +38,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
-from agents.engines.sim import retraction, tokens
+from agents.engines.sim import prefill, retraction, tokens
 from agents.engines.sim.cost import CostModel
 from agents.engines.sim.radix import Listener, RadixCache
 from agents.engines.sim.request import (
@@ -166,7 +167,7 @@ class Engine:
         elif request in self.decoding:
             self.decoding.remove(request)
             self.release(request)
-        self._finish(request, "abort")
+        self.finish(request, "abort")
         self._wake.set()
 
     def abort_soon(self, rid: str | None) -> None:
@@ -219,7 +220,7 @@ class Engine:
                 await self._wake.wait()
                 self.stats.idle(self.now())
                 continue
-            batch = self._prefill_batch()
+            batch = prefill.next_batch(self)
             if batch:
                 await self._prefill(batch)
             elif self.decoding:
@@ -232,79 +233,7 @@ class Engine:
     def reserve(self, request: Request) -> int:
         return math.ceil(self.new_token_ratio * (request.max_new_tokens - request.generated))
 
-    def _room(self) -> int:
-        """Tokens a new chunk may take: free and evictable pool, less the decode reserve."""
-        free = self.capacity - self.held_tokens + self.cache.evictable
-        return free - sum(self.reserve(r) for r in self.running)
-
-    def _prefill_batch(self) -> list[tuple[Request, int]]:
-        """The next prefill step: (request, tokens to compute now), in queue order."""
-        if self.priority is not None and len(self.waiting) > 1:
-            rank = self.priority.rank
-            self.waiting = deque(
-                sorted(self.waiting, key=lambda r: (rank(r.priority or 0), r.queued))
-            )
-        room = self._room()
-        chunk_left, input_left = self.chunk_size, self.max_prefill_tokens
-        batch: list[tuple[Request, int]] = []
-        if self.chunked is not None:
-            request = self.chunked
-            if not self.decoding:  # nothing else will free the pool: the reserve can wait
-                room = self.capacity - self.held_tokens + self.cache.evictable
-            take = min(len(request.sequence()) - request.computed, chunk_left, room)
-            if take <= 0:
-                if not self.decoding:  # it can never fit
-                    self.chunked = None
-                    self.release(request)
-                    self._finish(request, "abort")
-                return []
-            batch.append((request, take))
-            if request.computed + take < len(request.sequence()):
-                return batch  # the chunk fills the step
-            chunk_left, input_left, room = chunk_left - take, input_left - take, room - take
-        count = len(self.running)
-        while self.waiting and chunk_left > 0 and input_left > 0:
-            request = self.waiting[0]
-            sequence = request.sequence()
-            if count >= self.max_running:
-                freed = retraction.preempt_for(self, request, room)
-                if not freed:
-                    break
-                count -= freed
-                room = self._room() - sum(take + self.reserve(r) for r, take in batch)
-            if request.prefilled:  # PD decode: the KV arrived whole; no prefill here
-                need = len(sequence) + self.reserve(request)
-                if need > room and self.running:
-                    break
-                self.waiting.popleft()
-                self._start(request, len(sequence))
-                self._hold(request, sequence)
-                self.decoding.append(request)
-                room, count = room - need, count + 1
-                continue
-            matched, _ = self.cache.match(sequence, request.salt)
-            matched = min(matched, len(sequence) - 1)  # the last token is always computed
-            uncached = len(sequence) - matched
-            take = min(uncached, chunk_left)
-            if take + self.reserve(request) > room:
-                if self.running or batch:
-                    break  # wait for running requests to free the pool
-                if len(sequence) > self.capacity:
-                    self.waiting.popleft()
-                    self._finish(request, "abort")
-                    continue
-                take = min(take, max(1, room))
-            self.waiting.popleft()
-            self._start(request, matched)
-            batch.append((request, take))
-            room -= take + self.reserve(request)
-            chunk_left, input_left, count = chunk_left - take, input_left - take, count + 1
-            if take < uncached:
-                self.chunked = request
-                break
-        return batch
-
-    def _start(self, request: Request, matched: int) -> None:
+    def start(self, request: Request, matched: int) -> None:
         request.computed = matched
         _, node = self.cache.match(request.sequence()[:matched], request.salt)
         self.cache.lock(node)
@@ -314,7 +243,7 @@ class Engine:
             request.admitted = self.now()
             self.observer.admitted(request)
 
-    def _hold(self, request: Request, sequence: list[int]) -> None:
+    def hold(self, request: Request, sequence: list[int]) -> None:
         """The first `computed` tokens of the sequence enter the cache; hold them there."""
         self.cache.insert(sequence[: request.computed], request.salt)
         _, node = self.cache.match(sequence[: request.computed], request.salt)
@@ -331,7 +260,7 @@ class Engine:
                 continue
             sequence = request.sequence()
             request.computed += take
-            self._hold(request, sequence)
+            self.hold(request, sequence)
             if request.computed < len(sequence):
                 continue  # more chunks to come
             if request is self.chunked:
@@ -398,7 +327,7 @@ class Engine:
             self.decoding.remove(request)
         self.release(request)
         self.cache.insert(request.sequence(), request.salt)
-        self._finish(request, "length")
+        self.finish(request, "length")
         self._wake.set()
 
     def release(self, request: Request) -> None:
@@ -410,7 +339,7 @@ class Engine:
         self.cache.capacity += request.fresh  # the cache may use what the pool gave back
         request.fresh = 0
 
-    def _finish(self, request: Request, finish: Finish) -> None:
+    def finish(self, request: Request, finish: Finish) -> None:
         request.finish = finish
         request.finished_at = self.now()
         self.observer.finished(request)
