@@ -24,6 +24,7 @@ request waits past its bound; none served above its ceiling.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -146,6 +147,7 @@ async def _phase(
         "batch": _summary(batch, span)
         | {"above_ceiling": _above(batch, named)}
         | seen_by_class(seen, as_b, BATCH_WAIT_S if named else 2.0),
+        "engine_retractions": int(seen.get((RETRACTED, ""), {}).get(math.inf, 0)),
     }
 
 
@@ -154,6 +156,7 @@ async def _phase(
 Histograms = dict[tuple[str, str], dict[float, float]]
 WAIT = "meridian_admission_wait_seconds"
 ENGINE_TTFT = "sglang:time_to_first_token_seconds"
+RETRACTED = "sglang:num_retracted_requests"  # a counter: {inf: total}, keyed by no class
 
 
 async def histograms(url: str, operator: str, sims: list[Sim]) -> Histograms:
@@ -165,6 +168,10 @@ async def histograms(url: str, operator: str, sims: list[Sim]) -> Histograms:
         texts += [(await http.get(f"{sim.url}/metrics")).text for sim in sims]
     for text in texts:
         for family in text_string_to_metric_families(text):
+            if family.name == RETRACTED:
+                total = sum(s.value for s in family.samples if s.name.endswith("_total"))
+                counts = out.setdefault((RETRACTED, ""), {math.inf: 0.0})
+                counts[math.inf] += total
             if family.name not in (WAIT, ENGINE_TTFT):
                 continue
             for sample in family.samples:
@@ -232,7 +239,8 @@ def _progress(console: Console, mode: str, run: dict[str, Any]) -> None:
                   f" s), slo {i['slo_met']:.0%}, refused {i['rejected']}; batch: "
                   f"{b['output_tok_per_s']:.0f} tok/s, refused {b['rejected']}, admission "
                   f"wait p99 {b['admission_wait_p99_s']:.3f} s, past its bound "
-                  f"{b['admitted_past_bound']}")  # fmt: skip
+                  f"{b['admitted_past_bound']}; engines retracted "
+                  f"{run['engine_retractions']}")  # fmt: skip
 
 
 def _report(console: Console, result: dict[str, Any]) -> None:

@@ -47,6 +47,9 @@ SHUTDOWN_GRACE_S = 5
 @click.option("--default-priority-value", type=int, default=None)
 @click.option("--schedule-low-priority-values-first", is_flag=True)
 @click.option("--priority-scheduling-preemption-threshold", type=int, default=10)
+@click.option("--retraction-policy", type=click.Choice(["length", "priority"]), default="length",
+              help="who is retracted first when the KV pool is short: the shortest answer so "
+              "far (length), or the lowest priority, then so (priority)")  # fmt: skip
 @click.option(
     "--disaggregation-mode", type=click.Choice(["null", "prefill", "decode"]), default="null"
 )
@@ -79,9 +82,8 @@ def sim_command(**options: Any) -> None:
         raise click.UsageError(f"--kv-events-config: not JSON: {error}") from error
     except ValidationError as error:
         first = error.errors()[0]
-        raise click.UsageError(
-            f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}"
-        ) from error
+        where = f"--{str(first['loc'][0]).replace('_', '-')}: " if first["loc"] else ""
+        raise click.UsageError(f"{where}{first['msg']}") from error
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

@@ -41,6 +41,7 @@ class SimConfig(BaseModel):
     default_priority_value: int | None = None
     schedule_low_priority_values_first: bool = False
     priority_scheduling_preemption_threshold: int = 10
+    retraction_policy: Literal["length", "priority"] = "length"
     disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
     disaggregation_bootstrap_port: int = Field(default=8998, ge=1, le=65535)
     enable_metrics: bool = False
@@ -68,6 +69,8 @@ class SimConfig(BaseModel):
                 f"To use priority scheduling, schedule_policy must be 'fcfs' or 'lof'. "
                 f"'{self.schedule_policy}' is not supported."
             )
+        if self.retraction_policy == "priority" and not self.enable_priority_scheduling:
+            raise ValueError("--retraction-policy priority requires --enable-priority-scheduling")
         return self
 
     def priority(self) -> Priority | None:
@@ -79,6 +82,7 @@ class SimConfig(BaseModel):
             low_first=self.schedule_low_priority_values_first,
             preempt=not self.disable_priority_preemption,
             threshold=self.priority_scheduling_preemption_threshold,
+            retract_by_priority=self.retraction_policy == "priority",
         )
 
     @property

@@ -14,8 +14,9 @@ It follows SGLang's scheduler where routing depends on it:
   uncached chunk, plus the decode tokens reserved for everything running (the remaining
   output times a new-token ratio that starts at 0.7 and decays to 0.1, as SGLang's), fits
   the free pool after evicting unused prefixes. When a decode step finds no room for the
-  batch's next tokens, the newest request is retracted to the front of the queue (what it
-  had computed is kept in the cache while room lasts) and the ratio goes back to 0.7
+  batch's next tokens, a request is retracted to the front of the queue (the shortest answer
+  so far; with `--retraction-policy priority`, the lowest priority first): what it had
+  computed is kept in the cache while room lasts, and the ratio goes back to 0.7
   (retraction.py).
 - A step is a prefill step when something can be admitted, else a decode step for the whole
   running batch (SGLang without mixed chunking).

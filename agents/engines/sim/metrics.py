@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from agents.engines.sim.engine import Engine
 from agents.engines.sim.request import Observer, Request
@@ -89,6 +91,7 @@ class Metrics(Observer):
             if engine_type != "unified"
             else None
         )  # fmt: skip  (registered in PD mode only, as SGLang does)
+        self.registry.register(_Retracted(self._engine, sched))
         # the simulator's own (no SGLang name): the seconds its steps took, a GPU's busy time
         busy = Gauge("meridian_sim_busy_seconds", "Seconds of steps run (the simulated GPU's "
                      "busy time)", registry=self.registry)  # fmt: skip
@@ -216,3 +219,19 @@ class Metrics(Observer):
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Retracted(Collector):
+    """`sglang:num_retracted_requests_total`: requests retracted for lack of KV room or for
+    one of a higher priority, read from the engine on scrape."""
+
+    def __init__(self, engine: Callable[[], Engine], labels: dict[str, str]) -> None:
+        self._engine, self._labels = engine, labels
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "sglang:num_retracted_requests", "Total number of retracted requests.",
+            labels=list(self._labels),
+        )  # fmt: skip
+        family.add_metric(list(self._labels.values()), self._engine().retracted_total)
+        yield family

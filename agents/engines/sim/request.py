@@ -49,6 +49,7 @@ class Priority:
     low_first: bool = False
     preempt: bool = True
     threshold: int = 10
+    retract_by_priority: bool = False  # `--retraction-policy priority`: the lowest retracted first
 
     def of(self, asked: int | None) -> int:
         if asked is not None:

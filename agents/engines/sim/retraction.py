@@ -1,7 +1,7 @@
 """What leaves the simulated scheduler's running batch without finishing, as SGLang's does:
-the newest requests retracted when a decode step finds the KV pool short, and, with priority
-scheduling on, running requests retracted for a request of a priority far enough above
-theirs that finds every slot taken. A retracted request waits again; it is not lost."""
+requests retracted when a decode step finds the KV pool short (in SGLang's order), and,
+with priority scheduling on, running requests retracted for a request of a priority far
+enough above theirs that finds every slot taken. A retracted request waits again; it is not lost."""
 
 from __future__ import annotations
 
@@ -16,17 +16,29 @@ INIT_NEW_TOKEN_RATIO = 0.7  # SGLang's defaults (schedule_conservativeness 1.0)
 
 
 def make_room(engine: Engine, tokens: int) -> None:
-    """Room for the decode batch's next tokens: evict unused prefixes, then retract the
-    newest requests until the rest fit."""
+    """Room for the decode batch's next tokens: evict unused prefixes, then retract requests
+    (`kept_before`'s order) until the rest fit."""
     short = engine.held_tokens + tokens - engine.capacity
     if short > 0:
         engine.cache.evict(short)
     while engine.decoding and engine.held_tokens + len(engine.decoding) > engine.capacity:
-        victim = engine.decoding.pop()
+        victim = min(engine.decoding, key=lambda r: kept_before(engine, r))
+        engine.decoding.remove(victim)
         retract(engine, victim)
         engine.waiting.appendleft(victim)
         engine.new_token_ratio = INIT_NEW_TOKEN_RATIO
         engine.cache.evict(engine.held_tokens + len(engine.decoding) - engine.capacity)
+
+
+def kept_before(engine: Engine, request: Request) -> tuple[int, ...]:
+    """SGLang's order of retraction for lack of room (`_get_decode_retraction_order`): the
+    smallest key goes first. By default (`--retraction-policy length`) the shortest answer
+    so far, then the longest prompt; with `priority`, the lowest priority before that."""
+    length = (request.generated, -len(request.prompt))
+    policy = engine.priority
+    if policy is not None and policy.retract_by_priority:
+        return (-policy.rank(request.priority or 0), *length)
+    return length
 
 
 def preempt_for(engine: Engine, request: Request, room: int) -> int:

@@ -122,7 +122,7 @@ async def test_generated_tokens_are_reserved_and_the_pool_never_overflows(
     assert all(r.finish == "length" and r.generated == 800 for r in requests)
 
 
-async def test_a_pool_that_runs_short_in_decode_retracts_the_newest_and_still_finishes_all(
+async def test_a_pool_that_runs_short_in_decode_retracts_and_still_finishes_all(
     running: list[asyncio.Task[None]],
 ) -> None:
     engine, _, watch = await _engine(capacity=3000)
@@ -136,6 +136,32 @@ async def test_a_pool_that_runs_short_in_decode_retracts_the_newest_and_still_fi
     assert watch.peak <= 3000
     assert all(r.finish == "length" and r.generated == 1400 for r in requests)
     assert all(r.output[:1400] == r.output[: r.generated] for r in requests)
+
+
+@pytest.mark.parametrize("by_priority", [False, True], ids=["length", "priority"])
+async def test_a_pool_that_runs_short_retracts_by_length_or_by_priority_as_sglang_does(
+    running: list[asyncio.Task[None]], by_priority: bool
+) -> None:
+    """SGLang retracts the shortest answer so far, most often the newest request, whatever
+    its class; with `--retraction-policy priority` the lowest priority goes first."""
+    policy = Priority(preempt=False, retract_by_priority=by_priority)
+    engine, _, _ = await _engine(capacity=3000, priority=policy)
+    running.append(asyncio.create_task(engine.run()))
+    low = [engine.new_request(list(range(i * 1000, i * 1000 + 100)), 1400) for i in range(2)]
+    high = [engine.new_request(list(range(i * 1000, i * 1000 + 100)), 1400) for i in (5, 6)]
+    for request in low:
+        request.priority = 0
+        engine.submit(request)
+    await _until(lambda: all(r.generated >= 200 for r in low))
+    for request in high:
+        request.priority = 30
+        engine.submit(request)
+    await _until(lambda: engine.retracted_total > 0)
+    first = [r for r in engine.waiting if r in low + high]
+    assert len(first) == 1
+    assert first[0] in (low if by_priority else high)
+    await _all_done(low + high)
+    assert all(r.finish == "length" and r.generated == 1400 for r in low + high)
 
 
 async def test_a_faster_engine_runs_the_same_steps_in_less_time(
