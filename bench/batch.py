@@ -6,13 +6,15 @@ regions' local times are set (`utc_offset_h`) so that, when the benchmark runs, 
 night, one in its morning and one in its afternoon. In each region a tenant's interactive
 traffic runs at a steady rate (Poisson, the overload benchmark's workload).
 
-- `baseline`: the interactive traffic alone, for `baseline_rounds` rounds of `seconds`: its
-  SLO misses are what the regions miss without batch work (a rate of misses near zero needs
-  many requests to be known).
+- `baseline`: the interactive traffic alone, for `baseline_s`: its SLO misses are what the
+  regions miss without batch work (a rate of misses near zero needs many requests to be
+  known).
 - `batch`: the same interactive traffic, while a batch of `lines` lines (the `nightly`
   tenant's, resident in all three regions) is made with the Batch API and run to its end by
   the control plane's batch runner, as `batch`-class requests. Its interactive traffic runs
-  in rounds of `seconds` until the batch has ended.
+  steady until the batch has ended. (It once ran in rounds of 30 s, each sent after the
+  last had ended: the lulls between them, 5 to 7 s of no interactive traffic, were slack the
+  night region's batch filled, and the next round's first requests met it.)
 
 Reported: the batch's time to completion and lines each region answered, throughput per
 region by local hour (the regions' local clocks, from each line's answer time), and each
@@ -42,8 +44,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import func, select
 
-from bench import plots, procfs, routing
-from bench.batch_report import TTFT_S, attribute, errors, misses, misses_in_time, report
+from bench import batch_load, plots, procfs, routing
+from bench.batch_report import ITL_S, TTFT_S, attribute, errors, misses, misses_in_time, report
 from bench.classes import histograms, histograms_since, seen_by_class
 from bench.harness import IMMEDIATE, MODEL, apply, start_agent, start_control_on_db, start_sims
 from bench.load import Client, Result, poisson
@@ -53,6 +55,7 @@ from meridian.procs import free_port
 
 REGIONS = (("night", 2), ("morning", 9), ("afternoon", 15))  # (name, local hour now)
 SLO = {"slo_ttft_ms": 2000, "slo_itl_ms": 50, "max_queue": 1024}
+BATCH_AT_MOST_S = 3600.0  # interactive traffic runs beside the batch until it ends, this at most
 
 
 @dataclass
@@ -60,8 +63,7 @@ class Options:
     lines: int = 10_000
     engines: int = 2  # per region
     interactive_rps: float = 6.0  # per region
-    seconds: float = 30.0  # a round of interactive traffic, alone or with the batch
-    baseline_rounds: int = 4  # of interactive traffic alone
+    baseline_s: float = 120.0  # of interactive traffic alone
     max_tokens: int = 32  # each line's answer
     speed: float = 0.5
     out: Path | None = None
@@ -142,24 +144,22 @@ async def run(options: Options) -> dict[str, Any]:
         chat = Client({"Authorization": f"Bearer {keys['chat']}"})
         stack.push_async_callback(chat.close)
 
-        count = round(options.interactive_rps * options.seconds)
-
-        async def interactive(seed: int) -> dict[str, list[Result]]:
-            """Each region's interactive traffic, side by side, for `seconds`."""
-            rounds = await asyncio.gather(*(
+        async def interactive(
+            seed: int, seconds: float, until: asyncio.Future[Any] | None = None
+        ) -> dict[str, list[Result]]:
+            """Each region's interactive traffic, side by side and steady, for `seconds` or
+            until `until` is done."""
+            count = round(options.interactive_rps * seconds)
+            streams = await asyncio.gather(*(
                 poisson(chat, partial(_same, url), routing._subset(workload, count, seed + i),
-                        options.interactive_rps, seed + i)
+                        options.interactive_rps, seed + i, until)
                 for i, url in enumerate(urls.values())
             ))  # fmt: skip
-            return {name: results for name, (results, _) in zip(urls, rounds, strict=True)}
+            return {name: results for name, (results, _) in zip(urls, streams, strict=True)}
 
         rate = f"{options.interactive_rps:g} rps a region"
-        alone_s = options.seconds * options.baseline_rounds
-        console.print(f"[bold]baseline[/]: interactive alone, {rate}, {alone_s:g} s")
-        baseline: dict[str, list[Result]] = {name: [] for name in urls}
-        for round_ in range(options.baseline_rounds):
-            for name, results in (await interactive(seed=1 + 10 * round_)).items():
-                baseline[name] += results
+        console.print(f"[bold]baseline[/]: interactive alone, {rate}, {options.baseline_s:g} s")
+        baseline = await interactive(seed=1, seconds=options.baseline_s)
         result["results"]["baseline"] = {n: misses(r) for n, r in baseline.items()}
         plots.write_json(console, result, options.out)
 
@@ -169,17 +169,14 @@ async def run(options: Options) -> dict[str, Any]:
                    for i, name in enumerate(urls)}  # fmt: skip
         before = {n: await histograms(u, operator, engines[n]) for n, u in urls.items()}
         batch_id = await _create(cp.url, keys["nightly"], options.lines, options.max_tokens)
-        with_batch: dict[str, list[Result]] = {name: [] for name in urls}
         ended = asyncio.create_task(_follow(cp.url, keys["nightly"], batch_id, console))
         busy = asyncio.create_task(_machine_busy(ended))
-        seed = 100
-        while not ended.done():
-            for name, results in (await interactive(seed)).items():
-                with_batch[name] += results
-            seed += 10
+        load = asyncio.create_task(batch_load.sample(urls, operator, engines, made_at, ended))
+        with_batch = await interactive(seed=100, seconds=BATCH_AT_MOST_S, until=ended)
         batch = await ended
         took = time.monotonic() - made_at
         result["machine_busy_by_10_s"] = await busy
+        samples = await load
         after = {n: await histograms(u, operator, engines[n]) for n, u in urls.items()}
         outcomes = {n: await _class_outcomes(u, operator) for n, u in urls.items()}
         seen = {n: histograms_since(after[n], before[n]) for n in urls}
@@ -190,6 +187,10 @@ async def run(options: Options) -> dict[str, Any]:
             # where interactive waited: the agent's admission, and the engines' first token
             "interactive": {n: misses(r) | seen_by_class(seen[n], "interactive", TTFT_S)
                             | {"misses_by_10_s": misses_in_time(r, made_at),
+                               "load_by_10_s": batch_load.by_10_s(samples[n]),
+                               "missed": [(round(x.sent_at - made_at, 2), x.status,
+                                           round(x.ttft_s, 3)) for x in r
+                                          if not x.meets(TTFT_S, ITL_S)],
                                "class_outcomes": outcomes[n]}
                             for n, r in with_batch.items()},
             **lines,

@@ -138,22 +138,18 @@ def classes_command(
               help="simulated engines in each of the three regions")  # fmt: skip
 @click.option("--interactive-rps", type=click.FloatRange(0.1, 1000), default=6.0,
               show_default=True, help="each region's own interactive traffic")  # fmt: skip
-@click.option("--seconds", type=click.FloatRange(5, 3600), default=30, show_default=True,
-              help="a round of interactive traffic, alone or beside the batch")  # fmt: skip
-@click.option("--baseline-rounds", type=click.IntRange(1, 100), default=4, show_default=True,
-              help="rounds of interactive traffic alone, before the batch")  # fmt: skip
+@click.option("--baseline-seconds", type=click.FloatRange(5, 3600), default=120,
+              show_default=True, help="of interactive traffic alone, before the batch")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def batch_command(
-    lines: int, engines: int, interactive_rps: float, seconds: float, baseline_rounds: int,
-    out: Path | None,
-) -> None:  # fmt: skip
+    lines: int, engines: int, interactive_rps: float, baseline_seconds: float, out: Path | None
+) -> None:
     """A batch of many lines over three regions (night, morning, afternoon where they are),
     on the slack their own interactive traffic leaves: lines by region and local hour, and
     the interactive SLO misses it may be blamed for."""
     with scratch("batch") as root:
         options = batch.Options(lines=lines, engines=engines, interactive_rps=interactive_rps,
-                                seconds=seconds, baseline_rounds=baseline_rounds, out=out,
-                                root=root)  # fmt: skip
+                                baseline_s=baseline_seconds, out=out, root=root)  # fmt: skip
         asyncio.run(batch.run(options))
 
 

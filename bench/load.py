@@ -184,9 +184,15 @@ class Client:
 
 
 async def poisson(
-    client: Client, pick: Callable[[int], str], reqs: list[Req], rate: float, seed: int
+    client: Client,
+    pick: Callable[[int], str],
+    reqs: list[Req],
+    rate: float,
+    seed: int,
+    until: asyncio.Future[Any] | None = None,
 ) -> tuple[list[Result], float]:
-    """Send `reqs` at Poisson arrivals of `rate` a second; the results and the span in s."""
+    """Send `reqs` at Poisson arrivals of `rate` a second (or until `until` is done, if it is
+    first); the results and the span in s."""
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -196,7 +202,12 @@ async def poisson(
         at += rng.expovariate(rate)
         delay = start + at - loop.time()
         if delay > 0:
-            await asyncio.sleep(delay)
+            if until is None:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.wait({until}, timeout=delay)
+        if until is not None and until.done():
+            break
         tasks.append(asyncio.create_task(client.chat(pick(i), req)))
     results = await asyncio.gather(*tasks)
     return list(results), loop.time() - start
