@@ -98,7 +98,7 @@ class Engine:
         self.decoding: list[Request] = []
         self.chunked: Request | None = None  # a prompt part-way through chunked prefill
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
-        self.retracted_total = 0
+        self.retracted_total = 0  # for want of KV room (SGLang counts these alone)
         self.preempted_total = 0  # retracted for a request of a higher priority
         self._wake = asyncio.Event()
         self._aborting: list[str | None] = []  # rids asked to stop (None: all), see `abort_soon`

@@ -222,16 +222,21 @@ class Metrics(Observer):
 
 
 class _Retracted(Collector):
-    """`sglang:num_retracted_requests_total`: requests retracted for lack of KV room or for
-    one of a higher priority, read from the engine on scrape."""
+    """`sglang:num_retracted_requests_total`: requests retracted for want of KV room (not
+    those preempted for a higher priority, as SGLang counts), read from the engine on
+    scrape. Absent until the first retraction, as SGLang's (its metrics are multiprocess: a
+    counter never incremented has no value to publish)."""
 
     def __init__(self, engine: Callable[[], Engine], labels: dict[str, str]) -> None:
         self._engine, self._labels = engine, labels
 
     def collect(self) -> Iterator[CounterMetricFamily]:
+        total = self._engine().retracted_total
+        if total == 0:
+            return
         family = CounterMetricFamily(
             "sglang:num_retracted_requests", "Total number of retracted requests.",
             labels=list(self._labels),
         )  # fmt: skip
-        family.add_metric(list(self._labels.values()), self._engine().retracted_total)
+        family.add_metric(list(self._labels.values()), total)
         yield family

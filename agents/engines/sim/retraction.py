@@ -25,6 +25,7 @@ def make_room(engine: Engine, tokens: int) -> None:
         victim = min(engine.decoding, key=lambda r: kept_before(engine, r))
         engine.decoding.remove(victim)
         retract(engine, victim)
+        engine.retracted_total += 1
         engine.waiting.appendleft(victim)
         engine.new_token_ratio = INIT_NEW_TOKEN_RATIO
         engine.cache.evict(engine.held_tokens + len(engine.decoding) - engine.capacity)
@@ -65,4 +66,3 @@ def retract(engine: Engine, victim: Request) -> None:
     engine.release(victim)
     engine.cache.insert(victim.sequence(), victim.salt)
     victim.computed = 0
-    engine.retracted_total += 1
