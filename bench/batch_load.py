@@ -1,8 +1,14 @@
 """Each region's load while a batch runs, sampled every `EVERY_S` (and reported at its
-highest in each 10 s): requests waiting in the agent's admission (every class), and in its
-engines, running and queued by class (the engines' own counts, by priority). Read beside
-the interactive misses of the same 10 s, it shows where the region was full when they
-came."""
+highest in each 10 s):
+
+- from the agent: requests waiting in its admission (every class), refusals by code so far,
+  breakers open, workers the quality guard holds, and the router's requests in flight and
+  the slowest decode step it has learned;
+- from its engines: running and queued requests by class (their own counts, by priority),
+  the fullest KV pool, and retractions so far.
+
+Read beside the interactive misses of the same 10 s, it shows where the region was full
+when they came."""
 
 from __future__ import annotations
 
@@ -81,7 +87,6 @@ async def _one(http: httpx.AsyncClient, url: str, operator: str, sims: list[Sim]
     workers = status.json()["router"]["workers"].values()
     seen["router_inflight"] = sum(w["inflight"] for w in workers)
     seen["router_decode_step_ms"] = max((w["decode_step_ms"] for w in workers), default=0.0)
-    seen["breakers_not_closed"] = sum(1 for w in workers if w["breaker"] != "closed")
     for sim in sims:
         text = (await http.get(f"{sim.url}/metrics")).text
         for family in text_string_to_metric_families(text):
