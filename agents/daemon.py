@@ -36,6 +36,8 @@ from agents.gateway.batches import BatchProxy
 from agents.gateway.requests import Limits
 from agents.gateway.service import Gateway
 from agents.http import Runner, build_app
+from agents.ledger.journal import Journal
+from agents.ledger.record import Ledger
 from agents.quality.prober import Prober
 from agents.router.router import Router
 from agents.settings import AgentSettings
@@ -157,6 +159,10 @@ class Agent:
     async def serve(self) -> None:
         """Run until SIGINT or SIGTERM; then stop every engine it started."""
         await asyncio.to_thread(self.store.prepare)
+        journal = await asyncio.to_thread(Journal, self.settings.data_dir / "ledger")
+        journal.start()
+        self.gateway.accounts.ledger = Ledger(journal, lambda: self.link.state.node)
+        self.link.journal = journal
         self.prober.canaries.update(await asyncio.to_thread(self.store.load_canaries))
         await self._from_disk()
         app = build_app(
@@ -206,6 +212,8 @@ class Agent:
             await runner.cleanup()
             await self.gateway.close()
             await self.batches.close()
+            self.gateway.accounts.ledger = None
+            await asyncio.to_thread(journal.close)  # every record on disk
             if self.tracing is not None:
                 await asyncio.to_thread(self.tracing.shutdown)  # what is batched goes out
 

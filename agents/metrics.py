@@ -63,6 +63,8 @@ class Settled(NamedTuple):
     load: float = 0.0  # requests of its model in flight here per serving worker, when sent
     service_class: str = ""  # the class it was served at
     waited_s: float | None = None  # from its arrival to its first call to a worker here
+    key: str = ""  # its API key's public prefix
+    asked: str = ""  # the model it asked for, where another answered (a tiered route's)
 
 
 Counts = dict[float, int]

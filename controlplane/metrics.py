@@ -41,6 +41,12 @@ class ControlPlaneMetrics:
                             registry=r)  # fmt: skip
         self.nacks = Counter("meridian_snapshot_nacks", "Snapshots agents refused", ["region"],
                              registry=r)  # fmt: skip
+        self.usage_stored = Counter("meridian_usage_records_stored", "Usage records stored "
+                                    "(each once, however often sent)", ["region"],
+                                    registry=r)  # fmt: skip
+        self.usage_failed = Counter("meridian_usage_batches_failed", "Batches of usage records "
+                                    "that could not be stored (sent again)", ["region"],
+                                    registry=r)  # fmt: skip
         self.push_lag = Histogram("meridian_push_ack", "From a snapshot's send to its agent's "
                                   "ack", ["region"], unit="seconds", buckets=PUSH_BUCKETS,
                                   registry=r)  # fmt: skip

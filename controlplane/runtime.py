@@ -36,6 +36,7 @@ from controlplane.services.quotas.plan import Timing
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.rollouts.driver import RolloutDriver
+from controlplane.services.usage.store import UsageStore
 from controlplane.settings import Settings
 from controlplane.tracing import make_tracer
 
@@ -90,6 +91,7 @@ class Replica:
             metrics=self.metrics,
             leases=self.leases,
             demand=self.demand,
+            usage=UsageStore(db),
         )
         self.singletons = Singletons(
             self.coordinator,

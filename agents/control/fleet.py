@@ -168,6 +168,9 @@ class SyncStream:
     async def demand(self, demand: pb.Demand) -> None:
         await self._write(pb.AgentMessage(demand=demand))
 
+    async def usage(self, records: list[pb.UsageRecord]) -> None:
+        await self._write(pb.AgentMessage(usage=pb.UsageBatch(records=records)))
+
     async def next_message(self) -> pb.ControlMessage | None:
         """The next message, or None when the control plane ended the stream cleanly."""
         message = await self.call.read()

@@ -21,6 +21,7 @@ from agents.control.fleet import ChannelTls, FleetClient, SyncStream, error_code
 from agents.control.store import Identity, Store
 from agents.engines.gpus import Gpu
 from agents.errors import RegistrationFailed, SnapshotInvalid
+from agents.ledger.journal import Journal
 from agents.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ class LinkState:
 
 Apply = Callable[[pb.Snapshot], Awaitable[None]]  # raises SnapshotInvalid
 DEMAND_EVERY_S = 1.0  # the leader splits quotas by these reports: see agents/gateway/demand.py
+SHIP_EVERY_S = 0.2  # the usage journal is read for records to send this often when idle
+SHIP_BATCH = 500  # records a message
+SHIP_WINDOW = 4 * SHIP_BATCH  # records sent and not yet acknowledged, at most
+SHIP_AGAIN_S = 10.0  # sent, and no acknowledgement since: sent again (stored once)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,8 @@ class ControlLink:
         self.settings, self.store = settings, store
         self._current, self._apply, self._telemetry = current, apply, telemetry
         self._quotas = quotas
+        self.journal: Journal | None = None  # the usage ledger's, shipped while connected
+        self._acked = asyncio.Event()
         self._gpus = gpus or []
         self.state = LinkState()
         self._soon = asyncio.Event()
@@ -167,6 +174,7 @@ class ControlLink:
         stream = client.sync(identity.credential)
         beats: asyncio.Task[None] | None = None
         reports: asyncio.Task[None] | None = None
+        shipping: asyncio.Task[None] | None = None
         try:
             await stream.hello(
                 region=self.settings.region, node=identity.node, held=self._current()
@@ -183,14 +191,20 @@ class ControlLink:
             beats = loop.create_task(self._beat(stream))
             if self._quotas is not None:
                 reports = loop.create_task(self._report(stream, self._quotas))
+            if self.journal is not None:
+                shipping = loop.create_task(self._ship(stream, self.journal))
             while (message := await stream.next_message()) is not None:
                 snapshot = await stream.snapshot_of(message)  # whole, or made from a delta
+                body = message.WhichOneof("body")
                 if snapshot is not None:
                     await self._take(stream, snapshot)
-                elif message.WhichOneof("body") == "leases" and self._quotas is not None:
+                elif body == "leases" and self._quotas is not None:
                     self._quotas.leases(message.leases)
+                elif body == "usage_ack" and self.journal is not None:
+                    self.journal.ack(message.usage_ack.through)
+                    self._acked.set()
         finally:
-            for task in (beats, reports):
+            for task in (beats, reports, shipping):
                 if task is not None:
                     task.cancel()
             stream.close()
@@ -222,6 +236,33 @@ class ControlLink:
                 await asyncio.sleep(DEMAND_EVERY_S)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
             log.debug("demand reports stop with the stream: %s", error)
+
+    async def _ship(self, stream: SyncStream, journal: Journal) -> None:
+        """The journal's records the control plane has not acknowledged, oldest first, in
+        batches, at most SHIP_WINDOW ahead of its acknowledgements; on each new stream, from
+        the last acknowledged (what was sent on the one before may not have been stored)."""
+        sent = journal.acked
+        loop = asyncio.get_running_loop()
+        acked, progress = sent, loop.time()
+        try:
+            while True:
+                self._acked.clear()
+                if journal.acked != acked or sent == journal.acked:
+                    acked, progress = journal.acked, loop.time()
+                elif loop.time() - progress > SHIP_AGAIN_S:  # not stored: the control
+                    sent, progress = journal.acked, loop.time()  # plane's database was away
+                if sent - journal.acked >= SHIP_WINDOW:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._acked.wait(), SHIP_EVERY_S * 5)
+                    continue
+                records = await asyncio.to_thread(journal.records_after, sent, SHIP_BATCH)
+                if not records:
+                    await asyncio.sleep(SHIP_EVERY_S)
+                    continue
+                await stream.usage(records)
+                sent = records[-1].seq
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+            log.debug("usage records stop with the stream: %s", error)
 
     async def _beat(self, stream: SyncStream) -> None:
         try:

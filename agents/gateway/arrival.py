@@ -52,7 +52,9 @@ class Arrival:
         tenant, insider, scope = auth.caller(request.headers.get("Authorization"), config,
                                              self.operator_token)  # fmt: skip
         debug = insider and request.headers.get("x-meridian-debug") == "1"
-        return Caller(tenant, scope, debug=debug, insider=insider)
+        key = config.keys.get(scope)
+        return Caller(tenant, scope, debug=debug, insider=insider,
+                      key=key.prefix if key is not None else "")  # fmt: skip
 
     def parse(
         self,

@@ -44,6 +44,7 @@ class Caller:
     insider: bool = False  # a peer region, the operator or a tenant marked to see routes
     # the class a peer region's request arrived with (its word); then the class it is served at
     service_class: ServiceClass | None = None
+    key: str = ""  # its API key's public prefix (the usage ledger's), "" for a peer's
 
 
 @dataclass(eq=False, slots=True)
@@ -138,9 +139,10 @@ class Trail:
         came_from = (caller.came_from or "") if caller is not None else ""
         served = caller.service_class if caller is not None else None
         label = served.label if served is not None else ""
+        key = caller.key if caller is not None else ""
         if flight is None:
             return Settled(model or "", tenant, first_at=first_at, came_from=came_from,
-                           service_class=label)  # fmt: skip
+                           service_class=label, key=key)  # fmt: skip
         usage = flight.answer[1] if flight.answer is not None else Usage()
         # the goes that were noted (every local call, and a peer's that answered): the last,
         # and the last local one
@@ -168,4 +170,6 @@ class Trail:
             local.load if local is not None else 0.0,
             label,
             None if admitted is None else max(0.0, admitted - flight.arrived),
+            key,
+            flight.tier.route.name if flight.tier is not None else "",
         )  # fmt: skip

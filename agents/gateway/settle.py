@@ -13,6 +13,7 @@ from agents.config import RegionConfig
 from agents.gateway import spans
 from agents.gateway.flight import ESCALATION
 from agents.gateway.receipts import Receipts
+from agents.ledger.record import Ledger
 from agents.metrics import CROWDED_OUT, RequestMetrics, Settled, count_by_tenant
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ class Accounts:
     ) -> None:
         self.books, self.metrics, self.receipts = books, metrics, receipts
         self.clock, self.config = clock, config
+        self.ledger: Ledger | None = None  # the usage ledger's journal, where the agent keeps one
 
     def settle(
         self,
@@ -62,6 +64,8 @@ class Accounts:
             count_by_tenant(books.by_tenant, books.by_load, settled, code, started, now, routes)
         self.metrics.answered(path, status, started, now, settled, error_type)
         self.receipts.note(request_id, status, started, now, settled, error_type)
+        if self.ledger is not None and config is not None:
+            self.ledger.note(request_id, config.region, status, settled, code, started, now)
         if span is not None and span.is_recording():
             region = config.region if config is not None else None
             spans.finished(span, path, status, settled, started, error_type, region)

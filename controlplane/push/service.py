@@ -15,6 +15,7 @@ from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from meridian_pb.fleet.v1.demand import TenantDemand
 from meridian_pb.fleet.v1.framing import STREAM_ACCEPTED
 from opentelemetry.trace import SpanKind
+from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.coord.base import AgentPresence, Coordinator
 from controlplane.db.engine import Database
@@ -34,6 +35,7 @@ from controlplane.services.kind import parse
 from controlplane.services.quotas.demand import DemandBook, NodeDemand
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
+from controlplane.services.usage.store import UsageStore
 from controlplane.tracing import child_of
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,8 @@ class StreamState:
     writing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one write at a time
     # what the agent holds once it has taken all that was sent: the base of the next delta
     holds: tuple[int, str] = (0, "")
+    # usage records received, to store and acknowledge in order (see `_store_usage`)
+    usage: asyncio.Queue[pb.UsageBatch] = field(default_factory=asyncio.Queue)
 
     def __post_init__(self) -> None:
         self.holds = (self.revision, self.digest)
@@ -79,8 +83,10 @@ class FleetService:
         metrics: ControlPlaneMetrics | None = None,
         leases: LeaseFeed | None = None,
         demand: DemandBook | None = None,
+        usage: UsageStore | None = None,
     ) -> None:
         self._db = db
+        self._usage = usage
         self._hub = hub
         self._leases = leases
         self._demand = demand
@@ -171,6 +177,8 @@ class FleetService:
         }
         if self._leases is not None:
             tasks.add(asyncio.create_task(self._send_leases(context, who, state, self._leases)))
+        if self._usage is not None:
+            tasks.add(asyncio.create_task(self._store_usage(context, who, state, self._usage)))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -191,6 +199,28 @@ class FleetService:
                 await context.write(message)
 
         await feed.serve(who.node, write)
+
+    async def _store_usage(
+        self, context: Context, who: agents.AgentIdentity, state: StreamState, store: UsageStore
+    ) -> None:
+        """Each batch of usage records stored, then acknowledged through its last. A batch
+        that cannot be stored (the database away) is not acknowledged: the agent sends it
+        again, and what of it was stored is stored once."""
+        while True:
+            batch = await state.usage.get()
+            if not batch.records:
+                continue
+            try:
+                stored = await store.store(batch.records, who.region, who.node)
+            except (OSError, SQLAlchemyError) as error:
+                self._metrics.usage_failed.labels(who.region).inc()
+                log.warning("usage records of node %s not stored: %s", who.node, error,
+                            extra={"node_id": who.node, "region": who.region})  # fmt: skip
+                continue
+            self._metrics.usage_stored.labels(who.region).inc(stored)
+            ack = pb.ControlMessage(usage_ack=pb.UsageAck(through=batch.records[-1].seq))
+            async with state.writing:
+                await context.write(ack.SerializeToString())
 
     async def _push(self, context: Context, who: agents.AgentIdentity, state: StreamState) -> None:
         while True:
@@ -288,6 +318,8 @@ class FleetService:
                 self._reports.heartbeat(who.node_id, telemetry_doc(telemetry), at)
             elif body == "demand" and self._demand is not None:
                 self._demand.report(demand_of(who.node, who.region, message.demand))
+            elif body == "usage" and self._usage is not None:
+                state.usage.put_nowait(message.usage)
 
     async def _read(self, context: Context) -> pb.AgentMessage | None:
         try:

@@ -124,6 +124,7 @@ class AgentMessage(_message.Message):
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     DEMAND_FIELD_NUMBER: _builtins.int
     RESYNC_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -136,6 +137,8 @@ class AgentMessage(_message.Message):
     def demand(self) -> Global___Demand: ...
     @_builtins.property
     def resync(self) -> Global___Resync: ...
+    @_builtins.property
+    def usage(self) -> Global___UsageBatch: ...
     def __init__(
         self,
         *,
@@ -145,12 +148,13 @@ class AgentMessage(_message.Message):
         heartbeat: Global___Heartbeat | None = ...,
         demand: Global___Demand | None = ...,
         resync: Global___Resync | None = ...,
+        usage: Global___UsageBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "demand", b"demand", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack", "resync", b"resync"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "demand", b"demand", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack", "resync", b"resync", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "demand", b"demand", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack", "resync", b"resync"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "demand", b"demand", "heartbeat", b"heartbeat", "hello", b"hello", "nack", b"nack", "resync", b"resync", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "ack", "nack", "heartbeat", "demand", "resync"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "ack", "nack", "heartbeat", "demand", "resync", "usage"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -1092,28 +1096,206 @@ class ControlMessage(_message.Message):
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     LEASES_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    USAGE_ACK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def snapshot(self) -> Global___Snapshot: ...
     @_builtins.property
     def leases(self) -> Global___Leases: ...
     @_builtins.property
     def delta(self) -> Global___SnapshotDelta: ...
+    @_builtins.property
+    def usage_ack(self) -> Global___UsageAck: ...
     def __init__(
         self,
         *,
         snapshot: Global___Snapshot | None = ...,
         leases: Global___Leases | None = ...,
         delta: Global___SnapshotDelta | None = ...,
+        usage_ack: Global___UsageAck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "delta", b"delta", "leases", b"leases", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "delta", b"delta", "leases", b"leases", "snapshot", b"snapshot", "usage_ack", b"usage_ack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "delta", b"delta", "leases", b"leases", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "delta", b"delta", "leases", b"leases", "snapshot", b"snapshot", "usage_ack", b"usage_ack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["snapshot", "leases", "delta"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["snapshot", "leases", "delta", "usage_ack"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___ControlMessage: _TypeAlias = ControlMessage  # noqa: Y015
+
+@_typing.final
+class UsageBatch(_message.Message):
+    """The usage ledger (agents/ledger): records from the agent's journal, oldest first, each
+    with its journal sequence number. The control plane stores them (idempotently, by `id`)
+    and acknowledges the batch; the agent prunes its journal only past what was acknowledged,
+    and sends again, after a reconnect, everything after it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageRecord]: ...
+    def __init__(
+        self,
+        *,
+        records: _abc.Iterable[Global___UsageRecord] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageBatch: _TypeAlias = UsageBatch  # noqa: Y015
+
+@_typing.final
+class UsageAck(_message.Message):
+    """Every record through `through` (a journal sequence number) is stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THROUGH_FIELD_NUMBER: _builtins.int
+    through: _builtins.int
+    def __init__(
+        self,
+        *,
+        through: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["through", b"through"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageAck: _TypeAlias = UsageAck  # noqa: Y015
+
+@_typing.final
+class UsageRecord(_message.Message):
+    """What one request used, recorded once, by the region that served it (or refused it); the
+    region that escalated it records only the hop (kind "hop", no tokens).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    API_KEY_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    ANSWERED_MODEL_FIELD_NUMBER: _builtins.int
+    REGION_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    SERVICE_CLASS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    STARTED_US_FIELD_NUMBER: _builtins.int
+    ENDED_US_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    CAME_FROM_FIELD_NUMBER: _builtins.int
+    ESCALATED_TO_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    CALLS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """Unique: "<journal id>-<seq>", the agent's journal's id and the record's number there
+    (a client chooses its request ids, and two may choose the same).
+    """
+    request_id: _builtins.str
+    kind: _builtins.str
+    """served | refused | hop"""
+    tenant: _builtins.str
+    api_key: _builtins.str
+    """The API key's public prefix ("" for a peer's request that did not name it)."""
+    model: _builtins.str
+    """The model asked for, and the one that answered (a tier's, or the same)."""
+    answered_model: _builtins.str
+    region: _builtins.str
+    node: _builtins.str
+    service_class: _builtins.str
+    prompt_tokens: _builtins.int
+    cached_tokens: _builtins.int
+    completion_tokens: _builtins.int
+    started_us: _builtins.int
+    """Wall clock, microseconds since the epoch."""
+    ended_us: _builtins.int
+    outcome: _builtins.str
+    """ok, or the error code that answered it."""
+    status: _builtins.int
+    came_from: _builtins.str
+    """The region that escalated it here; the peer a hop went to."""
+    escalated_to: _builtins.str
+    seq: _builtins.int
+    """The journal's sequence number (per agent, from 1)."""
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageCall]:
+        """Each engine call that made its answer (a migrated stream's, a tier cascade's)."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        api_key: _builtins.str = ...,
+        model: _builtins.str = ...,
+        answered_model: _builtins.str = ...,
+        region: _builtins.str = ...,
+        node: _builtins.str = ...,
+        service_class: _builtins.str = ...,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+        started_us: _builtins.int = ...,
+        ended_us: _builtins.int = ...,
+        outcome: _builtins.str = ...,
+        status: _builtins.int = ...,
+        came_from: _builtins.str = ...,
+        escalated_to: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        calls: _abc.Iterable[Global___UsageCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered_model", b"answered_model", "api_key", b"api_key", "cached_tokens", b"cached_tokens", "calls", b"calls", "came_from", b"came_from", "completion_tokens", b"completion_tokens", "ended_us", b"ended_us", "escalated_to", b"escalated_to", "id", b"id", "kind", b"kind", "model", b"model", "node", b"node", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "region", b"region", "request_id", b"request_id", "seq", b"seq", "service_class", b"service_class", "started_us", b"started_us", "status", b"status", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageRecord: _TypeAlias = UsageRecord  # noqa: Y015
+
+@_typing.final
+class UsageCall(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    worker: _builtins.str
+    prompt_tokens: _builtins.int
+    cached_tokens: _builtins.int
+    completion_tokens: _builtins.int
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        worker: _builtins.str = ...,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "model", b"model", "prompt_tokens", b"prompt_tokens", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageCall: _TypeAlias = UsageCall  # noqa: Y015
 
 @_typing.final
 class SnapshotDelta(_message.Message):

@@ -1,0 +1,84 @@
+"""A request's usage record, made once at its end from what it came to (`Settled`) and put in
+the journal: served here (with its tokens), refused before any engine's work (no tokens), or,
+where a peer region served it, the hop alone (the peer records what it used)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+
+from agents.ledger.journal import Journal, JournalFull
+from agents.metrics import Settled
+
+log = logging.getLogger(__name__)
+
+PEER = "peer:"
+
+
+def kind_of(settled: Settled) -> str:
+    """served, refused or hop (see the module's docstring)."""
+    if settled.worker.startswith(PEER):
+        return "hop"
+    if settled.waited_s is not None or settled.prompt_tokens or settled.completion_tokens:
+        return "served"
+    return "refused"
+
+
+class Ledger:
+    """The gateway's side of the ledger: a record per settled request, into the journal."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        node: Callable[[], str],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.journal, self.node, self.wall = journal, node, wall
+        self.dropped = 0  # records the journal could not take (each logged)
+
+    def note(
+        self,
+        request_id: str,
+        region: str,
+        status: int,
+        settled: Settled,
+        code: str,
+        started: float,
+        now: float,
+    ) -> None:
+        """`started`, `now`: the gateway's monotonic clock. A request of no tenant (refused
+        before it was authenticated) or the operator's is not a tenant's to pay for."""
+        tenant = settled.tenant
+        if not tenant or tenant == "operator":
+            return
+        kind = kind_of(settled)
+        ended_us = int(self.wall() * 1e6)
+        hop = kind == "hop"
+        record = pb.UsageRecord(
+            request_id=request_id,
+            kind=kind,
+            tenant=tenant,
+            api_key=settled.key,
+            model=settled.asked or settled.model,
+            answered_model=settled.model,
+            region=region,
+            node=self.node(),
+            service_class=settled.service_class,
+            prompt_tokens=0 if hop else settled.prompt_tokens or 0,
+            cached_tokens=0 if hop else settled.cached_tokens or 0,
+            completion_tokens=0 if hop else settled.completion_tokens or 0,
+            started_us=ended_us - int((now - started) * 1e6),
+            ended_us=ended_us,
+            outcome=code,
+            status=status,
+            came_from=settled.came_from,
+            escalated_to=settled.worker.removeprefix(PEER) if hop else "",
+        )
+        try:
+            self.journal.append(record)
+        except (JournalFull, ValueError) as error:  # ValueError: the journal is closed
+            self.dropped += 1
+            log.error("request %s: its usage record was not journaled: %s", request_id, error)

@@ -1,0 +1,47 @@
+"""The usage ledger's rows: one per request (or hop, or refusal), as the agents recorded
+them, stored once by `id` (agents/ledger). The table is partitioned by month of
+`started_at`; each month's partition is made, in schema `usage_parts`, when its first record
+arrives (controlplane/services/usage/store.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Index, Integer, String, func
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from controlplane.db.base import Base
+
+PARTITIONS_SCHEMA = "usage_parts"
+
+
+class UsageRecordRow(Base):
+    __tablename__ = "usage_records"
+    __table_args__ = (
+        Index("ix_usage_records_tenant_started", "tenant", "started_at"),
+        {"postgresql_partition_by": "RANGE (started_at)"},
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    ended_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    request_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(8))  # served | refused | hop
+    tenant: Mapped[str] = mapped_column(String(63))
+    api_key: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(255))
+    answered_model: Mapped[str] = mapped_column(String(255))
+    region: Mapped[str] = mapped_column(String(63))
+    node: Mapped[str] = mapped_column(String(63))
+    service_class: Mapped[str] = mapped_column(String(16))
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    outcome: Mapped[str] = mapped_column(String(64))
+    status: Mapped[int] = mapped_column(Integer)
+    came_from: Mapped[str] = mapped_column(String(63))
+    escalated_to: Mapped[str] = mapped_column(String(63))
+    calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB, nullable=True)
+    stored_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

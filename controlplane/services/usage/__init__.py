@@ -1,0 +1,1 @@
+"""The usage ledger on the control plane: records stored once, reports and budgets."""

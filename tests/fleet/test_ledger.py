@@ -1,0 +1,125 @@
+"""The usage ledger on real processes: a control plane on PostgreSQL and a region's agent with
+simulated engines. Every request a client saw answered has exactly one record, with the
+tokens its answer reported; a refusal has one of no tokens; through the control plane killed
+-9 (the agent journals meanwhile) and the agent killed -9 under traffic (it ships what it
+journaled when it is back)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from meridian.procs import ControlPlane, start_control_plane, stop_child
+from tests.kits.agents import start_agent
+from tests.kits.controlplane import ADMIN_TOKEN
+from tests.kits.fleet import LLAMA, OPERATOR, Fleet, fleet_of
+from tests.kits.services import sql
+
+REGION = "us-east"
+Seen = dict[str, tuple[int, int] | None]  # request id: (prompt, completion) tokens, or refused
+
+
+async def _ask(client: openai.AsyncOpenAI, rid: str, n: int, seen: Seen) -> None:
+    """One request: streamed or not, to the model or to one that does not exist (refused)."""
+    headers = {"X-Request-ID": rid}
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": f"question {n} " * (1 + n % 7)}
+    ]
+    try:
+        if n % 10 == 9:
+            await client.chat.completions.create(model="no-such-model", messages=messages,
+                                                 extra_headers=headers)  # fmt: skip
+        elif n % 2:
+            stream = await client.chat.completions.create(
+                model=LLAMA, messages=messages, max_tokens=4 + n % 5, stream=True,
+                stream_options={"include_usage": True}, extra_headers=headers,
+            )  # fmt: skip
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    seen[rid] = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+        else:
+            answer = await client.chat.completions.create(
+                model=LLAMA, messages=messages, max_tokens=4 + n % 5, extra_headers=headers
+            )
+            assert answer.usage is not None
+            seen[rid] = answer.usage.prompt_tokens, answer.usage.completion_tokens
+    except openai.NotFoundError:
+        seen[rid] = None
+    except (openai.APIConnectionError, openai.APIStatusError):
+        pass  # cut by a kill: recorded once, or not at all
+
+
+async def _traffic(fleet: Fleet, prefix: str, count: int, seen: Seen, pace_s: float) -> None:
+    client = fleet.client(REGION)
+    tasks = []
+    for n in range(count):
+        tasks.append(asyncio.create_task(_ask(client, f"{prefix}-{n}", n, seen)))
+        await asyncio.sleep(pace_s)
+    await asyncio.gather(*tasks)
+    await client.close()
+
+
+async def _records(url: str) -> list[tuple[str, str, int, int, str]]:
+    rows = await sql(url, "SELECT request_id, kind, prompt_tokens, completion_tokens, outcome "
+                     "FROM usage_records")  # fmt: skip
+    return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+
+@pytest.mark.alone  # kills and restarts: timed waits beside other tests' load would stretch
+async def test_every_answer_is_recorded_once_through_kills_of_the_control_plane_and_agent(
+    database_url: str, tmp_path: Path
+) -> None:
+    seen: Seen = {}
+    restarted: ControlPlane | None = None
+    async with fleet_of(database_url, tmp_path, regions=(REGION,)) as fleet:
+        try:
+            await _traffic(fleet, "calm", 60, seen, 0.02)
+            # the control plane killed -9: the agent serves and journals
+            grpc_port = int(fleet.cp.grpc_target.rsplit(":", 1)[1])
+            await fleet.kill_control_plane()
+            await _traffic(fleet, "away", 40, seen, 0.02)
+            restarted = await start_control_plane(
+                {"MERIDIAN_DATABASE_URL": database_url, "MERIDIAN_ADMIN_TOKEN": ADMIN_TOKEN,
+                 "MERIDIAN_LOG_LEVEL": "warning"},
+                port=urlsplit(fleet.cp.url).port, grpc_port=grpc_port, timeout_s=60,
+            )  # fmt: skip
+            # the agent killed -9 under traffic, and started again on its disk
+            agent = fleet.agents[REGION]
+            traffic = asyncio.create_task(_traffic(fleet, "kill", 80, seen, 0.02))
+            await asyncio.sleep(0.8)
+            os.kill(agent.process.pid, signal.SIGKILL)
+            await agent.process.wait()
+            await traffic
+            fleet.agents[REGION] = await start_agent(
+                fleet.cp.grpc_target, REGION, tmp_path / REGION, node=f"{REGION}-1",
+                operator=OPERATOR, port=urlsplit(agent.url).port,
+                env={"MERIDIAN_AGENT_CONTROL_PLANE_URL": fleet.cp.url},
+            )  # fmt: skip
+            await _traffic(fleet, "back", 20, seen, 0.02)
+            expected = set(seen)
+            async with asyncio.timeout(60):
+                while not expected <= {r[0] for r in await _records(database_url)}:  # noqa: ASYNC110 (another process's rows)
+                    await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)  # anything sent twice would be stored by now
+            records = await _records(database_url)
+        finally:
+            if restarted is not None:
+                await stop_child(restarted.process)
+    ids = [r[0] for r in records]
+    assert len(ids) == len(set(ids)), "a request recorded twice"
+    by_id = {r[0]: r for r in records}
+    assert sum(1 for rid in seen if rid.startswith("kill")) >= 20  # the kill cut some, not all
+    assert sum(1 for v in seen.values() if v is None) >= 10
+    for rid, tokens in seen.items():
+        _, kind, prompt, completion, outcome = by_id[rid]
+        if tokens is None:
+            assert (kind, prompt, completion, outcome) == ("refused", 0, 0, "model_not_found")
+        else:
+            assert (kind, (prompt, completion), outcome) == ("served", tokens, "ok"), rid
