@@ -25,6 +25,7 @@ from meridian_pb.fleet.v1.classes import (
 )
 from meridian_pb.fleet.v1.features import FEATURES, Table, default_table
 from meridian_pb.fleet.v1.params import PolicyParams, params_for
+from meridian_pb.fleet.v1.prices import PriceList
 from pydantic import ValidationError
 
 from agents.errors import SnapshotInvalid
@@ -37,6 +38,7 @@ class ModelConfig:
     context_length: int
     capabilities: frozenset[str]
     source: str = ""  # the weights' path or repository (a new one makes new canaries)
+    prices: PriceList | None = None  # what its usage costs; None: unpriced
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class Tenant:
     weight: float = 1.0  # in fair admission
     default_class: ServiceClass = ServiceClass.STANDARD  # of its requests that name none
     class_ceiling: ServiceClass = ServiceClass.STANDARD  # the highest they may name
+    discount: float = 0.0  # off its usage's price, a fraction
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,13 @@ DEFAULT_MAX_QUEUE = 256
 def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
     """Raises SnapshotInvalid for a policy or parameter the router does not have."""
     models = {
-        m.name: ModelConfig(m.name, m.context_length, frozenset(m.capabilities), m.source)
+        m.name: ModelConfig(
+            m.name,
+            m.context_length,
+            frozenset(m.capabilities),
+            m.source,
+            _prices(m.pricing) if m.HasField("pricing") else None,
+        )
         for m in snapshot.models
     }
     routes = {r.model: _route(r) for r in snapshot.routes}
@@ -223,6 +232,7 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
             weight=grant.weight or 1.0,
             default_class=_class(grant.default_class, grant.name),
             class_ceiling=_class(grant.class_ceiling, grant.name),
+            discount=min(1.0, max(0.0, grant.price_discount_percent / 100)),
         )
         tenants[tenant.name] = tenant
         for key in grant.api_keys:
@@ -261,6 +271,14 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
         senders=MappingProxyType({t.region: sender_of(t) for t in snapshot.trusted}),
         tiered=MappingProxyType({t.name: _tiered(t, models) for t in snapshot.tiered}),
     )
+
+
+def _prices(pricing: pb.Pricing) -> PriceList:
+    prices = [(p.from_s, p.input_micros, p.cached_input_micros, p.output_micros)
+              for p in pricing.prices]  # fmt: skip
+    if prices != sorted(prices) or any(v < 0 for p in prices for v in p[1:]):
+        raise SnapshotInvalid("a model's prices must be in order of time, none below 0")
+    return PriceList(prices, dict(pricing.class_multipliers))
 
 
 def _tiered(route: pb.TieredRoute, models: Mapping[str, ModelConfig]) -> TieredRouteConfig:

@@ -27,6 +27,15 @@ class ValidationFailed(MeridianError):
         super().__init__(detail, errors=errors)
 
 
+class PriceInEffect(MeridianError):
+    code = "price_in_effect"
+    status = 409
+    title = "A price in effect cannot change"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, errors=[{"field": "pricing.prices", "message": detail}])
+
+
 class MalformedBody(MeridianError):
     code = "malformed_body"
     status = 422

@@ -65,7 +65,7 @@ class Accounts:
         self.metrics.answered(path, status, started, now, settled, error_type)
         self.receipts.note(request_id, status, started, now, settled, error_type)
         if self.ledger is not None and config is not None:
-            self.ledger.note(request_id, config.region, status, settled, code, started, now)
+            self.ledger.note(request_id, config, status, settled, code, started, now)
         if span is not None and span.is_recording():
             region = config.region if config is not None else None
             spans.finished(span, path, status, settled, started, error_type, region)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
+from agents.config import RegionConfig
 from agents.ledger.journal import Journal, JournalFull
 from agents.metrics import Settled
 
@@ -42,7 +43,7 @@ class Ledger:
     def note(
         self,
         request_id: str,
-        region: str,
+        config: RegionConfig,
         status: int,
         settled: Settled,
         code: str,
@@ -56,7 +57,19 @@ class Ledger:
             return
         kind = kind_of(settled)
         ended_us = int(self.wall() * 1e6)
-        hop = kind == "hop"
+        started_us = ended_us - int((now - started) * 1e6)
+        hop, served = kind == "hop", kind == "served"
+        prompt = settled.prompt_tokens or 0 if served else 0
+        cached = settled.cached_tokens or 0 if served else 0
+        completion = settled.completion_tokens or 0 if served else 0
+        model = config.models.get(settled.model)
+        prices = model.prices if model is not None else None
+        cost: int | None = 0 if not served else None  # a hop or a refusal costs nothing
+        if served and prices is not None:
+            payer = config.tenants.get(tenant)
+            cost = prices.cost_nanos(started_us / 1e6, prompt, cached, completion,
+                                     settled.service_class,
+                                     payer.discount if payer is not None else 0.0)  # fmt: skip
         record = pb.UsageRecord(
             request_id=request_id,
             kind=kind,
@@ -64,18 +77,19 @@ class Ledger:
             api_key=settled.key,
             model=settled.asked or settled.model,
             answered_model=settled.model,
-            region=region,
+            region=config.region,
             node=self.node(),
             service_class=settled.service_class,
-            prompt_tokens=0 if hop else settled.prompt_tokens or 0,
-            cached_tokens=0 if hop else settled.cached_tokens or 0,
-            completion_tokens=0 if hop else settled.completion_tokens or 0,
-            started_us=ended_us - int((now - started) * 1e6),
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            completion_tokens=completion,
+            started_us=started_us,
             ended_us=ended_us,
             outcome=code,
             status=status,
             came_from=settled.came_from,
             escalated_to=settled.worker.removeprefix(PEER) if hop else "",
+            cost_nanos=cost,
         )
         try:
             self.journal.append(record)

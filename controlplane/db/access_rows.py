@@ -31,6 +31,7 @@ class TenantRow(NamedRow):
     class_ceiling: Mapped[str] = mapped_column(
         String(16), default="standard", server_default="standard"
     )
+    price_discount_percent: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class ApiKeyRow(NamedRow):

@@ -108,6 +108,7 @@ class ModelRow(NamedRow):
     context_length: Mapped[int] = mapped_column(Integer)
     capabilities: Mapped[list[str]] = mapped_column(JSONB, default=list)
     min_gpu_memory_gb: Mapped[int] = mapped_column(Integer)
+    pricing: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # prices.Pricing, as JSON
 
     # The leader's latest comparison of the model across regions (agent_rows.ModelQualityRow)
     quality: Mapped[ModelQualityRow | None] = relationship(

@@ -44,4 +44,6 @@ class UsageRecordRow(Base):
     came_from: Mapped[str] = mapped_column(String(63))
     escalated_to: Mapped[str] = mapped_column(String(63))
     calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB, nullable=True)
+    # its price in billionths of the fleet's currency; null: its model had none
+    cost_nanos: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     stored_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

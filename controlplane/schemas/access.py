@@ -60,6 +60,9 @@ class TenantSpec(Spec):
         default=ServiceClassName.STANDARD,
         description="the highest class its requests may name; one above it is served at it",
     )
+    price_discount_percent: float = Field(
+        default=0.0, ge=0, le=100, description="taken off the price of its usage"
+    )
 
     @model_validator(mode="after")
     def _default_within_ceiling(self) -> Self:

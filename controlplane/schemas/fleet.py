@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, Self
 
 from meridian_pb.fleet.v1.features import FEATURES
 from meridian_pb.fleet.v1.params import params_for
+from meridian_pb.fleet.v1.prices import Pricing
 from pydantic import Field, ValidationError, model_validator
 
 from controlplane.domain import (
@@ -122,6 +123,11 @@ class ModelSpec(Spec):
         max_length=len(Capability),
     )
     min_gpu_memory_gb: int = Field(default=0, ge=0, le=4096)
+    pricing: Pricing | None = Field(
+        default=None,
+        description="its prices, each from its time on, per million tokens in the fleet's "
+        "currency (docs/usage.md); null: its usage is recorded unpriced",
+    )
 
 
 class DeploymentSpec(Spec):

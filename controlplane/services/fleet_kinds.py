@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from meridian_pb.fleet.v1.prices import Pricing, past_kept
 from sqlalchemy import inspect, select
 
 from controlplane.db.agent_rows import ModelQualityRow, RegionLoadRow
+from controlplane.db.base import utcnow
 from controlplane.db.fleet_rows import (
     CloudRow,
     DeploymentRow,
@@ -20,7 +22,7 @@ from controlplane.db.fleet_rows import (
     RoutingPolicyRow,
     TieredRouteRow,
 )
-from controlplane.errors import InvalidFallbackChain, NameTaken, ValidationFailed
+from controlplane.errors import InvalidFallbackChain, NameTaken, PriceInEffect, ValidationFailed
 from controlplane.schemas.common import Spec
 from controlplane.schemas.fleet import (
     CloudOut,
@@ -160,6 +162,20 @@ class NodeKind(Kind[NodeRow]):
 
 class ModelKind(Kind[ModelRow]):
     kind, plural, row, spec, out = "model", "models", ModelRow, ModelSpec, ModelOut
+
+    async def assign(self, uow: UnitOfWork, row: ModelRow, spec: Spec) -> None:
+        await super().assign(uow, row, spec)
+        assert isinstance(spec, ModelSpec)
+        row.pricing = None if spec.pricing is None else spec.pricing.model_dump(mode="json")
+
+    async def update(self, uow: UnitOfWork, row: ModelRow, spec: Spec) -> bool:
+        """Prices in effect stay as they were: usage was recorded at them."""
+        assert isinstance(spec, ModelSpec)
+        before = None if row.pricing is None else Pricing.model_validate(row.pricing)
+        why = past_kept(before, spec.pricing, utcnow())
+        if why is not None:
+            raise PriceInEffect(why)
+        return await super().update(uow, row, spec)
 
     async def validate(self, uow: UnitOfWork, row: ModelRow) -> None:
         if await uow.find(TieredRouteRow, row.name) is not None:

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from meridian_pb.fleet.v1.assertion import CONTROL_PLANE
+from meridian_pb.fleet.v1.prices import wire
 
 from controlplane.domain import EngineBackend, RegionState
 from controlplane.schemas.fleet import FallbackRuleSpec
@@ -95,6 +96,7 @@ def region_catalog(
             ModelInfo(
                 name=m,
                 **state.models[m].model_dump(include={"source", "context_length", "capabilities"}),
+                pricing=wire(pricing) if (pricing := state.models[m].pricing) else None,
             )
             for m in models
         ],
@@ -354,6 +356,7 @@ def tenant_grants(state: FleetState, region: str, index: FleetIndex) -> list[Ten
                 weight=tenant.weight,
                 default_class=str(tenant.default_class),
                 class_ceiling=str(tenant.class_ceiling),
+                price_discount_percent=tenant.price_discount_percent,
             )
         )
     return grants

@@ -83,6 +83,7 @@ class ModelInfo(Frozen):
     source: str
     context_length: int
     capabilities: list[str]
+    pricing: dict[str, Any] | None = None  # prices.wire's form of its Pricing
 
 
 class DeploymentInfo(Frozen):
@@ -240,6 +241,7 @@ class TenantGrant(Frozen):
     weight: float = 1.0  # in fair admission
     default_class: str = "standard"  # its requests' service class when they name none
     class_ceiling: str = "standard"  # the highest they may name
+    price_discount_percent: float = 0.0  # off its usage's price
 
 
 class RegionSnapshot(Frozen):

@@ -70,6 +70,7 @@ async def test_dry_run_shows_the_diff_and_changes_nothing(api: Api) -> None:
                 "weight": 1.0,
                 "default_class": "standard",
                 "class_ceiling": "standard",
+                "price_discount_percent": 0.0,
             },
         },
     ]

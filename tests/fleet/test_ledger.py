@@ -2,16 +2,20 @@
 simulated engines. Every request a client saw answered has exactly one record, with the
 tokens its answer reported; a refusal has one of no tokens; through the control plane killed
 -9 (the agent journals meanwhile) and the agent killed -9 under traffic (it ships what it
-journaled when it is back)."""
+journaled when it is back). Each is priced at the price in effect when it started, less its
+tenant's discount: a price change made through the admin API applies from its time on."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
@@ -20,6 +24,7 @@ from meridian.procs import ControlPlane, start_control_plane, stop_child
 from tests.kits.agents import start_agent
 from tests.kits.controlplane import ADMIN_TOKEN
 from tests.kits.fleet import LLAMA, OPERATOR, Fleet, fleet_of
+from tests.kits.push import ADMIN
 from tests.kits.services import sql
 
 REGION = "us-east"
@@ -66,10 +71,36 @@ async def _traffic(fleet: Fleet, prefix: str, count: int, seen: Seen, pace_s: fl
     await client.close()
 
 
-async def _records(url: str) -> list[tuple[str, str, int, int, str]]:
-    rows = await sql(url, "SELECT request_id, kind, prompt_tokens, completion_tokens, outcome "
-                     "FROM usage_records")  # fmt: skip
-    return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+async def _records(url: str) -> list[tuple[Any, ...]]:
+    return await sql(url, "SELECT request_id, kind, prompt_tokens, completion_tokens, outcome, "
+                     "cached_tokens, started_at, cost_nanos FROM usage_records")  # fmt: skip
+
+
+def _priced(doc: dict[str, Any]) -> None:
+    llama = next(m for m in doc["models"] if m["name"] == LLAMA)
+    llama["pricing"] = {"prices": [{"effective_from": "2026-01-01T00:00:00Z", "input": 0.15,
+                                    "cached_input": 0.075, "output": 0.6}]}  # fmt: skip
+    next(t for t in doc["tenants"] if t["name"] == "acme")["price_discount_percent"] = 10
+
+
+async def _new_price(fleet: Fleet, at: datetime) -> None:
+    """From `at` on, input at 0.3 and output at 1.2 per million tokens."""
+    async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as http:
+        model = (await http.get(f"/v1/models/{LLAMA}")).json()
+        later = {"effective_from": at.isoformat(), "input": 0.3, "output": 1.2}
+        model["pricing"]["prices"].append(later)
+        answer = await http.put(f"/v1/models/{LLAMA}", json=model,
+                                headers={"If-Match": f'"{model["version"]}"'})  # fmt: skip
+        assert answer.status_code == 200, answer.text
+
+
+def _cost(prompt: int, cached: int, completion: int, new: bool) -> int:
+    """In billionths of a dollar, 10% off: a token at $x per million costs 1000x of them."""
+    if new:
+        nanos = prompt * 300 + completion * 1200
+    else:
+        nanos = (prompt - cached) * 150 + cached * 75 + completion * 600
+    return round(nanos * 0.9)
 
 
 @pytest.mark.alone  # kills and restarts: timed waits beside other tests' load would stretch
@@ -78,9 +109,12 @@ async def test_every_answer_is_recorded_once_through_kills_of_the_control_plane_
 ) -> None:
     seen: Seen = {}
     restarted: ControlPlane | None = None
-    async with fleet_of(database_url, tmp_path, regions=(REGION,)) as fleet:
+    async with fleet_of(database_url, tmp_path, regions=(REGION,), change=_priced) as fleet:
         try:
+            change = datetime.now(UTC) + timedelta(seconds=3)
+            await _new_price(fleet, change)
             await _traffic(fleet, "calm", 60, seen, 0.02)
+            await asyncio.sleep(max(0.0, (change - datetime.now(UTC)).total_seconds()))
             # the control plane killed -9: the agent serves and journals
             grpc_port = int(fleet.cp.grpc_target.rsplit(":", 1)[1])
             await fleet.kill_control_plane()
@@ -117,9 +151,15 @@ async def test_every_answer_is_recorded_once_through_kills_of_the_control_plane_
     by_id = {r[0]: r for r in records}
     assert sum(1 for rid in seen if rid.startswith("kill")) >= 20  # the kill cut some, not all
     assert sum(1 for v in seen.values() if v is None) >= 10
+    prices = {False: 0, True: 0}  # records at the first price, and at the new one
     for rid, tokens in seen.items():
-        _, kind, prompt, completion, outcome = by_id[rid]
+        _, kind, prompt, completion, outcome, cached, started, cost = by_id[rid]
         if tokens is None:
-            assert (kind, prompt, completion, outcome) == ("refused", 0, 0, "model_not_found")
+            assert (kind, prompt, completion, outcome, cost) == (
+                "refused", 0, 0, "model_not_found", 0)  # fmt: skip
         else:
             assert (kind, (prompt, completion), outcome) == ("served", tokens, "ok"), rid
+            new = started >= change
+            prices[new] += 1
+            assert cost == _cost(prompt, cached, completion, new), rid
+    assert min(prices.values()) >= 40  # both prices were in effect for many

@@ -63,6 +63,7 @@ def row_of(record: pb.UsageRecord, region: str, node: str) -> dict[str, Any]:
         "came_from": record.came_from,
         "escalated_to": record.escalated_to,
         "calls": calls or None,
+        "cost_nanos": record.cost_nanos if record.HasField("cost_nanos") else None,
     }
 
 

@@ -1199,6 +1199,7 @@ class UsageRecord(_message.Message):
     ESCALATED_TO_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     CALLS_FIELD_NUMBER: _builtins.int
+    COST_NANOS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Unique: "<journal id>-<seq>", the agent's journal's id and the record's number there
     (a client chooses its request ids, and two may choose the same).
@@ -1229,6 +1230,10 @@ class UsageRecord(_message.Message):
     escalated_to: _builtins.str
     seq: _builtins.int
     """The journal's sequence number (per agent, from 1)."""
+    cost_nanos: _builtins.int
+    """Its price, in billionths of the currency, as the model's price at `started_us`, its
+    class's multiplier and its tenant's discount make it; unset for a model with no price.
+    """
     @_builtins.property
     def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageCall]:
         """Each engine call that made its answer (a migrated stream's, a tier cascade's)."""
@@ -1257,12 +1262,15 @@ class UsageRecord(_message.Message):
         escalated_to: _builtins.str = ...,
         seq: _builtins.int = ...,
         calls: _abc.Iterable[Global___UsageCall] | None = ...,
+        cost_nanos: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cost_nanos", b"_cost_nanos", "cost_nanos", b"cost_nanos"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered_model", b"answered_model", "api_key", b"api_key", "cached_tokens", b"cached_tokens", "calls", b"calls", "came_from", b"came_from", "completion_tokens", b"completion_tokens", "ended_us", b"ended_us", "escalated_to", b"escalated_to", "id", b"id", "kind", b"kind", "model", b"model", "node", b"node", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "region", b"region", "request_id", b"request_id", "seq", b"seq", "service_class", b"service_class", "started_us", b"started_us", "status", b"status", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cost_nanos", b"_cost_nanos", "answered_model", b"answered_model", "api_key", b"api_key", "cached_tokens", b"cached_tokens", "calls", b"calls", "came_from", b"came_from", "completion_tokens", b"completion_tokens", "cost_nanos", b"cost_nanos", "ended_us", b"ended_us", "escalated_to", b"escalated_to", "id", b"id", "kind", b"kind", "model", b"model", "node", b"node", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "region", b"region", "request_id", b"request_id", "seq", b"seq", "service_class", b"service_class", "started_us", b"started_us", "status", b"status", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__cost_nanos: _TypeAlias = _typing.Literal["cost_nanos"]  # noqa: Y015
+    _WhichOneofArgType__cost_nanos: _TypeAlias = _typing.Literal["_cost_nanos", b"_cost_nanos"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cost_nanos) -> _WhichOneofReturnType__cost_nanos | None: ...
 
 Global___UsageRecord: _TypeAlias = UsageRecord  # noqa: Y015
 
@@ -1935,11 +1943,16 @@ class ModelInfo(_message.Message):
     SOURCE_FIELD_NUMBER: _builtins.int
     CONTEXT_LENGTH_FIELD_NUMBER: _builtins.int
     CAPABILITIES_FIELD_NUMBER: _builtins.int
+    PRICING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     source: _builtins.str
     context_length: _builtins.int
     @_builtins.property
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def pricing(self) -> Global___Pricing:
+        """Unset: its usage is recorded unpriced."""
+
     def __init__(
         self,
         *,
@@ -1947,14 +1960,97 @@ class ModelInfo(_message.Message):
         source: _builtins.str = ...,
         context_length: _builtins.int = ...,
         capabilities: _abc.Iterable[_builtins.str] | None = ...,
+        pricing: Global___Pricing | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pricing", b"pricing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "context_length", b"context_length", "name", b"name", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "context_length", b"context_length", "name", b"name", "pricing", b"pricing", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelInfo: _TypeAlias = ModelInfo  # noqa: Y015
+
+@_typing.final
+class Pricing(_message.Message):
+    """A model's prices (meridian_pb/fleet/v1/prices.py): each from its time on, so that a change
+    applies from then and never to what came before.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ClassMultipliersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    PRICES_FIELD_NUMBER: _builtins.int
+    CLASS_MULTIPLIERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def prices(self) -> _containers.RepeatedCompositeFieldContainer[Global___Price]:
+        """by `from_s`, oldest first"""
+
+    @_builtins.property
+    def class_multipliers(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """A service class's multiplier of the price (a class not named: 1)."""
+
+    def __init__(
+        self,
+        *,
+        prices: _abc.Iterable[Global___Price] | None = ...,
+        class_multipliers: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["class_multipliers", b"class_multipliers", "prices", b"prices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Pricing: _TypeAlias = Pricing  # noqa: Y015
+
+@_typing.final
+class Price(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FROM_S_FIELD_NUMBER: _builtins.int
+    INPUT_MICROS_FIELD_NUMBER: _builtins.int
+    CACHED_INPUT_MICROS_FIELD_NUMBER: _builtins.int
+    OUTPUT_MICROS_FIELD_NUMBER: _builtins.int
+    from_s: _builtins.int
+    """seconds since the epoch"""
+    input_micros: _builtins.int
+    """Per million tokens, in millionths of the currency."""
+    cached_input_micros: _builtins.int
+    output_micros: _builtins.int
+    def __init__(
+        self,
+        *,
+        from_s: _builtins.int = ...,
+        input_micros: _builtins.int = ...,
+        cached_input_micros: _builtins.int = ...,
+        output_micros: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_input_micros", b"cached_input_micros", "from_s", b"from_s", "input_micros", b"input_micros", "output_micros", b"output_micros"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Price: _TypeAlias = Price  # noqa: Y015
 
 @_typing.final
 class DeploymentInfo(_message.Message):
@@ -2442,6 +2538,7 @@ class TenantGrant(_message.Message):
     WEIGHT_FIELD_NUMBER: _builtins.int
     DEFAULT_CLASS_FIELD_NUMBER: _builtins.int
     CLASS_CEILING_FIELD_NUMBER: _builtins.int
+    PRICE_DISCOUNT_PERCENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tier: _builtins.str
     requests_per_minute: _builtins.int
@@ -2476,6 +2573,8 @@ class TenantGrant(_message.Message):
     classes: meridian_pb/fleet/v1/classes.py). "": standard.
     """
     class_ceiling: _builtins.str
+    price_discount_percent: _builtins.float
+    """Off its usage's price, in percent (0 to 100)."""
     @_builtins.property
     def allowed_jurisdictions(self) -> Global___Jurisdictions:
         """Unset: any jurisdiction."""
@@ -2504,10 +2603,11 @@ class TenantGrant(_message.Message):
         weight: _builtins.float = ...,
         default_class: _builtins.str = ...,
         class_ceiling: _builtins.str = ...,
+        price_discount_percent: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier_floor", b"tier_floor", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "class_ceiling", b"class_ceiling", "debug_routes", b"debug_routes", "default_class", b"default_class", "disabled", b"disabled", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "name", b"name", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tier_floor", b"tier_floor", "tiering", b"tiering", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "class_ceiling", b"class_ceiling", "debug_routes", b"debug_routes", "default_class", b"default_class", "disabled", b"disabled", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "name", b"name", "price_discount_percent", b"price_discount_percent", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tier_floor", b"tier_floor", "tiering", b"tiering", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_concurrency: _TypeAlias = _typing.Literal["max_concurrency"]  # noqa: Y015
     _WhichOneofArgType__max_concurrency: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency"]  # noqa: Y015
