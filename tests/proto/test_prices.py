@@ -4,6 +4,7 @@ class's multiplier and the tenant's discount; the past is never rewritten."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from meridian_pb.fleet.v1.prices import PriceList, Pricing, past_kept, wire
@@ -43,6 +44,7 @@ def test_usage_is_priced_at_the_price_in_effect_when_it_started() -> None:
 
 
 def test_prices_out_of_order_too_precise_or_of_no_class_are_refused() -> None:
+    bad: dict[str, Any]
     for bad in (
         {"prices": [{"effective_from": T1, "input": 1, "output": 1},
                     {"effective_from": T0, "input": 1, "output": 1}]},
