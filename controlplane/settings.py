@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     tls_client_ca_file: Path | None = Field(
         default=None, description="PEM CA; set: agents must present a certificate it signed"
     )
+    currency: str = Field(
+        default="USD",
+        pattern=r"^[A-Z]{3}$",
+        description="the currency of models' prices and of usage reports (ISO 4217)",
+    )
     heartbeat_timeout_s: float = Field(
         default=15.0, gt=0, le=3600, description="close an agent's stream after this silence"
     )

@@ -13,6 +13,7 @@ from controlplane.api import (
     quotas,
     rollouts,
     status,
+    usage,
 )
 from controlplane.api.deps import Services
 from controlplane.api.kinds import kind_router
@@ -63,6 +64,7 @@ def create_app(
     app.include_router(planner.router)
     app.include_router(quotas.router)
     app.include_router(batches.router)
+    app.include_router(usage.router)
     for kind in KINDS:
         app.include_router(kind_router(kind))
     return app

@@ -1,0 +1,84 @@
+"""The usage ledger's reports: sums by bucket of time and group, as OpenAI's organization
+usage API shapes them, and the raw records of a period as JSON lines or CSV."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from controlplane.api.deps import ServicesDep, allowed
+from controlplane.domain import Role
+from controlplane.services.kind import parse
+from controlplane.services.usage.report import UsageQuery, records, usage_report
+
+router = APIRouter(tags=["usage"])
+Listed = Annotated[str | None, Query(max_length=4096, description="comma-separated")]
+Time = Annotated[int | None, Query(ge=0, le=2**40)]
+GROUPED = "comma-separated: tenant, api_key, model, region, service_class"
+
+
+def _query(
+    start_time: int | None,
+    end_time: int | None,
+    bucket_width: str | None,
+    time_zone: str | None,
+    group_by: str | None,
+    tenants: str | None,
+    api_keys: str | None,
+    models: str | None,
+    regions: str | None,
+    limit: int | None = None,
+    page: int | None = None,
+) -> UsageQuery:
+    given: dict[str, Any] = {"start_time": start_time, "end_time": end_time, "limit": limit,
+                             "page": page}  # fmt: skip
+    if bucket_width is not None:
+        given["bucket_width"] = bucket_width
+    if time_zone is not None:
+        given["time_zone"] = time_zone
+    for field, value in (("group_by", group_by), ("tenants", tenants), ("api_keys", api_keys),
+                         ("models", models), ("regions", regions)):  # fmt: skip
+        if value:
+            given[field] = [v.strip() for v in value.split(",") if v.strip()]
+    query: UsageQuery = parse(UsageQuery, given)
+    return query
+
+
+@router.get("/v1/usage", summary="Usage and its cost, summed by bucket of time and by group",
+            **allowed(Role.VIEWER))  # fmt: skip
+async def usage(
+    services: ServicesDep,
+    start_time: Annotated[int | None, Query(ge=0, le=2**40, description="Unix seconds")] = None,
+    end_time: Time = None,
+    bucket_width: Annotated[str | None, Query(max_length=8, description="1h, 1d or 1mo")] = None,
+    time_zone: Annotated[str | None, Query(max_length=64)] = None,
+    group_by: Annotated[str | None, Query(max_length=256, description=GROUPED)] = None,
+    tenants: Listed = None,
+    api_keys: Listed = None,
+    models: Listed = None,
+    regions: Listed = None,
+    limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    page: Time = None,
+) -> dict[str, Any]:
+    query = _query(start_time, end_time, bucket_width, time_zone, group_by, tenants, api_keys,
+                   models, regions, limit, page)  # fmt: skip
+    return await usage_report(services.db, query, services.settings.currency)
+
+
+@router.get("/v1/usage/records", summary="The raw usage records of a period, oldest first",
+            response_class=StreamingResponse, **allowed(Role.VIEWER))  # fmt: skip
+async def usage_records(
+    services: ServicesDep,
+    start_time: Annotated[int | None, Query(ge=0, le=2**40, description="Unix seconds")] = None,
+    end_time: Time = None,
+    tenants: Listed = None,
+    api_keys: Listed = None,
+    models: Listed = None,
+    regions: Listed = None,
+    format: Annotated[Literal["jsonl", "csv"], Query()] = "jsonl",
+) -> StreamingResponse:
+    query = _query(start_time, end_time, None, None, None, tenants, api_keys, models, regions)
+    media = "application/x-ndjson" if format == "jsonl" else "text/csv"
+    return StreamingResponse(records(services.db, query, format), media_type=media)
