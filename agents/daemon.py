@@ -159,10 +159,12 @@ class Agent:
     async def serve(self) -> None:
         """Run until SIGINT or SIGTERM; then stop every engine it started."""
         await asyncio.to_thread(self.store.prepare)
-        journal = await asyncio.to_thread(Journal, self.settings.data_dir / "ledger")
-        journal.start()
-        self.gateway.accounts.ledger = Ledger(journal, lambda: self.link.state.node)
-        self.link.journal = journal
+        journal: Journal | None = None
+        if self.settings.usage_ledger:
+            journal = await asyncio.to_thread(Journal, self.settings.data_dir / "ledger")
+            journal.start()
+            self.gateway.accounts.ledger = Ledger(journal, lambda: self.link.state.node)
+            self.link.journal = journal
         self.prober.canaries.update(await asyncio.to_thread(self.store.load_canaries))
         await self._from_disk()
         app = build_app(
@@ -213,7 +215,8 @@ class Agent:
             await self.gateway.close()
             await self.batches.close()
             self.gateway.accounts.ledger = None
-            await asyncio.to_thread(journal.close)  # every record on disk
+            if journal is not None:
+                await asyncio.to_thread(journal.close)  # every record on disk
             if self.tracing is not None:
                 await asyncio.to_thread(self.tracing.shutdown)  # what is batched goes out
 

@@ -65,6 +65,12 @@ class Settled(NamedTuple):
     waited_s: float | None = None  # from its arrival to its first call to a worker here
     key: str = ""  # its API key's public prefix
     asked: str = ""  # the model it asked for, where another answered (a tiered route's)
+    # its tokens are counted from what its client got (a stream cut, or its client gone,
+    # before the engine said its usage): prompt as routed, one completion token an event
+    estimated: bool = False
+    # answers made for it besides the one it got (a tier's, before the cascade): (model,
+    # prompt, cached, completion tokens)
+    extra: tuple[tuple[str, int, int, int], ...] = ()
 
 
 Counts = dict[float, int]

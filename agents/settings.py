@@ -102,6 +102,11 @@ class AgentSettings(BaseSettings):
         description="the quality guard: every answer read by its detectors, canaries on idle "
         "workers, and workers that answer wrong taken out of rotation (agents/quality)",
     )
+    usage_ledger: bool = Field(
+        default=True,
+        description="a usage record of every tenant's request, journaled in data_dir/ledger "
+        "and shipped to the control plane (docs/usage.md)",
+    )
     canary_every_s: float = Field(
         default=5.0, gt=0, le=3600, description="between canaries of each model's workers"
     )

@@ -12,6 +12,7 @@ import click
 from bench import (
     fidelity,
     fleet_cli,
+    ledger,
     migration,
     overhead,
     overload,
@@ -201,6 +202,20 @@ def overhead_command(
             root=root,
         )  # fmt: skip
         asyncio.run(overhead.run(options))
+
+
+@bench.command("ledger")
+@click.option("--records", type=click.IntRange(1000, 100_000_000), default=1_000_000,
+              show_default=True, help="in the database, for the month's report")  # fmt: skip
+@click.option("--shipped", type=click.IntRange(1000, 10_000_000), default=100_000,
+              show_default=True, help="in one agent's journal, shipped when it starts")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def ledger_command(records: int, shipped: int, out: Path | None) -> None:
+    """The usage ledger: a record's cost on the request's path, records shipped a second
+    from one agent to PostgreSQL, and a month's usage report over many records."""
+    with scratch("ledger") as root:
+        asyncio.run(ledger.run(ledger.Options(records=records, shipped=shipped, out=out,
+                                              root=root)))  # fmt: skip
 
 
 @bench.command("overload")

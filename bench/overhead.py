@@ -1,17 +1,19 @@
 """`meridian bench overhead`: what a router adds over a null engine that answers at once.
 
-Three targets on the same null engine (`bench/null_engine.py`): the engine itself, Meridian's
-gateway (one agent, its default `cost` policy) and sglang-router 0.3.2 (its default
-`cache_aware`). Meridian's gateway is measured with the operator's token (`meridian`: no
-quota) and with a tenant's key (`meridian_tenant`: the key's lookup, the quota's buckets and
-its lease, the demand tally; a quota high enough never to refuse). Latency: requests one at
-a time, the targets interleaved, each request on a fresh connection (as the routing
-benchmark; sglang-router delays streamed bytes on reused connections); the added latency is
-a target's percentile less the engine's own. Throughput: a closed loop of concurrent clients
-for a while, and the router's own CPU seconds, read from /proc: requests served per CPU
-second of the router process. The quality guard's detectors run in every `meridian` row; their
-own cost an answer and a chunk is timed apart (bench/detector_cost.py), as is a
-tiered route's choice a request (bench/tier_cost.py).
+Three targets on the same null engine (`bench/null_engine.py`): the engine itself,
+Meridian's gateway (one agent, its default `cost` policy) and sglang-router 0.3.2 (its
+default `cache_aware`). Meridian's gateway is measured with the operator's token
+(`meridian`: no quota) and with a tenant's key (`meridian_tenant`: the key's lookup, the
+quota's buckets and its lease, the demand tally, the usage record; a quota high enough never
+to refuse), and with it again on an agent that keeps no usage ledger
+(`meridian_tenant_no_ledger`). Latency: requests one at a time, the targets interleaved,
+each request on a fresh connection (as the routing benchmark; sglang-router delays streamed
+bytes on reused connections); the added latency is a target's percentile less the engine's
+own. Throughput: a closed loop of concurrent clients for a while, and the router's own CPU
+seconds, read from /proc: requests served per CPU second of the router process. The quality
+guard's detectors run in every `meridian` row; their own cost an answer and a chunk is timed
+apart (bench/detector_cost.py), as is a tiered route's choice a request
+(bench/tier_cost.py).
 """
 
 from __future__ import annotations
@@ -55,8 +57,11 @@ TRACED = {"meridian_traced_1pct": 0.01, "meridian_traced_100pct": 1.0}
 # the untraced gateway again, called with a tenant's key: its key, its quota's buckets and
 # lease, its demand tally (the operator's requests are counted against no quota)
 TENANT = "meridian_tenant"
+# a tenant's key again, on an agent that keeps no usage ledger: `meridian_tenant` less this is
+# what a usage record costs a request (its making, and its copy into the journal)
+UNLEDGERED = "meridian_tenant_no_ledger"
 QUOTA = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000}
-ROUTERS = ("meridian", TENANT, *TRACED, "sglang_router")
+ROUTERS = ("meridian", TENANT, UNLEDGERED, *TRACED, "sglang_router")
 
 
 @dataclass
@@ -188,9 +193,13 @@ async def run(options: Options) -> dict[str, Any]:
         null = await start_null_engine(stack, options.root)
         engine, url, sims = null.process, null.url, [null]
         sink = await _trace_sink(stack)
-        traced: list[dict[str, str]] = [{}] + [
-            {"MERIDIAN_AGENT_TRACE_ENDPOINT": sink, "MERIDIAN_AGENT_TRACE_SAMPLE": str(share)}
-            for share in TRACED.values()
+        traced: list[dict[str, str]] = [
+            {},
+            *(
+                {"MERIDIAN_AGENT_TRACE_ENDPOINT": sink, "MERIDIAN_AGENT_TRACE_SAMPLE": str(share)}
+                for share in TRACED.values()
+            ),
+            {"MERIDIAN_AGENT_USAGE_LEDGER": "false"},
         ]
         with console.status("starting a region (PostgreSQL, control plane, agents)"):
             region = await start_region(
@@ -198,17 +207,17 @@ async def run(options: Options) -> dict[str, Any]:
             )
             await region.route("cost", {})
         router = await start_sglang_router(stack, "cache_aware", sims, options.root)
-        gateways = dict(zip(["meridian", *TRACED], region.gateway_urls, strict=True))
+        gateways = dict(zip(["meridian", *TRACED, UNLEDGERED], region.gateway_urls, strict=True))
         gateways[TENANT] = gateways["meridian"]
         targets = {"engine": url, **gateways, "sglang_router": router.url}
-        pids = dict(zip(["meridian", *TRACED], region.pids, strict=True))
+        pids = dict(zip(["meridian", *TRACED, UNLEDGERED], region.pids, strict=True))
         pids[TENANT] = pids["meridian"]
         pids["sglang_router"] = router.process.pid
         operator = {"Authorization": f"Bearer {region.operator}",
                     "Content-Type": "application/json"}  # fmt: skip
         headers = dict.fromkeys(targets, operator)
         key = await region.tenant_key("bench", **QUOTA)
-        headers[TENANT] = {**operator, "Authorization": f"Bearer {key}"}
+        headers[TENANT] = headers[UNLEDGERED] = {**operator, "Authorization": f"Bearer {key}"}
         samples = await _latency(targets, headers, options, console)
         throughput: dict[str, dict[str, float]] = {}
         plots.write_json(console, _result(samples, throughput), options.out)  # each part kept

@@ -41,7 +41,7 @@ class LinkState:
 
 Apply = Callable[[pb.Snapshot], Awaitable[None]]  # raises SnapshotInvalid
 DEMAND_EVERY_S = 1.0  # the leader splits quotas by these reports: see agents/gateway/demand.py
-SHIP_EVERY_S = 0.2  # the usage journal is read for records to send this often when idle
+SHIP_EVERY_S = 0.5  # the usage journal is read this often, unless a whole batch waits
 SHIP_BATCH = 500  # records a message
 SHIP_WINDOW = 4 * SHIP_BATCH  # records sent and not yet acknowledged, at most
 SHIP_AGAIN_S = 10.0  # sent, and no acknowledgement since: sent again (stored once)
@@ -256,11 +256,11 @@ class ControlLink:
                         await asyncio.wait_for(self._acked.wait(), SHIP_EVERY_S * 5)
                     continue
                 records = await asyncio.to_thread(journal.records_after, sent, SHIP_BATCH)
-                if not records:
+                if records:
+                    await stream.usage(records)
+                    sent = records[-1].seq
+                if len(records) < SHIP_BATCH:  # all there was: a message a while, not a record
                     await asyncio.sleep(SHIP_EVERY_S)
-                    continue
-                await stream.usage(records)
-                sent = records[-1].seq
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
             log.debug("usage records stop with the stream: %s", error)
 

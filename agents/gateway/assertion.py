@@ -43,6 +43,7 @@ class Assertion:
     debug: bool  # the caller may see how it was routed, and asked to
     waited_s: float  # what the client waited in the region that escalated: its SLO is end to end
     service_class: ServiceClass | None = None  # the class it was served at there
+    key: str = ""  # its API key's public prefix there (the usage ledger's)
 
 
 class Seen:
@@ -77,11 +78,12 @@ def sign(
     waited_ms: float = 0.0,
     service_class: ServiceClass = ServiceClass.STANDARD,
     clock: Callable[[], float] = time.time,
+    api_key: str = "",
 ) -> str:
     signed = contract.payload(
         origin=origin, audience=audience, key_id=signer.key_id, tenant=tenant.name,
         request_id=request_id, reason=reason, body=body, debug=debug, waited_ms=waited_ms,
-        service_class=service_class.label, now=clock(),
+        service_class=service_class.label, now=clock(), api_key=api_key,
     )  # fmt: skip
     return contract.header(signed, signer.key.sign(signed))
 
@@ -131,4 +133,6 @@ def verify(
     served = BY_NAME.get(named) if isinstance(named, str) else None
     if named is not None and served is None:
         raise Unauthenticated("the escalation assertion names no service class this region has")
-    return Assertion(sender.region, tenant, reason, debug, waited / 1000, served)
+    key = claims.get("key")
+    return Assertion(sender.region, tenant, reason, debug, waited / 1000, served,
+                     key[:64] if isinstance(key, str) else "")  # fmt: skip

@@ -90,6 +90,9 @@ class Flight:
     span: Any = None  # its trace span, when tracing is on
     trace: bytes = b""  # the span's context as header lines, for the engine (a kept trace)
     client_stalled: bool = False  # its client stopped reading: the stream was cut
+    # answers made for it that its client did not get (a cheaper tier's, before a cascade):
+    # (model, prompt, cached, completion tokens), for the usage ledger
+    spent: list[tuple[str, int, int, int]] = field(default_factory=list)
     fault: BaseException | None = None  # a fault of ours that ended its stream
 
     def __post_init__(self) -> None:
@@ -155,6 +158,10 @@ class Trail:
                 local = attempt
                 break
         stream, admitted = flight.stream, flight.progress.admitted_at
+        estimated = False
+        if usage.completion_tokens is None and stream is not None:  # cut, or its client gone
+            prompt = local.routed_prompt if local is not None else 0
+            usage, estimated = Usage(prompt, stream.transcript.made(), 0), True
         return Settled(
             flight.model, tenant,
             last.by if last is not None else "",
@@ -172,4 +179,6 @@ class Trail:
             None if admitted is None else max(0.0, admitted - flight.arrived),
             key,
             flight.tier.route.name if flight.tier is not None else "",
+            estimated,
+            tuple(flight.spent),
         )  # fmt: skip

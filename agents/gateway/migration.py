@@ -73,6 +73,15 @@ class Transcript:
         if self._size > FOLD_BYTES:
             self.fold()
 
+    def made(self) -> int:
+        """The tokens the client got (read now: for an answer whose usage never came)."""
+        self.fold()
+        if self.kind == "native":
+            meta = self.last.get("meta_info") if isinstance(self.last, dict) else None
+            count = meta.get("completion_tokens") if isinstance(meta, dict) else None
+            return count if isinstance(count, int) else 0
+        return self.tokens
+
     def fold(self) -> None:
         """The events kept so far, read (all at once) into the answer's text."""
         if not self._events:

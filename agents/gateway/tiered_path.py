@@ -172,4 +172,7 @@ class TieredPath:
             return kept, usage  # the cheaper tier's answer stands
         if answered[0].status < 400:
             self.tiers.settled(choice)
+        # the cheaper tier's answer was made too: the usage ledger records both
+        flight.spent.append((came, usage.prompt_tokens or 0, usage.cached_tokens or 0,
+                             usage.completion_tokens or 0))  # fmt: skip
         return answered

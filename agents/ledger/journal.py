@@ -3,9 +3,11 @@ has acknowledged it, through control-plane outages and agent restarts.
 
 Records go into segment files mapped in memory. An append is a copy into the mapping, no
 system call: the request's path does no I/O for it, and what was copied survives the agent's
-death (kill -9) in the kernel's page cache. A thread flushes the mappings to disk every
-`flush_s` (msync, a group commit) and pre-allocates the next segment, so that a full disk
-fails that thread, never a write into a mapping. Only records flushed are shipped: after a
+death (kill -9) in the kernel's page cache. A thread flushes the segments to disk every
+`flush_s` (a group commit: fsync of the file, which on Linux writes what its mappings
+wrote, and which, unlike Python's msync, lets the event loop run meanwhile) and
+pre-allocates the next segment, so that a full disk fails that thread, never a write into
+a mapping. Only records flushed are shipped: after a
 machine's crash the journal never numbers anew a record the control plane already holds.
 
 A segment is `<n>.seg`, `segment_bytes` long, zero past its last record. A record is framed
@@ -26,6 +28,7 @@ import os
 import secrets
 import struct
 import threading
+import time
 import zlib
 from collections import deque
 from collections.abc import Iterator
@@ -38,7 +41,8 @@ log = logging.getLogger(__name__)
 
 FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
 SEGMENT_BYTES = 8 << 20
-FLUSH_S = 0.02
+FLUSH_S = 0.2
+ACKED_EVERY_S = 1.0
 MAX_RECORD_BYTES = 64 << 10
 
 
@@ -51,6 +55,7 @@ class _Segment:
     number: int
     path: Path
     map: mmap.mmap
+    fd: int  # open while mapped: fsync flushes what the mapping wrote
     offset: int = 0
     last_seq: int = 0  # the last record's, 0 while it holds none
 
@@ -108,12 +113,12 @@ class Journal:
             spare.unlink()
         self._next_number = max(self._closed, default=0) + 1
         self._current = self._segment(None)
-        self._spare: tuple[Path, mmap.mmap] | None = None
+        self._spare: tuple[Path, mmap.mmap, int] | None = None
         self._closing: deque[_Segment] = deque()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._acked_file = self.acked
+        self._acked_file, self._acked_at = self.acked, float("-inf")
         self._cursor = (0, 0, -1)  # where the last record read ended: (segment, offset, seq)
         self.errors = 0  # flushes that failed (a full disk, say)
         self._prune()
@@ -149,15 +154,15 @@ class Journal:
         self._wake.set()
         return self._current
 
-    def _segment(self, spare: tuple[Path, mmap.mmap] | None) -> _Segment:
+    def _segment(self, spare: tuple[Path, mmap.mmap, int] | None) -> _Segment:
         """The next segment: the spare the flusher made ready, named, or a new one."""
         number = self._next_number
         self._next_number += 1
         path = self.dir / _segment_name(number)
         if spare is None:
-            return _Segment(number, path, self._mapped(path))
+            return _Segment(number, path, *self._mapped(path))
         os.rename(spare[0], path)
-        return _Segment(number, path, spare[1])
+        return _Segment(number, path, spare[1], spare[2])
 
     def ack(self, through: int) -> None:
         """The control plane holds every record through `through`: the flusher prunes."""
@@ -210,11 +215,13 @@ class Journal:
             self._thread.join()
             self._thread = None
         self.flush()
-        self._current.map.close()
+        self._acked_at = float("-inf")  # what was acknowledged, on disk now
+        self._prune()
+        _unmap(self._current.map, self._current.fd)
         if self._current.last_seq == 0:
             self._current.path.unlink(missing_ok=True)
         if self._spare is not None:
-            self._spare[1].close()
+            _unmap(self._spare[1], self._spare[2])
             self._spare[0].unlink(missing_ok=True)
 
     def _run(self) -> None:
@@ -225,7 +232,7 @@ class Journal:
                 self.flush()
                 if self._spare is None:
                     path = self.dir / f"{secrets.token_hex(4)}.spare"
-                    self._spare = path, self._mapped(path)
+                    self._spare = path, *self._mapped(path)
                 self._prune()
             except OSError as error:  # a full disk, say: tried again, appends go on
                 self.errors += 1
@@ -237,37 +244,40 @@ class Journal:
         seq = self.seq
         while self._closing:
             segment = self._closing[0]
-            segment.map.flush()
+            os.fsync(segment.fd)
             self._closed[segment.number] = segment.last_seq
             if segment is current:  # rolled just now: flushed below, closed next time
                 break
             self._closing.popleft()
-            segment.map.close()
-        current.map.flush(0, _page_up(current.offset))
+            _unmap(segment.map, segment.fd)
+        os.fsync(current.fd)
         self.flushed = max(self.flushed, seq)
 
     def _prune(self) -> None:
-        acked = self.acked
-        if self._acked_file != acked:
+        acked, now = self.acked, time.monotonic()
+        # kept on disk once a second at most: one older after a restart only sends again
+        # what the control plane holds already (it stores each once)
+        if self._acked_file != acked and now - self._acked_at >= ACKED_EVERY_S:
             _write_atomic(self.dir / "acked", str(acked))
-            self._acked_file = acked
+            self._acked_file, self._acked_at = acked, now
         for number, last in list(self._closed.items()):
             if last <= acked:
                 (self.dir / _segment_name(number)).unlink(missing_ok=True)
                 del self._closed[number]
 
-    def _mapped(self, path: Path) -> mmap.mmap:
+    def _mapped(self, path: Path) -> tuple[mmap.mmap, int]:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.posix_fallocate(fd, 0, self.segment_bytes)  # no SIGBUS on a full disk later
-            return mmap.mmap(fd, self.segment_bytes)
-        finally:
+            return mmap.mmap(fd, self.segment_bytes), fd
+        except OSError:
             os.close(fd)
+            raise
 
 
-def _page_up(offset: int) -> int:
-    page = mmap.PAGESIZE
-    return max(page, -(-offset // page) * page)
+def _unmap(mapped: mmap.mmap, fd: int) -> None:
+    mapped.close()
+    os.close(fd)
 
 
 def _read(path: Path) -> str | None:

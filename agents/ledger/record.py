@@ -1,6 +1,8 @@
 """A request's usage record, made once at its end from what it came to (`Settled`) and put in
 the journal: served here (with its tokens), refused before any engine's work (no tokens), or,
-where a peer region served it, the hop alone (the peer records what it used)."""
+where a peer region served it, the hop alone (the peer records what it used). A tiered
+request whose cheaper tier's answer was asked again of the strongest (a cascade) has both
+answers in its tokens, its cost and its `calls`."""
 
 from __future__ import annotations
 
@@ -59,17 +61,19 @@ class Ledger:
         ended_us = int(self.wall() * 1e6)
         started_us = ended_us - int((now - started) * 1e6)
         hop, served = kind == "hop", kind == "served"
-        prompt = settled.prompt_tokens or 0 if served else 0
-        cached = settled.cached_tokens or 0 if served else 0
-        completion = settled.completion_tokens or 0 if served else 0
-        model = config.models.get(settled.model)
-        prices = model.prices if model is not None else None
-        cost: int | None = 0 if not served else None  # a hop or a refusal costs nothing
-        if served and prices is not None:
-            payer = config.tenants.get(tenant)
-            cost = prices.cost_nanos(started_us / 1e6, prompt, cached, completion,
-                                     settled.service_class,
-                                     payer.discount if payer is not None else 0.0)  # fmt: skip
+        answers = [(settled.model, settled.prompt_tokens or 0, settled.cached_tokens or 0,
+                    settled.completion_tokens or 0)] if served else []  # fmt: skip
+        answers += settled.extra if served else ()
+        payer = config.tenants.get(tenant)
+        discount = payer.discount if payer is not None else 0.0
+        cost: int | None = 0  # a hop or a refusal costs nothing
+        prompt = cached = completion = 0
+        for model_name, p, c, o in answers:
+            prompt, cached, completion = prompt + p, cached + c, completion + o
+            model = config.models.get(model_name)
+            price = None if model is None or model.prices is None else model.prices.cost_nanos(
+                started_us / 1e6, p, c, o, settled.service_class, discount)  # fmt: skip
+            cost = None if cost is None or price is None else cost + price
         record = pb.UsageRecord(
             request_id=request_id,
             kind=kind,
@@ -87,10 +91,20 @@ class Ledger:
             ended_us=ended_us,
             outcome=code,
             status=status,
-            came_from=settled.came_from,
-            escalated_to=settled.worker.removeprefix(PEER) if hop else "",
             cost_nanos=cost,
         )
+        # the rarer fields set only where they are: a field given as empty costs as much
+        if settled.came_from:
+            record.came_from = settled.came_from
+        if hop:
+            record.escalated_to = settled.worker.removeprefix(PEER)
+        if settled.estimated:
+            record.estimated = True
+        if settled.extra:
+            record.calls.extend(
+                pb.UsageCall(model=m, prompt_tokens=p, cached_tokens=c, completion_tokens=o)
+                for m, p, c, o in answers
+            )
         try:
             self.journal.append(record)
         except (JournalFull, ValueError) as error:  # ValueError: the journal is closed

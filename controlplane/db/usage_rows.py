@@ -47,3 +47,25 @@ class UsageRecordRow(Base):
     # its price in billionths of the fleet's currency; null: its model had none
     cost_nanos: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     stored_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class UsageHourRow(Base):
+    """The ledger summed by hour (UTC) and by tenant, key, model, region and class: what the
+    reports read where the time zone's hours are whole (controlplane/services/usage). Each
+    record is added once, as it is stored."""
+
+    __tablename__ = "usage_hours"
+
+    hour: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(63), primary_key=True)
+    api_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    region: Mapped[str] = mapped_column(String(63), primary_key=True)
+    service_class: Mapped[str] = mapped_column(String(16), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    refused: Mapped[int] = mapped_column(BigInteger)
+    unpriced: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_nanos: Mapped[int] = mapped_column(BigInteger)

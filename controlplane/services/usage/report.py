@@ -14,10 +14,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
 from pydantic import BaseModel, Field, field_validator, model_validator
-from sqlalchemy import ColumnElement, Table, func, literal_column, select
+from sqlalchemy import ColumnElement, Select, Table, func, literal_column, select
 
 from controlplane.db.engine import Database
-from controlplane.db.usage_rows import UsageRecordRow
+from controlplane.db.usage_rows import UsageHourRow, UsageRecordRow
 
 GROUPS = ("tenant", "api_key", "model", "region", "service_class")
 Group = Literal["tenant", "api_key", "model", "region", "service_class"]
@@ -27,6 +27,7 @@ MAX_BUCKETS = {"1h": 744, "1d": 400, "1mo": 120}
 MAX_FILTER = 100
 EPOCH_MAX = 2**40  # seconds: beyond year 36000
 TABLE: Table = UsageRecordRow.__table__  # type: ignore[assignment]
+HOURS: Table = UsageHourRow.__table__  # type: ignore[assignment]
 
 
 class UsageQuery(BaseModel):
@@ -106,14 +107,69 @@ def _unix(local: datetime, zone: ZoneInfo) -> int:
     return int(local.replace(tzinfo=zone).timestamp())
 
 
-def _filters(query: UsageQuery, start: datetime, end: datetime) -> list[ColumnElement[bool]]:
-    where = [TABLE.c.started_at >= start, TABLE.c.started_at < end]
+def _filters(
+    query: UsageQuery, start: datetime, end: datetime, table: Table = TABLE, at: str = "started_at"
+) -> list[ColumnElement[bool]]:
+    where = [table.c[at] >= start, table.c[at] < end]
     for field, column in (("tenants", "tenant"), ("api_keys", "api_key"), ("models", "model"),
                           ("regions", "region")):  # fmt: skip
         values = getattr(query, field)
         if values:
-            where.append(TABLE.c[column].in_(values))
+            where.append(table.c[column].in_(values))
     return where
+
+
+def _hourly(begin: datetime, until: datetime, end_asked: bool, zone: ZoneInfo,
+            starts: list[datetime]) -> bool:  # fmt: skip
+    """Whether the hourly sums answer as the records would: the period's ends on whole hours
+    (an end left to now may be in one: no record is later), and the zone's hours whole."""
+    whole = [begin] + ([until] if end_asked else [])
+    if any(t.minute or t.second or t.microsecond for t in whole):
+        return False
+    offsets = (zone.utcoffset(s) for s in starts)
+    return all(o is not None and o.total_seconds() % 3600 == 0 for o in offsets)
+
+
+def _sums(query: UsageQuery, begin: datetime, until: datetime, hourly: bool) -> Select[Any]:
+    """The period's sums by bucket and group: from the hourly sums, or the records."""
+    unit, zone = UNIT[query.bucket_width], query.time_zone
+    # grouped by its name: the expression's parameters would differ in GROUP BY
+    bucket: ColumnElement[Any] = literal_column("bucket")
+    if hourly:
+        h = HOURS.c
+        groups = [h[g] for g in query.group_by]
+        return (
+            select(
+                func.date_trunc(unit, func.timezone(zone, h.hour)).label("bucket"), *groups,
+                func.sum(h.requests).label("requests"), func.sum(h.refused).label("refused"),
+                func.sum(h.unpriced).label("unpriced"), func.sum(h.prompt_tokens).label("input"),
+                func.sum(h.cached_tokens).label("cached"),
+                func.sum(h.completion_tokens).label("output"),
+                func.sum(h.cost_nanos).label("cost"),
+            )
+            .where(*_filters(query, begin, until, HOURS, "hour"))
+            .group_by(bucket, *groups)
+            .order_by(bucket, *groups)
+        )  # fmt: skip
+    c = TABLE.c
+    served = c.kind == "served"
+    groups = [c[g] for g in query.group_by]
+    return (
+        select(
+            func.date_trunc(unit, func.timezone(zone, c.started_at)).label("bucket"),
+            *groups,
+            func.count().filter(served).label("requests"),
+            func.count().filter(c.kind == "refused").label("refused"),
+            func.count().filter(served & c.cost_nanos.is_(None)).label("unpriced"),
+            func.coalesce(func.sum(c.prompt_tokens), 0).label("input"),
+            func.coalesce(func.sum(c.cached_tokens), 0).label("cached"),
+            func.coalesce(func.sum(c.completion_tokens), 0).label("output"),
+            func.coalesce(func.sum(c.cost_nanos), 0).label("cost"),
+        )
+        .where(*_filters(query, begin, until), c.kind != "hop")
+        .group_by(bucket, *groups)
+        .order_by(bucket, *groups)
+    )  # fmt: skip
 
 
 async def usage_report(db: Database, query: UsageQuery, currency: str) -> dict[str, Any]:
@@ -129,38 +185,19 @@ async def usage_report(db: Database, query: UsageQuery, currency: str) -> dict[s
     page, more = starts[:limit], len(starts) > limit
     if not page:
         return _page([], currency, None)
-    until = min(end, datetime.fromtimestamp(_unix(_next(page[-1], query.bucket_width), zone), UTC))
-    c = TABLE.c
-    served = c.kind == "served"
-    groups = [c[g] for g in query.group_by]
-    # grouped by its name: the expression's parameters would differ in GROUP BY
-    bucket: ColumnElement[Any] = literal_column("bucket")
-    statement = (
-        select(
-            func.date_trunc(UNIT[query.bucket_width],
-                            func.timezone(query.time_zone, c.started_at)).label("bucket"),
-            *groups,
-            func.count().filter(served).label("requests"),
-            func.count().filter(c.kind == "refused").label("refused"),
-            func.count().filter(served & c.cost_nanos.is_(None)).label("unpriced"),
-            func.coalesce(func.sum(c.prompt_tokens), 0).label("input"),
-            func.coalesce(func.sum(c.cached_tokens), 0).label("cached"),
-            func.coalesce(func.sum(c.completion_tokens), 0).label("output"),
-            func.coalesce(func.sum(c.cost_nanos), 0).label("cost"),
-        )
-        .where(*_filters(query, begin, until), c.kind != "hop")
-        .group_by(bucket, *groups)
-        .order_by(bucket, *groups)
-    )  # fmt: skip
+    bound = datetime.fromtimestamp(_unix(_next(page[-1], query.bucket_width), zone), UTC)
+    until = min(end, bound)
+    hourly = _hourly(begin, until, query.end_time is not None and until == end, zone, page)
+    statement = _sums(query, begin, until if not hourly or until == bound else bound, hourly)
     async with db.sessions() as session:
         rows = (await session.execute(statement)).mappings().all()
     results: dict[datetime, list[dict[str, Any]]] = {at: [] for at in page}
     for row in rows:
         result: dict[str, Any] = {
             "object": "usage.result",
-            "num_model_requests": row["requests"],
-            "num_refused_requests": row["refused"],
-            "num_unpriced_requests": row["unpriced"],
+            "num_model_requests": int(row["requests"]),
+            "num_refused_requests": int(row["refused"]),
+            "num_unpriced_requests": int(row["unpriced"]),
             "input_tokens": int(row["input"]),
             "input_cached_tokens": int(row["cached"]),
             "output_tokens": int(row["output"]),

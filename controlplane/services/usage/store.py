@@ -1,7 +1,7 @@
-"""Usage records from an agent's stream, stored once each: inserted by their `id` (and
-`started_at`, the partition key) with conflicts ignored, so that a batch sent again after a
-lost acknowledgement changes nothing. Each month's partition is made before its first
-record, under an advisory lock (replicas may make it at once)."""
+"""Usage records from an agent's stream, stored once each: copied in (COPY) and inserted by
+their `id` (and `started_at`, the partition key) with conflicts ignored, so that a batch
+sent again after a lost acknowledgement changes nothing. Each month's partition is made
+before its first record, under an advisory lock (replicas may make it at once)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,50 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from psycopg.types.json import Jsonb
 from sqlalchemy import text
-from sqlalchemy.dialects.postgresql import insert
 
 from controlplane.db.engine import Database
-from controlplane.db.usage_rows import PARTITIONS_SCHEMA, UsageRecordRow
+from controlplane.db.usage_rows import PARTITIONS_SCHEMA
 
 PARTITION_LOCK = 0x6D657269  # pg_advisory_xact_lock's key for making partitions
+# A batch is copied (COPY, the fastest way in) into a table of the session's own, then moved
+# into the ledger in one statement that skips what is there already.
+COLUMNS = (
+    "id", "started_at", "ended_at", "request_id", "kind", "tenant", "api_key", "model",
+    "answered_model", "region", "node", "service_class", "prompt_tokens", "cached_tokens",
+    "completion_tokens", "outcome", "status", "came_from", "escalated_to", "calls", "cost_nanos",
+)  # fmt: skip
+NAMES = ", ".join(COLUMNS)
+STAGE = (
+    "CREATE TEMP TABLE IF NOT EXISTS usage_in (LIKE usage_records INCLUDING DEFAULTS) "
+    "ON COMMIT DELETE ROWS"
+)
+COPY = f"COPY usage_in ({NAMES}) FROM STDIN"
+SUMS = ("requests", "refused", "unpriced", "prompt_tokens", "cached_tokens", "completion_tokens",
+        "cost_nanos")  # fmt: skip
+# ... and each record newly stored added to its hour's sums (usage_hours), in the same
+# statement: a record sent again is in neither. Rows are upserted in key order, so that two
+# replicas storing at once take their locks in one order.
+MOVE = (  # the columns are this module's constants, never a caller's
+    f"WITH moved AS (INSERT INTO usage_records ({NAMES}) SELECT {NAMES} FROM usage_in "  # noqa: S608
+    "ON CONFLICT (id, started_at) DO NOTHING RETURNING started_at, kind, tenant, api_key, "
+    "model, region, service_class, prompt_tokens, cached_tokens, completion_tokens, "
+    "cost_nanos), "
+    "summed AS (INSERT INTO usage_hours (hour, tenant, api_key, model, region, service_class, "
+    f"{', '.join(SUMS)}) "
+    "SELECT date_trunc('hour', started_at, 'UTC'), tenant, api_key, model, region, "
+    "service_class, count(*) FILTER (WHERE kind = 'served'), "
+    "count(*) FILTER (WHERE kind = 'refused'), "
+    "count(*) FILTER (WHERE kind = 'served' AND cost_nanos IS NULL), sum(prompt_tokens), "
+    "sum(cached_tokens), sum(completion_tokens), coalesce(sum(cost_nanos), 0) "
+    "FROM moved WHERE kind <> 'hop' GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6 "
+    "ON CONFLICT (hour, tenant, api_key, model, region, service_class) DO UPDATE SET "
+    + ", ".join(f"{s} = usage_hours.{s} + EXCLUDED.{s}" for s in SUMS)
+    + ") SELECT count(*) FROM moved"
+)
 
 
 def month_of(at: datetime) -> tuple[int, int]:
@@ -73,22 +109,24 @@ class UsageStore:
         self._months: set[tuple[int, int]] = set()  # partitions known to exist
 
     async def store(self, records: Iterable[pb.UsageRecord], region: str, node: str) -> int:
-        """Stores what is new of `records`; returns how many were."""
+        """Stores what is new of `records`, in one transaction; returns how many were."""
         rows = [row_of(r, region, node) for r in records if r.id]
         if not rows:
             return 0
         await self._partitions({month_of(r["started_at"]) for r in rows})
-        async with self.db.sessions() as session, session.begin():
-            stmt = (
-                insert(UsageRecordRow)
-                .values(rows)
-                .on_conflict_do_nothing(
-                    index_elements=[UsageRecordRow.id, UsageRecordRow.started_at]
-                )
-                .returning(UsageRecordRow.id)
-            )
-            stored = (await session.execute(stmt)).scalars().all()
-        return len(stored)
+        async with self.db.engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            assert isinstance(raw, psycopg.AsyncConnection)
+            async with raw.transaction(), raw.cursor() as cursor:
+                await cursor.execute(STAGE)
+                async with cursor.copy(COPY) as copy:
+                    for row in rows:
+                        await copy.write_row(
+                            [Jsonb(row[c]) if c == "calls" and row[c] else row[c] for c in COLUMNS]
+                        )
+                await cursor.execute(MOVE)
+                stored = await cursor.fetchone()
+                return int(stored[0]) if stored is not None else 0
 
     async def _partitions(self, months: set[tuple[int, int]]) -> None:
         new = months - self._months

@@ -132,3 +132,24 @@ async def test_a_report_asked_wrong_is_refused_with_its_field(api: Api) -> None:
     viewer = await api.client.get("/v1/usage", params={"start_time": 0},
                                   headers={"Authorization": "Bearer nobody"})  # fmt: skip
     assert viewer.status_code == 401
+
+
+async def test_a_zone_of_half_hours_splits_its_days_where_they_begin(api: Api) -> None:
+    """The hourly sums cannot split an hour: a zone half an hour off UTC is summed from the
+    records themselves."""
+    kolkata = ZoneInfo("Asia/Kolkata")
+
+    def at(day: int, hour: int, minute: int) -> int:
+        return int(datetime(2026, 11, day, hour, minute, tzinfo=kolkata).timestamp() * 1e6)
+
+    records = [
+        _record(1, at(1, 23, 40), "acme", "llama"),
+        _record(2, at(2, 0, 10), "acme", "llama"),
+    ]
+    assert await UsageStore(api.db).store(records, "ap-south", "ap-south-1") == 2
+    start = int(datetime(2026, 11, 1, tzinfo=kolkata).timestamp())
+    days = await _usage(api, start_time=start, end_time=start + 2 * 86400,
+                        time_zone="Asia/Kolkata")  # fmt: skip
+    assert [sum(r["num_model_requests"] for r in d["results"]) for d in days["data"]] == [1, 1]
+    utc = await _usage(api, start_time=start, end_time=start + 2 * 86400)
+    assert sum(r["num_model_requests"] for d in utc["data"] for r in d["results"]) == 2

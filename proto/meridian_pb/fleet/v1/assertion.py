@@ -33,10 +33,11 @@ def payload(
     waited_ms: float,
     service_class: str,
     now: float,
+    api_key: str = "",
 ) -> bytes:
-    """What is signed: who asks, for which region and request, why, its class, the hop (one:
-    never sent on), what the client waited, and the body's digest, valid for TTL_S, with a
-    nonce."""
+    """What is signed: who asks (its tenant, and its API key's public prefix, for the usage
+    ledger), for which region and request, why, its class, the hop (one: never sent on), what
+    the client waited, and the body's digest, valid for TTL_S, with a nonce."""
     return orjson.dumps(
         {
             "iss": origin,
@@ -52,6 +53,7 @@ def payload(
             "jti": os.urandom(12).hex(),
             "bh": digest(body),
             "cls": service_class,
+            **({"key": api_key} if api_key else {}),
         }
     )
 

@@ -1,0 +1,76 @@
+"""What a settled request's usage record says: served with its tokens and price, a cascade's
+two answers both in it, a refusal and a hop at no cost, the operator's and an unknown
+caller's not recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.prices import PriceList
+
+from agents.config import ModelConfig, RegionConfig, Tenant
+from agents.ledger.journal import Journal
+from agents.ledger.record import Ledger
+from agents.metrics import Settled
+
+CHEAP, STRONG = "small", "large"
+PRICES = {CHEAP: PriceList([(0, 100_000, 50_000, 400_000)], {"batch": 0.5}),
+          STRONG: PriceList([(0, 1_000_000, 500_000, 4_000_000)], {})}  # fmt: skip
+CONFIG = RegionConfig(
+    1, "", "eu-west", "local", "eu",
+    models={m: ModelConfig(m, 8192, frozenset(), "", p) for m, p in PRICES.items()},
+    tenants={"acme": Tenant("acme", "standard", None, None, None, discount=0.25)},
+)  # fmt: skip
+
+
+def _noted(tmp_path: Path, *settled: Settled) -> list[pb.UsageRecord]:
+    journal = Journal(tmp_path)
+    ledger = Ledger(journal, lambda: "eu-west-1", wall=lambda: 1_800_000_000.0)
+    for n, s in enumerate(settled):
+        ledger.note(f"r{n}", CONFIG, 200, s, "ok", 10.0, 12.5)
+    journal.flush()
+    records = journal.records_after(0, 100)
+    journal.close()
+    return records
+
+
+def test_a_served_request_is_priced_at_its_class_and_its_tenants_discount(
+    tmp_path: Path,
+) -> None:
+    (record,) = _noted(tmp_path, Settled(CHEAP, "acme", "w1", completion_tokens=100,
+                                         prompt_tokens=1000, cached_tokens=400, waited_s=0.1,
+                                         service_class="batch", key="mk-1"))  # fmt: skip
+    assert (record.kind, record.api_key, record.node) == ("served", "mk-1", "eu-west-1")
+    assert record.started_us == 1_800_000_000_000_000 - 2_500_000
+    # 600 at 100 nanos, 400 at 50, 100 at 400: 120,000; batch at half, a quarter off
+    assert record.cost_nanos == 45_000
+
+
+def test_a_cascade_records_both_answers_and_prices_each_at_its_model(tmp_path: Path) -> None:
+    (record,) = _noted(tmp_path, Settled(STRONG, "acme", "w2", completion_tokens=10,
+                                         prompt_tokens=100, cached_tokens=0, waited_s=0.1,
+                                         service_class="standard", asked="tiered",
+                                         extra=((CHEAP, 100, 0, 20),)))  # fmt: skip
+    assert (record.model, record.answered_model) == ("tiered", STRONG)
+    assert (record.prompt_tokens, record.completion_tokens) == (200, 30)
+    assert [(c.model, c.completion_tokens) for c in record.calls] == [(STRONG, 10), (CHEAP, 20)]
+    strong, cheap = 100 * 1000 + 10 * 4000, 100 * 100 + 20 * 400
+    assert record.cost_nanos == round((strong + cheap) * 0.75)
+
+
+def test_refusals_and_hops_cost_nothing_and_no_tenant_no_record(tmp_path: Path) -> None:
+    refused, hop, cut = _noted(
+        tmp_path,
+        Settled(CHEAP, "acme", service_class="standard"),
+        Settled(CHEAP, "acme", "peer:us-east", completion_tokens=5, prompt_tokens=50,
+                service_class="standard"),
+        Settled(CHEAP, "acme", "w1", completion_tokens=7, prompt_tokens=50, waited_s=0.1,
+                service_class="standard", estimated=True),
+        Settled(CHEAP, "operator", "w1", completion_tokens=5, prompt_tokens=50, waited_s=0.1),
+        Settled(CHEAP, "", service_class="standard"),
+    )  # fmt: skip
+    assert (refused.kind, refused.prompt_tokens, refused.cost_nanos) == ("refused", 0, 0)
+    assert (hop.kind, hop.escalated_to, hop.completion_tokens, hop.cost_nanos) == (
+        "hop", "us-east", 0, 0)  # fmt: skip
+    assert (cut.kind, cut.estimated, cut.completion_tokens) == ("served", True, 7)
