@@ -388,8 +388,12 @@ class Gateway:
     def _answer_headers(
         self, headers: dict[str, str], model: str, caller: Caller
     ) -> dict[str, str]:
-        """The load header goes to peers (it is how they choose) and insiders, not tenants."""
+        """The load header goes to peers (it is how they choose) and insiders, not tenants;
+        a tenant's own request gets its quota's `x-ratelimit-*` on every answer, as OpenAI
+        sends them, so that it can pace itself before it is refused."""
         out = dict(headers)
         if caller.insider:
             out[LOAD_HEADER] = self.load_of(model)
+        if caller.came_from is None and caller.tenant is not OPERATOR:
+            out.update(self.quotas.rate_limit_headers(caller.tenant))
         return out

@@ -260,8 +260,10 @@ class Journal:
         if self._acked_file != acked and now - self._acked_at >= ACKED_EVERY_S:
             _write_atomic(self.dir / "acked", str(acked))
             self._acked_file, self._acked_at = acked, now
+        # a segment goes only once `acked` on disk covers it: after a restart the numbering
+        # goes on from there at least, and never gives a stored record's number again
         for number, last in list(self._closed.items()):
-            if last <= acked:
+            if last <= self._acked_file:
                 (self.dir / _segment_name(number)).unlink(missing_ok=True)
                 del self._closed[number]
 

@@ -11,11 +11,11 @@ from fastapi.responses import StreamingResponse
 from controlplane.api.deps import ServicesDep, allowed
 from controlplane.domain import Role
 from controlplane.services.kind import parse
-from controlplane.services.usage.report import UsageQuery, records, usage_report
+from controlplane.services.usage.report import EPOCH_MAX, UsageQuery, records, usage_report
 
 router = APIRouter(tags=["usage"])
 Listed = Annotated[str | None, Query(max_length=4096, description="comma-separated")]
-Time = Annotated[int | None, Query(ge=0, le=2**40)]
+Time = Annotated[int | None, Query(ge=0, le=EPOCH_MAX)]
 GROUPED = "comma-separated: tenant, api_key, model, region, service_class"
 
 
@@ -50,7 +50,7 @@ def _query(
             **allowed(Role.VIEWER))  # fmt: skip
 async def usage(
     services: ServicesDep,
-    start_time: Annotated[int | None, Query(ge=0, le=2**40, description="Unix seconds")] = None,
+    start_time: Annotated[int | None, Query(ge=0, le=EPOCH_MAX, description="Unix seconds")] = None,
     end_time: Time = None,
     bucket_width: Annotated[str | None, Query(max_length=8, description="1h, 1d or 1mo")] = None,
     time_zone: Annotated[str | None, Query(max_length=64)] = None,
@@ -71,7 +71,7 @@ async def usage(
             response_class=StreamingResponse, **allowed(Role.VIEWER))  # fmt: skip
 async def usage_records(
     services: ServicesDep,
-    start_time: Annotated[int | None, Query(ge=0, le=2**40, description="Unix seconds")] = None,
+    start_time: Annotated[int | None, Query(ge=0, le=EPOCH_MAX, description="Unix seconds")] = None,
     end_time: Time = None,
     tenants: Listed = None,
     api_keys: Listed = None,

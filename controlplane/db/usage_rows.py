@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Index, Integer, String, func
+from sqlalchemy import BigInteger, Boolean, DateTime, Index, Integer, String, func
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -46,6 +46,8 @@ class UsageRecordRow(Base):
     calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB, nullable=True)
     # its price in billionths of the fleet's currency; null: its model had none
     cost_nanos: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # its tokens counted from what its client got (the engine's usage never came)
+    estimated: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     stored_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

@@ -21,6 +21,7 @@ def upgrade() -> None:
     op.add_column('models', sa.Column('pricing', postgresql.JSONB(astext_type=sa.Text()), nullable=True))
     op.add_column('tenants', sa.Column('price_discount_percent', sa.Float(), server_default='0', nullable=False))
     op.add_column('usage_records', sa.Column('cost_nanos', sa.BigInteger(), nullable=True))
+    op.add_column('usage_records', sa.Column('estimated', sa.Boolean(), server_default='false', nullable=False))
     op.create_table('usage_hours',
     sa.Column('hour', sa.DateTime(timezone=True), nullable=False),
     sa.Column('tenant', sa.String(length=63), nullable=False),
@@ -42,6 +43,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table('usage_hours')
+    op.drop_column('usage_records', 'estimated')
     op.drop_column('usage_records', 'cost_nanos')
     op.drop_column('tenants', 'price_discount_percent')
     op.drop_column('models', 'pricing')

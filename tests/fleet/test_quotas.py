@@ -157,6 +157,11 @@ async def test_shares_follow_the_traffic_and_the_fleet_stays_within_the_quota(
     since = started + ADAPT_S
     low, high = _bounds(WINDOW_S)
     assert low <= _admitted(sent, since, since + WINDOW_S) <= high
+    # every answer says the limit and what is left of it, as OpenAI's do, so that a client
+    # can pace itself before it is refused
+    answered = next(s for s in sent if s.status == 200)
+    assert answered.headers["x-ratelimit-limit-requests"] == str(QUOTA)
+    assert 0 <= int(answered.headers["x-ratelimit-remaining-requests"]) <= QUOTA
     refused = next(s for s in sent if s.status == 429)
     assert refused.headers["x-ratelimit-limit-requests"] == str(QUOTA)
     assert int(refused.headers["x-ratelimit-remaining-requests"]) == 0

@@ -25,7 +25,8 @@ Width = Literal["1h", "1d", "1mo"]
 UNIT = {"1h": "hour", "1d": "day", "1mo": "month"}
 MAX_BUCKETS = {"1h": 744, "1d": 400, "1mo": 120}
 MAX_FILTER = 100
-EPOCH_MAX = 2**40  # seconds: beyond year 36000
+EPOCH_MAX = 253_402_214_400  # seconds: 9999-12-31, the last day a date may have
+LAST = datetime(9999, 12, 1)  # the last bucket a report lists begins before it
 TABLE: Table = UsageRecordRow.__table__  # type: ignore[assignment]
 HOURS: Table = UsageHourRow.__table__  # type: ignore[assignment]
 
@@ -77,9 +78,11 @@ class UsageQuery(BaseModel):
         return self
 
 
-def _bucket_starts(start: datetime, end: datetime, width: Width, zone: ZoneInfo) -> list[datetime]:
+def _bucket_starts(
+    start: datetime, end: datetime, width: Width, zone: ZoneInfo, most: int
+) -> list[datetime]:
     """The buckets' starts in local time (naive), from the one holding `start` to the one
-    holding the instant before `end`."""
+    holding the instant before `end`: `most` of them at most."""
     local = start.astimezone(zone).replace(tzinfo=None)
     if width == "1h":
         first = local.replace(minute=0, second=0, microsecond=0)
@@ -88,8 +91,9 @@ def _bucket_starts(start: datetime, end: datetime, width: Width, zone: ZoneInfo)
     else:
         first = local.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     last = (end - timedelta(microseconds=1)).astimezone(zone).replace(tzinfo=None)
-    starts, at = [], first
-    while at <= last:
+    starts: list[datetime] = []
+    at = first
+    while at <= last and at < LAST and len(starts) < most:
         starts.append(at)
         at = _next(at, width)
     return starts
@@ -180,8 +184,8 @@ async def usage_report(db: Database, query: UsageQuery, currency: str) -> dict[s
         else datetime.now(UTC)
     )  # fmt: skip
     begin = datetime.fromtimestamp(max(query.start_time, query.page or 0), UTC)
-    starts = _bucket_starts(begin, end, query.bucket_width, zone) if begin < end else []
     limit = min(query.limit or MAX_BUCKETS[query.bucket_width], MAX_BUCKETS[query.bucket_width])
+    starts = _bucket_starts(begin, end, query.bucket_width, zone, limit + 1) if begin < end else []
     page, more = starts[:limit], len(starts) > limit
     if not page:
         return _page([], currency, None)
@@ -227,6 +231,7 @@ RECORD_FIELDS = (
     "id", "request_id", "kind", "tenant", "api_key", "model", "answered_model", "region",
     "node", "service_class", "prompt_tokens", "cached_tokens", "completion_tokens",
     "started_at", "ended_at", "outcome", "status", "came_from", "escalated_to", "cost_nanos",
+    "estimated",
 )  # fmt: skip
 
 

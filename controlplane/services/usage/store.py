@@ -24,6 +24,7 @@ COLUMNS = (
     "id", "started_at", "ended_at", "request_id", "kind", "tenant", "api_key", "model",
     "answered_model", "region", "node", "service_class", "prompt_tokens", "cached_tokens",
     "completion_tokens", "outcome", "status", "came_from", "escalated_to", "calls", "cost_nanos",
+    "estimated",
 )  # fmt: skip
 NAMES = ", ".join(COLUMNS)
 STAGE = (
@@ -100,6 +101,7 @@ def row_of(record: pb.UsageRecord, region: str, node: str) -> dict[str, Any]:
         "escalated_to": record.escalated_to,
         "calls": calls or None,
         "cost_nanos": record.cost_nanos if record.HasField("cost_nanos") else None,
+        "estimated": record.estimated,
     }
 
 

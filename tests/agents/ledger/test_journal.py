@@ -101,3 +101,27 @@ def test_only_flushed_records_ship_and_acknowledged_segments_go(tmp_path: Path) 
         assert [r.seq for r in again.records_after(again.acked, 1000)] == list(range(121, 201))
     finally:
         again.close()
+
+
+def test_numbering_never_goes_back_past_what_was_acknowledged_after_a_crash(
+    tmp_path: Path,
+) -> None:
+    """`acked` reaches the disk once a second at most: a segment goes only once it is there,
+    so that a journal reopened after a crash numbers on past every record sent."""
+    journal = Journal(tmp_path, segment_bytes=1 << 12)
+    for n in range(1, 201):
+        journal.append(_record(n))
+    journal.flush()
+    journal.ack(100)
+    journal._prune()  # written: the first in a second
+    journal.ack(200)
+    journal._prune()  # within the second: not written, and nothing past 100 deleted
+    again = Journal(tmp_path, segment_bytes=1 << 12)  # the first never closed: a crash
+    try:
+        assert again.acked == 100
+        assert again.seq == 200
+        assert [r.seq for r in again.records_after(100, 1000)] == list(range(101, 201))
+        assert again.append(_record(0)) == 201
+    finally:
+        again.close()
+        journal.close()

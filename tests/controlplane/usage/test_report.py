@@ -153,3 +153,15 @@ async def test_a_zone_of_half_hours_splits_its_days_where_they_begin(api: Api) -
     assert [sum(r["num_model_requests"] for r in d["results"]) for d in days["data"]] == [1, 1]
     utc = await _usage(api, start_time=start, end_time=start + 2 * 86400)
     assert sum(r["num_model_requests"] for d in utc["data"] for r in d["results"]) == 2
+
+
+async def test_a_period_of_millennia_answers_a_page_at_once(api: Api) -> None:
+    last = 253_402_214_400  # 9999-12-31
+    hours = await _usage(api, start_time=0, end_time=last, bucket_width="1h",
+                         time_zone="Pacific/Kiritimati")  # fmt: skip
+    assert len(hours["data"]) == 744
+    assert hours["has_more"] is True
+    months = await _usage(api, start_time=last - 86400 * 400, end_time=last, bucket_width="1mo")
+    assert months["data"][-1]["start_time"] < last
+    too_late = await api.client.get("/v1/usage", params={"start_time": last + 1})
+    assert too_late.status_code == 422
