@@ -71,6 +71,7 @@ class Settled(NamedTuple):
     # answers made for it besides the one it got (a tier's, before the cascade): (model,
     # prompt, cached, completion tokens)
     extra: tuple[tuple[str, int, int, int], ...] = ()
+    asked_as: str = ""  # a peer's request: the id its client gave there
 
 
 Counts = dict[float, int]

@@ -44,6 +44,7 @@ class Assertion:
     waited_s: float  # what the client waited in the region that escalated: its SLO is end to end
     service_class: ServiceClass | None = None  # the class it was served at there
     key: str = ""  # its API key's public prefix there (the usage ledger's)
+    client_request_id: str = ""  # the id its client gave there (the usage ledger's)
 
 
 class Seen:
@@ -79,11 +80,13 @@ def sign(
     service_class: ServiceClass = ServiceClass.STANDARD,
     clock: Callable[[], float] = time.time,
     api_key: str = "",
+    client_request_id: str = "",
 ) -> str:
     signed = contract.payload(
         origin=origin, audience=audience, key_id=signer.key_id, tenant=tenant.name,
         request_id=request_id, reason=reason, body=body, debug=debug, waited_ms=waited_ms,
         service_class=service_class.label, now=clock(), api_key=api_key,
+        client_request_id=client_request_id,
     )  # fmt: skip
     return contract.header(signed, signer.key.sign(signed))
 
@@ -133,6 +136,7 @@ def verify(
     served = BY_NAME.get(named) if isinstance(named, str) else None
     if named is not None and served is None:
         raise Unauthenticated("the escalation assertion names no service class this region has")
-    key = claims.get("key")
+    key, asked_as = claims.get("key"), claims.get("cid")
     return Assertion(sender.region, tenant, reason, debug, waited / 1000, served,
-                     key[:64] if isinstance(key, str) else "")  # fmt: skip
+                     key[:64] if isinstance(key, str) else "",
+                     asked_as[:128] if isinstance(asked_as, str) else "")  # fmt: skip

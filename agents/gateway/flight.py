@@ -44,7 +44,8 @@ class Caller:
     insider: bool = False  # a peer region, the operator or a tenant marked to see routes
     # the class a peer region's request arrived with (its word); then the class it is served at
     service_class: ServiceClass | None = None
-    key: str = ""  # its API key's public prefix (the usage ledger's), "" for a peer's
+    key: str = ""  # its API key's public prefix (the usage ledger's)
+    asked_as: str = ""  # a peer's request: the id its client gave there (the usage ledger's)
 
 
 @dataclass(eq=False, slots=True)
@@ -143,9 +144,10 @@ class Trail:
         served = caller.service_class if caller is not None else None
         label = served.label if served is not None else ""
         key = caller.key if caller is not None else ""
+        asked_as = caller.asked_as if caller is not None else ""
         if flight is None:
             return Settled(model or "", tenant, first_at=first_at, came_from=came_from,
-                           service_class=label, key=key)  # fmt: skip
+                           service_class=label, key=key, asked_as=asked_as)  # fmt: skip
         usage = flight.answer[1] if flight.answer is not None else Usage()
         # the goes that were noted (every local call, and a peer's that answered): the last,
         # and the last local one
@@ -181,4 +183,5 @@ class Trail:
             flight.tier.route.name if flight.tier is not None else "",
             estimated,
             tuple(flight.spent),
+            asked_as,
         )  # fmt: skip

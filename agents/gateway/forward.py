@@ -146,7 +146,7 @@ class Forwarder:
                 config.signer, origin=config.region, audience=peer.region, tenant=tenant,
                 request_id=flight.rid, reason=reason, body=body, debug=flight.caller.debug,
                 waited_ms=waited_ms, service_class=flight.ask.service_class,
-                api_key=flight.caller.key,
+                api_key=flight.caller.key, client_request_id=flight.id,
             )  # fmt: skip
             sent = (
                 upstream_headers(flight.rid) + trace + f"{assertion.HEADER}: {signed}\r\n".encode()

@@ -50,7 +50,7 @@ from agents.gateway.errors import (
     UnsupportedMediaType,
     refusal_error,
 )
-from agents.gateway.flight import OPERATOR, Caller, Flight, Trail
+from agents.gateway.flight import ESCALATION, OPERATOR, Caller, Flight, Trail
 from agents.gateway.forced import forced_call_made
 from agents.gateway.forward import Forwarder
 from agents.gateway.quotas import Charge, Quotas, uncharged
@@ -83,6 +83,7 @@ from agents.tracing import Tracing
 log = logging.getLogger(__name__)
 UNTRIED = (Broken, Refused)  # outcomes that say nothing of how local attempts fare
 AUDIT_EVERY_S = 1.0
+CLIENT_GONE = 499  # the status a request whose client left is counted with
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-ID: visible ASCII
 
 
@@ -187,6 +188,9 @@ class Gateway:
             answered = await self._infer(request, request_id, headers, trail)
         except GatewayError as error:  # a request this gateway does not take: what it says
             answered = error
+        except asyncio.CancelledError:  # its client went away (aiohttp cancels the handler)
+            self._gone(request, request_id, trail, started)
+            raise
         except Exception as error:  # a fault of ours: the client gets an OpenAI-shaped 500
             fault, answered = error, InternalError()
         response: web.StreamResponse
@@ -209,6 +213,21 @@ class Gateway:
             request.path, request_id, response.status, settled, error_type, started, trail.span
         )
         return response
+
+    def _gone(self, request: web.Request, request_id: str, trail: Trail, started: float) -> None:
+        """A request whose client left before its answer ended, settled as such (499, as
+        nginx says it): what it held was given back on the way out; its usage is what its
+        client got."""
+        flight = trail.flight
+        stream = flight.stream if flight is not None else None
+        first_at = stream.response.get(FIRST_AT) if stream is not None else None
+        if flight is not None and stream is not None and flight.progress.attempts:
+            last = flight.progress.attempts[-1]
+            if not last.policy and last.by.startswith("peer:"):  # it left as a peer answered:
+                last.policy = ESCALATION  # the peer's, which records what it made
+        settled = trail.settled(None, first_at)
+        self.accounts.settle(request.path, request_id, CLIENT_GONE, settled, "client_gone",
+                             started, trail.span)  # fmt: skip
 
     def _refused(self, error: GatewayError, headers: dict[str, str], trail: Trail) -> web.Response:
         """An error's answer, counted."""

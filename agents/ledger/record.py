@@ -75,7 +75,7 @@ class Ledger:
                 started_us / 1e6, p, c, o, settled.service_class, discount)  # fmt: skip
             cost = None if cost is None or price is None else cost + price
         record = pb.UsageRecord(
-            request_id=request_id,
+            request_id=settled.asked_as or request_id,  # a peer's: as its client knows it
             kind=kind,
             tenant=tenant,
             api_key=settled.key,

@@ -78,9 +78,14 @@ async def test_each_request_has_one_record_where_it_was_served(
         await fleet.kill_engines("us-east")
         await asyncio.sleep(0.5)
         await _traffic(fleet, "away", 80, seen)
-        async with asyncio.timeout(60):
-            while not set(seen) <= {r["request_id"] for r in await _records(database_url)}:  # noqa: ASYNC110 (other processes' rows)
-                await asyncio.sleep(0.2)
+        try:
+            async with asyncio.timeout(30):
+                while not set(seen) <= {r["request_id"] for r in await _records(database_url)}:  # noqa: ASYNC110 (other processes' rows)
+                    await asyncio.sleep(0.2)
+        except TimeoutError:
+            have = {r["request_id"] for r in await _records(database_url)}
+            missing = sorted(set(seen) - have)
+            raise AssertionError(f"no record of {missing}: {[seen[m] for m in missing]}") from None
         await asyncio.sleep(1.0)
         records = await _records(database_url)
     by_request: dict[str, list[dict[str, Any]]] = {}

@@ -34,10 +34,12 @@ def payload(
     service_class: str,
     now: float,
     api_key: str = "",
+    client_request_id: str = "",
 ) -> bytes:
-    """What is signed: who asks (its tenant, and its API key's public prefix, for the usage
-    ledger), for which region and request, why, its class, the hop (one: never sent on), what
-    the client waited, and the body's digest, valid for TTL_S, with a nonce."""
+    """What is signed: who asks (its tenant; for the usage ledger, its API key's public prefix
+    and the request id its client gave), for which region and request, why, its class, the
+    hop (one: never sent on), what the client waited, and the body's digest, valid for TTL_S,
+    with a nonce."""
     return orjson.dumps(
         {
             "iss": origin,
@@ -54,6 +56,7 @@ def payload(
             "bh": digest(body),
             "cls": service_class,
             **({"key": api_key} if api_key else {}),
+            **({"cid": client_request_id} if client_request_id else {}),
         }
     )
 
