@@ -187,16 +187,7 @@ DEFAULT_MAX_QUEUE = 256
 
 def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
     """Raises SnapshotInvalid for a policy or parameter the router does not have."""
-    models = {
-        m.name: ModelConfig(
-            m.name,
-            m.context_length,
-            frozenset(m.capabilities),
-            m.source,
-            _prices(m.pricing) if m.HasField("pricing") else None,
-        )
-        for m in snapshot.models
-    }
+    models = {m.name: _model(m) for m in snapshot.models}
     routes = {r.model: _route(r) for r in snapshot.routes}
     # the region's share is split over its nodes, up or not: their shares never sum above it
     nodes = max(1, snapshot.node_count or len(snapshot.nodes))
@@ -273,12 +264,15 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
     )
 
 
-def _prices(pricing: pb.Pricing) -> PriceList:
-    prices = [(p.from_s, p.input_micros, p.cached_input_micros, p.output_micros)
-              for p in pricing.prices]  # fmt: skip
-    if prices != sorted(prices) or any(v < 0 for p in prices for v in p[1:]):
-        raise SnapshotInvalid("a model's prices must be in order of time, none below 0")
-    return PriceList(prices, dict(pricing.class_multipliers))
+def _model(m: pb.ModelInfo) -> ModelConfig:
+    prices = None
+    if m.HasField("pricing"):
+        listed = [(p.from_s, p.input_micros, p.cached_input_micros, p.output_micros)
+                  for p in m.pricing.prices]  # fmt: skip
+        if listed != sorted(listed) or any(v < 0 for p in listed for v in p[1:]):
+            raise SnapshotInvalid(f"model {m.name}: its prices must be in order, none below 0")
+        prices = PriceList(listed, dict(m.pricing.class_multipliers))
+    return ModelConfig(m.name, m.context_length, frozenset(m.capabilities), m.source, prices)
 
 
 def _tiered(route: pb.TieredRoute, models: Mapping[str, ModelConfig]) -> TieredRouteConfig:

@@ -50,7 +50,7 @@ from agents.gateway.errors import (
     UnsupportedMediaType,
     refusal_error,
 )
-from agents.gateway.flight import ESCALATION, OPERATOR, Caller, Flight, Trail
+from agents.gateway.flight import OPERATOR, Caller, Flight, Trail
 from agents.gateway.forced import forced_call_made
 from agents.gateway.forward import Forwarder
 from agents.gateway.quotas import Charge, Quotas, uncharged
@@ -83,7 +83,6 @@ from agents.tracing import Tracing
 log = logging.getLogger(__name__)
 UNTRIED = (Broken, Refused)  # outcomes that say nothing of how local attempts fare
 AUDIT_EVERY_S = 1.0
-CLIENT_GONE = 499  # the status a request whose client left is counted with
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-ID: visible ASCII
 
 
@@ -189,7 +188,7 @@ class Gateway:
         except GatewayError as error:  # a request this gateway does not take: what it says
             answered = error
         except asyncio.CancelledError:  # its client went away (aiohttp cancels the handler)
-            self._gone(request, request_id, trail, started)
+            self.accounts.gone(request.path, request_id, trail, started)
             raise
         except Exception as error:  # a fault of ours: the client gets an OpenAI-shaped 500
             fault, answered = error, InternalError()
@@ -213,21 +212,6 @@ class Gateway:
             request.path, request_id, response.status, settled, error_type, started, trail.span
         )
         return response
-
-    def _gone(self, request: web.Request, request_id: str, trail: Trail, started: float) -> None:
-        """A request whose client left before its answer ended, settled as such (499, as
-        nginx says it): what it held was given back on the way out; its usage is what its
-        client got."""
-        flight = trail.flight
-        stream = flight.stream if flight is not None else None
-        first_at = stream.response.get(FIRST_AT) if stream is not None else None
-        if flight is not None and stream is not None and flight.progress.attempts:
-            last = flight.progress.attempts[-1]
-            if not last.policy and last.by.startswith("peer:"):  # it left as a peer answered:
-                last.policy = ESCALATION  # the peer's, which records what it made
-        settled = trail.settled(None, first_at)
-        self.accounts.settle(request.path, request_id, CLIENT_GONE, settled, "client_gone",
-                             started, trail.span)  # fmt: skip
 
     def _refused(self, error: GatewayError, headers: dict[str, str], trail: Trail) -> web.Response:
         """An error's answer, counted."""
@@ -404,15 +388,12 @@ class Gateway:
         flight.progress.declined.add(plan.reason)
         return refusal_error(plan.otherwise) if plan.otherwise is not None else None
 
-    def _answer_headers(
-        self, headers: dict[str, str], model: str, caller: Caller
-    ) -> dict[str, str]:
-        """The load header goes to peers (it is how they choose) and insiders, not tenants;
-        a tenant's own request gets its quota's `x-ratelimit-*` on every answer, as OpenAI
-        sends them, so that it can pace itself before it is refused."""
+    def _answer_headers(self, headers: dict[str, str], model: str, who: Caller) -> dict[str, str]:
+        """The load header to peers (it is how they choose) and insiders; to a tenant's own
+        request its quota's `x-ratelimit-*`, as OpenAI sends them, to pace itself by."""
         out = dict(headers)
-        if caller.insider:
+        if who.insider:
             out[LOAD_HEADER] = self.load_of(model)
-        if caller.came_from is None and caller.tenant is not OPERATOR:
-            out.update(self.quotas.rate_limit_headers(caller.tenant))
+        if who.came_from is None and who.tenant is not OPERATOR:
+            out.update(self.quotas.rate_limit_headers(who.tenant))
         return out

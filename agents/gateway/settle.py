@@ -11,12 +11,14 @@ from typing import Any
 from agents.books import Books
 from agents.config import RegionConfig
 from agents.gateway import spans
-from agents.gateway.flight import ESCALATION
+from agents.gateway.flight import ESCALATION, Trail
 from agents.gateway.receipts import Receipts
+from agents.gateway.relay import FIRST_AT
 from agents.ledger.record import Ledger
 from agents.metrics import CROWDED_OUT, RequestMetrics, Settled, count_by_tenant
 
 log = logging.getLogger(__name__)
+CLIENT_GONE = 499  # the status a request whose client left is counted with
 
 
 class Accounts:
@@ -69,6 +71,20 @@ class Accounts:
         if span is not None and span.is_recording():
             region = config.region if config is not None else None
             spans.finished(span, path, status, settled, started, error_type, region)
+
+    def gone(self, path: str, request_id: str, trail: Trail, started: float) -> None:
+        """A request whose client left before its answer ended, settled as such (499, as
+        nginx says it): what it held was given back on the way out; its usage is what its
+        client got, and a peer's answer coming then is the peer's to record."""
+        flight = trail.flight
+        stream = flight.stream if flight is not None else None
+        first_at = stream.response.get(FIRST_AT) if stream is not None else None
+        if flight is not None and stream is not None and flight.progress.attempts:
+            last = flight.progress.attempts[-1]
+            if not last.policy and last.by.startswith("peer:"):
+                last.policy = ESCALATION
+        settled = trail.settled(None, first_at)
+        self.settle(path, request_id, CLIENT_GONE, settled, "client_gone", started, trail.span)
 
     def fault(self, request_id: str, model: str, error: BaseException) -> None:
         """Logged once, with its traceback, and counted; what it held was given back on the
