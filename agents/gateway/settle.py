@@ -83,8 +83,12 @@ class Accounts:
             last = flight.progress.attempts[-1]
             if not last.policy and last.by.startswith("peer:"):
                 last.policy = ESCALATION
-        settled = trail.settled(None, first_at)
-        self.settle(path, request_id, CLIENT_GONE, settled, "client_gone", started, trail.span)
+        try:  # called as the request is cancelled: a fault here must not hide the cancel
+            settled = trail.settled(None, first_at)
+            self.settle(path, request_id, CLIENT_GONE, settled, "client_gone", started,
+                        trail.span)  # fmt: skip
+        except Exception as error:
+            self.fault(request_id, flight.model if flight is not None else "", error)
 
     def fault(self, request_id: str, model: str, error: BaseException) -> None:
         """Logged once, with its traceback, and counted; what it held was given back on the
