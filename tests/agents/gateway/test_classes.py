@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
@@ -113,7 +113,12 @@ async def test_a_higher_class_preempts_a_request_its_engine_has_not_started(mode
 
             long = asyncio.create_task(ask("standard", 60))
             await _until(lambda: _running(region) == 1)
-            batch = [asyncio.create_task(ask("batch", 2)) for _ in range(2)]
+            batch = []
+            for waiting in (1, 2):  # each in the engine's queue before the next is sent: a
+                # poll while one is still on its way would take it to have started
+                # (agents/router/view.py, _whole_started), and the interactive one would fit
+                batch.append(asyncio.create_task(ask("batch", 2)))
+                await _until_async(lambda n=waiting: _sim_waiting(client, sim, n))
             await _until(lambda: _unstarted(region) == 2)
             interactive = await ask("interactive", 2)
             answers = [await b for b in batch]
@@ -316,6 +321,17 @@ def _running(region: Local) -> int:
 
 def _unstarted(region: Local) -> int:
     return sum(v.unstarted for v in region.gateway.router.views.values())
+
+
+async def _sim_waiting(client: httpx.AsyncClient, sim: Sim, count: int) -> bool:
+    loads = (await client.get(f"{sim.url}/v1/loads")).json()["loads"][0]
+    return bool(loads["num_waiting_reqs"] == count)
+
+
+async def _until_async(probe: Callable[[], Awaitable[bool]], within_s: float = 20.0) -> None:
+    async with asyncio.timeout(within_s):
+        while not await probe():  # noqa: ASYNC110 (another process: no event to wait on)
+            await asyncio.sleep(0.02)
 
 
 async def _until(probe: Callable[[], bool], within_s: float = 20.0) -> None:
