@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import httpx
@@ -118,7 +119,7 @@ async def test_a_higher_class_preempts_a_request_its_engine_has_not_started(mode
                 # poll while one is still on its way would take it to have started
                 # (agents/router/view.py, _whole_started), and the interactive one would fit
                 batch.append(asyncio.create_task(ask("batch", 2)))
-                await _until_async(lambda n=waiting: _sim_waiting(client, sim, n))
+                await _until_async(partial(_sim_waiting, client, sim, waiting))
             await _until(lambda: _unstarted(region) == 2)
             interactive = await ask("interactive", 2)
             answers = [await b for b in batch]
