@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from google.protobuf import json_format
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.budgets import BudgetRule
+from meridian_pb.fleet.v1.budgets import rules as budget_rules
 from meridian_pb.fleet.v1.classes import (
     DEFAULT_ESCALATE,
     DEFAULT_POLICY,
@@ -97,6 +99,7 @@ class Tenant:
     default_class: ServiceClass = ServiceClass.STANDARD  # of its requests that name none
     class_ceiling: ServiceClass = ServiceClass.STANDARD  # the highest they may name
     discount: float = 0.0  # off its usage's price, a fraction
+    budgets: tuple[BudgetRule, ...] = ()  # its spend budgets (agents/gateway/budgets.py)
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,7 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
             default_class=_class(grant.default_class, grant.name),
             class_ceiling=_class(grant.class_ceiling, grant.name),
             discount=min(1.0, max(0.0, grant.price_discount_percent / 100)),
+            budgets=budget_rules(grant, nodes),
         )
         tenants[tenant.name] = tenant
         for key in grant.api_keys:

@@ -105,7 +105,7 @@ class Agent:
             apply=self.apply,
             telemetry=functools.partial(report.telemetry, self),
             gpus=self.nvml if self.nvml is not None else gpus.simulated(settings.simulated_gpus),
-            quotas=QuotaHooks(self.gateway.quotas.take_leases, self.gateway.quotas.demand.report),
+            quotas=QuotaHooks(self.gateway.quotas.take_leases, self.gateway.quotas.report),
         )
 
     @property
@@ -159,6 +159,8 @@ class Agent:
     async def serve(self) -> None:
         """Run until SIGINT or SIGTERM; then stop every engine it started."""
         await asyncio.to_thread(self.store.prepare)
+        budgets = self.gateway.quotas.budgets  # what they spent, kept across a restart
+        await asyncio.to_thread(budgets.open, self.settings.data_dir / "budgets.json")
         journal: Journal | None = None
         if self.settings.usage_ledger:
             journal = await asyncio.to_thread(Journal, self.settings.data_dir / "ledger")

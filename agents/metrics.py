@@ -72,6 +72,7 @@ class Settled(NamedTuple):
     # prompt, cached, completion tokens)
     extra: tuple[tuple[str, int, int, int], ...] = ()
     asked_as: str = ""  # a peer's request: the id its client gave there
+    hold: Any = None  # what it may cost, held in its tenant's budgets, settled on its usage
 
 
 Counts = dict[float, int]

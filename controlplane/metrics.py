@@ -47,6 +47,12 @@ class ControlPlaneMetrics:
         self.usage_failed = Counter("meridian_usage_batches_failed", "Batches of usage records "
                                     "that could not be stored (sent again)", ["region"],
                                     registry=r)  # fmt: skip
+        self.budget_spent = Gauge("meridian_budget_spent_ratio", "A spend budget's window: "
+                                  "its part spent and held, 0 to 1", ["tenant", "budget"],
+                                  registry=r)  # fmt: skip
+        self.budget_alerts = Counter("meridian_budget_alerts", "Spend budgets' soft thresholds "
+                                     "passed (once a window)", ["tenant", "budget"],
+                                     registry=r)  # fmt: skip
         self.push_lag = Histogram("meridian_push_ack", "From a snapshot's send to its agent's "
                                   "ack", ["region"], unit="seconds", buckets=PUSH_BUCKETS,
                                   registry=r)  # fmt: skip
@@ -109,6 +115,13 @@ class ControlPlaneMetrics:
     def backlog(self, states: dict[str, int]) -> None:
         for state in ("pending", "running"):
             self.batch_backlog.labels(state).set(states.get(state, 0))
+
+    def budget(self, tenant: str, budget: str, spent: float, alerted: bool) -> None:
+        """A spend budget's window at the leader's period: its part spent and held (0 to 1),
+        and its soft threshold passed."""
+        self.budget_spent.labels(tenant, budget).set(spent)
+        if alerted:
+            self.budget_alerts.labels(tenant, budget).inc()
 
     def rollout(self, event: str, detail: dict[str, Any]) -> None:
         """What the rollout driver saw: an outcome, a rollback's check, a wave's time."""

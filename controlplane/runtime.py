@@ -99,7 +99,11 @@ class Replica:
             down_after=timedelta(seconds=settings.node_down_after_s),
             rollouts=RolloutDriver(db, self.feed, observe=self.metrics.rollout),
             leaser=(
-                Leaser(db, Timing(settings.quota_lease_ttl_s, settings.node_down_after_s * 6))
+                Leaser(
+                    db,
+                    Timing(settings.quota_lease_ttl_s, settings.node_down_after_s * 6),
+                    observe=self.metrics.budget,
+                )
                 if settings.quota_leases
                 else None
             ),

@@ -101,11 +101,21 @@ class QuotaExceeded(GatewayError):
     status, code, kind, title = 429, "quota_exceeded", "rate_limit_error", "Quota exceeded"
 
 
+class BudgetExceeded(GatewayError):
+    """A spend budget of the tenant or its key is spent, or this node's part of it is."""
+
+    status, code, kind, title = 429, "budget_exceeded", "insufficient_quota", "Budget exceeded"
+
+
 class TenantConcurrency(GatewayError):
     """The tenant has as many requests under way as its limit allows (this node's share)."""
 
     status, code, kind = 429, "tenant_concurrency", "rate_limit_error"
     title = "Too many requests under way at once"
+
+
+# refusals the tenant's quotas and budgets count themselves (agents/gateway/quotas.py)
+TenantLimit = QuotaExceeded | TenantConcurrency | BudgetExceeded
 
 
 class TenantShare(GatewayError):

@@ -95,6 +95,7 @@ class Flight:
     # (model, prompt, cached, completion tokens), for the usage ledger
     spent: list[tuple[str, int, int, int]] = field(default_factory=list)
     fault: BaseException | None = None  # a fault of ours that ended its stream
+    hold: Any = None  # what it may cost, held in its tenant's budgets (agents/gateway/budgets.py)
 
     def __post_init__(self) -> None:
         # a client's X-Request-ID is its to choose, and another tenant may choose the same:
@@ -184,4 +185,5 @@ class Trail:
             estimated,
             tuple(flight.spent),
             asked_as,
+            flight.hold,
         )  # fmt: skip

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.config import Tenant
+from agents.gateway.budgets import Budgets, Hold, duration
 from agents.gateway.demand import DemandMeter
-from agents.gateway.errors import QuotaExceeded, TenantConcurrency
+from agents.gateway.errors import BudgetExceeded, GatewayError, QuotaExceeded, TenantConcurrency
 from agents.held import Held
 
 BURST_S = 2.0
@@ -88,6 +89,7 @@ class Quotas:
         self._tokens: dict[str, Bucket] = {}
         self.leases: dict[str, Lease] = {}
         self.demand = DemandMeter(clock=clock)
+        self.budgets = Budgets()  # the tenants' spend budgets (agents/gateway/budgets.py)
 
     def take_leases(self, message: pb.Leases) -> None:
         """New and changed leases; every lease held is good for the message's ttl from now."""
@@ -106,6 +108,16 @@ class Quotas:
             )
         for held in self.leases.values():
             held.expires_at = expires
+        tenants = self.budgets.tenants
+        for lease in message.set:
+            if lease.spend and lease.tenant in tenants:
+                self.budgets.take(tenants[lease.tenant], list(lease.spend))
+
+    def report(self) -> pb.Demand:
+        """What the tenants asked of this node, and their budgets' windows as it counts them."""
+        demand = self.demand.report()
+        self.budgets.report_all(demand)
+        return demand
 
     def shares(self, tenant: Tenant, now: float) -> tuple[float | None, float | None]:
         """This node's requests and tokens per minute for the tenant, now."""
@@ -155,9 +167,25 @@ class Quotas:
         bucket.refill(now)
         return bucket
 
-    def admit(self, tenant: Tenant, prompt_tokens: int) -> Charge:
+    def admit(self, tenant: Tenant, prompt_tokens: int, key: str = "", most: int = 0) -> Charge:
         """Take one request and the prompt's tokens, or raise QuotaExceeded with Retry-After;
-        the tokens are settled when the `with` block of the charge ends."""
+        the tokens are settled when the `with` block of the charge ends. `most`: what it may
+        cost at most (nanos), held in the tenant's budgets (BudgetExceeded) until its usage
+        settles it (agents/gateway/settle.py)."""
+        try:
+            hold = self.budgets.reserve(tenant, key, most)
+        except BudgetExceeded:
+            self.demand.tally(tenant.name).refused("budget_exceeded", prompt_tokens)
+            raise
+        try:
+            charge = self._admit(tenant, prompt_tokens)
+        except GatewayError:
+            self.budgets.settle(hold, 0)
+            raise
+        charge.hold = hold
+        return charge
+
+    def _admit(self, tenant: Tenant, prompt_tokens: int) -> Charge:
         now = self.clock()
         rpm, tpm = self.shares(tenant, now)
         requests = tokens = None
@@ -198,10 +226,10 @@ class Quotas:
         refused.headers = self.rate_limit_headers(tenant)
         return refused
 
-    def rate_limit_headers(self, tenant: Tenant) -> dict[str, str]:
+    def rate_limit_headers(self, tenant: Tenant, key: str = "") -> dict[str, str]:
         """OpenAI's `x-ratelimit-*`: the global limit, what this node can admit now, and
-        when its bucket is full again."""
-        headers = {}
+        when its bucket is full again; and the tightest budget's, in the same style."""
+        headers = self.budgets.headers(tenant, key) if tenant.budgets else {}
         for what, limit, buckets in (
             ("requests", tenant.quota_requests_per_minute, self._requests),
             ("tokens", tenant.quota_tokens_per_minute, self._tokens),
@@ -231,16 +259,6 @@ class Quotas:
                 for t, lease in sorted(self.leases.items())}  # fmt: skip
 
 
-def duration(seconds: float) -> str:
-    """As OpenAI writes a reset: `20ms`, `1.5s`, `6m0s`."""
-    if seconds < 1:
-        return f"{math.ceil(seconds * 1000)}ms"
-    if seconds < 60:
-        return f"{seconds:.3g}s"
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes}m{rest}s"
-
-
 def _opt(lease: pb.Lease, name: str) -> int | None:
     return int(getattr(lease, name)) if lease.HasField(name) else None  # type: ignore[arg-type]
 
@@ -248,12 +266,13 @@ def _opt(lease: pb.Lease, name: str) -> int | None:
 class Charge(Held):
     """A request's tokens, taken at admission: `used` is set when the answer tells it."""
 
-    __slots__ = ("estimated", "quotas", "tenant", "used")
+    __slots__ = ("estimated", "hold", "quotas", "tenant", "used")
 
     def __init__(self, quotas: Quotas | None, tenant: Tenant, estimated: int) -> None:
         super().__init__()
         self.quotas, self.tenant, self.estimated = quotas, tenant, estimated
         self.used: int | None = None  # None: not known, the estimate stands
+        self.hold: Hold | None = None  # what it may cost, held in the tenant's budgets
 
     def release(self, error: BaseException | None) -> None:
         if self.quotas is None:

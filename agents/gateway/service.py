@@ -37,6 +37,7 @@ from agents import tracing
 from agents.config import RegionConfig
 from agents.gateway import assertion, spans
 from agents.gateway.arrival import Arrival
+from agents.gateway.budgets import most_cost
 from agents.gateway.calls import EngineCalls
 from agents.gateway.carry import Carrier
 from agents.gateway.errors import (
@@ -45,8 +46,7 @@ from agents.gateway.errors import (
     GatewayError,
     InternalError,
     NotReady,
-    QuotaExceeded,
-    TenantConcurrency,
+    TenantLimit,
     UnsupportedMediaType,
     refusal_error,
 )
@@ -133,8 +133,7 @@ class Gateway:
         await self.tiers.close()
 
     async def audit_forever(self, every_s: float = AUDIT_EVERY_S) -> None:
-        """The router's books checked against the engines' (agents/router/audit.py), and the
-        streams under way against the stall deadline (agents/gateway/carry.py)."""
+        """The router's books checked (agents/router/audit.py), and streams' stalls (carry.py)."""
         while True:
             await asyncio.sleep(every_s)
             self.audit()
@@ -154,7 +153,7 @@ class Gateway:
         self.router.configure(config)
         peers = {p.region for chain in config.fallback for p in chain.peers}
         self.escalations.configure(peers, peer_health or {})
-        self.config = config
+        self.config, self.quotas.budgets.tenants = config, config.tenants
 
     def headers(self, request_id: str) -> dict[str, str]:
         region = self.config.region if self.config is not None else ""
@@ -222,9 +221,7 @@ class Gateway:
         if error.status in (429, 503) and model:
             self.books.rejections[model, error.code] += 1
         if (
-            error.status in (429, 503)
-            and caller is not None
-            and not isinstance(error, QuotaExceeded | TenantConcurrency)
+            error.status in (429, 503) and caller is not None and not isinstance(error, TenantLimit)
         ):  # the quota's own are counted there
             self.quotas.demand.tally(caller.tenant.name).refused(error.code)
         return error.response(headers)
@@ -269,12 +266,14 @@ class Gateway:
         return response
 
     def admit(self, flight: Flight) -> Charge:
-        """The tenant's quota: held until the answer settles it. A peer's request was counted
-        there; the operator's is not counted, nor a batch's line the control plane sends
-        (batch limits are apart from rate limits, as OpenAI's are: docs/gateway.md)."""
+        """The tenant's quota and budgets, held until the answer settles them (not a peer's)."""
         if flight.tenant is OPERATOR or flight.caller.came_from is not None:
             return uncharged(flight.tenant)
-        return self.quotas.admit(flight.tenant, flight.placement.request.prompt_tokens)
+        most = most_cost(self.config_or_refuse(), flight) if flight.tenant.budgets else 0
+        charge = self.quotas.admit(flight.tenant, flight.placement.request.prompt_tokens,
+                                   flight.caller.key, most)  # fmt: skip
+        flight.hold = charge.hold
+        return charge
 
     async def serve(self, flight: Flight) -> tuple[web.StreamResponse, Usage] | GatewayError:
         """The router's plan carried out, until an answer settles the request: a worker's, a
@@ -395,5 +394,5 @@ class Gateway:
         if who.insider:
             out[LOAD_HEADER] = self.load_of(model)
         if who.came_from is None and who.tenant is not OPERATOR:
-            out.update(self.quotas.rate_limit_headers(who.tenant))
+            out.update(self.quotas.rate_limit_headers(who.tenant, who.key))
         return out

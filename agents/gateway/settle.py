@@ -5,6 +5,7 @@ receipt and its span. A fault of the gateway's own is logged here with its trace
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ from agents.gateway import spans
 from agents.gateway.flight import ESCALATION, Trail
 from agents.gateway.receipts import Receipts
 from agents.gateway.relay import FIRST_AT
-from agents.ledger.record import Ledger
+from agents.ledger.record import Ledger, spent
 from agents.metrics import CROWDED_OUT, RequestMetrics, Settled, count_by_tenant
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,9 @@ class Accounts:
         self.receipts.note(request_id, status, started, now, settled, error_type)
         if self.ledger is not None and config is not None:
             self.ledger.note(request_id, config, status, settled, code, started, now)
+        if settled.hold is not None:  # its budgets' reservation (agents/gateway/budgets.py)
+            at = time.time() - (now - started)  # priced at its start, as its record is
+            settled.hold.settle(spent(config, settled, at) if config is not None else None)
         if span is not None and span.is_recording():
             region = config.region if config is not None else None
             spans.finished(span, path, status, settled, started, error_type, region)

@@ -30,6 +30,43 @@ def kind_of(settled: Settled) -> str:
     return "refused"
 
 
+def answers_of(settled: Settled) -> list[tuple[str, int, int, int]]:
+    """Its answers' (model, prompt, cached, completion tokens): the one its client got, and
+    any made for it besides (a cascade's)."""
+    got = (settled.model, settled.prompt_tokens or 0, settled.cached_tokens or 0,
+           settled.completion_tokens or 0)  # fmt: skip
+    return [got, *settled.extra]
+
+
+def priced(
+    config: RegionConfig, settled: Settled, answers: list[tuple[str, int, int, int]], at_s: float
+) -> int | None:
+    """What the answers cost its tenant at `at_s` (nanos); None where a model has no price
+    then."""
+    payer = config.tenants.get(settled.tenant)
+    discount = payer.discount if payer is not None else 0.0
+    cost: int | None = 0
+    for name, p, c, o in answers:
+        model = config.models.get(name)
+        price = None if model is None or model.prices is None else model.prices.cost_nanos(
+            at_s, p, c, o, settled.service_class, discount)  # fmt: skip
+        cost = None if cost is None or price is None else cost + price
+    return cost
+
+
+def spent(config: RegionConfig, settled: Settled, at_s: float) -> int | None:
+    """What a request cost for its tenant's budgets (nanos): as its record says where it was
+    served here; a hop's answer at this region's prices (the peer records it, and this region
+    reserved it); a refusal nothing; None where its usage is not known (its reservation is
+    spent)."""
+    kind = kind_of(settled)
+    if kind == "refused":
+        return 0
+    if settled.prompt_tokens is None and settled.completion_tokens is None:
+        return None
+    return priced(config, settled, answers_of(settled), at_s)
+
+
 class Ledger:
     """The gateway's side of the ledger: a record per settled request, into the journal."""
 
@@ -61,19 +98,11 @@ class Ledger:
         ended_us = int(self.wall() * 1e6)
         started_us = ended_us - int((now - started) * 1e6)
         hop, served = kind == "hop", kind == "served"
-        answers = [(settled.model, settled.prompt_tokens or 0, settled.cached_tokens or 0,
-                    settled.completion_tokens or 0)] if served else []  # fmt: skip
-        answers += settled.extra if served else ()
-        payer = config.tenants.get(tenant)
-        discount = payer.discount if payer is not None else 0.0
-        cost: int | None = 0  # a hop or a refusal costs nothing
-        prompt = cached = completion = 0
-        for model_name, p, c, o in answers:
-            prompt, cached, completion = prompt + p, cached + c, completion + o
-            model = config.models.get(model_name)
-            price = None if model is None or model.prices is None else model.prices.cost_nanos(
-                started_us / 1e6, p, c, o, settled.service_class, discount)  # fmt: skip
-            cost = None if cost is None or price is None else cost + price
+        answers = answers_of(settled) if served else []
+        cost = priced(config, settled, answers, started_us / 1e6)  # a hop or a refusal: 0
+        prompt = sum(a[1] for a in answers)
+        cached = sum(a[2] for a in answers)
+        completion = sum(a[3] for a in answers)
         record = pb.UsageRecord(
             request_id=settled.asked_as or request_id,  # a peer's: as its client knows it
             kind=kind,

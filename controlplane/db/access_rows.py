@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String
 from sqlalchemy.dialects.postgresql import JSONB
@@ -32,6 +33,7 @@ class TenantRow(NamedRow):
         String(16), default="standard", server_default="standard"
     )
     price_discount_percent: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    budgets: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list, server_default="[]")
 
 
 class ApiKeyRow(NamedRow):

@@ -85,6 +85,16 @@ class LeaseFeed:
             quota = doc.get("quota", {})
             for node, lease in doc.get("leases", {}).items():
                 nodes.setdefault(node, {})[tenant] = _lease(tenant, lease, quota)
+            for budget, spend in sorted(doc.get("spend", {}).items()):
+                for node, held in spend["leases"].items():
+                    if held.get("seq"):  # a lease was made for it (else: its static part)
+                        told = nodes.setdefault(node, {})
+                        lease = told.setdefault(tenant, pb.Lease(tenant=tenant))
+                        lease.spend.add(
+                            budget=budget, window=spend["window"], limit_nanos=spend["limit"],
+                            ceiling_nanos=held["ceiling"], seq=held["seq"],
+                            fleet_used_nanos=held.get("fleet", 0),
+                        )  # fmt: skip
         for node in set(nodes) | set(self._nodes):
             if nodes.get(node) != self._nodes.get(node):
                 self._wake(node)

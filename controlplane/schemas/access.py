@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Self
 
+from meridian_pb.fleet.v1.budgets import Budget
+from meridian_pb.fleet.v1.budgets import check as budgets_clash
 from pydantic import Field, model_validator
 
 from controlplane.domain import Role
@@ -63,9 +65,17 @@ class TenantSpec(Spec):
     price_discount_percent: float = Field(
         default=0.0, ge=0, le=100, description="taken off the price of its usage"
     )
+    budgets: list[Budget] = Field(
+        default_factory=list,
+        max_length=32,
+        description="what it, or one of its API keys, may spend per day or month (docs/usage.md)",
+    )
 
     @model_validator(mode="after")
     def _default_within_ceiling(self) -> Self:
+        why = budgets_clash(self.budgets)
+        if why is not None:
+            raise ValueError(why)
         if rank(self.default_class) < rank(self.class_ceiling):
             raise ValueError(
                 f"default_class {self.default_class.value} is above class_ceiling "

@@ -31,6 +31,11 @@ class TenantKind(Kind[TenantRow]):
     kind, plural, row, spec, out = "tenant", "tenants", TenantRow, TenantSpec, TenantOut
     write_role = Role.ADMIN
 
+    async def assign(self, uow: UnitOfWork, row: TenantRow, spec: Spec) -> None:
+        await super().assign(uow, row, spec)
+        assert isinstance(spec, TenantSpec)
+        row.budgets = [b.model_dump(mode="json") for b in spec.budgets]
+
     async def validate(self, uow: UnitOfWork, row: TenantRow) -> None:
         if row.tier_floor is not None:
             await uow.ref(ModelRow, "model", row.tier_floor, "tier_floor")

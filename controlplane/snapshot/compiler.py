@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from meridian_pb.fleet.v1.assertion import CONTROL_PLANE
+from meridian_pb.fleet.v1.budgets import wire as budget_wire
 from meridian_pb.fleet.v1.prices import wire
 
 from controlplane.domain import EngineBackend, RegionState
@@ -13,7 +14,7 @@ from controlplane.schemas.fleet import FallbackRuleSpec
 from controlplane.snapshot.index import FleetIndex
 from controlplane.snapshot.keys import public_key
 from controlplane.snapshot.placement import KV_EVENTS_PORT_OFFSET, place
-from controlplane.snapshot.shares import exact_share, serving_weights, whole_share
+from controlplane.snapshot.shares import exact_share, region_part, serving_weights, whole_share
 from controlplane.snapshot.types import (
     DeploymentInfo,
     FallbackChain,
@@ -357,6 +358,8 @@ def tenant_grants(state: FleetState, region: str, index: FleetIndex) -> list[Ten
                 default_class=str(tenant.default_class),
                 class_ceiling=str(tenant.class_ceiling),
                 price_discount_percent=tenant.price_discount_percent,
+                budgets=[budget_wire(b) for b in tenant.budgets],
+                spend_share=region_part(weights, region),
             )
         )
     return grants

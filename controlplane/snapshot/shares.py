@@ -60,6 +60,14 @@ def serving_weights(
     }
 
 
+def region_part(weights: dict[str, int], region: str) -> float:
+    """The region's exact part, 0 to 1, of what is split by `weights` (none: not there)."""
+    if region not in weights:
+        return 0.0
+    total = sum(weights.values())
+    return weights[region] / total if total else 1 / len(weights)
+
+
 def region_shares(state: FleetState, tenant: str) -> dict[str, float]:
     """Each serving region's exact part of the tenant's quotas, 0 to 1: the static shares."""
     weights = serving_weights(state, tenant)

@@ -242,6 +242,8 @@ class TenantGrant(Frozen):
     default_class: str = "standard"  # its requests' service class when they name none
     class_ceiling: str = "standard"  # the highest they may name
     price_discount_percent: float = 0.0  # off its usage's price
+    budgets: list[dict[str, Any]] = []  # budgets.wire's form of its budgets
+    spend_share: float = 0.0  # the region's part of its budgets, 0 to 1 (static shares)
 
 
 class RegionSnapshot(Frozen):

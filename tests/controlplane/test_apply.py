@@ -71,6 +71,7 @@ async def test_dry_run_shows_the_diff_and_changes_nothing(api: Api) -> None:
                 "default_class": "standard",
                 "class_ceiling": "standard",
                 "price_discount_percent": 0.0,
+                "budgets": [],
             },
         },
     ]

@@ -22,6 +22,7 @@ from typing import Any
 from controlplane.domain import NodeState, RegionState
 from controlplane.services.quotas.allocate import Claim, allocate, settle
 from controlplane.services.quotas.demand import NodeDemand
+from controlplane.services.quotas.spend import plan_spend
 from controlplane.snapshot import FleetState
 from controlplane.snapshot.shares import region_shares
 
@@ -53,7 +54,7 @@ def plan(
         quotas = {"requests_per_minute": tenant.requests_per_minute,
                   "tokens_per_minute": tenant.tokens_per_minute,
                   "concurrent_requests": tenant.max_concurrency}  # fmt: skip
-        if tenant.disabled or all(q is None for q in quotas.values()):
+        if tenant.disabled or (all(q is None for q in quotas.values()) and not tenant.budgets):
             continue
         regions = region_shares(state, name)  # region -> its part of the quota, 0 to 1
         nodes = _nodes(state, regions, connected | set(away))
@@ -79,6 +80,10 @@ def plan(
                 leases[node][dim] = round(share, 3)
             reserved[dim] = round(kept, 3)
         out[name] = {"quota": quotas, "reserved": reserved, "leases": leases}
+        if tenant.budgets:
+            out[name]["spend"] = plan_spend(state, name, regions, split_over, demand, connected,
+                                            given.get(name, {}).get("spend", {}),
+                                            now.timestamp())  # fmt: skip
     return out
 
 

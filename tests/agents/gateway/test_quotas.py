@@ -8,8 +8,9 @@ import pytest
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.config import Tenant
+from agents.gateway.budgets import duration
 from agents.gateway.errors import QuotaExceeded, TenantConcurrency
-from agents.gateway.quotas import Quotas, duration
+from agents.gateway.quotas import Quotas
 
 
 def _tenant(rpm: float | None, tpm: float | None = None) -> Tenant:

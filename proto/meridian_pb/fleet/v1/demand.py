@@ -27,6 +27,8 @@ class TenantDemand:
     refused_by_reason: dict[str, float] = field(default_factory=dict)
     peak_concurrent: float = 0.0  # its most requests under way at once, over the window
     refused_concurrent: float = 0.0  # refused for its limit of them, in the window
+    # its budgets' windows as the agent counts them: BudgetUse's fields, by budget
+    spend: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def wants_concurrent(self) -> float:
@@ -45,16 +47,23 @@ class TenantDemand:
     def as_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {f: round(getattr(self, f), 3) for f in FIELDS}
         doc["refused_by_reason"] = {k: round(v, 3) for k, v in self.refused_by_reason.items()}
+        if self.spend:
+            doc["spend"] = self.spend
         return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> TenantDemand:
         rates = [float(doc.get(f) or 0.0) for f in FIELDS]
         reasons = {str(k): float(v) for k, v in (doc.get("refused_by_reason") or {}).items()}
-        return cls(rates[0], rates[1], rates[2], rates[3], reasons, rates[4], rates[5])
+        spend = {str(k): dict(v) for k, v in (doc.get("spend") or {}).items()}
+        return cls(rates[0], rates[1], rates[2], rates[3], reasons, rates[4], rates[5], spend)
 
     @classmethod
     def from_message(cls, told: pb.TenantDemand) -> TenantDemand:
         rates = [float(getattr(told, f)) for f in FIELDS]
         reasons = dict(told.refused_by_reason)
-        return cls(rates[0], rates[1], rates[2], rates[3], reasons, rates[4], rates[5])
+        spend = {u.budget: {"window": u.window, "used": u.used_nanos, "held": u.held_nanos,
+                            "ceiling": u.ceiling_nanos, "seq": u.lease_seq,
+                            "wants": u.spent_per_minute + u.refused_per_minute}
+                 for u in told.spend}  # fmt: skip
+        return cls(rates[0], rates[1], rates[2], rates[3], reasons, rates[4], rates[5], spend)

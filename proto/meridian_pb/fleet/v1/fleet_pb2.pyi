@@ -1444,6 +1444,7 @@ class TenantDemand(_message.Message):
     REFUSED_BY_REASON_FIELD_NUMBER: _builtins.int
     PEAK_CONCURRENT_FIELD_NUMBER: _builtins.int
     REFUSED_CONCURRENT_FIELD_NUMBER: _builtins.int
+    SPEND_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     admitted_requests: _builtins.float
     refused_requests: _builtins.float
@@ -1463,6 +1464,10 @@ class TenantDemand(_message.Message):
         queue_full, overloaded, ...), per minute.
         """
 
+    @_builtins.property
+    def spend(self) -> _containers.RepeatedCompositeFieldContainer[Global___BudgetUse]:
+        """Its spend budgets' windows as this agent counts them."""
+
     def __init__(
         self,
         *,
@@ -1474,14 +1479,61 @@ class TenantDemand(_message.Message):
         refused_by_reason: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         peak_concurrent: _builtins.float = ...,
         refused_concurrent: _builtins.float = ...,
+        spend: _abc.Iterable[Global___BudgetUse] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_requests", b"admitted_requests", "admitted_tokens", b"admitted_tokens", "peak_concurrent", b"peak_concurrent", "refused_by_reason", b"refused_by_reason", "refused_concurrent", b"refused_concurrent", "refused_requests", b"refused_requests", "refused_tokens", b"refused_tokens", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_requests", b"admitted_requests", "admitted_tokens", b"admitted_tokens", "peak_concurrent", b"peak_concurrent", "refused_by_reason", b"refused_by_reason", "refused_concurrent", b"refused_concurrent", "refused_requests", b"refused_requests", "refused_tokens", b"refused_tokens", "spend", b"spend", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantDemand: _TypeAlias = TenantDemand  # noqa: Y015
+
+@_typing.final
+class BudgetUse(_message.Message):
+    """One spend budget's window on one agent: what the requests it admitted cost (settled), what
+    those under way hold (their most cost), the ceiling it spends within (a lease, or its
+    static share), and what it wants: what it spent and was refused over the report's window.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUDGET_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    USED_NANOS_FIELD_NUMBER: _builtins.int
+    HELD_NANOS_FIELD_NUMBER: _builtins.int
+    CEILING_NANOS_FIELD_NUMBER: _builtins.int
+    LEASE_SEQ_FIELD_NUMBER: _builtins.int
+    SPENT_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    REFUSED_PER_MINUTE_FIELD_NUMBER: _builtins.int
+    budget: _builtins.str
+    window: _builtins.str
+    used_nanos: _builtins.int
+    held_nanos: _builtins.int
+    ceiling_nanos: _builtins.int
+    lease_seq: _builtins.int
+    """the lease it spends within (0: its static share); see SpendLease.seq"""
+    spent_per_minute: _builtins.float
+    refused_per_minute: _builtins.float
+    def __init__(
+        self,
+        *,
+        budget: _builtins.str = ...,
+        window: _builtins.str = ...,
+        used_nanos: _builtins.int = ...,
+        held_nanos: _builtins.int = ...,
+        ceiling_nanos: _builtins.int = ...,
+        lease_seq: _builtins.int = ...,
+        spent_per_minute: _builtins.float = ...,
+        refused_per_minute: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "ceiling_nanos", b"ceiling_nanos", "held_nanos", b"held_nanos", "lease_seq", b"lease_seq", "refused_per_minute", b"refused_per_minute", "spent_per_minute", b"spent_per_minute", "used_nanos", b"used_nanos", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BudgetUse: _TypeAlias = BudgetUse  # noqa: Y015
 
 @_typing.final
 class Leases(_message.Message):
@@ -1531,6 +1583,7 @@ class Lease(_message.Message):
     QUOTA_TOKENS_PER_MINUTE_FIELD_NUMBER: _builtins.int
     CONCURRENT_REQUESTS_FIELD_NUMBER: _builtins.int
     QUOTA_CONCURRENT_REQUESTS_FIELD_NUMBER: _builtins.int
+    SPEND_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     requests_per_minute: _builtins.float
     """This agent's share, per minute; unset where the tenant has no such quota."""
@@ -1543,6 +1596,10 @@ class Lease(_message.Message):
     concurrent_requests: _builtins.float
     """This agent's share of the tenant's requests under way at once, and the limit it is of."""
     quota_concurrent_requests: _builtins.int
+    @_builtins.property
+    def spend(self) -> _containers.RepeatedCompositeFieldContainer[Global___SpendLease]:
+        """This agent's ceilings of the tenant's spend budgets, for their current windows."""
+
     def __init__(
         self,
         *,
@@ -1553,10 +1610,11 @@ class Lease(_message.Message):
         quota_tokens_per_minute: _builtins.int | None = ...,
         concurrent_requests: _builtins.float | None = ...,
         quota_concurrent_requests: _builtins.int | None = ...,
+        spend: _abc.Iterable[Global___SpendLease] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_concurrent_requests", b"_concurrent_requests", "_quota_concurrent_requests", b"_quota_concurrent_requests", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "concurrent_requests", b"concurrent_requests", "quota_concurrent_requests", b"quota_concurrent_requests", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_concurrent_requests", b"_concurrent_requests", "_quota_concurrent_requests", b"_quota_concurrent_requests", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "concurrent_requests", b"concurrent_requests", "quota_concurrent_requests", b"quota_concurrent_requests", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "tenant", b"tenant", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_concurrent_requests", b"_concurrent_requests", "_quota_concurrent_requests", b"_quota_concurrent_requests", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_tokens_per_minute", b"_tokens_per_minute", "concurrent_requests", b"concurrent_requests", "quota_concurrent_requests", b"quota_concurrent_requests", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "spend", b"spend", "tenant", b"tenant", "tokens_per_minute", b"tokens_per_minute"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__concurrent_requests: _TypeAlias = _typing.Literal["concurrent_requests"]  # noqa: Y015
     _WhichOneofArgType__concurrent_requests: _TypeAlias = _typing.Literal["_concurrent_requests", b"_concurrent_requests"]  # noqa: Y015
@@ -1584,6 +1642,51 @@ class Lease(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens_per_minute) -> _WhichOneofReturnType__tokens_per_minute | None: ...
 
 Global___Lease: _TypeAlias = Lease  # noqa: Y015
+
+@_typing.final
+class SpendLease(_message.Message):
+    """The most an agent's requests may cost in a budget's window, counting what they already
+    cost (it never takes back what was spent). Good for its window and its limit only, however
+    long the control plane is away: past it, the agent refuses (429 budget_exceeded).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUDGET_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    LIMIT_NANOS_FIELD_NUMBER: _builtins.int
+    CEILING_NANOS_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    FLEET_USED_NANOS_FIELD_NUMBER: _builtins.int
+    budget: _builtins.str
+    window: _builtins.str
+    limit_nanos: _builtins.int
+    ceiling_nanos: _builtins.int
+    seq: _builtins.int
+    """increases with each lease of the budget's window to the agent: the agent reports which
+    it spends within
+    """
+    fleet_used_nanos: _builtins.int
+    """what the fleet had spent and held in the window when the lease was made (for the
+    x-ratelimit-remaining-budget header)
+    """
+    def __init__(
+        self,
+        *,
+        budget: _builtins.str = ...,
+        window: _builtins.str = ...,
+        limit_nanos: _builtins.int = ...,
+        ceiling_nanos: _builtins.int = ...,
+        seq: _builtins.int = ...,
+        fleet_used_nanos: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "ceiling_nanos", b"ceiling_nanos", "fleet_used_nanos", b"fleet_used_nanos", "limit_nanos", b"limit_nanos", "seq", b"seq", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SpendLease: _TypeAlias = SpendLease  # noqa: Y015
 
 @_typing.final
 class Snapshot(_message.Message):
@@ -2545,6 +2648,8 @@ class TenantGrant(_message.Message):
     DEFAULT_CLASS_FIELD_NUMBER: _builtins.int
     CLASS_CEILING_FIELD_NUMBER: _builtins.int
     PRICE_DISCOUNT_PERCENT_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
+    SPEND_SHARE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tier: _builtins.str
     requests_per_minute: _builtins.int
@@ -2581,12 +2686,19 @@ class TenantGrant(_message.Message):
     class_ceiling: _builtins.str
     price_discount_percent: _builtins.float
     """Off its usage's price, in percent (0 to 100)."""
+    spend_share: _builtins.float
     @_builtins.property
     def allowed_jurisdictions(self) -> Global___Jurisdictions:
         """Unset: any jurisdiction."""
 
     @_builtins.property
     def api_keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___KeyGrant]: ...
+    @_builtins.property
+    def budgets(self) -> _containers.RepeatedCompositeFieldContainer[Global___BudgetGrant]:
+        """Its spend budgets, and this region's part of them (0 to 1: split over its nodes) that a
+        node spends within before the leader leases it more or less.
+        """
+
     def __init__(
         self,
         *,
@@ -2610,10 +2722,12 @@ class TenantGrant(_message.Message):
         default_class: _builtins.str = ...,
         class_ceiling: _builtins.str = ...,
         price_discount_percent: _builtins.float = ...,
+        budgets: _abc.Iterable[Global___BudgetGrant] | None = ...,
+        spend_share: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier_floor", b"tier_floor", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "class_ceiling", b"class_ceiling", "debug_routes", b"debug_routes", "default_class", b"default_class", "disabled", b"disabled", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "name", b"name", "price_discount_percent", b"price_discount_percent", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "tier", b"tier", "tier_floor", b"tier_floor", "tiering", b"tiering", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency", "_max_concurrency_share", b"_max_concurrency_share", "_quota_requests_per_minute", b"_quota_requests_per_minute", "_quota_tokens_per_minute", b"_quota_tokens_per_minute", "_requests_per_minute", b"_requests_per_minute", "_requests_per_minute_share", b"_requests_per_minute_share", "_tier_floor", b"_tier_floor", "_tokens_per_minute", b"_tokens_per_minute", "_tokens_per_minute_share", b"_tokens_per_minute_share", "allowed_jurisdictions", b"allowed_jurisdictions", "api_keys", b"api_keys", "budgets", b"budgets", "class_ceiling", b"class_ceiling", "debug_routes", b"debug_routes", "default_class", b"default_class", "disabled", b"disabled", "max_concurrency", b"max_concurrency", "max_concurrency_share", b"max_concurrency_share", "name", b"name", "price_discount_percent", b"price_discount_percent", "quota_requests_per_minute", b"quota_requests_per_minute", "quota_tokens_per_minute", b"quota_tokens_per_minute", "requests_per_minute", b"requests_per_minute", "requests_per_minute_share", b"requests_per_minute_share", "spend_share", b"spend_share", "tier", b"tier", "tier_floor", b"tier_floor", "tiering", b"tiering", "tokens_per_minute", b"tokens_per_minute", "tokens_per_minute_share", b"tokens_per_minute_share", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_concurrency: _TypeAlias = _typing.Literal["max_concurrency"]  # noqa: Y015
     _WhichOneofArgType__max_concurrency: _TypeAlias = _typing.Literal["_max_concurrency", b"_max_concurrency"]  # noqa: Y015
@@ -2705,3 +2819,41 @@ class PeerLoad(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PeerLoad: _TypeAlias = PeerLoad  # noqa: Y015
+
+@_typing.final
+class BudgetGrant(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PERIOD_FIELD_NUMBER: _builtins.int
+    TIME_ZONE_FIELD_NUMBER: _builtins.int
+    LIMIT_NANOS_FIELD_NUMBER: _builtins.int
+    SOFT_PERCENT_FIELD_NUMBER: _builtins.int
+    API_KEY_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    period: _builtins.str
+    """day | month"""
+    time_zone: _builtins.str
+    limit_nanos: _builtins.int
+    soft_percent: _builtins.float
+    api_key: _builtins.str
+    """an API key's prefix: the budget is that key's alone"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        period: _builtins.str = ...,
+        time_zone: _builtins.str = ...,
+        limit_nanos: _builtins.int = ...,
+        soft_percent: _builtins.float = ...,
+        api_key: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_api_key", b"_api_key", "api_key", b"api_key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_api_key", b"_api_key", "api_key", b"api_key", "limit_nanos", b"limit_nanos", "name", b"name", "period", b"period", "soft_percent", b"soft_percent", "time_zone", b"time_zone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__api_key: _TypeAlias = _typing.Literal["api_key"]  # noqa: Y015
+    _WhichOneofArgType__api_key: _TypeAlias = _typing.Literal["_api_key", b"_api_key"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__api_key) -> _WhichOneofReturnType__api_key | None: ...
+
+Global___BudgetGrant: _TypeAlias = BudgetGrant  # noqa: Y015
