@@ -73,6 +73,7 @@ def status(agent: Agent) -> dict[str, Any]:
         "escalation": gateway.escalations.status(),
         "admission": {"waiting": dict(gateway.admission.waiting)},
         "quota_leases": gateway.quotas.status(),
+        "budgets": gateway.quotas.budgets.status(),
         "faults": dict(books.faults),
         "preemption": (
             {"source": agent.preemption.notice.source, "deadline": agent.preemption.notice.deadline}

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_S = 2  # a node out of its part while the fleet has room: its lease grows within seconds
+# the most prompt tokens an engine counted beyond the gateway's estimate, fading by this much
+# a request (a template's tokens are the same each time; a tokenizer's misses vary)
+UNSEEN_FADE = 0.999
+RATE_S = 30.0  # what a node spent and was refused, per minute, is averaged over about this long
 
 
 @dataclass(slots=True)
@@ -55,6 +59,8 @@ class Spend:
     mine_then: int = 0  # this node's used and held when it took the lease
     spent: int = 0  # since the last report: what it wants
     refused: int = 0
+    spent_rate: float = 0.0  # per minute, over the last RATE_S or so (what the leader reads)
+    refused_rate: float = 0.0
 
 
 @dataclass(slots=True)
@@ -64,12 +70,19 @@ class Hold:
     spends: tuple[Spend, ...]
     need: int
     settled: bool = False
+    model: str = ""
+    owner: Budgets | None = None
 
-    def settle(self, cost: int | None) -> None:
-        """The request's end: what it cost (None: not known, its reservation is spent)."""
+    def settle(self, cost: int | None, unseen: int = 0) -> None:
+        """The request's end: what it cost (None: not known, its reservation is spent), and
+        the prompt's tokens its engine counted beyond the gateway's estimate (a chat
+        template's), which the next reservations of its model add."""
         if self.settled:
             return
         self.settled = True
+        if self.owner is not None and self.model:
+            extra = self.owner.unseen
+            extra[self.model] = max(unseen, int(extra.get(self.model, 0) * UNSEEN_FADE))
         spent = self.need if cost is None else max(0, cost)
         for spend in self.spends:
             spend.held = max(0, spend.held - self.need)
@@ -83,6 +96,7 @@ class Budgets:
         self.path: Path | None = None  # where what was spent is kept (None: nowhere)
         self._spends: dict[tuple[str, str], Spend] = {}  # (tenant, budget)
         self.tenants: Mapping[str, Tenant] = {}  # the snapshot's, for the reports
+        self.unseen: dict[str, int] = {}  # per model: see Hold.settle
         self._reported_at = wall()
 
     def open(self, path: Path) -> None:
@@ -104,7 +118,7 @@ class Budgets:
         spend = self._spends[tenant, rule.name] = Spend(name, ends, rule.limit_nanos)
         return spend
 
-    def reserve(self, tenant: Tenant, key: str, need: int) -> Hold | None:
+    def reserve(self, tenant: Tenant, key: str, need: int, model: str = "") -> Hold | None:
         """Hold `need` (nanos) in each budget of the tenant that applies to the key, or raise
         BudgetExceeded; None where none applies."""
         if not tenant.budgets:
@@ -124,7 +138,7 @@ class Budgets:
             spends.append(spend)
         for spend in spends:
             spend.held += need
-        return Hold(tuple(spends), need) if spends else None
+        return Hold(tuple(spends), need, model=model, owner=self) if spends else None
 
     def settle(self, hold: Hold | None, cost: int | None) -> None:
         if hold is not None:
@@ -195,15 +209,18 @@ class Budgets:
         refused per minute since the last report (read once per report: `reported`)."""
         now = self.wall()
         minutes = max(1e-3, (now - self._reported_at) / 60)
-        out = []
+        weight = 1 - math.exp(-minutes * 60 / RATE_S)  # a moving average: a second's noise
+        out = []  # does not move the leases
         for rule in tenant.budgets:
             spend = self._spend(tenant.name, rule, now)
+            spend.spent_rate += (spend.spent / minutes - spend.spent_rate) * weight
+            spend.refused_rate += (spend.refused / minutes - spend.refused_rate) * weight
             ceiling = spend.ceiling if spend.ceiling is not None else rule.static_nanos
             out.append(pb.BudgetUse(
                 budget=rule.name, window=spend.window, used_nanos=spend.used,
                 held_nanos=spend.held, ceiling_nanos=ceiling,
                 lease_seq=spend.seq if spend.ceiling is not None else 0,
-                spent_per_minute=spend.spent / minutes, refused_per_minute=spend.refused / minutes,
+                spent_per_minute=spend.spent_rate, refused_per_minute=spend.refused_rate,
             ))  # fmt: skip
         return out
 
@@ -277,7 +294,7 @@ def duration(seconds: float) -> str:
     return f"{minutes}m{rest}s"
 
 
-def most_cost(config: RegionConfig, flight: Flight) -> int:
+def most_cost(config: RegionConfig, flight: Flight, budgets: Budgets) -> int:
     """The most a request may cost (nanos): its prompt, and its max_tokens (else what its
     model's context leaves) at the output price, for each prompt of a batch; 0 for a model
     with no price now."""
@@ -285,7 +302,7 @@ def most_cost(config: RegionConfig, flight: Flight) -> int:
     if model is None or model.prices is None:
         return 0
     request = flight.placement.request
-    prompt = request.prompt_tokens
+    prompt = request.prompt_tokens + budgets.unseen.get(flight.model, 0)
     out = request.max_new if request.max_new is not None else model.context_length - prompt
     label = flight.ask.service_class.label
     cost = model.prices.cost_nanos(time.time(), prompt, 0, max(0, out), label,

@@ -167,13 +167,15 @@ class Quotas:
         bucket.refill(now)
         return bucket
 
-    def admit(self, tenant: Tenant, prompt_tokens: int, key: str = "", most: int = 0) -> Charge:
+    def admit(
+        self, tenant: Tenant, prompt_tokens: int, key: str = "", most: int = 0, model: str = ""
+    ) -> Charge:
         """Take one request and the prompt's tokens, or raise QuotaExceeded with Retry-After;
         the tokens are settled when the `with` block of the charge ends. `most`: what it may
         cost at most (nanos), held in the tenant's budgets (BudgetExceeded) until its usage
         settles it (agents/gateway/settle.py)."""
         try:
-            hold = self.budgets.reserve(tenant, key, most)
+            hold = self.budgets.reserve(tenant, key, most, model)
         except BudgetExceeded:
             self.demand.tally(tenant.name).refused("budget_exceeded", prompt_tokens)
             raise

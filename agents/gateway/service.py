@@ -269,9 +269,10 @@ class Gateway:
         """The tenant's quota and budgets, held until the answer settles them (not a peer's)."""
         if flight.tenant is OPERATOR or flight.caller.came_from is not None:
             return uncharged(flight.tenant)
-        most = most_cost(self.config_or_refuse(), flight) if flight.tenant.budgets else 0
-        charge = self.quotas.admit(flight.tenant, flight.placement.request.prompt_tokens,
-                                   flight.caller.key, most)  # fmt: skip
+        budgets, request = self.quotas.budgets, flight.placement.request
+        most = most_cost(self.config_or_refuse(), flight, budgets) if flight.tenant.budgets else 0
+        charge = self.quotas.admit(flight.tenant, request.prompt_tokens, flight.caller.key, most,
+                                   flight.model)  # fmt: skip
         flight.hold = charge.hold
         return charge
 

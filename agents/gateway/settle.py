@@ -71,7 +71,8 @@ class Accounts:
             self.ledger.note(request_id, config, status, settled, code, started, now)
         if settled.hold is not None:  # its budgets' reservation (agents/gateway/budgets.py)
             at = time.time() - (now - started)  # priced at its start, as its record is
-            settled.hold.settle(spent(config, settled, at) if config is not None else None)
+            unseen = (settled.prompt_tokens or 0) - settled.routed_prompt
+            settled.hold.settle(spent(config, settled, at) if config is not None else None, unseen)
         if span is not None and span.is_recording():
             region = config.region if config is not None else None
             spans.finished(span, path, status, settled, started, error_type, region)

@@ -134,7 +134,7 @@ async def audit_alerts(session: AsyncSession, alerts: Alerts) -> None:
     revision = await current_revision(session)
     for (tenant, _), detail in sorted(alerts.items()):
         session.add(AuditEventRow(revision=revision, principal=ACTOR, kind="tenant", name=tenant,
-                                  action="budget.soft_threshold", after=detail))  # fmt: skip
+                                  action="budget.soft", after=detail))  # fmt: skip
 
 
 async def call_webhook(url: str, tenant: str, detail: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from controlplane.services.quotas.demand import NodeDemand
 from controlplane.snapshot import FleetState
 
 BudgetDoc = dict[str, Any]  # see `plan_budget`
-IDLE_SHARE = 0.05  # of what is left, spread evenly over the agents, wanted or not
+IDLE_SHARE = 0.25  # of what is left, spread evenly over the agents, wanted or not
 STEP = 1e-3  # a ceiling changes by at least this part of the limit (no churn)
 
 
