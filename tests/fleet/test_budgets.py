@@ -115,12 +115,12 @@ async def test_a_budget_holds_across_regions_and_refuses_nothing_below_it(
         most = spent / served * 1.2  # a request's most cost, near enough: its answer is whole
 
         async def even() -> bool:
-            ceilings = []
+            ceilings: list[float] = []
             for region in REGIONS:
                 budget = (await fleet.status(region))["budgets"].get("acme", {}).get("daily")
                 if budget is None or budget["ceiling"] is None:
                     return False
-                ceilings.append(budget["ceiling"] - budget["used"])
+                ceilings.append(float(budget["ceiling"]) - float(budget["used"]))
             return min(ceilings) >= (LIMIT - spent) / 3 * 0.9
 
         await eventually(even, within_s=30)
