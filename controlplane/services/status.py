@@ -29,6 +29,7 @@ from controlplane.services.quality import compare
 from controlplane.services.quotas.view import quotas
 from controlplane.services.rollouts import control as rollouts
 from controlplane.services.unit import current_revision
+from controlplane.services.usage.spend import spend_view
 
 RECEIPTS = 25
 QUALITY_EVENTS = 10  # the quality guard's latest, from the audit log
@@ -96,6 +97,7 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
         "revision": revision,
         "rollouts": await rollouts.view(db, recent=5),
         "quotas": [q for q in await quotas(db) if any(q["quota"].values())],
+        "spend": await spend_view(db),
         "generated_at": datetime.now(UTC).isoformat(),
         "regions": out_regions,
         "flows": flows,

@@ -140,6 +140,13 @@ async def test_a_budget_holds_across_regions_and_refuses_nothing_below_it(
         assert spent >= 0.95 * LIMIT - most, spent  # refused only once it was spent
         async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as admin:
             events = (await admin.get("/v1/audit-events", params={"kind": "tenant"})).json()
+            status = (await admin.get("/v1/status")).json()
+        (shown,) = [s for s in status["spend"] if s["tenant"] == "acme"]
+        assert shown["today"] == pytest.approx(spent)  # the status page's, from the ledger
+        (budget,) = shown["budgets"]
+        assert budget["name"] == "daily"
+        assert budget["soft"] is True
+        assert 0.95 * LIMIT - most <= budget["used"] <= LIMIT
         alerts = [e for e in events["items"] if e["action"] == "budget.soft"]
         assert len(alerts) == 1, alerts
         assert alerts[0]["after"]["budget"] == "daily"

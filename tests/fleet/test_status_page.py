@@ -103,6 +103,10 @@ async def test_the_status_page_shows_the_fleet_live(
         assert "1200 req" in (text := await eurobank.inner_text())
         assert "us-east-1" not in text
         assert "us-west-1" not in text
+        # what acme spent (the ledger's records, priced), and no budget
+        spent = page.locator('#spend tr[data-tenant="acme"]')
+        await spent.wait_for(timeout=10000)
+        assert "none" in await spent.inner_text()
 
         killed_at = time.monotonic()
         (pid,) = [e["pid"] for e in (await fleet.status("us-west"))["engines"] if e["id"] == ENGINE]

@@ -130,6 +130,7 @@ function render(doc) {
   rollout(doc.rollouts);
   planner(doc.planner || { decisions: [] });
   quotas(doc.quotas || []);
+  spend(doc.spend || []);
   quality(doc.quality || { models: {}, events: [] });
   tiers(doc.tiers || []);
   classes(doc.classes || []);
@@ -204,6 +205,19 @@ function quotas(items) {
       .map(([why, n]) => `${why} ${fixed(n, 1)}`).join("; ") || "none")));
   $("quotas").querySelector("tbody").replaceChildren(...(rows.length ? rows
     : [el("tr", {}, el("td", { colspan: 6, class: "hint" }, "no tenant has a quota"))]));
+}
+
+function spend(items) {
+  // a budget: "daily 2026-11-28: 7.50 of 10.00 (75%, past its soft threshold)"
+  const budget = (b) => `${b.name} ${b.window}: ${fixed(b.used, 2)} of ${fixed(b.limit, 2)}`
+    + ` (${fixed(100 * b.used / b.limit, 0)}%${b.soft ? ", past its soft threshold" : ""})`;
+  const rows = items.map((s) => el("tr", { "data-tenant": s.tenant },
+    el("td", {}, s.tenant),
+    el("td", {}, fixed(s.today, 2)),
+    el("td", {}, fixed(s.month, 2)),
+    el("td", { class: "why" }, s.budgets.map(budget).join("; ") || "none")));
+  $("spend").querySelector("tbody").replaceChildren(...(rows.length ? rows
+    : [el("tr", {}, el("td", { colspan: 4, class: "hint" }, "nothing spent this month"))]));
 }
 
 function quality(doc) {
