@@ -37,6 +37,7 @@ from agents.gateway.requests import Limits
 from agents.gateway.service import Gateway
 from agents.http import Runner, build_app
 from agents.ledger.journal import Journal
+from agents.ledger.meter import Meter
 from agents.ledger.record import Ledger
 from agents.quality.prober import Prober
 from agents.router.router import Router
@@ -98,6 +99,7 @@ class Agent:
         self.snapshot: pb.Snapshot | None = None
         self.applied_at: float | None = None  # wall clock
         self.window = TelemetryWindow()
+        self.meter: Meter | None = None  # the engines' own counters into the ledger
         self.link = ControlLink(
             settings,
             self.store,
@@ -165,7 +167,10 @@ class Agent:
         if self.settings.usage_ledger:
             journal = await asyncio.to_thread(Journal, self.settings.data_dir / "ledger")
             journal.start()
-            self.gateway.accounts.ledger = Ledger(journal, lambda: self.link.state.node)
+            ledger = self.gateway.accounts.ledger = Ledger(journal, lambda: self.link.state.node)
+            region = self.settings.region
+            self.meter = Meter(ledger, lambda: region, self.settings.usage_meter_s)
+            self.prober.spent = self.meter.own
             self.link.journal = journal
         self.prober.canaries.update(await asyncio.to_thread(self.store.load_canaries))
         await self._from_disk()

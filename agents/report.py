@@ -17,6 +17,7 @@ from agents.control.preemption import PreemptionWatch
 from agents.engines import gpus
 from agents.engines.supervisor import Supervisor
 from agents.gateway.service import Gateway
+from agents.ledger.meter import Meter
 from agents.metrics import state_families
 from agents.quality.prober import Prober
 from agents.settings import AgentSettings
@@ -45,6 +46,7 @@ class Agent(Protocol):
     preemption: PreemptionWatch
     nvml: Any
     window: TelemetryWindow
+    meter: Meter | None
     snapshot: pb.Snapshot | None
     applied_at: float | None
 
@@ -117,6 +119,8 @@ async def telemetry(agent: Agent) -> pb.Telemetry:
     used = await asyncio.to_thread(gpus.memory) if agent.nvml is not None else []
     runners = agent.supervisor.all()
     counters = await agent.poller.counters((r.spec.id, r.spec.url) for r in runners)
+    if agent.meter is not None:
+        agent.meter.read(counters)
     told = agent.window.report(
         runners,
         gpu_list,

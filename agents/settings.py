@@ -107,6 +107,11 @@ class AgentSettings(BaseSettings):
         description="a usage record of every tenant's request, journaled in data_dir/ledger "
         "and shipped to the control plane (docs/usage.md)",
     )
+    usage_meter_s: float = Field(
+        default=60.0, ge=1, le=3600,
+        description="each engine's own token counters go in the ledger this often (a `meter` "
+        "record), for the control plane to reconcile the ledger with",
+    )  # fmt: skip
     canary_every_s: float = Field(
         default=5.0, gt=0, le=3600, description="between canaries of each model's workers"
     )

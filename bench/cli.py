@@ -212,7 +212,8 @@ def overhead_command(
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def ledger_command(records: int, shipped: int, out: Path | None) -> None:
     """The usage ledger: a record's cost on the request's path, records shipped a second
-    from one agent to PostgreSQL, and a month's usage report over many records."""
+    from one agent to PostgreSQL, a month's usage report over many records, and a spend
+    budget under concurrency against a check-then-increment limiter."""
     with scratch("ledger") as root:
         asyncio.run(ledger.run(ledger.Options(records=records, shipped=shipped, out=out,
                                               root=root)))  # fmt: skip

@@ -11,6 +11,8 @@
   regions), by month and tenant, by day, tenant and model, and one tenant's by day, from the
   hourly sums; and by month and tenant in a zone half an hour off UTC, from the records
   themselves: seconds, the median and the worst of five.
+- **A spend budget under concurrency** (bench/budget.py): Meridian's reservations and leases
+  against a check-then-increment limiter, on the same workload: overspend and false refusals.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from agents.config import ModelConfig, RegionConfig, Tenant
 from agents.ledger.journal import Journal
 from agents.ledger.record import Ledger
 from agents.metrics import Settled
-from bench import plots
+from bench import budget, plots
 from bench.harness import IMMEDIATE, apply, start_agent, start_control_on_db
 from controlplane.db.engine import Database
 from controlplane.services.usage.store import UsageStore
@@ -201,6 +203,9 @@ async def run(options: Options) -> dict[str, Any]:
     result["shipping"] = await _shipping(options, options.root / "shipping", console)
     plots.write_json(console, result, options.out)
     result["reports"] = await _reports(options, options.root / "reports", console)
+    plots.write_json(console, result, options.out)
+    with console.status("a spend budget under 200 clients at once, two limiters"):
+        result["budget"] = await budget.run()
     _report(console, result)
     plots.write_json(console, result, options.out)
     return result
@@ -221,4 +226,16 @@ def _report(console: Console, result: dict[str, Any]) -> None:
         if isinstance(figures, dict):
             table.add_row(name, f"{figures['median_s']:.3f}", f"{figures['max_s']:.3f}",
                           f"{figures['requests_counted']:,}")  # fmt: skip
+    console.print(table)
+    b = result["budget"]
+    table = Table(title=f"a budget of {b['limit']:.2f} under {b['clients']} clients at once over "
+                  "3 regions, asked against their static parts")  # fmt: skip
+    for column in ("limiter", "served", "spent / limit", "overspend (most-cost requests)",
+                   "refused", "false refusals (below 95%)"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for name, f in b.items():
+        if isinstance(f, dict):
+            table.add_row(name, f"{f['served']:,}", f"{f['spent_of_limit']:.4f}",
+                          f"{f['overspend_requests']:.2f}", f"{f['refused']:,}",
+                          f"{f['false_refusals']:,}")  # fmt: skip
     console.print(table)

@@ -47,6 +47,10 @@ class ControlPlaneMetrics:
         self.usage_failed = Counter("meridian_usage_batches_failed", "Batches of usage records "
                                     "that could not be stored (sent again)", ["region"],
                                     registry=r)  # fmt: skip
+        self.usage_drift = Gauge("meridian_usage_drift_ratio", "The usage ledger's tokens less "
+                                 "an engine's own count, a part of the engine's (the leader's "
+                                 "last reconciliation)", ["worker", "tokens"],
+                                 registry=r)  # fmt: skip
         self.budget_spent = Gauge("meridian_budget_spent_ratio", "A spend budget's window: "
                                   "its part spent and held, 0 to 1", ["tenant", "budget"],
                                   registry=r)  # fmt: skip
@@ -115,6 +119,13 @@ class ControlPlaneMetrics:
     def backlog(self, states: dict[str, int]) -> None:
         for state in ("pending", "running"):
             self.batch_backlog.labels(state).set(states.get(state, 0))
+
+    def drift(self, found: list[dict[str, Any]]) -> None:
+        """The leader's last reconciliation: each engine's drift, prompt and completion."""
+        self.usage_drift.clear()
+        for f in found:
+            for tokens, drift in f["drift"].items():
+                self.usage_drift.labels(f["worker"], tokens).set(drift)
 
     def budget(self, tenant: str, budget: str, spent: float, alerted: bool) -> None:
         """A spend budget's window at the leader's period: its part spent and held (0 to 1),

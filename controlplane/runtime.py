@@ -36,6 +36,7 @@ from controlplane.services.quotas.plan import Timing
 from controlplane.services.reports import NodeReports
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.rollouts.driver import RolloutDriver
+from controlplane.services.usage.reconcile import Reconciler
 from controlplane.services.usage.store import UsageStore
 from controlplane.settings import Settings
 from controlplane.tracing import make_tracer
@@ -125,6 +126,7 @@ class Replica:
                 sent=self.metrics.batch_line,
                 backlog=self.metrics.backlog,
             ),
+            reconciler=Reconciler(db, settings.usage_reconcile_s, observe=self.metrics.drift),
         )
         self.feed.subscribe(self.coordinator.publish_revision)
         self.coordinator.on_revision(self.hub.announce)

@@ -80,6 +80,11 @@ class Settings(BaseSettings):
         default=True,
         description="split tenants' quotas by demand; false: every agent keeps its static share",
     )
+    usage_reconcile_s: float = Field(
+        default=3600.0, ge=10, le=86400,
+        description="the leader reconciles the usage ledger with the engines' own token "
+        "counters this often, over the period before last (docs/usage.md)",
+    )  # fmt: skip
     quota_lease_ttl_s: float = Field(
         default=10.0, ge=2, le=300,
         description="an agent's quota lease lasts this long past its last renewal; then its "

@@ -175,3 +175,31 @@ def export_command(ctx: click.Context, since: str, until: str | None, tz: str, f
     finally:
         if out is not None:
             sink.close()
+
+
+@usage.command("reconcile")
+@click.option("--since", default=None, help="a date (its midnight in --tz) or an ISO time; "
+              "default: a day ago")  # fmt: skip
+@click.option("--until", default=None, help="exclusive; default: now")
+@click.option("--tz", default="UTC", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="the API's answer, as it is")
+@click.pass_context
+def reconcile_command(ctx: click.Context, since: str | None, until: str | None, tz: str,
+                      as_json: bool) -> None:  # fmt: skip
+    """The ledger's tokens per engine against the engines' own counters, and the drift."""
+    params: Params = _period(since, until, tz) if since is not None else {}
+    if since is None and until is not None:
+        params = {"end_time": _period(until, None, tz)["start_time"]}
+    doc = call(ctx, "GET", "/v1/usage/reconciliation", **params)
+    if as_json:
+        click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        return
+    table = Table("engine", "metered from", "until", "requests", "engine prompt", "ledger prompt",
+                  "drift", "engine output", "ledger output", "drift")  # fmt: skip
+    for e in doc["engines"]:
+        engine, ledger, drift = e["engine"], e["ledger"], e["drift"]
+        row = [e["worker"], e["from"][:19], e["until"][:19], f"{ledger['requests']:,}"]
+        for tokens in ("prompt_tokens", "completion_tokens"):
+            row += [f"{engine[tokens]:,}", f"{ledger[tokens]:,}", f"{drift[tokens]:+.3%}"]
+        table.add_row(*row)
+    Console().print(table)

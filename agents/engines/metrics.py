@@ -22,10 +22,15 @@ class Counters:
     requests: float = 0.0
     ttft: dict[float, float] = field(default_factory=dict)  # upper bound -> cumulative count
     itl: dict[float, float] = field(default_factory=dict)
+    generation_tokens: float = 0.0
 
     def minus(self, before: Counters) -> Counters:
         """What happened since `before`; all of it if the engine restarted in between."""
-        if self.requests < before.requests or self.prompt_tokens < before.prompt_tokens:
+        if (
+            self.requests < before.requests
+            or self.prompt_tokens < before.prompt_tokens
+            or self.generation_tokens < before.generation_tokens
+        ):
             return self
         return Counters(
             self.prompt_tokens - before.prompt_tokens,
@@ -33,6 +38,7 @@ class Counters:
             self.requests - before.requests,
             {le: n - before.ttft.get(le, 0.0) for le, n in self.ttft.items()},
             {le: n - before.itl.get(le, 0.0) for le, n in self.itl.items()},
+            self.generation_tokens - before.generation_tokens,
         )
 
     def plus(self, other: Counters) -> Counters:
@@ -42,6 +48,7 @@ class Counters:
             self.requests + other.requests,
             _add(self.ttft, other.ttft),
             _add(self.itl, other.itl),
+            self.generation_tokens + other.generation_tokens,
         )
 
 
@@ -67,6 +74,7 @@ def parse(text: str) -> Counters:
         requests=scalars["sglang:num_requests_total"],
         ttft=dict(buckets[TTFT]),
         itl=dict(buckets[ITL]),
+        generation_tokens=scalars["sglang:generation_tokens_total"],
     )
 
 

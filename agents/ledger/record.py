@@ -123,6 +123,8 @@ class Ledger:
             cost_nanos=cost,
         )
         # the rarer fields set only where they are: a field given as empty costs as much
+        if served and settled.worker:
+            record.worker = settled.worker
         if settled.came_from:
             record.came_from = settled.came_from
         if hop:
@@ -139,3 +141,17 @@ class Ledger:
         except (JournalFull, ValueError) as error:  # ValueError: the journal is closed
             self.dropped += 1
             log.error("request %s: its usage record was not journaled: %s", request_id, error)
+
+    def meter(self, region: str, worker: str, since_s: float, until_s: float,
+              prompt: int, generation: int) -> None:  # fmt: skip
+        """An engine's own counters over [since_s, until_s] (wall clock): a `meter` record."""
+        record = pb.UsageRecord(
+            request_id=f"meter:{worker}", kind="meter", region=region, node=self.node(),
+            worker=worker, started_us=int(since_s * 1e6), ended_us=int(until_s * 1e6),
+            prompt_tokens=max(0, prompt), completion_tokens=max(0, generation), outcome="meter",
+        )  # fmt: skip
+        try:
+            self.journal.append(record)
+        except (JournalFull, ValueError) as error:
+            self.dropped += 1
+            log.error("the meter of %s was not journaled: %s", worker, error)

@@ -84,6 +84,8 @@ class Prober:
         self._ids = count()
         self.sent: Counter[str] = Counter()  # worker: canaries sent
         self.skipped: Counter[str] = Counter()  # worker: canaries held back, no room
+        # told the tokens each canary took on its worker (the ledger's meter: no tenant pays)
+        self.spent: Callable[[str, int, int], None] | None = None
         self._suspects: set[str] = set()  # workers that failed the last canary, in rotation
 
     def status(self) -> dict[str, Any]:
@@ -171,6 +173,7 @@ class Prober:
             ticket = self.router.probe(entry.spec.id, text)  # in flight, as any request
             try:
                 answer = await _post(http, entry.spec.url, canary.body(rid))
+                self._spent(entry.spec.id, answer)
                 return entry.spec.id, score(answer)
             except (aiohttp.ClientError, TimeoutError, ValueError, CanaryUnreadable) as error:
                 log.info("canary %s on %s: no score: %s", canary.name, entry.spec.id, error)
@@ -183,6 +186,15 @@ class Prober:
 
         got = await asyncio.gather(*(one(e) for e in entries))
         return {worker: s for worker, s in got if s is not None}
+
+    def _spent(self, worker: str, answer: bytes) -> None:
+        if self.spent is None:
+            return
+        try:
+            meta = orjson.loads(answer)["meta_info"]
+            self.spent(worker, int(meta["prompt_tokens"]), int(meta["completion_tokens"]))
+        except (ValueError, KeyError, TypeError):
+            return  # no usage said: the meter counts it as the engine does
 
     def _source(self, model: str) -> str:
         config = self.router.config
@@ -224,7 +236,9 @@ class Prober:
             "sampling_params": {"max_new_tokens": REFERENCE_TOKENS, "temperature": 0},
         })  # fmt: skip
         try:
-            doc: Any = orjson.loads(await _post(http, entry.spec.url, body))
+            answer = await _post(http, entry.spec.url, body)
+            self._spent(entry.spec.id, answer)
+            doc: Any = orjson.loads(answer)
             text = doc["text"]
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as error:
             log.info("canary reference from %s: %s", entry.spec.id, error)

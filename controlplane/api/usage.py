@@ -3,6 +3,7 @@ usage API shapes them, and the raw records of a period as JSON lines or CSV."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -10,7 +11,9 @@ from fastapi.responses import StreamingResponse
 
 from controlplane.api.deps import ServicesDep, allowed
 from controlplane.domain import Role
+from controlplane.errors import ValidationFailed
 from controlplane.services.kind import parse
+from controlplane.services.usage.reconcile import reconcile
 from controlplane.services.usage.report import EPOCH_MAX, UsageQuery, records, usage_report
 
 router = APIRouter(tags=["usage"])
@@ -82,3 +85,29 @@ async def usage_records(
     query = _query(start_time, end_time, None, None, None, tenants, api_keys, models, regions)
     media = "application/x-ndjson" if format == "jsonl" else "text/csv"
     return StreamingResponse(records(services.db, query, format), media_type=media)
+
+
+@router.get("/v1/usage/reconciliation",
+            summary="The ledger's tokens per engine against the engines' own counters",
+            **allowed(Role.VIEWER))  # fmt: skip
+async def reconciliation(
+    services: ServicesDep,
+    start_time: Annotated[
+        int | None,
+        Query(ge=0, le=EPOCH_MAX, description="Unix seconds; default: a day before end_time"),
+    ] = None,
+    end_time: Annotated[
+        int | None, Query(ge=0, le=EPOCH_MAX, description="Unix seconds; default: now")
+    ] = None,
+) -> dict[str, Any]:
+    """Per engine metered within the period: the prompt and generation tokens it counted
+    itself, the ledger's sums of its served records over the same intervals, and the drift
+    (docs/usage.md, "Reconciliation")."""
+    end = datetime.fromtimestamp(end_time, UTC) if end_time is not None else datetime.now(UTC)
+    start = (datetime.fromtimestamp(start_time, UTC) if start_time is not None
+             else end - timedelta(days=1))  # fmt: skip
+    if start >= end:
+        raise ValidationFailed("start_time must be before end_time", [
+            {"loc": ["query", "start_time"], "msg": "must be before end_time"}])  # fmt: skip
+    return {"start_time": int(start.timestamp()), "end_time": int(end.timestamp()),
+            "engines": await reconcile(services.db, start, end)}  # fmt: skip

@@ -18,6 +18,7 @@ from controlplane.services.planner.loop import Planner
 from controlplane.services.preemptions import Preemptions
 from controlplane.services.quotas.leaser import Leaser
 from controlplane.services.rollouts.driver import RolloutDriver
+from controlplane.services.usage.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,9 @@ class Singletons:
         planner: Planner | None = None,
         preemptions: Preemptions | None = None,
         batches: BatchRunner | None = None,
+        reconciler: Reconciler | None = None,
     ) -> None:
+        self._reconciler = reconciler
         self._coord = coordinator
         self._db = db
         self._down_after = down_after
@@ -100,6 +103,11 @@ class Singletons:
                 await self._leaser.tick(set(present))
             except Exception:
                 log.exception("the quota leases failed; they will be tried again")
+        if self._reconciler is not None:
+            try:
+                await self._reconciler.tick()
+            except Exception:
+                log.exception("reconciling the ledger with the engines failed; will retry")
         if self._planner is not None and (self._planning is None or self._planning.done()):
             # its own task: a cloud slow to answer holds no lease, sweep or rollout meanwhile
             self._planning = asyncio.create_task(self._plan(self._planner), name="planner")

@@ -28,7 +28,7 @@ class UsageRecordRow(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     ended_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     request_id: Mapped[str] = mapped_column(String(128))
-    kind: Mapped[str] = mapped_column(String(8))  # served | refused | hop
+    kind: Mapped[str] = mapped_column(String(8))  # served | refused | hop | meter
     tenant: Mapped[str] = mapped_column(String(63))
     api_key: Mapped[str] = mapped_column(String(64))
     model: Mapped[str] = mapped_column(String(255))
@@ -48,6 +48,8 @@ class UsageRecordRow(Base):
     cost_nanos: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # its tokens counted from what its client got (the engine's usage never came)
     estimated: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    # the engine's worker that served it; a `meter` record's: the engine whose counters it holds
+    worker: Mapped[str] = mapped_column(String(255), default="", server_default="")
     stored_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

@@ -242,7 +242,8 @@ class Engine:
         if request.admitted is None:
             request.cached = matched if not request.prefilled else len(request.prompt)
             request.admitted = self.now()
-            self.observer.admitted(request)
+            if request.log_metrics:
+                self.observer.admitted(request)
 
     def hold(self, request: Request, sequence: list[int]) -> None:
         """The first `computed` tokens of the sequence enter the cache; hold them there."""
@@ -316,7 +317,8 @@ class Engine:
         self.cache.capacity -= 1
         if request.generated == 1:
             request.first_token_at = self.now()
-            self.observer.first_token(request)
+            if request.log_metrics:
+                self.observer.first_token(request)
             request.changed.set()
         if request.generated >= request.max_new_tokens:
             self._complete(request)
@@ -343,6 +345,7 @@ class Engine:
     def finish(self, request: Request, finish: Finish) -> None:
         request.finish = finish
         request.finished_at = self.now()
-        self.observer.finished(request)
+        if request.log_metrics:
+            self.observer.finished(request)
         request.changed.set()
         request.ended.set()

@@ -90,6 +90,8 @@ class Request:
     prefilled: bool = False  # PD decode: the KV cache came from a prefill server
     streaming: bool = False  # its answer is streamed (metrics' `is_streaming`)
     priority: int | None = None  # with priority scheduling on: its priority (else None)
+    # in the metrics (SGLang's health generations are not: `log_metrics=False`)
+    log_metrics: bool = True
     queued: float = 0.0  # when it last joined the queue (a preempted request joins again)
     output: list[int] = field(default_factory=list)
     generated: int = 0

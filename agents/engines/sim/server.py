@@ -185,6 +185,7 @@ class Simulator:
             probe = self.engine.new_request([1], 1)
         except InjectedError:
             return Response(status_code=503)
+        probe.log_metrics = False  # as SGLang's: in no counter (it is no client's)
         self.engine.submit(probe)
         await finished(self.engine, probe)
         return Response(status_code=200)

@@ -170,7 +170,7 @@ def _sums(query: UsageQuery, begin: datetime, until: datetime, hourly: bool) -> 
             func.coalesce(func.sum(c.completion_tokens), 0).label("output"),
             func.coalesce(func.sum(c.cost_nanos), 0).label("cost"),
         )
-        .where(*_filters(query, begin, until), c.kind != "hop")
+        .where(*_filters(query, begin, until), c.kind.in_(("served", "refused")))
         .group_by(bucket, *groups)
         .order_by(bucket, *groups)
     )  # fmt: skip
@@ -247,7 +247,7 @@ async def records(
     start = datetime.fromtimestamp(query.start_time, UTC)
     statement = (
         select(*(TABLE.c[f] for f in RECORD_FIELDS))
-        .where(*_filters(query, start, end))
+        .where(*_filters(query, start, end), TABLE.c.kind != "meter")
         .order_by(TABLE.c.started_at, TABLE.c.id)
     )
     if form == "csv":

@@ -24,7 +24,7 @@ COLUMNS = (
     "id", "started_at", "ended_at", "request_id", "kind", "tenant", "api_key", "model",
     "answered_model", "region", "node", "service_class", "prompt_tokens", "cached_tokens",
     "completion_tokens", "outcome", "status", "came_from", "escalated_to", "calls", "cost_nanos",
-    "estimated",
+    "estimated", "worker",
 )  # fmt: skip
 NAMES = ", ".join(COLUMNS)
 STAGE = (
@@ -49,7 +49,8 @@ MOVE = (  # the columns are this module's constants, never a caller's
     "count(*) FILTER (WHERE kind = 'refused'), "
     "count(*) FILTER (WHERE kind = 'served' AND cost_nanos IS NULL), sum(prompt_tokens), "
     "sum(cached_tokens), sum(completion_tokens), coalesce(sum(cost_nanos), 0) "
-    "FROM moved WHERE kind <> 'hop' GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6 "
+    "FROM moved WHERE kind IN ('served', 'refused') "
+    "GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6 "
     "ON CONFLICT (hour, tenant, api_key, model, region, service_class) DO UPDATE SET "
     + ", ".join(f"{s} = usage_hours.{s} + EXCLUDED.{s}" for s in SUMS)
     + ") SELECT count(*) FROM moved"
@@ -102,6 +103,7 @@ def row_of(record: pb.UsageRecord, region: str, node: str) -> dict[str, Any]:
         "calls": calls or None,
         "cost_nanos": record.cost_nanos if record.HasField("cost_nanos") else None,
         "estimated": record.estimated,
+        "worker": record.worker,
     }
 
 

@@ -1201,6 +1201,7 @@ class UsageRecord(_message.Message):
     CALLS_FIELD_NUMBER: _builtins.int
     COST_NANOS_FIELD_NUMBER: _builtins.int
     ESTIMATED_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Unique: "<journal id>-<seq>", the agent's journal's id and the record's number there
     (a client chooses its request ids, and two may choose the same).
@@ -1239,6 +1240,10 @@ class UsageRecord(_message.Message):
     """Its tokens were counted from what its client got, the engine's usage never having come
     (a stream cut, or its client gone): its prompt as routed, a completion token an event.
     """
+    worker: _builtins.str
+    """The engine's worker that served it. A `meter` record is an engine's own counters over
+    [started_us, ended_us] (its prompt and generation tokens), for reconciliation.
+    """
     @_builtins.property
     def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageCall]:
         """Each engine call that made its answer (a migrated stream's, a tier cascade's)."""
@@ -1269,10 +1274,11 @@ class UsageRecord(_message.Message):
         calls: _abc.Iterable[Global___UsageCall] | None = ...,
         cost_nanos: _builtins.int | None = ...,
         estimated: _builtins.bool = ...,
+        worker: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cost_nanos", b"_cost_nanos", "cost_nanos", b"cost_nanos"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cost_nanos", b"_cost_nanos", "answered_model", b"answered_model", "api_key", b"api_key", "cached_tokens", b"cached_tokens", "calls", b"calls", "came_from", b"came_from", "completion_tokens", b"completion_tokens", "cost_nanos", b"cost_nanos", "ended_us", b"ended_us", "escalated_to", b"escalated_to", "estimated", b"estimated", "id", b"id", "kind", b"kind", "model", b"model", "node", b"node", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "region", b"region", "request_id", b"request_id", "seq", b"seq", "service_class", b"service_class", "started_us", b"started_us", "status", b"status", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cost_nanos", b"_cost_nanos", "answered_model", b"answered_model", "api_key", b"api_key", "cached_tokens", b"cached_tokens", "calls", b"calls", "came_from", b"came_from", "completion_tokens", b"completion_tokens", "cost_nanos", b"cost_nanos", "ended_us", b"ended_us", "escalated_to", b"escalated_to", "estimated", b"estimated", "id", b"id", "kind", b"kind", "model", b"model", "node", b"node", "outcome", b"outcome", "prompt_tokens", b"prompt_tokens", "region", b"region", "request_id", b"request_id", "seq", b"seq", "service_class", b"service_class", "started_us", b"started_us", "status", b"status", "tenant", b"tenant", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cost_nanos: _TypeAlias = _typing.Literal["cost_nanos"]  # noqa: Y015
     _WhichOneofArgType__cost_nanos: _TypeAlias = _typing.Literal["_cost_nanos", b"_cost_nanos"]  # noqa: Y015
