@@ -58,6 +58,9 @@ class StreamState:
     holds: tuple[int, str] = (0, "")
     # usage records received, to store and acknowledge in order (see `_store_usage`)
     usage: asyncio.Queue[pb.UsageBatch] = field(default_factory=asyncio.Queue)
+    # the agent's records stored without a gap, through this sequence number (None: none yet
+    # on this stream): an acknowledgement never covers one that was not stored
+    usage_through: int | None = None
 
     def __post_init__(self) -> None:
         self.holds = (self.revision, self.digest)
@@ -204,12 +207,16 @@ class FleetService:
         self, context: Context, who: agents.AgentIdentity, state: StreamState, store: UsageStore
     ) -> None:
         """Each batch of usage records stored, then acknowledged through its last. A batch
-        that cannot be stored (the database away) is not acknowledged: the agent sends it
-        again, and what of it was stored is stored once."""
+        that cannot be stored (the database away) is not acknowledged, nor is any after it
+        (an acknowledgement covers every record before it): the agent, hearing nothing, sends
+        again from its last acknowledged, and what was stored is stored once."""
         while True:
             batch = await state.usage.get()
             if not batch.records:
                 continue
+            first, last = batch.records[0].seq, batch.records[-1].seq
+            if state.usage_through is None:  # a stream begins where the agent was acknowledged
+                state.usage_through = first - 1
             try:
                 stored = await store.store(batch.records, who.region, who.node)
             except (OSError, SQLAlchemyError) as error:
@@ -218,7 +225,10 @@ class FleetService:
                             extra={"node_id": who.node, "region": who.region})  # fmt: skip
                 continue
             self._metrics.usage_stored.labels(who.region).inc(stored)
-            ack = pb.ControlMessage(usage_ack=pb.UsageAck(through=batch.records[-1].seq))
+            if first > state.usage_through + 1:
+                continue  # after a batch not stored: acknowledged once that one is
+            state.usage_through = max(state.usage_through, last)
+            ack = pb.ControlMessage(usage_ack=pb.UsageAck(through=state.usage_through))
             async with state.writing:
                 await context.write(ack.SerializeToString())
 

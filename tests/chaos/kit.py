@@ -372,6 +372,7 @@ class Traffic:
     regions: tuple[str, ...] = REGIONS
     pause_s: float = 0.0
     served: int = 0
+    ids: list[str] = field(default_factory=list)  # of the requests served (X-Request-ID)
     failed: list[str] = field(default_factory=list)
     refused_bad_key: int = 0  # a key that never existed, asked throughout: 401 every time
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -401,6 +402,7 @@ class Traffic:
                     continue
                 if answer.status_code == 200 and answer.json()["choices"]:
                     self.served += 1
+                    self.ids.append(answer.headers["X-Request-ID"])
                 else:
                     self.failed.append(f"{region}: {answer.status_code} {answer.text[:200]}")
                 if self.pause_s:

@@ -24,6 +24,7 @@ from tests.chaos.kit import (
     report,
 )
 from tests.kits.push import eventually
+from tests.kits.services import sql
 
 BROKEN_S = 5.0  # how long each part stays dead under load
 
@@ -84,6 +85,32 @@ async def test_postgresql_killed(fleet: Fleet) -> None:
     fleet.postgres = restarted
     await _after(fleet, traffic, writes, "PostgreSQL kill -9")
     assert refused_while_down > 0, "no write was even tried while the database was down"
+    await _each_recorded_once(fleet, traffic.ids)
+
+
+async def _each_recorded_once(fleet: Fleet, ids: list[str]) -> None:
+    """Every request served has one usage record where it was served: the records journaled
+    while the database was down were shipped once it was back, and stored once each."""
+    wanted = set(ids)
+    assert len(wanted) == len(ids) > 0
+    quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in sorted(wanted))
+    statement = ("SELECT request_id, count(*) FROM usage_records WHERE kind = 'served' "  # noqa: S608
+                 f"AND request_id IN ({quoted}) GROUP BY request_id")  # fmt: skip
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                rows = dict(await sql(fleet.db_url, statement))
+                if set(rows) == wanted:
+                    break
+                await asyncio.sleep(0.5)
+    except TimeoutError:
+        total = await sql(fleet.db_url, "SELECT kind, count(*) FROM usage_records GROUP BY 1")
+        missing = sorted(wanted - set(rows))
+        raise AssertionError(
+            f"{len(missing)} of {len(wanted)} with no record "
+            f"(e.g. {missing[:3]}); the ledger holds {total}"
+        ) from None
+    assert set(rows.values()) == {1}, {k: v for k, v in rows.items() if v != 1}
 
 
 async def test_the_etcd_leader_killed(fleet: Fleet) -> None:
