@@ -117,3 +117,22 @@ def test_what_was_spent_survives_a_restart(tmp_path: Path) -> None:
         again.reserve(acme, "k", 2 * DOLLAR)
     wall.now += 86_400  # the next day
     assert again.reserve(acme, "k", 10 * DOLLAR) is not None
+
+
+def test_a_monthly_window_rolls_over_at_midnight_in_its_zone() -> None:
+    """Asia/Kolkata is UTC+5:30: its December begins at 18:30 UTC on November 30."""
+    wall = Wall(datetime(2026, 11, 30, 18, 29, 59, tzinfo=UTC))
+    monthly = BudgetRule("monthly", "month", "Asia/Kolkata", DOLLAR, 80.0, None, DOLLAR)
+    budgets, acme = Budgets(wall), _tenant(monthly)
+    budgets.settle(budgets.reserve(acme, "k", DOLLAR), DOLLAR)
+    with pytest.raises(BudgetExceeded) as refused:
+        budgets.reserve(acme, "k", 1)
+    assert refused.value.retry_after_s == 1
+    assert budgets.report(acme)[0].window == "2026-11-01"
+    wall.now += 2
+    assert budgets.reserve(acme, "k", DOLLAR) is not None
+    assert budgets.report(acme)[0].window == "2026-12-01"
+    headers = budgets.headers(acme, "k")
+    assert headers["x-ratelimit-remaining-budget"] == "0.000000"
+    # December has 31 days: the window resets at its end, as OpenAI writes a reset
+    assert headers["x-ratelimit-reset-budget"].startswith(f"{31 * 24 * 60 - 1}m")
