@@ -34,7 +34,7 @@ from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from agents.config import Tenant
 from agents.gateway.budgets import Budgets, Hold, duration
 from agents.gateway.demand import DemandMeter
-from agents.gateway.errors import BudgetExceeded, GatewayError, QuotaExceeded, TenantConcurrency
+from agents.gateway.errors import BudgetExceeded, QuotaExceeded, TenantConcurrency
 from agents.held import Held
 
 BURST_S = 2.0
@@ -179,11 +179,13 @@ class Quotas:
         except BudgetExceeded:
             self.demand.tally(tenant.name).refused("budget_exceeded", prompt_tokens)
             raise
+        admitted = False
         try:
             charge = self._admit(tenant, prompt_tokens)
-        except GatewayError:
-            self.budgets.settle(hold, 0)
-            raise
+            admitted = True
+        finally:
+            if not admitted:  # refused for a quota: what it held in its budgets is given back
+                self.budgets.settle(hold, 0)
         charge.hold = hold
         return charge
 

@@ -59,11 +59,18 @@ class Fleet:
         return pids
 
     async def fail_engines(self, region: str, error_rate: float = 1.0) -> None:
-        """Every engine of the region answers this share of requests with a 500."""
+        """Every engine of the region answers this share of requests with a 500. Back to 0,
+        an engine the agent is restarting (its health generation failed too) is passed by:
+        it starts again with no fault."""
         async with httpx.AsyncClient(timeout=5) as http:
             for engine in (await self.status(region))["engines"]:
                 faults = {"error_rate": error_rate}
-                answer = await http.post(f"{engine['url']}/sim/faults", json=faults)
+                try:
+                    answer = await http.post(f"{engine['url']}/sim/faults", json=faults)
+                except httpx.ConnectError:
+                    if error_rate == 0.0:
+                        continue
+                    raise
                 assert answer.status_code == 200, answer.text
 
     async def speed_engines(self, region: str, slow_factor: float) -> None:

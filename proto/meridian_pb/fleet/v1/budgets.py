@@ -37,18 +37,19 @@ class Budget(BaseModel):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", description="unique in the tenant")
     period: Period = Field(description="day, or calendar month")
-    time_zone: str = Field(default="UTC", description="an IANA zone: where a window begins")
+    time_zone: str = Field(default="UTC", max_length=64,
+                           description="an IANA zone: where a window begins")  # fmt: skip
     limit: float = Field(
-        gt=0, le=MAX_LIMIT, allow_inf_nan=False,
+        ge=1e-6, le=MAX_LIMIT, allow_inf_nan=False,
         description="in the fleet's currency: past it, 429 budget_exceeded",
     )  # fmt: skip
     soft_percent: float = Field(
-        default=80.0, gt=0, le=100, allow_inf_nan=False,
+        default=80.0, ge=1, le=100, allow_inf_nan=False,
         description="at this share of the limit: an audit event, a metric and the webhook",
     )  # fmt: skip
     api_key: str | None = Field(
-        default=None, description="an API key's prefix: the budget is that key's alone; null: "
-        "the whole tenant's",
+        default=None, max_length=64,
+        description="an API key's prefix: the budget is that key's alone; null: the tenant's",
     )  # fmt: skip
     webhook_url: str | None = Field(
         default=None, max_length=2048, pattern=r"^https?://\S+$",
