@@ -140,13 +140,21 @@ async def test_a_budget_holds_across_regions_and_refuses_nothing_below_it(
         assert spent >= 0.95 * LIMIT - most, spent  # refused only once it was spent
         async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as admin:
             events = (await admin.get("/v1/audit-events", params={"kind": "tenant"})).json()
-            status = (await admin.get("/v1/status")).json()
-        (shown,) = [s for s in status["spend"] if s["tenant"] == "acme"]
-        assert shown["today"] == pytest.approx(spent)  # the status page's, from the ledger
-        (budget,) = shown["budgets"]
+
+            async def shown() -> dict[str, Any]:
+                """acme's row on the status page once the leader has counted the agents'
+                last reports (a few seconds behind them)."""
+                status = (await admin.get("/v1/status")).json()
+                (row,) = [s for s in status["spend"] if s["tenant"] == "acme"]
+                used = row["budgets"][0]["used"] if row["budgets"] else 0.0
+                return row if used >= 0.95 * LIMIT - most else {}
+
+            row = await eventually(shown, within_s=15)
+        assert row["today"] == pytest.approx(spent)  # the status page's, from the ledger
+        (budget,) = row["budgets"]
         assert budget["name"] == "daily"
         assert budget["soft"] is True
-        assert 0.95 * LIMIT - most <= budget["used"] <= LIMIT
+        assert budget["used"] <= LIMIT
         alerts = [e for e in events["items"] if e["action"] == "budget.soft"]
         assert len(alerts) == 1, alerts
         assert alerts[0]["after"]["budget"] == "daily"
