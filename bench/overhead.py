@@ -5,8 +5,9 @@ Meridian's gateway (one agent, its default `cost` policy) and sglang-router 0.3.
 default `cache_aware`). Meridian's gateway is measured with the operator's token
 (`meridian`: no quota) and with a tenant's key (`meridian_tenant`: the key's lookup, the
 quota's buckets and its lease, the demand tally, the usage record; a quota high enough never
-to refuse), and with it again on an agent that keeps no usage ledger
-(`meridian_tenant_no_ledger`). Latency: requests one at a time, the targets interleaved,
+to refuse), with a key of a tenant with a spend budget (`meridian_tenant_budget`: its
+reservation at admission and its settlement, a budget too high to refuse), and with a tenant's
+key again on an agent that keeps no usage ledger (`meridian_tenant_no_ledger`). Latency: requests one at a time, the targets interleaved,
 each request on a fresh connection (as the routing benchmark; sglang-router delays streamed
 bytes on reused connections); the added latency is a target's percentile less the engine's
 own. Throughput: a closed loop of concurrent clients for a while, and the router's own CPU
@@ -60,8 +61,12 @@ TENANT = "meridian_tenant"
 # a tenant's key again, on an agent that keeps no usage ledger: `meridian_tenant` less this is
 # what a usage record costs a request (its making, and its copy into the journal)
 UNLEDGERED = "meridian_tenant_no_ledger"
+# a tenant's key again, of a tenant with a spend budget: `meridian_tenant` less this is what
+# a request's reservation and its settlement cost (agents/gateway/budgets.py)
+BUDGETED = "meridian_tenant_budget"
 QUOTA = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000}
-ROUTERS = ("meridian", TENANT, UNLEDGERED, *TRACED, "sglang_router")
+BUDGET = {"name": "monthly", "period": "month", "limit": 1_000_000_000}
+ROUTERS = ("meridian", TENANT, BUDGETED, UNLEDGERED, *TRACED, "sglang_router")
 
 
 @dataclass
@@ -208,16 +213,18 @@ async def run(options: Options) -> dict[str, Any]:
             await region.route("cost", {})
         router = await start_sglang_router(stack, "cache_aware", sims, options.root)
         gateways = dict(zip(["meridian", *TRACED, UNLEDGERED], region.gateway_urls, strict=True))
-        gateways[TENANT] = gateways["meridian"]
+        gateways[TENANT] = gateways[BUDGETED] = gateways["meridian"]
         targets = {"engine": url, **gateways, "sglang_router": router.url}
         pids = dict(zip(["meridian", *TRACED, UNLEDGERED], region.pids, strict=True))
-        pids[TENANT] = pids["meridian"]
+        pids[TENANT] = pids[BUDGETED] = pids["meridian"]
         pids["sglang_router"] = router.process.pid
         operator = {"Authorization": f"Bearer {region.operator}",
                     "Content-Type": "application/json"}  # fmt: skip
         headers = dict.fromkeys(targets, operator)
         key = await region.tenant_key("bench", **QUOTA)
         headers[TENANT] = headers[UNLEDGERED] = {**operator, "Authorization": f"Bearer {key}"}
+        key = await region.tenant_key("bench-budget", **QUOTA, budgets=[BUDGET])
+        headers[BUDGETED] = {**operator, "Authorization": f"Bearer {key}"}
         samples = await _latency(targets, headers, options, console)
         throughput: dict[str, dict[str, float]] = {}
         plots.write_json(console, _result(samples, throughput), options.out)  # each part kept
