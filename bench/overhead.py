@@ -6,15 +6,15 @@ default `cache_aware`). Meridian's gateway is measured with the operator's token
 (`meridian`: no quota) and with a tenant's key (`meridian_tenant`: the key's lookup, the
 quota's buckets and its lease, the demand tally, the usage record; a quota high enough never
 to refuse), with a key of a tenant with a spend budget (`meridian_tenant_budget`: its
-reservation at admission and its settlement, a budget too high to refuse), and with a tenant's
-key again on an agent that keeps no usage ledger (`meridian_tenant_no_ledger`). Latency:
-requests one at a time, the targets interleaved, each request on a fresh connection (as the routing benchmark; sglang-router delays streamed
-bytes on reused connections); the added latency is a target's percentile less the engine's
-own. Throughput: a closed loop of concurrent clients for a while, and the router's own CPU
-seconds, read from /proc: requests served per CPU second of the router process. The quality
-guard's detectors run in every `meridian` row; their own cost an answer and a chunk is timed
-apart (bench/detector_cost.py), as is a tiered route's choice a request
-(bench/tier_cost.py).
+reservation at admission and its settlement, a budget too high to refuse), and with a
+tenant's key again on an agent that keeps no usage ledger (`meridian_tenant_no_ledger`).
+Latency: requests one at a time, the targets interleaved, each request on a fresh connection
+(as the routing benchmark; sglang-router delays streamed bytes on reused connections); the
+added latency is a target's percentile less the engine's own. Throughput: a closed loop of
+concurrent clients for a while, and the router's own CPU seconds, read from /proc: requests
+served per CPU second of the router process. The quality guard's detectors run in every
+`meridian` row; their own cost an answer and a chunk is timed apart
+(bench/detector_cost.py), as is a tiered route's choice a request (bench/tier_cost.py).
 """
 
 from __future__ import annotations
