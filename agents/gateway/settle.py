@@ -93,6 +93,8 @@ class Accounts:
             self.settle(path, request_id, CLIENT_GONE, settled, "client_gone", started,
                         trail.span)  # fmt: skip
         except Exception as error:
+            if flight is not None and flight.hold is not None:
+                flight.hold.settle(None)  # its budgets' reservation, spent whole: never held on
             self.fault(request_id, flight.model if flight is not None else "", error)
 
     def fault(self, request_id: str, model: str, error: BaseException) -> None:

@@ -10,9 +10,10 @@ import io
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 import orjson
+from meridian_pb.fleet.v1.budgets import zone_name
 from pydantic import BaseModel, Field, field_validator, model_validator
 from sqlalchemy import ColumnElement, Select, Table, func, literal_column, select
 
@@ -55,11 +56,7 @@ class UsageQuery(BaseModel):
     @field_validator("time_zone")
     @classmethod
     def _zone(cls, name: str) -> str:
-        try:
-            ZoneInfo(name)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"no time zone named {name!r}") from None
-        return name
+        return zone_name(name)
 
     @field_validator("tenants", "api_keys", "models", "regions")
     @classmethod

@@ -59,11 +59,7 @@ class Budget(BaseModel):
     @field_validator("time_zone")
     @classmethod
     def _zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"no time zone {value!r} (an IANA name: Europe/Paris)") from None
-        return value
+        return zone_name(value)
 
     @field_validator("api_key")
     @classmethod
@@ -78,6 +74,15 @@ class Budget(BaseModel):
         if abs(round(value * 1e6) - value * 1e6) > 1e-6:
             raise ValueError("a limit has at most six decimal places")
         return value
+
+
+def zone_name(name: str) -> str:
+    """`name` if it is an IANA time zone; else ValueError (a validator's)."""
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"no time zone named {name!r}") from None
+    return name
 
 
 def check(budgets: list[Budget]) -> str | None:
