@@ -170,7 +170,7 @@ class Agent:
             ledger = self.gateway.accounts.ledger = Ledger(journal, lambda: self.link.state.node)
             region = self.settings.region
             self.meter = Meter(ledger, lambda: region, self.settings.usage_meter_s)
-            self.prober.spent = self.meter.own
+            self.prober.meter = self.meter
             self.link.journal = journal
         self.prober.canaries.update(await asyncio.to_thread(self.store.load_canaries))
         await self._from_disk()

@@ -118,9 +118,10 @@ async def telemetry(agent: Agent) -> pb.Telemetry:
     gpu_list = inventory(agent.snapshot, agent.link.state.node, agent.nvml)
     used = await asyncio.to_thread(gpus.memory) if agent.nvml is not None else []
     runners = agent.supervisor.all()
+    mark = agent.meter.mark() if agent.meter is not None else {}
     counters = await agent.poller.counters((r.spec.id, r.spec.url) for r in runners)
     if agent.meter is not None:
-        agent.meter.read(counters)
+        agent.meter.read(counters, mark)
     told = agent.window.report(
         runners,
         gpu_list,

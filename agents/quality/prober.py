@@ -28,10 +28,11 @@ import logging
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict
 from itertools import count
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -84,8 +85,9 @@ class Prober:
         self._ids = count()
         self.sent: Counter[str] = Counter()  # worker: canaries sent
         self.skipped: Counter[str] = Counter()  # worker: canaries held back, no room
-        # told the tokens each canary took on its worker (the ledger's meter: no tenant pays)
-        self.spent: Callable[[str, int, int], None] | None = None
+        # told each canary's call on its worker and the tokens it took (the ledger's meter:
+        # no tenant pays)
+        self.meter: Owned | None = None
         self._suspects: set[str] = set()  # workers that failed the last canary, in rotation
 
     def status(self) -> dict[str, Any]:
@@ -172,8 +174,9 @@ class Prober:
             text = f"{canary.prompt}{canary.reference}".encode()
             ticket = self.router.probe(entry.spec.id, text)  # in flight, as any request
             try:
-                answer = await _post(http, entry.spec.url, canary.body(rid))
-                self._spent(entry.spec.id, answer)
+                with self._owning(entry.spec.id) as spent:
+                    answer = await _post(http, entry.spec.url, canary.body(rid))
+                    spent(answer)
                 return entry.spec.id, score(answer)
             except (aiohttp.ClientError, TimeoutError, ValueError, CanaryUnreadable) as error:
                 log.info("canary %s on %s: no score: %s", canary.name, entry.spec.id, error)
@@ -187,14 +190,21 @@ class Prober:
         got = await asyncio.gather(*(one(e) for e in entries))
         return {worker: s for worker, s in got if s is not None}
 
-    def _spent(self, worker: str, answer: bytes) -> None:
-        if self.spent is None:
+    @contextmanager
+    def _owning(self, worker: str) -> Iterator[Callable[[bytes], None]]:
+        if self.meter is None:
+            yield lambda _: None
             return
-        try:
-            meta = orjson.loads(answer)["meta_info"]
-            self.spent(worker, int(meta["prompt_tokens"]), int(meta["completion_tokens"]))
-        except (ValueError, KeyError, TypeError):
-            return  # no usage said: the meter counts it as the engine does
+        with self.meter.owning(worker) as spent:
+
+            def told(answer: bytes) -> None:
+                try:
+                    meta = orjson.loads(answer)["meta_info"]
+                    spent(int(meta["prompt_tokens"]), int(meta["completion_tokens"]))
+                except (ValueError, KeyError, TypeError):
+                    return  # no usage said: the meter counts it as the engine does
+
+            yield told
 
     def _source(self, model: str) -> str:
         config = self.router.config
@@ -236,14 +246,19 @@ class Prober:
             "sampling_params": {"max_new_tokens": REFERENCE_TOKENS, "temperature": 0},
         })  # fmt: skip
         try:
-            answer = await _post(http, entry.spec.url, body)
-            self._spent(entry.spec.id, answer)
+            with self._owning(entry.spec.id) as spent:
+                answer = await _post(http, entry.spec.url, body)
+                spent(answer)
             doc: Any = orjson.loads(answer)
             text = doc["text"]
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as error:
             log.info("canary reference from %s: %s", entry.spec.id, error)
             return None
         return text if isinstance(text, str) else None
+
+
+class Owned(Protocol):
+    def owning(self, engine: str) -> AbstractContextManager[Callable[[int, int], None]]: ...
 
 
 async def _post(http: Http, url: str, body: bytes) -> bytes:

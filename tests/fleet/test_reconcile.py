@@ -38,6 +38,16 @@ async def test_the_ledger_holds_what_the_engines_counted(database_url: str, tmp_
     env = {"MERIDIAN_AGENT_USAGE_METER_S": "1"}
     async with fleet_of(database_url, tmp_path, ("eu-west",), agent_env=env) as fleet:
         started = time.time()
+        async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN, timeout=30) as admin:
+            early = {"start_time": int(started) - 60, "end_time": int(started) + 60}
+
+            async def metered() -> bool:
+                answer = await admin.get("/v1/usage/reconciliation", params=early)
+                return len(answer.json()["engines"]) == 2
+
+            async with asyncio.timeout(30):  # each engine's count begun before any traffic
+                while not await metered():  # noqa: ASYNC110 (other processes' rows)
+                    await asyncio.sleep(0.5)
         client = fleet.client("eu-west")
         for wave in range(4):
             await asyncio.gather(*(_ask(client, wave * 30 + n) for n in range(30)))
