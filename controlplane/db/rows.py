@@ -23,7 +23,7 @@ from controlplane.db.fleet_rows import (
 from controlplane.db.planner_rows import EnginePlanRow, PlannerStateRow
 from controlplane.db.quota_rows import QuotaDemandRow, QuotaLeaseRow
 from controlplane.db.rollout_rows import HoldingRow, IntentRow, RolloutPolicyRow, RolloutRow
-from controlplane.db.usage_rows import UsageHourRow, UsageRecordRow
+from controlplane.db.usage_rows import UsageQuarterRow, UsageRecordRow
 
 __all__ = [
     "AgentRow",
@@ -58,6 +58,6 @@ __all__ = [
     "RoutingPolicyRow",
     "TelemetrySampleRow",
     "TenantRow",
-    "UsageHourRow",
+    "UsageQuarterRow",
     "UsageRecordRow",
 ]

@@ -53,14 +53,15 @@ class UsageRecordRow(Base):
     stored_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
-class UsageHourRow(Base):
-    """The ledger summed by hour (UTC) and by tenant, key, model, region and class: what the
-    reports read where the time zone's hours are whole (controlplane/services/usage). Each
+class UsageQuarterRow(Base):
+    """The ledger summed by quarter hour (UTC, `at` its start) and by tenant, key, model,
+    region and class: what the reports read for a period on whole quarter hours, in any time
+    zone (every zone's offset is whole quarter hours; controlplane/services/usage). Each
     record is added once, as it is stored."""
 
-    __tablename__ = "usage_hours"
+    __tablename__ = "usage_quarters"
 
-    hour: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(63), primary_key=True)
     api_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     model: Mapped[str] = mapped_column(String(255), primary_key=True)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from sqlalchemy import ColumnElement, Select, Table, func, literal_column, select
 
 from controlplane.db.engine import Database
-from controlplane.db.usage_rows import UsageHourRow, UsageRecordRow
+from controlplane.db.usage_rows import UsageQuarterRow, UsageRecordRow
 
 GROUPS = ("tenant", "api_key", "model", "region", "service_class")
 Group = Literal["tenant", "api_key", "model", "region", "service_class"]
@@ -29,7 +29,8 @@ MAX_FILTER = 100
 EPOCH_MAX = 253_402_214_400  # seconds: 9999-12-31, the last day a date may have
 LAST = datetime(9999, 12, 1)  # the last bucket a report lists begins before it
 TABLE: Table = UsageRecordRow.__table__  # type: ignore[assignment]
-HOURS: Table = UsageHourRow.__table__  # type: ignore[assignment]
+QUARTERS: Table = UsageQuarterRow.__table__  # type: ignore[assignment]
+QUARTER_S = 900
 
 
 class UsageQuery(BaseModel):
@@ -120,35 +121,36 @@ def _filters(
     return where
 
 
-def _hourly(begin: datetime, until: datetime, end_asked: bool, zone: ZoneInfo,
+def _summed(begin: datetime, until: datetime, end_asked: bool, zone: ZoneInfo,
             starts: list[datetime]) -> bool:  # fmt: skip
-    """Whether the hourly sums answer as the records would: the period's ends on whole hours
-    (an end left to now may be in one: no record is later), and the zone's hours whole."""
+    """Whether the sums by quarter hour answer as the records would: the period's ends on
+    whole quarter hours (an end left to now may be in one: no record is later), and the
+    zone's offsets whole quarter hours (every zone's are, today)."""
     whole = [begin] + ([until] if end_asked else [])
-    if any(t.minute or t.second or t.microsecond for t in whole):
+    if any(t.minute % 15 or t.second or t.microsecond for t in whole):
         return False
     offsets = (zone.utcoffset(s) for s in starts)
-    return all(o is not None and o.total_seconds() % 3600 == 0 for o in offsets)
+    return all(o is not None and o.total_seconds() % QUARTER_S == 0 for o in offsets)
 
 
-def _sums(query: UsageQuery, begin: datetime, until: datetime, hourly: bool) -> Select[Any]:
-    """The period's sums by bucket and group: from the hourly sums, or the records."""
+def _sums(query: UsageQuery, begin: datetime, until: datetime, summed: bool) -> Select[Any]:
+    """The period's sums by bucket and group: from the sums by quarter hour, or the records."""
     unit, zone = UNIT[query.bucket_width], query.time_zone
     # grouped by its name: the expression's parameters would differ in GROUP BY
     bucket: ColumnElement[Any] = literal_column("bucket")
-    if hourly:
-        h = HOURS.c
+    if summed:
+        h = QUARTERS.c
         groups = [h[g] for g in query.group_by]
         return (
             select(
-                func.date_trunc(unit, func.timezone(zone, h.hour)).label("bucket"), *groups,
+                func.date_trunc(unit, func.timezone(zone, h.at)).label("bucket"), *groups,
                 func.sum(h.requests).label("requests"), func.sum(h.refused).label("refused"),
                 func.sum(h.unpriced).label("unpriced"), func.sum(h.prompt_tokens).label("input"),
                 func.sum(h.cached_tokens).label("cached"),
                 func.sum(h.completion_tokens).label("output"),
                 func.sum(h.cost_nanos).label("cost"),
             )
-            .where(*_filters(query, begin, until, HOURS, "hour"))
+            .where(*_filters(query, begin, until, QUARTERS, "at"))
             .group_by(bucket, *groups)
             .order_by(bucket, *groups)
         )  # fmt: skip
@@ -188,8 +190,8 @@ async def usage_report(db: Database, query: UsageQuery, currency: str) -> dict[s
         return _page([], currency, None)
     bound = datetime.fromtimestamp(_unix(_next(page[-1], query.bucket_width), zone), UTC)
     until = min(end, bound)
-    hourly = _hourly(begin, until, query.end_time is not None and until == end, zone, page)
-    statement = _sums(query, begin, until if not hourly or until == bound else bound, hourly)
+    summed = _summed(begin, until, query.end_time is not None and until == end, zone, page)
+    statement = _sums(query, begin, until if not summed or until == bound else bound, summed)
     async with db.sessions() as session:
         rows = (await session.execute(statement)).mappings().all()
     results: dict[datetime, list[dict[str, Any]]] = {at: [] for at in page}

@@ -1,6 +1,6 @@
 """Each tenant's spend as the status page shows it: today and this month (UTC), from the
-ledger's hourly sums, and each of its budgets' windows as the leader last counted them (spent
-and held by the agents, against the limit)."""
+ledger's sums by quarter hour, and each of its budgets' windows as the leader last counted
+them (spent and held by the agents, against the limit)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from controlplane.db.engine import Database
 from controlplane.db.quota_rows import QuotaLeaseRow
-from controlplane.db.usage_rows import UsageHourRow
+from controlplane.db.usage_rows import UsageQuarterRow
 
 
 async def spend_view(db: Database, now: datetime | None = None) -> list[dict[str, Any]]:
@@ -20,13 +20,13 @@ async def spend_view(db: Database, now: datetime | None = None) -> list[dict[str
     now = now or datetime.now(UTC)
     day = now.replace(hour=0, minute=0, second=0, microsecond=0)
     month = day.replace(day=1)
-    cost = UsageHourRow.cost_nanos
+    cost = UsageQuarterRow.cost_nanos
     async with db.sessions() as session:
         sums = await session.execute(
-            select(UsageHourRow.tenant, func.sum(cost).filter(UsageHourRow.hour >= day),
+            select(UsageQuarterRow.tenant, func.sum(cost).filter(UsageQuarterRow.at >= day),
                    func.sum(cost))
-            .where(UsageHourRow.hour >= month)
-            .group_by(UsageHourRow.tenant)
+            .where(UsageQuarterRow.at >= month)
+            .group_by(UsageQuarterRow.tenant)
         )  # fmt: skip
         leases = await session.execute(select(QuotaLeaseRow.tenant, QuotaLeaseRow.data))
     out: dict[str, dict[str, Any]] = {}

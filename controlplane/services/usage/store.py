@@ -32,9 +32,10 @@ STAGE = (
     "ON COMMIT DELETE ROWS"
 )
 COPY = f"COPY usage_in ({NAMES}) FROM STDIN"
+QUARTER = "date_bin('15 minutes', started_at, TIMESTAMPTZ '2000-01-01 00:00:00+00')"
 SUMS = ("requests", "refused", "unpriced", "prompt_tokens", "cached_tokens", "completion_tokens",
         "cost_nanos")  # fmt: skip
-# ... and each record newly stored added to its hour's sums (usage_hours), in the same
+# ... and each record newly stored added to its quarter hour's sums (usage_quarters), in the same
 # statement: a record sent again is in neither. Rows are upserted in key order, so that two
 # replicas storing at once take their locks in one order.
 MOVE = (  # the columns are this module's constants, never a caller's
@@ -42,17 +43,17 @@ MOVE = (  # the columns are this module's constants, never a caller's
     "ON CONFLICT (id, started_at) DO NOTHING RETURNING started_at, kind, tenant, api_key, "
     "model, region, service_class, prompt_tokens, cached_tokens, completion_tokens, "
     "cost_nanos), "
-    "summed AS (INSERT INTO usage_hours (hour, tenant, api_key, model, region, service_class, "
+    "summed AS (INSERT INTO usage_quarters (at, tenant, api_key, model, region, service_class, "
     f"{', '.join(SUMS)}) "
-    "SELECT date_trunc('hour', started_at, 'UTC'), tenant, api_key, model, region, "
+    f"SELECT {QUARTER}, tenant, api_key, model, region, "
     "service_class, count(*) FILTER (WHERE kind = 'served'), "
     "count(*) FILTER (WHERE kind = 'refused'), "
     "count(*) FILTER (WHERE kind = 'served' AND cost_nanos IS NULL), sum(prompt_tokens), "
     "sum(cached_tokens), sum(completion_tokens), coalesce(sum(cost_nanos), 0) "
     "FROM moved WHERE kind IN ('served', 'refused') "
     "GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6 "
-    "ON CONFLICT (hour, tenant, api_key, model, region, service_class) DO UPDATE SET "
-    + ", ".join(f"{s} = usage_hours.{s} + EXCLUDED.{s}" for s in SUMS)
+    "ON CONFLICT (at, tenant, api_key, model, region, service_class) DO UPDATE SET "
+    + ", ".join(f"{s} = usage_quarters.{s} + EXCLUDED.{s}" for s in SUMS)
     + ") SELECT count(*) FROM moved"
 )
 

@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo
 
 import orjson
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from sqlalchemy import text
 
 from controlplane.services.usage.store import UsageStore
 from tests.kits.controlplane import Api
@@ -134,25 +135,30 @@ async def test_a_report_asked_wrong_is_refused_with_its_field(api: Api) -> None:
     assert viewer.status_code == 401
 
 
-async def test_a_zone_of_half_hours_splits_its_days_where_they_begin(api: Api) -> None:
-    """The hourly sums cannot split an hour: a zone half an hour off UTC is summed from the
-    records themselves."""
-    kolkata = ZoneInfo("Asia/Kolkata")
-
-    def at(day: int, hour: int, minute: int) -> int:
-        return int(datetime(2026, 11, day, hour, minute, tzinfo=kolkata).timestamp() * 1e6)
-
-    records = [
-        _record(1, at(1, 23, 40), "acme", "llama"),
-        _record(2, at(2, 0, 10), "acme", "llama"),
-    ]
-    assert await UsageStore(api.db).store(records, "ap-south", "ap-south-1") == 2
-    start = int(datetime(2026, 11, 1, tzinfo=kolkata).timestamp())
-    days = await _usage(api, start_time=start, end_time=start + 2 * 86400,
-                        time_zone="Asia/Kolkata")  # fmt: skip
-    assert [sum(r["num_model_requests"] for r in d["results"]) for d in days["data"]] == [1, 1]
-    utc = await _usage(api, start_time=start, end_time=start + 2 * 86400)
-    assert sum(r["num_model_requests"] for d in utc["data"] for r in d["results"]) == 2
+async def test_zones_of_half_and_quarter_hours_split_their_days_where_they_begin(
+    api: Api,
+) -> None:
+    """The sums are by quarter hour: a zone half an hour (Asia/Kolkata) or three quarters
+    (Asia/Kathmandu) off UTC splits its days on them as the records themselves would."""
+    records = []
+    for n, name in enumerate(("Asia/Kolkata", "Asia/Kathmandu")):
+        zone = ZoneInfo(name)
+        for m, (day, hour, minute) in enumerate(((1, 23, 50), (2, 0, 5))):
+            at = datetime(2026, 11, day, hour, minute, tzinfo=zone)
+            records.append(_record(10 * n + m, int(at.timestamp() * 1e6), name, "llama"))
+    assert await UsageStore(api.db).store(records, "ap-south", "ap-south-1") == 4
+    async with api.db.sessions() as session:
+        quarters = (await session.execute(text("SELECT count(*) FROM usage_quarters"))).scalar()
+    assert quarters == 4  # each record its own quarter hour
+    for name in ("Asia/Kolkata", "Asia/Kathmandu"):
+        start = int(datetime(2026, 11, 1, tzinfo=ZoneInfo(name)).timestamp())
+        for begin in (start, start + 1):  # from the sums; from the records (mid-quarter)
+            days = await _usage(api, start_time=begin, end_time=start + 2 * 86400,
+                                time_zone=name, tenants=name)  # fmt: skip
+            counts = [sum(r["num_model_requests"] for r in d["results"]) for d in days["data"]]
+            assert counts == [1, 1], (name, begin, counts)
+        utc = await _usage(api, start_time=start, end_time=start + 2 * 86400, tenants=name)
+        assert sum(r["num_model_requests"] for d in utc["data"] for r in d["results"]) == 2
 
 
 async def test_a_period_of_millennia_answers_a_page_at_once(api: Api) -> None:
