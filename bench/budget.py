@@ -7,7 +7,8 @@ answers a random part of it, and takes time by its length; a refused client wait
 and asks again. Both limiters run in this process, on the wall clock:
 
 - **Meridian**: each region's agent is agents/gateway/budgets.py (reserve the most a request
-  may cost, settle on its cost, within the node's ceiling); every second it reports, and the
+  may cost, settle on its cost, within the node's ceiling; out of it while the fleet has
+  room, wait up to 2 s for a lease); every second it reports, and the
   leader's plan (controlplane/services/quotas/spend.py) moves the ceilings, whose leases
   reach the agents 0.2 to 1 s later.
 - **Check-then-increment**: each region's replica admits while the spend it knows is below
@@ -118,6 +119,7 @@ async def meridian(workload: Workload, limit: int) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
 
     async def ask(region: int, most: int, cost: int, seconds: float) -> None:
+        await agents[region].room(tenants[region], "k", most)  # as the gateway: a lease, maybe
         try:
             hold = agents[region].reserve(tenants[region], "k", most)
         except BudgetExceeded:

@@ -2,6 +2,12 @@
 and its max_tokens at the output price) when admitted, and settles on what it cost at its end.
 Past this node's ceiling for the budget's window, 429 `budget_exceeded`. No I/O on the path.
 
+A node out of its part while the fleet, as its last lease said, still has room for the
+request waits for the leader's next lease (or for its own requests to settle below what they
+held), LEASE_WAIT_S at most, before it refuses: the want counts as refused in its next
+report, which moves the lease its way. A request is then not refused for the region it came
+to while another region's part sits unspent.
+
 The ceiling is the node's static part of the limit (the region's part split over its nodes),
 until the control plane's leader leases it more or less by demand (`SpendLease`,
 controlplane/services/quotas/spend.py). A lease counts what the node has already spent: the
@@ -16,6 +22,7 @@ at start, so that a restarted agent does not spend its window again.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -38,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_S = 2  # a node out of its part while the fleet has room: its lease grows within seconds
+LEASE_WAIT_S = 2.0  # the longest a request waits for a lease that may give it room
 # the most prompt tokens an engine counted beyond the gateway's estimate, fading by this much
 # a request (a template's tokens are the same each time; a tokenizer's misses vary)
 UNSEEN_FADE = 0.999
@@ -88,6 +96,8 @@ class Hold:
             spend.held = max(0, spend.held - self.need)
             spend.used += spent
             spend.spent += spent
+        if self.owner is not None and spent < self.need:
+            self.owner.wake()  # what it did not cost is room again
 
 
 class Budgets:
@@ -98,6 +108,7 @@ class Budgets:
         self.tenants: Mapping[str, Tenant] = {}  # the snapshot's, for the reports
         self.unseen: dict[str, int] = {}  # per model: see Hold.settle
         self._reported_at = wall()
+        self._waiting: list[asyncio.Future[None]] = []  # requests waiting for room (`room`)
 
     def open(self, path: Path) -> None:
         """Kept at `path` from now on, with what was kept there before."""
@@ -143,6 +154,55 @@ class Budgets:
     def settle(self, hold: Hold | None, cost: int | None) -> None:
         if hold is not None:
             hold.settle(cost)
+
+    async def room(
+        self, tenant: Tenant, key: str, need: int, within_s: float = LEASE_WAIT_S
+    ) -> None:
+        """Returns once `need` fits this node's part of every budget of the tenant that applies
+        to the key, or the fleet has no room for it (`reserve` refuses it then), or after
+        within_s: a node out of its part while the fleet has room waits for a lease."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        wanted = False
+        while (short := self._short(tenant, key, need)) is not None:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            if not wanted:  # told in the next report: the leader leases where it is wanted
+                short.refused += need
+                wanted = True
+            woken = loop.create_future()
+            self._waiting.append(woken)
+            try:
+                await asyncio.wait_for(woken, left)
+            except TimeoutError:
+                return
+            finally:
+                if woken in self._waiting:
+                    self._waiting.remove(woken)
+
+    def wake(self) -> None:
+        """Room may have come: a lease, or a request that cost less than it held."""
+        waiting, self._waiting = self._waiting, []
+        for woken in waiting:
+            if not woken.done():
+                woken.set_result(None)
+
+    def _short(self, tenant: Tenant, key: str, need: int) -> Spend | None:
+        """The first budget whose part here is too small for `need` while the fleet, as far as
+        this node knows, has room for it; None if none is."""
+        now = self.wall()
+        for rule in tenant.budgets:
+            if not rule.applies(key):
+                continue
+            spend = self._spend(tenant.name, rule, now)
+            ceiling = spend.ceiling if spend.ceiling is not None else rule.static_nanos
+            if spend.used + spend.held + need <= ceiling:
+                continue
+            if spend.ceiling is not None and self._remaining(rule, spend) + spend.held < need:
+                return None  # no room in the fleet, as its last lease said: refused at once
+            return spend  # room elsewhere, or no lease yet (a new window's comes in seconds)
+        return None
 
     def _refused(
         self, tenant: Tenant, rule: BudgetRule, spend: Spend, need: int, now: float
@@ -203,6 +263,7 @@ class Budgets:
             mine = spend.used + spend.held
             spend.ceiling, spend.seq = max(lease.ceiling_nanos, mine), lease.seq
             spend.fleet_used, spend.mine_then = lease.fleet_used_nanos, mine
+        self.wake()
 
     def report(self, tenant: Tenant) -> list[pb.BudgetUse]:
         """The tenant's budgets' windows as this node counts them, with what it spent and was

@@ -30,11 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.assertion import CONTROL_PLANE
 
-from agents.config import Tenant
-from agents.gateway.budgets import Budgets, Hold, duration
+from agents.config import RegionConfig, Tenant
+from agents.gateway.budgets import Budgets, Hold, duration, most_cost
 from agents.gateway.demand import DemandMeter
 from agents.gateway.errors import BudgetExceeded, QuotaExceeded, TenantConcurrency
+from agents.gateway.flight import OPERATOR, Flight
 from agents.held import Held
 
 BURST_S = 2.0
@@ -167,18 +169,43 @@ class Quotas:
         bucket.refill(now)
         return bucket
 
+    async def charge(self, config: RegionConfig, flight: Flight) -> Charge:
+        """The request's quota and budgets, held until its answer settles them: none for the
+        operator's or a peer's (its region holds them); a batch's line, its budgets alone (the
+        batch runner paces lines by the regions' room). Out of this node's part of a budget,
+        it may wait for a lease first (Budgets.room)."""
+        tenant, came = flight.tenant, flight.caller.came_from
+        if tenant is OPERATOR or came not in (None, CONTROL_PLANE):
+            return uncharged(tenant)
+        most = most_cost(config, flight, self.budgets) if tenant.budgets else 0
+        if most:
+            await self.budgets.room(tenant, flight.caller.key, most)
+        request = flight.placement.request
+        charge = self.admit(tenant, request.prompt_tokens, flight.caller.key, most, flight.model,
+                            budgets_only=came is not None)  # fmt: skip
+        flight.hold = charge.hold
+        return charge
+
     def admit(
-        self, tenant: Tenant, prompt_tokens: int, key: str = "", most: int = 0, model: str = ""
+        self,
+        tenant: Tenant,
+        prompt_tokens: int,
+        key: str = "",
+        most: int = 0,
+        model: str = "",
+        budgets_only: bool = False,
     ) -> Charge:
         """Take one request and the prompt's tokens, or raise QuotaExceeded with Retry-After;
         the tokens are settled when the `with` block of the charge ends. `most`: what it may
         cost at most (nanos), held in the tenant's budgets (BudgetExceeded) until its usage
-        settles it (agents/gateway/settle.py)."""
-        try:
-            hold = self.budgets.reserve(tenant, key, most, model)
-        except BudgetExceeded:
-            self.demand.tally(tenant.name).refused("budget_exceeded", prompt_tokens)
-            raise
+        settles it (agents/gateway/settle.py). `budgets_only`: a batch's line, held in its
+        tenant's budgets and not its quota (the batch runner paces lines by the regions'
+        room)."""
+        hold = self.reserve(tenant, prompt_tokens, key, most, model)
+        if budgets_only:
+            charge = uncharged(tenant)
+            charge.hold = hold
+            return charge
         admitted = False
         try:
             charge = self._admit(tenant, prompt_tokens)
@@ -188,6 +215,14 @@ class Quotas:
                 self.budgets.settle(hold, 0)
         charge.hold = hold
         return charge
+
+    def reserve(self, tenant: Tenant, prompt_tokens: int, key: str, most: int,
+                model: str) -> Hold | None:  # fmt: skip
+        try:
+            return self.budgets.reserve(tenant, key, most, model)
+        except BudgetExceeded:
+            self.demand.tally(tenant.name).refused("budget_exceeded", prompt_tokens)
+            raise
 
     def _admit(self, tenant: Tenant, prompt_tokens: int) -> Charge:
         now = self.clock()

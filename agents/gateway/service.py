@@ -18,9 +18,8 @@ A tenant's request escalates (agents/gateway/forward.py) only when its model has
 rule for the tenant's tier whose trigger fires: overload (its predicted TTFT here breaks the
 rule's threshold or the SLO, too many wait, the queue is full, or every worker is busy or
 vetoed) or failure (no worker serves, every attempt failed, or local attempts fail more often
-than the rule allows). A request that came from a peer is never escalated again and is not
-counted against the tenant's quota here; the operator's own requests are not escalated.
-"""
+than the rule allows). A peer's request is never escalated again, nor counted here against
+its tenant's quota or budgets; nor is the operator's own escalated."""
 
 from __future__ import annotations
 
@@ -37,7 +36,6 @@ from agents import tracing
 from agents.config import RegionConfig
 from agents.gateway import assertion, spans
 from agents.gateway.arrival import Arrival
-from agents.gateway.budgets import most_cost
 from agents.gateway.calls import EngineCalls
 from agents.gateway.carry import Carrier
 from agents.gateway.errors import (
@@ -53,7 +51,7 @@ from agents.gateway.errors import (
 from agents.gateway.flight import OPERATOR, Caller, Flight, Trail
 from agents.gateway.forced import forced_call_made
 from agents.gateway.forward import Forwarder
-from agents.gateway.quotas import Charge, Quotas, uncharged
+from agents.gateway.quotas import Quotas
 from agents.gateway.receipts import Receipts
 from agents.gateway.relay import (
     FIRST_AT,
@@ -250,7 +248,8 @@ class Gateway:
             await self.tiered.tier(flight)
         # everything above only reads; from here on what is taken is held by `with`
         admission = self.router.admission
-        with self.admit(flight) as charge, admission.hold(flight.model, flight.tenant):
+        charge = await self.quotas.charge(config, flight)
+        with charge, admission.hold(flight.model, flight.tenant):
             answered = await self.serve(flight)
             if isinstance(answered, GatewayError):
                 charge.used = 0  # refused: only the request counts
@@ -264,17 +263,6 @@ class Gateway:
         if flight.inference.tool_forced is not None:
             forced_call_made(flight.inference, response)
         return response
-
-    def admit(self, flight: Flight) -> Charge:
-        """The tenant's quota and budgets, held until the answer settles them (not a peer's)."""
-        if flight.tenant is OPERATOR or flight.caller.came_from is not None:
-            return uncharged(flight.tenant)
-        budgets, request = self.quotas.budgets, flight.placement.request
-        most = most_cost(self.config_or_refuse(), flight, budgets) if flight.tenant.budgets else 0
-        charge = self.quotas.admit(flight.tenant, request.prompt_tokens, flight.caller.key, most,
-                                   flight.model)  # fmt: skip
-        flight.hold = charge.hold
-        return charge
 
     async def serve(self, flight: Flight) -> tuple[web.StreamResponse, Usage] | GatewayError:
         """The router's plan carried out, until an answer settles the request: a worker's, a

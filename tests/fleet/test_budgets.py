@@ -2,8 +2,9 @@
 agent per region with simulated engines): its regions start on static parts by GPUs (5:1:2),
 and the leader's leases follow where it is asked. Traffic to 90% of the budget, spread evenly
 over the regions, about 180 requests at once, is all served; then 200 more at once are refused
-429 budget_exceeded as it runs out, and the fleet's spend, as the ledger records it, stays
-within the limit and one request's most cost per region. The soft threshold is audited and its
+429 budget_exceeded as it runs out, none before the fleet has spent 95% of it, and the
+fleet's spend, as the ledger records it, stays within the limit and one request's most cost
+per region. The soft threshold is audited and its
 webhook called once."""
 
 from __future__ import annotations
@@ -132,13 +133,17 @@ async def test_a_budget_holds_across_regions_and_refuses_nothing_below_it(
         # 200 more at once: what is left is spent, and no more
         second = await _burst(fleet, 200, 1000)
         codes = {a[1] for a in second if a[0] != 200}
-        assert codes == {"budget_exceeded"}, second
-        assert all(a[2] >= 1 for a in second if a[0] == 429)
+        # refused for the budget; or, once a lease let a region's waiting requests in at once,
+        # some for its load
+        assert "budget_exceeded" in codes, second
+        assert codes <= {"budget_exceeded", "overloaded"}, second
+        assert all(a[2] >= 1 for a in second if a[1] == "budget_exceeded")
         served_now = sum(1 for a in first + second + warm if a[0] == 200)
         spent, served = await _settled(database_url, served_now)
         assert spent <= LIMIT + len(REGIONS) * most, (spent, most)
-        # (the burst's refusals may come while a quieter region still holds some of what is
-        # left, its lease not yet moved: bench/README.md, `meridian bench ledger`, measures it)
+        # refused only once the fleet had spent 95%: a region out of its part waited for the
+        # leader to lease it what a quieter one held
+        assert spent >= 0.95 * LIMIT, (spent, sum(1 for a in second if a[0] == 429))
         async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as admin:
             events = (await admin.get("/v1/audit-events", params={"kind": "tenant"})).json()
 

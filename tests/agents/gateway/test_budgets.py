@@ -5,6 +5,8 @@ back what was spent; what was spent survives a restart."""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from meridian_pb.fleet.v1.budgets import NANOS, BudgetRule
 from agents.config import Tenant
 from agents.gateway.budgets import Budgets
 from agents.gateway.errors import BudgetExceeded
+from agents.gateway.quotas import Quotas
 
 DOLLAR = NANOS
 
@@ -136,3 +139,41 @@ def test_a_monthly_window_rolls_over_at_midnight_in_its_zone() -> None:
     assert headers["x-ratelimit-remaining-budget"] == "0.000000"
     # December has 31 days: the window resets at its end, as OpenAI writes a reset
     assert headers["x-ratelimit-reset-budget"].startswith(f"{31 * 24 * 60 - 1}m")
+
+
+def test_a_batch_line_is_held_in_its_budgets_and_not_its_quota() -> None:
+    quotas = Quotas()
+    quotas.budgets = Budgets(Wall(datetime(2026, 11, 28, 15, tzinfo=UTC)))
+    acme = replace(_tenant(_daily(10.0)), requests_per_minute=1)
+    lines = [quotas.admit(acme, 10, "k1", 4 * DOLLAR, budgets_only=True) for _ in range(2)]
+    assert all(line.hold is not None for line in lines)  # its quota is not asked: 1 a minute
+    with pytest.raises(BudgetExceeded):  # 8 of 10 held: a third line is refused
+        quotas.admit(acme, 10, "k1", 4 * DOLLAR, budgets_only=True)
+    assert quotas.demand.tally("acme").concurrent == 0  # nor held in its concurrency
+
+
+async def test_out_of_its_part_a_node_waits_for_a_lease_while_the_fleet_has_room() -> None:
+    wall = Wall(datetime(2026, 11, 28, 15, tzinfo=UTC))
+    budgets, acme = Budgets(wall), _tenant(_daily(10.0, part=0.5))  # static part: 5
+
+    def lease(ceiling: float, seq: int, fleet_used: float) -> pb.SpendLease:
+        return pb.SpendLease(budget="daily", window="2026-11-28", limit_nanos=10 * DOLLAR,
+                             ceiling_nanos=int(ceiling * DOLLAR), seq=seq,
+                             fleet_used_nanos=int(fleet_used * DOLLAR))  # fmt: skip
+
+    budgets.take(acme, [lease(5.0, 1, 0.0)])
+    budgets.settle(budgets.reserve(acme, "k", 5 * DOLLAR), 5 * DOLLAR)  # its part, spent
+    waiting = asyncio.ensure_future(budgets.room(acme, "k", 2 * DOLLAR, within_s=30))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # the fleet had 5 left: a lease may come
+    assert budgets.report(acme)[0].refused_per_minute > 0  # its want, told to the leader
+    budgets.take(acme, [lease(8.0, 2, 5.0)])
+    await asyncio.wait_for(waiting, 1)
+    assert budgets.reserve(acme, "k", 2 * DOLLAR) is not None  # not refused: the lease's room
+    # the fleet has 3 left as the last lease said, and this node holds 2 that may cost
+    # less: a request for 6 cannot fit however the leases move, and is refused at once
+    await asyncio.wait_for(budgets.room(acme, "k", 6 * DOLLAR, within_s=30), 1)
+    with pytest.raises(BudgetExceeded):
+        budgets.reserve(acme, "k", 6 * DOLLAR)
+    # and with no lease at all, it waits no longer than it was told
+    await asyncio.wait_for(budgets.room(acme, "k", 1 * DOLLAR, within_s=0.1), 1)
