@@ -69,10 +69,15 @@ class Settled(NamedTuple):
     # before the engine said its usage): prompt as routed, one completion token an event
     estimated: bool = False
     # answers made for it besides the one it got (a tier's, before the cascade): (model,
-    # prompt, cached, completion tokens)
-    extra: tuple[tuple[str, int, int, int], ...] = ()
+    # prompt, cached, completion tokens, the worker that made it)
+    extra: tuple[tuple[str, int, int, int, str], ...] = ()
     asked_as: str = ""  # a peer's request: the id its client gave there
     hold: Any = None  # what it may cost, held in its tenant's budgets, settled on its usage
+    carried: bool = False  # a peer's stream carried on here: the peer records it whole
+    # a stream carried on past a cut: the worker (or peer:<region>) whose answer began it,
+    # and the tokens that one made
+    began: tuple[str, int] | None = None
+    kept: bool = False  # recorded here whole though a peer answered (the peer told so)
 
 
 Counts = dict[float, int]

@@ -49,7 +49,8 @@ class Arrival:
             scope = f"{claim.origin}/{claim.tenant.name}"  # the peer's word: its tenant
             return Caller(claim.tenant, scope, claim.origin, claim.debug, claim.waited_s, True,
                           claim.service_class, key=claim.key,
-                          asked_as=claim.client_request_id)  # fmt: skip
+                          asked_as=claim.client_request_id,
+                          carried=claim.carried)  # fmt: skip
         tenant, insider, scope = auth.caller(request.headers.get("Authorization"), config,
                                              self.operator_token)  # fmt: skip
         debug = insider and request.headers.get("x-meridian-debug") == "1"

@@ -45,6 +45,9 @@ class Assertion:
     service_class: ServiceClass | None = None  # the class it was served at there
     key: str = ""  # its API key's public prefix there (the usage ledger's)
     client_request_id: str = ""  # the id its client gave there (the usage ledger's)
+    # a part of a request the sender records (a stream carried on, a tier's answer it may
+    # cascade): recorded here unbilled
+    carried: bool = False
 
 
 class Seen:
@@ -81,12 +84,13 @@ def sign(
     clock: Callable[[], float] = time.time,
     api_key: str = "",
     client_request_id: str = "",
+    carried: int | None = None,
 ) -> str:
     signed = contract.payload(
         origin=origin, audience=audience, key_id=signer.key_id, tenant=tenant.name,
         request_id=request_id, reason=reason, body=body, debug=debug, waited_ms=waited_ms,
         service_class=service_class.label, now=clock(), api_key=api_key,
-        client_request_id=client_request_id,
+        client_request_id=client_request_id, carried=carried,
     )  # fmt: skip
     return contract.header(signed, signer.key.sign(signed))
 
@@ -136,7 +140,10 @@ def verify(
     served = BY_NAME.get(named) if isinstance(named, str) else None
     if named is not None and served is None:
         raise Unauthenticated("the escalation assertion names no service class this region has")
-    key, asked_as = claims.get("key"), claims.get("cid")
+    key, asked_as, carried = claims.get("key"), claims.get("cid"), claims.get("car")
+    if carried is not None and (type(carried) is not int or carried < 0):
+        raise Unauthenticated("the escalation assertion's carried tokens are not a count")
     return Assertion(sender.region, tenant, reason, debug, waited / 1000, served,
                      key[:64] if isinstance(key, str) else "",
-                     asked_as[:128] if isinstance(asked_as, str) else "")  # fmt: skip
+                     asked_as[:128] if isinstance(asked_as, str) else "",
+                     carried is not None)  # fmt: skip

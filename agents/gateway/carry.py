@@ -54,6 +54,8 @@ class Carrier:
         if carried is None:
             return "it cannot be continued (tool calls or reasoning came, or nothing was left)"
         stream.continuation = carried
+        if stream.began is None:
+            stream.began = by, carried.shift
         return None
 
     def carried(self, flight: Flight, by: str) -> None:

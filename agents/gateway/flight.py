@@ -46,6 +46,7 @@ class Caller:
     service_class: ServiceClass | None = None
     key: str = ""  # its API key's public prefix (the usage ledger's)
     asked_as: str = ""  # a peer's request: the id its client gave there (the usage ledger's)
+    carried: bool = False  # a peer's stream carried on here: the peer records it whole
 
 
 @dataclass(eq=False, slots=True)
@@ -58,6 +59,7 @@ class Stream:
     continuation: Continuation | None = None  # how the attempt under way carries it on
     cut: tuple[str, str] | None = None  # where it broke off and why, until carried on
     migrations: list[str] = field(default_factory=list)  # "from → to (why)"
+    began: tuple[str, int] | None = None  # carried on: who began it, the tokens it made
 
     def carried_to(self, by: str) -> str | None:
         """Note that `by` carries the answer on; what to say of it (None if not cut)."""
@@ -92,8 +94,9 @@ class Flight:
     trace: bytes = b""  # the span's context as header lines, for the engine (a kept trace)
     client_stalled: bool = False  # its client stopped reading: the stream was cut
     # answers made for it that its client did not get (a cheaper tier's, before a cascade):
-    # (model, prompt, cached, completion tokens), for the usage ledger
-    spent: list[tuple[str, int, int, int]] = field(default_factory=list)
+    # (model, prompt, cached, completion tokens, worker), for the usage ledger
+    spent: list[tuple[str, int, int, int, str]] = field(default_factory=list)
+    kept: bool = False  # recorded here whole, a peer told that its part is ours to record
     fault: BaseException | None = None  # a fault of ours that ended its stream
     hold: Any = None  # what it may cost, held in its tenant's budgets (agents/gateway/budgets.py)
 
@@ -146,9 +149,11 @@ class Trail:
         label = served.label if served is not None else ""
         key = caller.key if caller is not None else ""
         asked_as = caller.asked_as if caller is not None else ""
+        carried = caller.carried if caller is not None else False
         if flight is None:
             return Settled(model or "", tenant, first_at=first_at, came_from=came_from,
-                           service_class=label, key=key, asked_as=asked_as)  # fmt: skip
+                           service_class=label, key=key, asked_as=asked_as,
+                           carried=carried)  # fmt: skip
         usage = flight.answer[1] if flight.answer is not None else Usage()
         # the goes that were noted (every local call, and a peer's that answered): the last,
         # and the last local one
@@ -186,4 +191,7 @@ class Trail:
             tuple(flight.spent),
             asked_as,
             flight.hold,
+            carried,
+            stream.began if stream is not None else None,
+            flight.kept,
         )  # fmt: skip

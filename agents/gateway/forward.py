@@ -133,7 +133,14 @@ class Forwarder:
         if config.signer is None:
             return outcome
         stream = flight.stream
-        body = stream.continuation.body if stream and stream.continuation else flight.body
+        carried = stream.continuation if stream is not None else None
+        body = carried.body if carried is not None else flight.body
+        # a part of the request this region records whole: a stream carried on, or a tier's
+        # answer it may cascade (the peer records its part unbilled: agents/ledger/record.py)
+        tier = flight.tier
+        cascades = tier is not None and tier.route.cascade is not None
+        part = carried.shift if carried is not None else 0 if cascades else None
+        flight.kept = flight.kept or part is not None
         trace = trace or _client_trace(flight.http)
         for n, choice in enumerate(candidates):
             peer = choice.peer
@@ -147,6 +154,7 @@ class Forwarder:
                 request_id=flight.rid, reason=reason, body=body, debug=flight.caller.debug,
                 waited_ms=waited_ms, service_class=flight.ask.service_class,
                 api_key=flight.caller.key, client_request_id=flight.id,
+                carried=part,
             )  # fmt: skip
             sent = (
                 upstream_headers(flight.rid) + trace + f"{assertion.HEADER}: {signed}\r\n".encode()

@@ -154,6 +154,8 @@ class TieredPath:
                 return as_stream(response, inference, choice.wants_usage), usage
             return response, usage
         came = choice.model
+        attempts = flight.progress.attempts
+        made_by = attempts[-1].by if attempts else ""
         self.tiers.books.cascades[choice.route.name, signal] += 1
         inference.extra = b""
         kept = as_stream(response, inference, choice.wants_usage) if choice.streamed else response
@@ -174,5 +176,5 @@ class TieredPath:
             self.tiers.settled(choice)
         # the cheaper tier's answer was made too: the usage ledger records both
         flight.spent.append((came, usage.prompt_tokens or 0, usage.cached_tokens or 0,
-                             usage.completion_tokens or 0))  # fmt: skip
+                             usage.completion_tokens or 0, made_by))  # fmt: skip
         return answered

@@ -2,7 +2,16 @@
 the journal: served here (with its tokens), refused before any engine's work (no tokens), or,
 where a peer region served it, the hop alone (the peer records what it used). A tiered
 request whose cheaper tier's answer was asked again of the strongest (a cascade) has both
-answers in its tokens, its cost and its `calls`."""
+answers in its tokens, its cost and its `calls`.
+
+A stream cut mid-answer and carried on is one record, kept by the region its client came to,
+whoever made its parts: the prompt once and every token its client got as completion. A peer
+that carried it on records its part as `carried`, at no cost (its engine's work, for
+reconciliation). So is a tiered request whose tier (with a cascade) a peer answered: the
+region it came to may cascade the answer, and records both answers in one record. Where a
+peer began the answer and the stream broke off from it, that peer recorded the part it made
+itself (its client, this region, left mid-stream): this region's record then holds only the
+completion tokens made after it."""
 
 from __future__ import annotations
 
@@ -22,31 +31,35 @@ PEER = "peer:"
 
 
 def kind_of(settled: Settled) -> str:
-    """served, refused or hop (see the module's docstring)."""
+    """served, refused, hop or carried (see the module's docstring)."""
+    if settled.carried:
+        return "carried"
     if settled.worker.startswith(PEER):
-        return "hop"
+        return "served" if settled.kept else "hop"
     if settled.waited_s is not None or settled.prompt_tokens or settled.completion_tokens:
         return "served"
     return "refused"
 
 
-def answers_of(settled: Settled) -> list[tuple[str, int, int, int]]:
-    """Its answers' (model, prompt, cached, completion tokens): the one its client got, and
-    any made for it besides (a cascade's)."""
+Answer = tuple[str, int, int, int, str]  # model, prompt, cached, completion tokens, worker
+
+
+def answers_of(settled: Settled) -> list[Answer]:
+    """Its answers: the one its client got, and any made for it besides (a cascade's)."""
     got = (settled.model, settled.prompt_tokens or 0, settled.cached_tokens or 0,
-           settled.completion_tokens or 0)  # fmt: skip
+           settled.completion_tokens or 0, _engine(settled))  # fmt: skip
     return [got, *settled.extra]
 
 
 def priced(
-    config: RegionConfig, settled: Settled, answers: list[tuple[str, int, int, int]], at_s: float
+    config: RegionConfig, settled: Settled, answers: list[Answer], at_s: float
 ) -> int | None:
     """What the answers cost its tenant at `at_s` (nanos); None where a model has no price
     then."""
     payer = config.tenants.get(settled.tenant)
     discount = payer.discount if payer is not None else 0.0
     cost: int | None = 0
-    for name, p, c, o in answers:
+    for name, p, c, o, _ in answers:
         model = config.models.get(name)
         price = None if model is None or model.prices is None else model.prices.cost_nanos(
             at_s, p, c, o, settled.service_class, discount)  # fmt: skip
@@ -60,11 +73,31 @@ def spent(config: RegionConfig, settled: Settled, at_s: float) -> int | None:
     reserved it); a refusal nothing; None where its usage is not known (its reservation is
     spent)."""
     kind = kind_of(settled)
-    if kind == "refused":
+    if kind in ("refused", "carried"):  # carried: the region that reserved it settles it
         return 0
     if settled.prompt_tokens is None and settled.completion_tokens is None:
         return None
     return priced(config, settled, answers_of(settled), at_s)
+
+
+def _billed(settled: Settled) -> list[Answer]:
+    """A served record's answers; of a stream a peer began, what was made after it (the
+    peer recorded its own part)."""
+    answers = answers_of(settled)
+    began = settled.began
+    if began is not None and began[0].startswith(PEER):
+        model, _, _, completion, worker = answers[0]
+        answers[0] = (model, 0, 0, max(0, completion - began[1]), worker)
+    return answers
+
+
+def _engine(settled: Settled) -> str:
+    """The engine of this region's that its record names: the one that answered, or, for a
+    stream a peer carried on, the one here that began it."""
+    if not settled.worker.startswith(PEER):
+        return settled.worker
+    began = settled.began
+    return began[0] if began is not None and not began[0].startswith(PEER) else ""
 
 
 class Ledger:
@@ -97,9 +130,10 @@ class Ledger:
         kind = kind_of(settled)
         ended_us = int(self.wall() * 1e6)
         started_us = ended_us - int((now - started) * 1e6)
-        hop, served = kind == "hop", kind == "served"
-        answers = answers_of(settled) if served else []
-        cost = priced(config, settled, answers, started_us / 1e6)  # a hop or a refusal: 0
+        served = kind == "served"
+        answers = _billed(settled) if served else answers_of(settled) if kind == "carried" else []
+        # a hop, a refusal or a peer's part carried on: 0
+        cost = priced(config, settled, answers if served else [], started_us / 1e6)
         prompt = sum(a[1] for a in answers)
         cached = sum(a[2] for a in answers)
         completion = sum(a[3] for a in answers)
@@ -123,18 +157,21 @@ class Ledger:
             cost_nanos=cost,
         )
         # the rarer fields set only where they are: a field given as empty costs as much
-        if served and settled.worker:
-            record.worker = settled.worker
+        worker = _engine(settled)  # its calls' (a cascade's) name theirs
+        if worker and kind in ("served", "carried"):
+            record.worker = worker
         if settled.came_from:
             record.came_from = settled.came_from
-        if hop:
+        if settled.worker.startswith(PEER):  # a hop, or a stream a peer carried on
             record.escalated_to = settled.worker.removeprefix(PEER)
         if settled.estimated:
             record.estimated = True
         if settled.extra:
             record.calls.extend(
-                pb.UsageCall(model=m, prompt_tokens=p, cached_tokens=c, completion_tokens=o)
-                for m, p, c, o in answers
+                pb.UsageCall(
+                    model=m, prompt_tokens=p, cached_tokens=c, completion_tokens=o, worker=w
+                )
+                for m, p, c, o, w in answers
             )
         try:
             self.journal.append(record)

@@ -1,14 +1,15 @@
 """The ledger reconciled with the engines: per engine, the prompt and generation tokens it
 counted itself (its `meter` records: `sglang:prompt_tokens_total` and
 `sglang:generation_tokens_total` over each interval, agents/ledger/meter.py) against the
-tokens of the served records of it that ended within those intervals. Run by the leader
-every period (`Reconciler`) and on demand (`GET /v1/usage/reconciliation`).
+tokens of the served and carried records of it that ended within those intervals. Run by
+the leader every period (`Reconciler`) and on demand (`GET /v1/usage/reconciliation`).
 
 Drift is the ledger's sum less the engine's, as a part of the engine's. What an engine
 works on that no tenant pays for shows as drift: an answer cut before its engine said its
 usage (its record's tokens are what the client got), a call tried again elsewhere, a batch
-answer given way, the quality guard's canaries; so do the tokens of an answer still under
-way at an interval's end, and those an engine counted before it was killed and not read.
+answer given way, a stream carried on to another engine (one record for both engines'
+work), the quality guard's canaries; so do the tokens of an answer still under way at an
+interval's end, and those an engine counted before it was killed and not read.
 """
 
 from __future__ import annotations
@@ -36,13 +37,22 @@ engine AS (
   SELECT worker, min(started_at) AS since, max(ended_at) AS until, count(*) AS readings,
          sum(prompt_tokens) AS prompt, sum(completion_tokens) AS generation
   FROM meters GROUP BY worker),
+records AS (
+  SELECT * FROM usage_records
+  WHERE kind IN ('served', 'carried') AND ended_at > :start AND ended_at <= :end
+    AND started_at > :start - interval '1 day'),
+calls AS (  -- each engine's call: a cascade's each, any other record whole
+  SELECT worker, ended_at, prompt_tokens, completion_tokens FROM records WHERE calls IS NULL
+  UNION ALL
+  SELECT c ->> 'worker', r.ended_at, (c ->> 'prompt_tokens')::bigint,
+         (c ->> 'completion_tokens')::bigint
+  FROM records r CROSS JOIN LATERAL jsonb_array_elements(r.calls) AS c
+  WHERE r.calls IS NOT NULL),
 ledger AS (
   SELECT m.worker, count(*) AS requests, sum(r.prompt_tokens) AS prompt,
          sum(r.completion_tokens) AS generation
-  FROM meters m JOIN usage_records r
-    ON r.worker = m.worker AND r.kind = 'served'
-   AND r.ended_at > m.started_at AND r.ended_at <= m.ended_at
-   AND r.started_at > m.started_at - interval '1 day' AND r.started_at <= m.ended_at
+  FROM meters m JOIN calls r
+    ON r.worker = m.worker AND r.ended_at > m.started_at AND r.ended_at <= m.ended_at
   GROUP BY m.worker)
 SELECT e.worker, e.since, e.until, e.readings, e.prompt, e.generation,
        coalesce(l.requests, 0), coalesce(l.prompt, 0), coalesce(l.generation, 0)

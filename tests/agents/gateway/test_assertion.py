@@ -87,6 +87,17 @@ def test_a_trusted_region_s_assertion_names_the_tenant_why_and_the_wait() -> Non
     assert _verify(_signed(EAST, "acme")) == "us-east:acme:overload:0.25"
 
 
+def test_a_stream_carried_on_says_so_and_a_request_whole_does_not() -> None:
+    def carried(header: str) -> bool:
+        claim = assertion.verify(header, EU, body=BODY, request_id="r1", seen=assertion.Seen(),
+                                 clock=lambda: 1001.0)  # fmt: skip
+        return claim.carried
+
+    assert not carried(_forged_by_east())
+    assert carried(_forged_by_east(car=12))  # the tokens its client has had: recorded there
+    assert carried(_forged_by_east(car=0))  # a tier's answer it may cascade: recorded there
+
+
 def test_an_assertion_is_accepted_once() -> None:
     seen = assertion.Seen()
     header = _signed(EAST, "acme")
@@ -98,8 +109,28 @@ def test_an_assertion_is_accepted_once() -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"ten": None}, {"hop": 2}, {"hop": None}, {"wt": -5}, {"wt": "soon"}, {"jti": None}],
-    ids=["no tenant", "a second hop", "no hop", "a negative wait", "a wait as text", "no nonce"],
+    [
+        {"ten": None},
+        {"hop": 2},
+        {"hop": None},
+        {"wt": -5},
+        {"wt": "soon"},
+        {"jti": None},
+        {"car": -1},
+        {"car": "12"},
+        {"car": True},
+    ],
+    ids=[
+        "no tenant",
+        "a second hop",
+        "no hop",
+        "a negative wait",
+        "a wait as text",
+        "no nonce",
+        "negative carried tokens",
+        "carried tokens as text",
+        "carried as a flag",
+    ],
 )
 def test_claims_this_region_does_not_take_are_refused_even_when_signed(
     changes: dict[str, Any],

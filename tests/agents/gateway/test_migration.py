@@ -1,7 +1,9 @@
 """An answer that has started is finished: streams whose engine is killed with kill -9 go on on
 another worker of the region, or, when the region has none left, in the peer its fallback rule
 names. The client sees one stream: the same tokens an uninterrupted run gives, no repeat, no
-gap, one [DONE], and usage that counts the whole answer.
+gap, one [DONE], and usage that counts the whole answer. Its usage record is one too: a
+stream carried on in the peer is recorded whole by the region its client came to, as an
+uninterrupted one is, and the peer records its part as `carried`, at no cost.
 
 The engines are real simulators, whose output is a function of the context (the prompt and
 the answer so far), as a model's greedy decoding is; the gateways run in the test's process.
@@ -11,10 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
+from agents.ledger.journal import Journal
+from agents.ledger.record import Ledger
 from tests.kits.inproc import KEY, MODEL, Local, escalating_pair
 from tests.kits.sim import Sim, running_sim
 
@@ -102,13 +108,28 @@ async def _check(streams: Streams, expected: dict[int, str], region: Local) -> N
     assert len(ids) == len(streams.events)  # each stream keeps its one id
 
 
-async def test_streams_cut_by_a_killed_engine_finish_elsewhere_token_for_token() -> None:
+def _records(journal: Journal) -> list[pb.UsageRecord]:
+    journal.flush()
+    records: list[pb.UsageRecord] = journal.records_after(0, 10_000)
+    return records
+
+
+def _tokens(records: list[pb.UsageRecord]) -> list[tuple[int, int]]:
+    return sorted((r.prompt_tokens, r.completion_tokens) for r in records)
+
+
+async def test_streams_cut_by_a_killed_engine_finish_elsewhere_token_for_token(
+    tmp_path: Path,
+) -> None:
     async with (
         running_sim(*SLOW, model=MODEL) as s0, running_sim(*SLOW, model=MODEL) as s1,
         running_sim(*SLOW, model=MODEL) as s2, running_sim(*SLOW, model=MODEL) as peer,
     ):  # fmt: skip
         sims = {"a-w0": s0, "a-w1": s1, "a-w2": s2}
         async with escalating_pair([s.url for s in sims.values()], [peer.url]) as (a, b):
+            journals = {"a": Journal(tmp_path / "a"), "b": Journal(tmp_path / "b")}
+            a.gateway.accounts.ledger = Ledger(journals["a"], lambda: "a-1")
+            b.gateway.accounts.ledger = Ledger(journals["b"], lambda: "b-1")
             for path, first in (("/v1/chat/completions", 0), ("/v1/completions", 100)):
                 numbers = range(first, first + 20)
                 expected = await _uninterrupted(a, path, numbers)
@@ -124,6 +145,9 @@ async def test_streams_cut_by_a_killed_engine_finish_elsewhere_token_for_token()
             # every engine of the region killed: the streams go on in the peer region
             numbers = range(200, 220)
             expected = await _uninterrupted(a, "/v1/chat/completions", numbers)
+            whole = _records(journals["a"])[-len(numbers) :]
+            assert {r.kind for r in whole} == {"served"}
+            known = len(_records(journals["a"]))
             streams = Streams(a, "/v1/chat/completions")
             run = asyncio.ensure_future(streams.run(numbers))
             await _all_started(streams)
@@ -135,3 +159,16 @@ async def test_streams_cut_by_a_killed_engine_finish_elsewhere_token_for_token()
             assert peered, a.gateway.books.migrations
             assert a.idle()
             assert b.idle()
+            # one record each, in the region the client came to, as if nothing had broken
+            mine = _records(journals["a"])[known:]
+            assert {r.kind for r in mine} == {"served"}, [r.kind for r in mine]
+            assert _tokens(mine) == _tokens(whole)
+            carried = [r for r in mine if r.escalated_to == "b"]
+            assert carried
+            assert all(r.worker.startswith("a-w") for r in carried)
+            theirs = [r for r in _records(journals["b"]) if r.kind == "carried"]
+            assert sorted(r.request_id for r in theirs) == sorted(r.request_id for r in carried)
+            assert all(r.came_from == "a" and r.cost_nanos == 0 for r in theirs)
+            assert not [r for r in _records(journals["b"]) if r.kind == "served"]
+            for journal in journals.values():
+                journal.close()

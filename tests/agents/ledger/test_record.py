@@ -51,10 +51,11 @@ def test_a_cascade_records_both_answers_and_prices_each_at_its_model(tmp_path: P
     (record,) = _noted(tmp_path, Settled(STRONG, "acme", "w2", completion_tokens=10,
                                          prompt_tokens=100, cached_tokens=0, waited_s=0.1,
                                          service_class="standard", asked="tiered",
-                                         extra=((CHEAP, 100, 0, 20),)))  # fmt: skip
+                                         extra=((CHEAP, 100, 0, 20, "w1"),)))  # fmt: skip
     assert (record.model, record.answered_model) == ("tiered", STRONG)
     assert (record.prompt_tokens, record.completion_tokens) == (200, 30)
-    assert [(c.model, c.completion_tokens) for c in record.calls] == [(STRONG, 10), (CHEAP, 20)]
+    assert [(c.model, c.completion_tokens, c.worker) for c in record.calls] == [
+        (STRONG, 10, "w2"), (CHEAP, 20, "w1")]  # fmt: skip
     strong, cheap = 100 * 1000 + 10 * 4000, 100 * 100 + 20 * 400
     assert record.cost_nanos == round((strong + cheap) * 0.75)
 
@@ -74,3 +75,39 @@ def test_refusals_and_hops_cost_nothing_and_no_tenant_no_record(tmp_path: Path) 
     assert (hop.kind, hop.escalated_to, hop.completion_tokens, hop.cost_nanos) == (
         "hop", "us-east", 0, 0)  # fmt: skip
     assert (cut.kind, cut.estimated, cut.completion_tokens) == ("served", True, 7)
+
+
+def test_a_stream_carried_on_is_recorded_once_where_its_client_came(tmp_path: Path) -> None:
+    began_here, carried_there, began_there = _noted(
+        tmp_path,
+        # begun on w1, 30 tokens, carried on by us-east: its usage reads as the whole answer's
+        Settled(CHEAP, "acme", "peer:us-east", completion_tokens=100, prompt_tokens=1000,
+                cached_tokens=0, waited_s=0.1, service_class="standard",
+                began=("w1", 30), kept=True),
+        # the peer's part of such a stream: its engine's work, its origin's to charge
+        Settled(CHEAP, "acme", "w7", completion_tokens=70, prompt_tokens=1030, cached_tokens=0,
+                waited_s=0.1, service_class="standard", came_from="us-east", carried=True),
+        # begun by us-east (which records the 30 it made), carried on by w2 here
+        Settled(CHEAP, "acme", "w2", completion_tokens=100, prompt_tokens=1000, cached_tokens=0,
+                waited_s=0.1, service_class="standard", began=("peer:us-east", 30)),
+    )  # fmt: skip
+    assert (began_here.kind, began_here.worker, began_here.escalated_to) == (
+        "served", "w1", "us-east")  # fmt: skip
+    assert (began_here.prompt_tokens, began_here.completion_tokens) == (1000, 100)
+    assert began_here.cost_nanos == round((1000 * 100 + 100 * 400) * 0.75)
+    assert (carried_there.kind, carried_there.worker, carried_there.cost_nanos) == (
+        "carried", "w7", 0)  # fmt: skip
+    assert (carried_there.prompt_tokens, carried_there.completion_tokens) == (1030, 70)
+    assert (began_there.kind, began_there.worker) == ("served", "w2")
+    assert (began_there.prompt_tokens, began_there.completion_tokens) == (0, 70)
+    assert began_there.cost_nanos == round(70 * 400 * 0.75)
+
+
+def test_a_tiered_answer_a_peer_made_is_recorded_where_it_may_be_cascaded(tmp_path: Path) -> None:
+    (record,) = _noted(tmp_path, Settled(STRONG, "acme", "peer:us-east", completion_tokens=10,
+                                         prompt_tokens=100, cached_tokens=0, waited_s=0.1,
+                                         service_class="standard", asked="tiered", kept=True,
+                                         extra=((CHEAP, 100, 0, 20, "peer:us-east"),)))  # fmt: skip
+    assert (record.kind, record.escalated_to, record.worker) == ("served", "us-east", "")
+    assert (record.prompt_tokens, record.completion_tokens) == (200, 30)
+    assert record.cost_nanos == round((100 * 1000 + 10 * 4000 + 100 * 100 + 20 * 400) * 0.75)

@@ -35,11 +35,14 @@ def payload(
     now: float,
     api_key: str = "",
     client_request_id: str = "",
+    carried: int | None = None,
 ) -> bytes:
     """What is signed: who asks (its tenant; for the usage ledger, its API key's public prefix
     and the request id its client gave), for which region and request, why, its class, the
     hop (one: never sent on), what the client waited, and the body's digest, valid for TTL_S,
-    with a nonce."""
+    with a nonce. `carried`: the sender records the request whole and the peer its part,
+    unbilled: a stream cut mid-answer and carried on there (the tokens its client has had),
+    or a tiered request's answer the sender may still cascade (0)."""
     return orjson.dumps(
         {
             "iss": origin,
@@ -57,6 +60,7 @@ def payload(
             "cls": service_class,
             **({"key": api_key} if api_key else {}),
             **({"cid": client_request_id} if client_request_id else {}),
+            **({"car": carried} if carried is not None else {}),
         }
     )
 

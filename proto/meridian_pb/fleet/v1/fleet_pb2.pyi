@@ -1173,7 +1173,8 @@ Global___UsageAck: _TypeAlias = UsageAck  # noqa: Y015
 @_typing.final
 class UsageRecord(_message.Message):
     """What one request used, recorded once, by the region that served it (or refused it); the
-    region that escalated it records only the hop (kind "hop", no tokens).
+    region that escalated it records only the hop (kind "hop", no tokens). A stream carried on
+    in a peer is recorded whole by the region its client came to; the peer's part is "carried".
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1208,7 +1209,7 @@ class UsageRecord(_message.Message):
     """
     request_id: _builtins.str
     kind: _builtins.str
-    """served | refused | hop"""
+    """served | refused | hop | carried"""
     tenant: _builtins.str
     api_key: _builtins.str
     """The API key's public prefix ("" for a peer's request that did not name it)."""
@@ -1228,7 +1229,7 @@ class UsageRecord(_message.Message):
     """ok, or the error code that answered it."""
     status: _builtins.int
     came_from: _builtins.str
-    """The region that escalated it here; the peer a hop went to."""
+    """The region that escalated it here; the peer a hop (or a carried-on stream) went to."""
     escalated_to: _builtins.str
     seq: _builtins.int
     """The journal's sequence number (per agent, from 1)."""
