@@ -73,7 +73,7 @@ class Settled(NamedTuple):
     extra: tuple[tuple[str, int, int, int, str], ...] = ()
     asked_as: str = ""  # a peer's request: the id its client gave there
     hold: Any = None  # what it may cost, held in its tenant's budgets, settled on its usage
-    carried: bool = False  # a peer's stream carried on here: the peer records it whole
+    carried: int | None = None  # a part of a peer's request, which it records (flight.Caller)
     # a stream carried on past a cut: the worker (or peer:<region>) whose answer began it,
     # and the tokens that one made
     began: tuple[str, int] | None = None

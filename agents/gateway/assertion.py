@@ -47,7 +47,8 @@ class Assertion:
     client_request_id: str = ""  # the id its client gave there (the usage ledger's)
     # a part of a request the sender records (a stream carried on, a tier's answer it may
     # cascade): recorded here unbilled
-    carried: bool = False
+    # (the tokens its client has had: 0 for a tier's answer)
+    carried: int | None = None
 
 
 class Seen:
@@ -146,4 +147,4 @@ def verify(
     return Assertion(sender.region, tenant, reason, debug, waited / 1000, served,
                      key[:64] if isinstance(key, str) else "",
                      asked_as[:128] if isinstance(asked_as, str) else "",
-                     carried is not None)  # fmt: skip
+                     carried)  # fmt: skip

@@ -46,7 +46,9 @@ class Caller:
     service_class: ServiceClass | None = None
     key: str = ""  # its API key's public prefix (the usage ledger's)
     asked_as: str = ""  # a peer's request: the id its client gave there (the usage ledger's)
-    carried: bool = False  # a peer's stream carried on here: the peer records it whole
+    # a part of a peer's request that the peer records whole (the assertion's word: the tokens
+    # its client had, of a stream carried on; 0, a tier's answer)
+    carried: int | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -149,7 +151,7 @@ class Trail:
         label = served.label if served is not None else ""
         key = caller.key if caller is not None else ""
         asked_as = caller.asked_as if caller is not None else ""
-        carried = caller.carried if caller is not None else False
+        carried = caller.carried if caller is not None else None
         if flight is None:
             return Settled(model or "", tenant, first_at=first_at, came_from=came_from,
                            service_class=label, key=key, asked_as=asked_as,

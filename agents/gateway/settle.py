@@ -15,11 +15,10 @@ from agents.gateway import spans
 from agents.gateway.flight import ESCALATION, Trail
 from agents.gateway.receipts import Receipts
 from agents.gateway.relay import FIRST_AT
-from agents.ledger.record import Ledger, spent
+from agents.ledger.record import CLIENT_GONE, Ledger, spent
 from agents.metrics import CROWDED_OUT, RequestMetrics, Settled, count_by_tenant
 
 log = logging.getLogger(__name__)
-CLIENT_GONE = 499  # the status a request whose client left is counted with
 
 
 class Accounts:

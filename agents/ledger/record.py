@@ -8,7 +8,9 @@ A stream cut mid-answer and carried on is one record, kept by the region its cli
 whoever made its parts: the prompt once and every token its client got as completion. A peer
 that carried it on records its part as `carried`, at no cost (its engine's work, for
 reconciliation). So is a tiered request whose tier (with a cascade) a peer answered: the
-region it came to may cascade the answer, and records both answers in one record. Where a
+region it came to may cascade the answer, and records both answers in one record; but where
+its client left before the peer's whole answer came back, the region it came to records the
+hop and the peer the answer, as for any escalated request. Where a
 peer began the answer and the stream broke off from it, that peer recorded the part it made
 itself (its client, this region, left mid-stream): this region's record then holds only the
 completion tokens made after it."""
@@ -28,14 +30,16 @@ from agents.metrics import Settled
 log = logging.getLogger(__name__)
 
 PEER = "peer:"
+CLIENT_GONE = 499  # the status a request whose client left is counted with
 
 
 def kind_of(settled: Settled) -> str:
     """served, refused, hop or carried (see the module's docstring)."""
-    if settled.carried:
+    if settled.carried is not None:
         return "carried"
-    if settled.worker.startswith(PEER):
-        return "served" if settled.kept else "hop"
+    if settled.worker.startswith(PEER):  # recorded here if the peer's usage came back
+        known = settled.prompt_tokens is not None or settled.completion_tokens is not None
+        return "served" if settled.kept and known else "hop"
     if settled.waited_s is not None or settled.prompt_tokens or settled.completion_tokens:
         return "served"
     return "refused"
@@ -128,6 +132,13 @@ class Ledger:
         if not tenant or tenant == "operator":
             return
         kind = kind_of(settled)
+        if (
+            kind == "carried"
+            and status == CLIENT_GONE
+            and settled.carried == 0
+            and (settled.first_at is None)
+        ):  # its sender left before this whole answer reached it: it could not record it
+            kind = "served"  # (it records a hop)
         ended_us = int(self.wall() * 1e6)
         started_us = ended_us - int((now - started) * 1e6)
         served = kind == "served"

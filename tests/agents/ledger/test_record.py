@@ -86,7 +86,7 @@ def test_a_stream_carried_on_is_recorded_once_where_its_client_came(tmp_path: Pa
                 began=("w1", 30), kept=True),
         # the peer's part of such a stream: its engine's work, its origin's to charge
         Settled(CHEAP, "acme", "w7", completion_tokens=70, prompt_tokens=1030, cached_tokens=0,
-                waited_s=0.1, service_class="standard", came_from="us-east", carried=True),
+                waited_s=0.1, service_class="standard", came_from="us-east", carried=12),
         # begun by us-east (which records the 30 it made), carried on by w2 here
         Settled(CHEAP, "acme", "w2", completion_tokens=100, prompt_tokens=1000, cached_tokens=0,
                 waited_s=0.1, service_class="standard", began=("peer:us-east", 30)),
@@ -111,3 +111,23 @@ def test_a_tiered_answer_a_peer_made_is_recorded_where_it_may_be_cascaded(tmp_pa
     assert (record.kind, record.escalated_to, record.worker) == ("served", "us-east", "")
     assert (record.prompt_tokens, record.completion_tokens) == (200, 30)
     assert record.cost_nanos == round((100 * 1000 + 10 * 4000 + 100 * 100 + 20 * 400) * 0.75)
+
+
+def test_a_tiered_answer_whose_client_left_is_recorded_by_the_peer(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    ledger = Ledger(journal, lambda: "eu-west-1", wall=lambda: 1_800_000_000.0)
+    # the region it came to: its client left before the peer's whole answer came back
+    ledger.note("r1", CONFIG, 499, Settled(CHEAP, "acme", "peer:us-east", waited_s=0.1,
+                                           service_class="standard", kept=True),
+                "client_gone", 10.0, 12.5)  # fmt: skip
+    # the peer: its client (that region) left; a part it was told was that region's
+    ledger.note("r1", CONFIG, 499, Settled(CHEAP, "acme", "w7", completion_tokens=20,
+                                           prompt_tokens=100, waited_s=0.1, carried=0,
+                                           service_class="standard", came_from="us-east"),
+                "client_gone", 10.0, 12.5)  # fmt: skip
+    journal.flush()
+    hop, served = journal.records_after(0, 100)
+    journal.close()
+    assert (hop.kind, hop.escalated_to, hop.cost_nanos) == ("hop", "us-east", 0)
+    assert (served.kind, served.worker, served.completion_tokens) == ("served", "w7", 20)
+    assert served.cost_nanos == round((100 * 100 + 20 * 400) * 0.75)
