@@ -10,8 +10,8 @@
 - **Reports**: `GET /v1/usage` for a month over `--records` records (many tenants, models and
   regions), by month and tenant, by day, tenant and model, and one tenant's by day, from the
   sums by quarter hour; by month and tenant in a zone half an hour off UTC, from the same
-  sums; and the same from the records themselves (a period that begins mid-quarter): seconds,
-  the median and the worst of five.
+  sums; and by month and tenant from a second past midnight (its first quarter hour from the
+  records, the rest from the sums): seconds, the median and the worst of five.
 - **A spend budget under concurrency** (bench/budget.py): Meridian's reservations and leases
   against a check-then-increment limiter, on the same workload: overspend and false refusals.
 """
@@ -179,7 +179,7 @@ async def _reports(options: Options, root: Path, console: Console) -> dict[str, 
             # half an hour off UTC: its days begin on quarter hours of the sums
             "a month by tenant, in Asia/Kolkata": {
                 "bucket_width": "1mo", "group_by": "tenant", "time_zone": "Asia/Kolkata"},
-            "a month by tenant, from the records": {  # a period that begins mid-quarter
+            "a month by tenant, from a second past midnight": {  # its first quarter: records
                 "bucket_width": "1mo", "group_by": "tenant",
                 "start_time": period["start_time"] + 1},
         }  # fmt: skip

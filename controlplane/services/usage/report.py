@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -15,7 +16,7 @@ from zoneinfo import ZoneInfo
 import orjson
 from meridian_pb.fleet.v1.budgets import zone_name
 from pydantic import BaseModel, Field, field_validator, model_validator
-from sqlalchemy import ColumnElement, Select, Table, func, literal_column, select
+from sqlalchemy import ColumnElement, Select, Table, func, literal_column, select, union_all
 
 from controlplane.db.engine import Database
 from controlplane.db.usage_rows import UsageQuarterRow, UsageRecordRow
@@ -31,6 +32,7 @@ LAST = datetime(9999, 12, 1)  # the last bucket a report lists begins before it
 TABLE: Table = UsageRecordRow.__table__  # type: ignore[assignment]
 QUARTERS: Table = UsageQuarterRow.__table__  # type: ignore[assignment]
 QUARTER_S = 900
+SUMMED = ("requests", "refused", "unpriced", "input", "cached", "output", "cost")
 
 
 class UsageQuery(BaseModel):
@@ -121,20 +123,32 @@ def _filters(
     return where
 
 
-def _summed(begin: datetime, until: datetime, end_asked: bool, zone: ZoneInfo,
-            starts: list[datetime]) -> bool:  # fmt: skip
-    """Whether the sums by quarter hour answer as the records would: the period's ends on
-    whole quarter hours (an end left to now may be in one: no record is later), and the
-    zone's offsets whole quarter hours (every zone's are, today)."""
-    whole = [begin] + ([until] if end_asked else [])
-    if any(t.minute % 15 or t.second or t.microsecond for t in whole):
-        return False
+def _quarter(at: datetime, up: bool) -> datetime:
+    """The quarter hour (UTC) at or after `at` (`up`), or at or before it."""
+    seconds = at.timestamp() / QUARTER_S
+    whole = math.ceil(seconds) if up else math.floor(seconds)
+    return datetime.fromtimestamp(whole * QUARTER_S, UTC)
+
+
+def _pieces(begin: datetime, stop: datetime, zone: ZoneInfo,
+            starts: list[datetime]) -> list[tuple[datetime, datetime, bool]]:  # fmt: skip
+    """The period cut where the sums by quarter hour answer as the records would: its whole
+    quarter hours, read from the sums, and the parts before and after them, from the records
+    (a period that begins at any second reads the records of a quarter hour at most at
+    each end). Only in a zone whose offsets are whole quarter hours (every zone's are,
+    today); otherwise the records alone. Each piece: (from, until, from the sums)."""
     offsets = (zone.utcoffset(s) for s in starts)
-    return all(o is not None and o.total_seconds() % QUARTER_S == 0 for o in offsets)
+    if not all(o is not None and o.total_seconds() % QUARTER_S == 0 for o in offsets):
+        return [(begin, stop, False)]
+    low, high = _quarter(begin, up=True), _quarter(stop, up=False)
+    if low >= high:
+        return [(begin, stop, False)]
+    edges = [(begin, low, False), (low, high, True), (high, stop, False)]
+    return [(a, b, summed) for a, b, summed in edges if a < b]
 
 
-def _sums(query: UsageQuery, begin: datetime, until: datetime, summed: bool) -> Select[Any]:
-    """The period's sums by bucket and group: from the sums by quarter hour, or the records."""
+def _part(query: UsageQuery, begin: datetime, until: datetime, summed: bool) -> Select[Any]:
+    """A piece's sums by bucket and group: from the sums by quarter hour, or the records."""
     unit, zone = UNIT[query.bucket_width], query.time_zone
     # grouped by its name: the expression's parameters would differ in GROUP BY
     bucket: ColumnElement[Any] = literal_column("bucket")
@@ -152,7 +166,6 @@ def _sums(query: UsageQuery, begin: datetime, until: datetime, summed: bool) -> 
             )
             .where(*_filters(query, begin, until, QUARTERS, "at"))
             .group_by(bucket, *groups)
-            .order_by(bucket, *groups)
         )  # fmt: skip
     c = TABLE.c
     served = c.kind == "served"
@@ -171,8 +184,22 @@ def _sums(query: UsageQuery, begin: datetime, until: datetime, summed: bool) -> 
         )
         .where(*_filters(query, begin, until), c.kind.in_(("served", "refused")))
         .group_by(bucket, *groups)
-        .order_by(bucket, *groups)
     )  # fmt: skip
+
+
+def _sums(query: UsageQuery, pieces: list[tuple[datetime, datetime, bool]]) -> Select[Any]:
+    """The period's sums by bucket and group, its pieces' added together."""
+    parts = [_part(query, a, b, summed) for a, b, summed in pieces]
+    if len(parts) == 1:
+        (part,) = parts
+        return part.order_by(literal_column("bucket"), *(literal_column(g) for g in query.group_by))
+    every = union_all(*parts).subquery()
+    keys = [every.c.bucket, *(every.c[g] for g in query.group_by)]
+    return (
+        select(*keys, *(func.sum(every.c[n]).label(n) for n in SUMMED))
+        .group_by(*keys)
+        .order_by(*keys)
+    )
 
 
 async def usage_report(db: Database, query: UsageQuery, currency: str) -> dict[str, Any]:
@@ -190,8 +217,9 @@ async def usage_report(db: Database, query: UsageQuery, currency: str) -> dict[s
         return _page([], currency, None)
     bound = datetime.fromtimestamp(_unix(_next(page[-1], query.bucket_width), zone), UTC)
     until = min(end, bound)
-    summed = _summed(begin, until, query.end_time is not None and until == end, zone, page)
-    statement = _sums(query, begin, until if not summed or until == bound else bound, summed)
+    # an end left to now is taken at the page's last bucket's end: no record is later
+    stop = until if query.end_time is not None else bound
+    statement = _sums(query, _pieces(begin, stop, zone, page))
     async with db.sessions() as session:
         rows = (await session.execute(statement)).mappings().all()
     results: dict[datetime, list[dict[str, Any]]] = {at: [] for at in page}
