@@ -113,6 +113,8 @@ async def meridian(workload: Workload, limit: int) -> dict[str, Any]:
     books = Books(limit)
     budget = Budget(name="b", period="month", limit=limit / NANOS)
     agents = [Budgets() for _ in PARTS]
+    for agent in agents:
+        agent.heard_until = float("inf")  # the leader below is never away
     tenants = [Tenant("t", "standard", None, None, None, budgets=(
         BudgetRule("b", "month", "UTC", limit, 80.0, None, int(limit * part)),))
         for part in PARTS]  # fmt: skip

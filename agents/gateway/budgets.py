@@ -5,7 +5,8 @@ Past this node's ceiling for the budget's window, 429 `budget_exceeded`. No I/O 
 A node out of its part while the fleet, as its last lease said, still has room for the
 request waits for the leader's next lease (or for its own requests to settle below what they
 held), LEASE_WAIT_S at most, before it refuses: the want counts as refused in its next
-report, which moves the lease its way. A request is then not refused for the region it came
+report, which moves the lease its way. With the leader away (no leases message within their
+ttl), it refuses at once. A request is then not refused for the region it came
 to while another region's part sits unspent.
 
 The ceiling is the node's static part of the limit (the region's part split over its nodes),
@@ -109,6 +110,9 @@ class Budgets:
         self.unseen: dict[str, int] = {}  # per model: see Hold.settle
         self._reported_at = wall()
         self._waiting: list[asyncio.Future[None]] = []  # requests waiting for room (`room`)
+        # until when the leader is heard from (time.monotonic): its leases' last message and
+        # their ttl; past it, nothing is waited for
+        self.heard_until = 0.0
 
     def open(self, path: Path) -> None:
         """Kept at `path` from now on, with what was kept there before."""
@@ -199,6 +203,8 @@ class Budgets:
             ceiling = spend.ceiling if spend.ceiling is not None else rule.static_nanos
             if spend.used + spend.held + need <= ceiling:
                 continue
+            if time.monotonic() > self.heard_until:
+                return None  # the leader is away: no lease is coming, refused at once
             if spend.ceiling is not None and self._remaining(rule, spend) + spend.held < need:
                 return None  # no room in the fleet, as its last lease said: refused at once
             return spend  # room elsewhere, or no lease yet (a new window's comes in seconds)

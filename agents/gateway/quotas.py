@@ -96,6 +96,7 @@ class Quotas:
     def take_leases(self, message: pb.Leases) -> None:
         """New and changed leases; every lease held is good for the message's ttl from now."""
         expires = self.clock() + message.ttl_s
+        self.budgets.heard_until = time.monotonic() + message.ttl_s  # a lease may come: wait
         for tenant in message.dropped:
             self.leases.pop(tenant, None)
         for lease in message.set:

@@ -6,6 +6,7 @@ back what was spent; what was spent survives a restart."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -162,6 +163,7 @@ async def test_out_of_its_part_a_node_waits_for_a_lease_while_the_fleet_has_room
                              fleet_used_nanos=int(fleet_used * DOLLAR))  # fmt: skip
 
     budgets.take(acme, [lease(5.0, 1, 0.0)])
+    budgets.heard_until = time.monotonic() + 60  # the leader is heard from
     budgets.settle(budgets.reserve(acme, "k", 5 * DOLLAR), 5 * DOLLAR)  # its part, spent
     waiting = asyncio.ensure_future(budgets.room(acme, "k", 2 * DOLLAR, within_s=30))
     await asyncio.sleep(0.05)
@@ -175,5 +177,8 @@ async def test_out_of_its_part_a_node_waits_for_a_lease_while_the_fleet_has_room
     await asyncio.wait_for(budgets.room(acme, "k", 6 * DOLLAR, within_s=30), 1)
     with pytest.raises(BudgetExceeded):
         budgets.reserve(acme, "k", 6 * DOLLAR)
-    # and with no lease at all, it waits no longer than it was told
+    # it waits no longer than it was told
     await asyncio.wait_for(budgets.room(acme, "k", 1 * DOLLAR, within_s=0.1), 1)
+    # and with the leader away (no leases within their ttl), not at all
+    budgets.heard_until = time.monotonic() - 1
+    await asyncio.wait_for(budgets.room(acme, "k", 1 * DOLLAR, within_s=30), 0.5)
