@@ -21,6 +21,7 @@ class UsageRecordRow(Base):
     __tablename__ = "usage_records"
     __table_args__ = (
         Index("ix_usage_records_tenant_started", "tenant", "started_at"),
+        Index("ix_usage_records_started", "started_at"),  # a report's ends, an export
         {"postgresql_partition_by": "RANGE (started_at)"},
     )
 
@@ -28,7 +29,7 @@ class UsageRecordRow(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     ended_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     request_id: Mapped[str] = mapped_column(String(128))
-    kind: Mapped[str] = mapped_column(String(8))  # served | refused | hop | meter
+    kind: Mapped[str] = mapped_column(String(8))  # served | refused | hop | carried | meter
     tenant: Mapped[str] = mapped_column(String(63))
     api_key: Mapped[str] = mapped_column(String(64))
     model: Mapped[str] = mapped_column(String(255))

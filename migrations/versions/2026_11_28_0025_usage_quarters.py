@@ -1,6 +1,7 @@
 """usage_quarters: the ledger's sums by quarter hour (UTC), in place of usage_hours, so that a
 report in any time zone (every zone's offset is whole quarter hours: Asia/Kolkata, +5:30,
-Asia/Kathmandu, +5:45) is read from the sums; filled from the records already stored
+Asia/Kathmandu, +5:45) is read from the sums; filled from the records already stored; and an
+index of the records by start
 
 Revision ID: 0025
 Revises: 0024
@@ -58,9 +59,12 @@ def upgrade() -> None:
     _fill('usage_quarters', 'at',
           "date_bin('15 minutes', started_at, TIMESTAMPTZ '2000-01-01 00:00:00+00')")
     op.drop_table('usage_hours')
+    # a report's ends (a period from any second) and an export read the records by time alone
+    op.create_index('ix_usage_records_started', 'usage_records', ['started_at'], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index('ix_usage_records_started', table_name='usage_records')
     _table('usage_hours', 'hour')
     _fill('usage_hours', 'hour', "date_trunc('hour', started_at, 'UTC')")
     op.drop_table('usage_quarters')
