@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from agents.engines.sim.config import SUFFIX as SIM_SUFFIX
 from agents.engines.tokenizers import HfTokenizer, PromptTokenizer
 from agents.errors import SnapshotInvalid
 
+CPU_LORA_BACKEND = "torch_native"  # the one LoRA backend of SGLang's with no GPU kernel
 CPU_KV_TOKENS = 65536  # SGLang's KV pool on a CPU node, unless engine_args set one (left
 # unbounded, it takes most of the machine's memory: 14.7 GB for the tiny model)
 
@@ -110,13 +112,24 @@ class SglangBackend(Backend):
             argv += ["--max-total-tokens", str(CPU_KV_TOKENS)]
         env = dict(sglang_env.CPU_ENV)
         notes = ["cpu: no GPU on this node; SGLang runs on the CPU (--device cpu)"]
+        paths: list[str] = []
         kernel = self._kernel_check()
         if not kernel.loads:
-            env["PYTHONPATH"] = str(sglang_env.CPU_KERNEL_DIR)
+            paths.append(str(sglang_env.CPU_KERNEL_DIR))
             notes.append(
                 "sgl_kernel: Meridian's CPU stand-in (no kernels; SGLang's pure-torch "
                 f"paths), since the real one does not load here: {kernel.reason}"
             )
+        if spec.args.get("enable-lora"):
+            if "lora-backend" not in spec.args:
+                argv += ["--lora-backend", CPU_LORA_BACKEND]
+            paths.append(str(sglang_env.CPU_LORA_DIR))
+            notes.append(
+                f"lora: SGLang's {spec.args.get('lora-backend', CPU_LORA_BACKEND)} LoRA "
+                "backend, its pinned memory plain memory (no CUDA to pin for)"
+            )
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(paths)
         return Launch(argv, env, tuple(notes))
 
     def _kernel_check(self) -> sglang_env.KernelCheck:

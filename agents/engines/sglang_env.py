@@ -21,6 +21,8 @@ SGLANG_VERSION = "0.5.23"
 STAMP = ".meridian-installed"
 # The stand-in for sgl_kernel where no real one loads (agents/engines/cpu_kernel/sgl_kernel)
 CPU_KERNEL_DIR = Path(__file__).with_name("cpu_kernel")
+# pinned memory as plain memory, for LoRA on a CPU node (cpu_lora/sitecustomize.py)
+CPU_LORA_DIR = Path(__file__).with_name("cpu_lora")
 # SGLang's CPU path: its own engine, and nothing fetched from a hub
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1"}
 

@@ -172,3 +172,40 @@ def write(directory: Path, seed: int = 0) -> Path:
         (directory / name).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     (directory / "model.safetensors").write_bytes(safetensors(_shapes(vocab), seed))
     return directory
+
+
+ADAPTER_TARGETS = ("q_proj", "v_proj")
+
+
+def write_adapter(
+    directory: Path, model_dir: Path, seed: int = 1, rank: int = 4,
+    targets: tuple[str, ...] = ADAPTER_TARGETS,
+) -> Path:  # fmt: skip
+    """A LoRA adapter for the tiny model, as PEFT saves one (`adapter_config.json` and
+    `adapter_model.safetensors`: each target projection's `lora_A` (rank x in) and `lora_B`
+    (out x rank)), its weights random from `seed`, written into `directory` (made if
+    missing); the directory. Written by hand, as the model is: PEFT needs torch, which the
+    project's own environment does not have. SGLang loads it (`/load_lora_adapter`) as it
+    loads any PEFT adapter."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in range(LAYERS):
+        for name in targets:
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{name}."
+            shapes[prefix + "lora_A.weight"] = (rank, HIDDEN)
+            shapes[prefix + "lora_B.weight"] = (HIDDEN, rank)
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(model_dir),
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "lora_dropout": 0.0,
+        "target_modules": list(targets),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+    }
+    (directory / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (directory / "adapter_model.safetensors").write_bytes(safetensors(shapes, seed))
+    return directory

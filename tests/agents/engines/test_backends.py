@@ -7,6 +7,7 @@ read in November 2026); kept here so that the project's tests depend on the proj
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -130,6 +131,14 @@ def test_on_a_node_without_gpus_sglang_runs_on_the_cpu_with_the_kernel_stand_in(
     assert flag_values(asked.argv)["--max-total-tokens"] == "4096"
     with pytest.raises(SnapshotInvalid, match="on its CPU"):
         backend.validate(spec())  # tp 2
+    # LoRA: SGLang's torch backend, its pinned memory plain memory (cpu_lora/sitecustomize)
+    lora = backend.launch(spec(tp_size=1, engine_args=(("enable-lora", True),)))
+    assert flag_values(lora.argv)["--lora-backend"] == "torch_native"
+    assert lora.env["PYTHONPATH"].split(os.pathsep) == [
+        str(sglang_env.CPU_KERNEL_DIR), str(sglang_env.CPU_LORA_DIR),
+    ]  # fmt: skip
+    assert (sglang_env.CPU_LORA_DIR / "sitecustomize.py").is_file()
+    assert str(sglang_env.CPU_LORA_DIR) not in launch.env["PYTHONPATH"]  # without LoRA
 
 
 def test_the_kernel_stand_in_imports_and_refuses_every_kernel() -> None:
