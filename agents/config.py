@@ -30,6 +30,7 @@ from meridian_pb.fleet.v1.params import PolicyParams, params_for
 from meridian_pb.fleet.v1.prices import PriceList
 from pydantic import ValidationError
 
+from agents.adapter_config import AdapterConfig, compile_adapters
 from agents.errors import SnapshotInvalid
 from agents.signing import Sender, Signer, sender_of, signer_of
 
@@ -175,6 +176,7 @@ class RegionConfig:
     signer: Signer | None = None
     senders: Mapping[str, Sender] = field(default_factory=dict)
     tiered: Mapping[str, TieredRouteConfig] = field(default_factory=dict)
+    adapters: Mapping[str, AdapterConfig] = field(default_factory=dict)
 
     def chain(self, model: str, tier: str, service_class: ServiceClass) -> FallbackChain | None:
         """The most specific rule for the model, the tenant's tier and the request's class
@@ -209,20 +211,12 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
             tokens_per_minute=_node_share(grant, "tokens_per_minute", nodes),
             debug_routes=grant.debug_routes,
             disabled=grant.disabled,
-            quota_requests_per_minute=(
-                grant.quota_requests_per_minute
-                if grant.HasField("quota_requests_per_minute")
-                else None
-            ),
-            quota_tokens_per_minute=(
-                grant.quota_tokens_per_minute if grant.HasField("quota_tokens_per_minute") else None
-            ),
+            quota_requests_per_minute=_optional(grant, "quota_requests_per_minute"),
+            quota_tokens_per_minute=_optional(grant, "quota_tokens_per_minute"),
             tiering=grant.tiering,
             tier_floor=grant.tier_floor if grant.HasField("tier_floor") else None,
             max_concurrency=_node_share(grant, "max_concurrency", nodes),
-            quota_concurrency=(
-                grant.max_concurrency if grant.HasField("max_concurrency") else None
-            ),
+            quota_concurrency=_optional(grant, "max_concurrency"),
             weight=grant.weight or 1.0,
             default_class=_class(grant.default_class, grant.name),
             class_ceiling=_class(grant.class_ceiling, grant.name),
@@ -265,7 +259,12 @@ def compile_config(snapshot: pb.Snapshot) -> RegionConfig:
         signer=signer_of(snapshot),
         senders=MappingProxyType({t.region: sender_of(t) for t in snapshot.trusted}),
         tiered=MappingProxyType({t.name: _tiered(t, models) for t in snapshot.tiered}),
+        adapters=MappingProxyType(compile_adapters(snapshot, models)),
     )
+
+
+def _optional(message: Any, name: str) -> Any:
+    return getattr(message, name) if message.HasField(name) else None
 
 
 def _model(m: pb.ModelInfo) -> ModelConfig:

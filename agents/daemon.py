@@ -33,7 +33,7 @@ from agents.engines.runner import EngineState
 from agents.engines.supervisor import Supervisor
 from agents.errors import SnapshotInvalid
 from agents.gateway.batches import BatchProxy
-from agents.gateway.requests import Limits
+from agents.gateway.limits import Limits
 from agents.gateway.service import Gateway
 from agents.http import Runner, build_app
 from agents.ledger.journal import Journal

@@ -33,8 +33,8 @@ from agents.gateway.errors import (
     NotFound,
     Unauthenticated,
 )
+from agents.gateway.limits import LIMITS
 from agents.gateway.relay import new_id
-from agents.gateway.requests import LIMITS
 from agents.gateway.service import Gateway
 from agents.metrics import CONTENT_TYPE, render
 from agents.router.router import DECISIONS_KEPT

@@ -33,7 +33,7 @@ async def classifier_cost(reqs: list[Req], number: int = 3) -> dict[str, Any]:
     parsed = []
     for req in reqs:
         raw = orjson.dumps({"model": ROUTE, "messages": req.messages, "max_tokens": req.max_tokens})
-        inference, _ = parse("/v1/chat/completions", raw, config)
+        inference, _ = parse("/v1/chat/completions", raw, config, "bench")
         parsed.append(inference)
 
     async def choose_all() -> list[float]:

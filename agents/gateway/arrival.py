@@ -70,9 +70,15 @@ class Arrival:
     ) -> Flight:
         """What is asked, checked whole (its parameters, and its prompt and answer against the
         model's context), and where it may go."""
-        inference, model = parse(request.path, body, config)
-        inference.salt = cache_salt(caller.tenant.name, inference.client_salt)
         tenant = caller.tenant
+        inference, model = parse(request.path, body, config, tenant.name)
+        adapter = inference.adapter
+        # an adapter's prefixes are cached apart: its KV is its own (SGLang keys its cache
+        # by adapter too)
+        salt = (
+            inference.client_salt if adapter is None else f"{adapter.name}\0{inference.client_salt}"
+        )
+        inference.salt = cache_salt(tenant.name, salt)
         asked = (
             asked_class(request.headers.get(HEADER), inference)
             if caller.came_from is None

@@ -15,7 +15,7 @@ import orjson
 from aiohttp import web
 
 from agents.gateway.errors import GatewayError
-from agents.gateway.requests import LIMITS
+from agents.gateway.limits import LIMITS
 
 USAGE = b'"usage"'
 HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date",

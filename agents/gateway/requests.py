@@ -3,7 +3,6 @@ it, and the body passed on as the client sent it but for what the gateway adds i
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 from array import array
@@ -13,63 +12,28 @@ from types import MappingProxyType
 from typing import Any
 
 import orjson
-from aiohttp import web
 from meridian_pb.fleet.v1.classes import HEADER, SERVICE_TIERS, ServiceClass
 
+from agents.adapter_config import AdapterConfig, named
 from agents.config import ModelConfig, RegionConfig, TieredRouteConfig
 from agents.engines.tokenizers import PromptTokenizer
 from agents.gateway import schema
 from agents.gateway.errors import (
     BadRequest,
-    BodyTooLarge,
     CapabilityMissing,
     ContextTooLong,
     GatewayError,
     ModelNotFound,
-    RequestTimeout,
 )
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
+ENGINE_OWNED = ("priority", "lora_path", "lora_id")  # SGLang's fields a client never sets
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 # what a request whose whole answer may be gathered from a stream sets (agents/gateway/gather.py)
 PLAIN = frozenset({
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
     "top_p", "top_k", "min_p", "stop", "n", "stream", "service_tier", "user",
 })  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask of the gateway before any of it is read."""
-
-    max_body_bytes: int = 16 * 1024 * 1024
-    body_timeout_s: float = 30.0  # from the head to the body's last byte
-    client_stall_s: float = 30.0  # a stream whose client reads nothing this long is cut
-
-
-LIMITS = web.AppKey("limits", Limits)  # on the agent's app: what relays read of them
-
-
-DEFAULT_LIMITS = Limits()
-
-
-async def read_body(request: web.Request, limits: Limits) -> bytes:
-    """The body, bounded in size (refused before it is read when its length says so) and in
-    the time its sender may take."""
-    limit = limits.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge(f"the body is over {limit} bytes")
-    try:
-        if request.content.is_eof():  # it came whole with the head: no timer to arm
-            return await request.read()
-        async with asyncio.timeout(limits.body_timeout_s):
-            return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise BodyTooLarge(f"the body is over {limit} bytes") from None
-    except TimeoutError:
-        raise RequestTimeout(
-            f"the body did not arrive within {limits.body_timeout_s:g} s"
-        ) from None
 
 
 @dataclass
@@ -102,6 +66,7 @@ class Inference:
     asked_class: ServiceClass | None = None  # its service_tier's class (None: its default)
     plain: bool = False  # a whole answer that may be gathered from a stream (`plain`)
     gathered: bool = False  # it is: its class gives way (agents/gateway/gather.py)
+    adapter: AdapterConfig | None = None  # the tenant's LoRA adapter `model` names
 
     def tokens(self, tokenizer: PromptTokenizer) -> bytes:
         """The prompt as the engine's token ids, four bytes a token (as `key` for ids)."""
@@ -118,13 +83,17 @@ class Inference:
         head = b'{"rid":' + orjson.dumps(rid) + b"," + self.extra
         if self.salt:
             head += b'"cache_salt":"' + self.salt.encode() + b'",'
-
+        if self.adapter is not None:
+            head += b'"lora_path":' + orjson.dumps(self.adapter.name) + b","
         if self.stream and not self.native and not self.has_stream_options:
             head += b'"stream_options":{"include_usage":true},'
         return head + extra + (self.body if body is None else body).lstrip()[1:]
 
 
-def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, ModelConfig]:
+def parse(
+    path: str, raw: bytes, config: RegionConfig, tenant: str
+) -> tuple[Inference, ModelConfig]:
+    """What `tenant`'s request asks, checked whole against its model."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
@@ -136,15 +105,27 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
     if client_salt is not None and bad_salt:
         raise BadRequest(f"cache_salt must be a string of at most {MAX_SALT} characters",
                          param="cache_salt")  # fmt: skip
-    # SGLang's own `priority` is its class's (Inference.extra), never what a client says
-    if client_salt is not None or body.pop("priority", EMPTY) is not EMPTY:
+    # SGLang's own `priority` is its class's (Inference.extra) and its `lora_path` the
+    # adapter `model` names, never what a client says
+    popped = [body.pop(field, EMPTY) is not EMPTY for field in ENGINE_OWNED]
+    if client_salt is not None or any(popped):
         raw = orjson.dumps(body)
     native = path == "/generate"
     name = body.get("model")
     tiered = config.tiered.get(name) if isinstance(name, str) and not native else None
+    adapter = None
+    if isinstance(name, str) and config.adapters:
+        adapter = named(config.adapters, name)
+        if adapter is not None and tenant not in adapter.tenants:
+            # as a model that does not exist: another tenant's adapter is never revealed
+            raise unknown_model(name, config.region)
     # a tiered request is checked against what its tiers take together; its tier (one that
-    # takes what it needs) is chosen next
-    model = _tiers_model(tiered, config) if tiered is not None else _model(body, config, native)
+    # takes what it needs) is chosen next; a tenant's adapter, against its base model
+    model = (
+        _tiers_model(tiered, config) if tiered is not None
+        else config.models[adapter.base_model] if adapter is not None
+        else _model(body, config, native)
+    )  # fmt: skip
     try:
         inference = _parsed(path, raw, body, model, native)
     except GatewayError as error:
@@ -152,6 +133,7 @@ def parse(path: str, raw: bytes, config: RegionConfig) -> tuple[Inference, Model
         raise
     if tiered is not None:
         inference.tiered, inference.doc = tiered, body
+    inference.adapter = adapter
     inference.client_salt = client_salt or ""
     tier = body.get("service_tier")
     if tier is not None:
@@ -323,8 +305,14 @@ def _model(body: dict[str, Any], config: RegionConfig, native: bool) -> ModelCon
         raise BadRequest("model is required", param="model")
     model = config.models.get(name)
     if model is None:
-        raise ModelNotFound(f"the model {name!r} is not served in region {config.region}")
+        raise unknown_model(name, config.region)
     return model
+
+
+def unknown_model(name: str, region: str) -> ModelNotFound:
+    """What a request for a model not served here gets (and one for an adapter its tenant
+    may not use, word for word)."""
+    return ModelNotFound(f"the model {name!r} is not served in region {region}")
 
 
 def _chat_key(

@@ -51,6 +51,7 @@ from agents.gateway.errors import (
 from agents.gateway.flight import OPERATOR, Caller, Flight, Trail
 from agents.gateway.forced import forced_call_made
 from agents.gateway.forward import Forwarder
+from agents.gateway.limits import DEFAULT_LIMITS, Limits, read_body
 from agents.gateway.quotas import Quotas
 from agents.gateway.receipts import Receipts
 from agents.gateway.relay import (
@@ -65,7 +66,6 @@ from agents.gateway.relay import (
     Yielded,
     new_id,
 )
-from agents.gateway.requests import DEFAULT_LIMITS, Limits, read_body
 from agents.gateway.settle import Accounts
 from agents.gateway.tiered_path import TieredPath
 from agents.gateway.tiers import Tiers

@@ -239,3 +239,18 @@ class FallbackPeerRow(Base):
     region_id: Mapped[int] = mapped_column(ForeignKey("regions.id"), index=True)
 
     region: Mapped[RegionRow] = relationship(lazy="joined")
+
+
+class AdapterRow(NamedRow):
+    """A LoRA adapter of a model, for the tenants it names (by name, as a tiered route names
+    its tiers: a tenant deleted is taken out of the list, controlplane/services/adapter_kind)."""
+
+    __tablename__ = "adapters"
+
+    base_model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), index=True)
+    source: Mapped[str] = mapped_column(Text)
+    digest: Mapped[str | None] = mapped_column(String(71))  # sha256: and 64 hex digits
+    rank: Mapped[int] = mapped_column(Integer)
+    tenants: Mapped[list[str]] = mapped_column(JSONB, default=list)
+
+    base_model: Mapped[ModelRow] = relationship(lazy="joined")

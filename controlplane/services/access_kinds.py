@@ -22,7 +22,8 @@ from controlplane.schemas.access import (
     TenantSpec,
 )
 from controlplane.schemas.common import Spec
-from controlplane.services.kind import Kind
+from controlplane.services.adapter_kind import tenant_users
+from controlplane.services.kind import Dependent, Kind
 from controlplane.services.secrets import new_secret
 from controlplane.services.unit import Doc, UnitOfWork
 
@@ -39,6 +40,9 @@ class TenantKind(Kind[TenantRow]):
     async def validate(self, uow: UnitOfWork, row: TenantRow) -> None:
         if row.tier_floor is not None:
             await uow.ref(ModelRow, "model", row.tier_floor, "tier_floor")
+
+    async def dependents(self, uow: UnitOfWork, row: TenantRow) -> list[Dependent]:
+        return [*await super().dependents(uow, row), *await tenant_users(uow, row)]
 
 
 class ApiKeyKind(Kind[ApiKeyRow]):

@@ -22,7 +22,7 @@ from controlplane.db.fleet_rows import (
     RoutingPolicyRow,
     TieredRouteRow,
 )
-from controlplane.errors import InvalidFallbackChain, NameTaken, PriceInEffect, ValidationFailed
+from controlplane.errors import InvalidFallbackChain, PriceInEffect, ValidationFailed
 from controlplane.schemas.common import Spec
 from controlplane.schemas.fleet import (
     CloudOut,
@@ -44,6 +44,7 @@ from controlplane.schemas.fleet import (
     TieredRouteOut,
     TieredRouteSpec,
 )
+from controlplane.services.adapter_kind import name_taken
 from controlplane.services.kind import Dependent, Kind
 from controlplane.services.unit import Doc, UnitOfWork
 
@@ -178,10 +179,7 @@ class ModelKind(Kind[ModelRow]):
         return await super().update(uow, row, spec)
 
     async def validate(self, uow: UnitOfWork, row: ModelRow) -> None:
-        if await uow.find(TieredRouteRow, row.name) is not None:
-            raise NameTaken(
-                f"a tiered route is named {row.name!r}: clients could not tell them apart"
-            )
+        await name_taken(uow, row.name, ModelRow)
 
     def status(self, row: ModelRow) -> Doc:
         # Only what is loaded already (as for a region's load): none for a model just made.
@@ -297,8 +295,7 @@ class TieredRouteKind(Kind[TieredRouteRow]):
     )
 
     async def validate(self, uow: UnitOfWork, row: TieredRouteRow) -> None:
-        if await uow.find(ModelRow, row.name) is not None:
-            raise NameTaken(f"a model is named {row.name!r}: clients could not tell them apart")
+        await name_taken(uow, row.name, TieredRouteRow)
         for index, tier in enumerate(row.tiers):
             await uow.ref(ModelRow, "model", tier, f"tiers.{index}")
 

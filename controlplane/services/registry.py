@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.services.access_kinds import API_KEY, BOOTSTRAP_TOKEN, PRINCIPAL, TENANT
+from controlplane.services.adapter_kind import ADAPTER
 from controlplane.services.fleet_kinds import (
     CLOUD,
     DEPLOYMENT,
@@ -33,6 +34,7 @@ MODEL.dependents_of = [
     (DEPLOYMENT, "model_id"),
     (ROUTING_POLICY, "model_id"),
     (FALLBACK, "model_id"),
+    (ADAPTER, "base_model_id"),
 ]
 TENANT.dependents_of = [(API_KEY, "tenant_id")]
 
@@ -48,6 +50,7 @@ KINDS: list[Kind[Any]] = [
     FALLBACK,
     TIERED_ROUTE,
     TENANT,
+    ADAPTER,
     API_KEY,
     PRINCIPAL,
     BOOTSTRAP_TOKEN,
@@ -67,5 +70,6 @@ APPLY_KINDS: dict[str, Kind[Any]] = {
     "fallback_rules": FALLBACK,
     "tiered_routes": TIERED_ROUTE,
     "tenants": TENANT,
+    "adapters": ADAPTER,
     "rollout_policies": ROLLOUT_POLICY_KIND,
 }

@@ -16,6 +16,7 @@ from controlplane.snapshot.keys import public_key
 from controlplane.snapshot.placement import KV_EVENTS_PORT_OFFSET, place
 from controlplane.snapshot.shares import exact_share, region_part, serving_weights, whole_share
 from controlplane.snapshot.types import (
+    AdapterInfo,
     DeploymentInfo,
     FallbackChain,
     FleetState,
@@ -123,6 +124,7 @@ def region_catalog(
         "signing_key": _signing_key(state, region),
         "trusted": _trusted(state, region),
         "tiered": _tiered(state, set(models)),
+        "adapters": _adapters(state, region, set(models)),
     }
 
 
@@ -207,6 +209,29 @@ def _route(state: FleetState, region: str, model: str) -> Route:
     _, name, policy = candidates[0]
     classes = policy.classes.model_dump(exclude_none=True) if policy.classes else None
     return Route(source=name, classes=classes, **policy.model_dump(exclude={"region", "classes"}))
+
+
+def _adapters(state: FleetState, region: str, models: set[str]) -> list[AdapterInfo]:
+    """The adapters of the models the region serves, each naming the tenants that may use
+    it here: those that exist and whose jurisdictions allow the region. An adapter no such
+    tenant may use never reaches the region (a bound tenant's adapter stays within its
+    jurisdictions)."""
+    jurisdiction = state.regions[region].jurisdiction
+    out = []
+    for name, adapter in sorted(state.adapters.items()):
+        if adapter.base_model not in models:
+            continue
+        tenants = [
+            t for t in adapter.tenants
+            if (tenant := state.tenants.get(t)) is not None
+            and (tenant.allowed_jurisdictions is None
+                 or jurisdiction in tenant.allowed_jurisdictions)
+        ]  # fmt: skip
+        if tenants:
+            out.append(AdapterInfo(name=name, base_model=adapter.base_model, source=adapter.source,
+                                   digest=adapter.digest or "", rank=adapter.rank,
+                                   tenants=tenants))  # fmt: skip
+    return out
 
 
 def _tiered(state: FleetState, models: set[str]) -> list[TieredRoute]:

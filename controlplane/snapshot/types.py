@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.domain import EngineBackend, FallbackTrigger, PdMode, RegionState
 from controlplane.schemas.access import TenantSpec
+from controlplane.schemas.adapters import AdapterSpec
 from controlplane.schemas.fleet import (
     CloudSpec,
     DeploymentSpec,
@@ -59,6 +60,7 @@ class FleetState(Frozen):
     fallback_rules: dict[str, FallbackRuleSpec] = Field(default_factory=dict)
     tiered_routes: dict[str, TieredRouteSpec] = Field(default_factory=dict)
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
+    adapters: dict[str, AdapterSpec] = Field(default_factory=dict)
     api_keys: dict[str, ApiKeyState] = Field(default_factory=dict)
     # Each region's Ed25519 seed, base64: it signs the requests the region escalates.
     signing_keys: dict[str, str] = Field(default_factory=dict, repr=False)
@@ -202,6 +204,18 @@ class TierCascade(Frozen):
     buffer_streams: bool
 
 
+class AdapterInfo(Frozen):
+    """A LoRA adapter of a model the region serves, naming the tenants that may use it
+    there (those whose jurisdictions allow the region)."""
+
+    name: str
+    base_model: str
+    source: str
+    digest: str  # empty: none given
+    rank: int
+    tenants: list[str]
+
+
 class TieredRoute(Frozen):
     """A virtual model, as the region serves it: its tiers the region has deployments of,
     cheapest first."""
@@ -260,3 +274,4 @@ class RegionSnapshot(Frozen):
     signing_key: SigningKey | None = None
     trusted: list[TrustedRegion] = Field(default_factory=list)
     tiered: list[TieredRoute] = Field(default_factory=list)
+    adapters: list[AdapterInfo] = Field(default_factory=list)

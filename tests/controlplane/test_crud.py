@@ -52,6 +52,18 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"requests_per_minute": 600},
         "requests_per_minute",
     ),
+    "adapters": (
+        {
+            "name": "acme-support",
+            "base_model": "llama-8b",
+            "rank": 16,
+            "tenants": ["acme"],
+            "source": "s3://adapters/acme-support",
+            "digest": "sha256:" + "ab" * 32,
+        },
+        {"digest": "sha256:" + "cd" * 32},
+        "digest",
+    ),
     "principals": ({"name": "ci-bot", "role": "operator"}, {"role": "viewer"}, "role"),
     "api-keys": ({"name": "acme-prod", "tenant": "acme"}, {"revoked": True}, "revoked"),
 }

@@ -12,6 +12,8 @@ from controlplane.services.registry import KINDS
 from tests.kits.controlplane import Api
 from tests.kits.fleet_docs import EXAMPLE
 
+ADAPTER = {"name": "acme-support", "base_model": "llama-3.1-8b-instruct", "rank": 8,
+           "source": "/var/lib/adapters/acme-support", "tenants": ["acme"]}  # fmt: skip
 UPDATABLE = [kind.plural for kind in KINDS if kind.updatable]
 
 
@@ -23,6 +25,7 @@ async def fleet(api: Api) -> Api:
     assert applied.status_code == 200, applied.text
     await api.create("principals", {"name": "wall", "role": "viewer"})
     await api.create("api-keys", {"tenant": "acme"})
+    await api.create("adapters", ADAPTER)
     return api
 
 
@@ -123,4 +126,6 @@ def test_the_example_fleet_has_every_updatable_kind() -> None:
     document = yaml.safe_load(EXAMPLE.read_text())
     missing = set(UPDATABLE) - {key.replace("_", "-") for key in document}
     missing -= {"principals", "api-keys"}  # made by the test and the harness
+    # made by the test until the local fleet's agents load adapters (issue 45)
+    missing -= {"adapters"}
     assert not missing

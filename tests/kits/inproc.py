@@ -29,7 +29,7 @@ from agents.config import (
     Tenant,
     WorkerSpec,
 )
-from agents.gateway.requests import DEFAULT_LIMITS, Limits
+from agents.gateway.limits import DEFAULT_LIMITS, Limits
 from agents.gateway.service import Gateway
 from agents.http import build_app
 from agents.router.router import Router

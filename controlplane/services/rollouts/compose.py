@@ -2,10 +2,12 @@
 
 The fleet's objects are of two sorts.
 
-- **Intent** (models, deployments, routing policies, fallback rules, tiered routes) is what
-  an operator changes to change how requests are served. A change to it rolls out in waves:
-  each target holds the intent of some revision until its wave comes, and a rollback gives
-  it back the last good one.
+- **Intent** (models, deployments, routing policies, fallback rules, tiered routes, adapters)
+  is what an operator changes to change how requests are served. A change to it rolls out in
+  waves: each target holds the intent of some revision until its wave comes, and a rollback
+  gives it back the last good one. An adapter's tenants are the exception within it: one
+  taken out of an adapter loses it everywhere at once (what an older intent grants is cut
+  to what the newest still grants), as a revoked key does; one added waits for its wave.
 - **Facts** (clouds, regions, nodes, tenants, API keys, signing keys, placement) say what
   exists and who may call. They reach every target at once: a revoked key, a disabled tenant
   or a node that went down must not wait for a bake time, and a quota change concerns only
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.schemas.adapters import AdapterSpec
 from controlplane.schemas.fleet import (
     DeploymentSpec,
     FallbackRuleSpec,
@@ -26,9 +29,11 @@ from controlplane.schemas.fleet import (
 )
 from controlplane.snapshot.types import FleetState
 
-INTENT_KEYS = ("models", "deployments", "routing_policies", "fallback_rules", "tiered_routes")
+INTENT_KEYS = ("models", "deployments", "routing_policies", "fallback_rules", "tiered_routes",
+               "adapters")  # fmt: skip
 # the kinds (as the audit names them) whose changes roll out
-INTENT_KINDS = frozenset({"model", "deployment", "routing-policy", "fallback-rule", "tiered-route"})
+INTENT_KINDS = frozenset({"model", "deployment", "routing-policy", "fallback-rule", "tiered-route",
+                          "adapter"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class Intent:
     routing_policies: dict[str, RoutingPolicySpec]
     fallback_rules: dict[str, FallbackRuleSpec]
     tiered_routes: dict[str, TieredRouteSpec] = field(default_factory=dict)
+    adapters: dict[str, AdapterSpec] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, revision: int, doc: dict[str, Any]) -> Intent:
@@ -52,6 +58,7 @@ class Intent:
              for n, v in doc.get("fallback_rules", {}).items()},
             {n: TieredRouteSpec.model_validate(v)
              for n, v in doc.get("tiered_routes", {}).items()},
+            {n: AdapterSpec.model_validate(v) for n, v in doc.get("adapters", {}).items()},
         )  # fmt: skip
 
 
@@ -87,8 +94,26 @@ def compose(state: FleetState, intent: Intent) -> FleetState:
             },
             "fallback_rules": rules,
             "tiered_routes": intent.tiered_routes,
+            "adapters": _granted(intent.adapters, state.adapters, models),
         }
     )
+
+
+def _granted(
+    held: dict[str, AdapterSpec], newest: dict[str, AdapterSpec], models: dict[str, Any]
+) -> dict[str, AdapterSpec]:
+    """An older intent's adapters of its models, each with only the tenants the newest
+    state still grants it (taken out: at once; added: in its wave)."""
+    out = {}
+    for name, adapter in held.items():
+        if adapter.base_model not in models:
+            continue
+        now = newest.get(name)
+        if now is not None:
+            kept = [t for t in adapter.tenants if t in now.tenants]
+            adapter = adapter.model_copy(update={"tenants": kept})
+        out[name] = adapter
+    return out
 
 
 @dataclass

@@ -16,7 +16,8 @@ import httpx
 from meridian_pb.fleet.v1.params import CostParams
 
 from agents.config import ModelConfig, RouteConfig
-from agents.gateway.requests import Limits, cache_salt
+from agents.gateway.limits import Limits
+from agents.gateway.requests import cache_salt
 from tests.kits.inproc import KEY, MODEL, OTHER_KEY, local_gateway, region_config
 from tests.kits.sim import running_sim, sse
 

@@ -22,6 +22,7 @@ KEYED = {
     "tenants": "name",
     "trusted": "region",
     "tiered": "name",
+    "adapters": "name",
 }
 NOT_DIFFED = ("revision", "digest")
 ALWAYS = ("peer_load",)  # advisory and fresh with every message

@@ -1719,6 +1719,7 @@ class Snapshot(_message.Message):
     TRUSTED_FIELD_NUMBER: _builtins.int
     TIERED_FIELD_NUMBER: _builtins.int
     NODE_COUNT_FIELD_NUMBER: _builtins.int
+    ADAPTERS_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     digest: _builtins.str
     """The content digest: see meridian_pb/fleet/v1/content.py (everything but revision,
@@ -1766,6 +1767,12 @@ class Snapshot(_message.Message):
     def tiered(self) -> _containers.RepeatedCompositeFieldContainer[Global___TieredRoute]:
         """Virtual models answered by one of their tiers."""
 
+    @_builtins.property
+    def adapters(self) -> _containers.RepeatedCompositeFieldContainer[Global___AdapterInfo]:
+        """Tenants' LoRA adapters of the models this region serves, each naming only the tenants
+        whose jurisdictions allow the region; one no such tenant may use is left out.
+        """
+
     def __init__(
         self,
         *,
@@ -1785,14 +1792,58 @@ class Snapshot(_message.Message):
         trusted: _abc.Iterable[Global___TrustedRegion] | None = ...,
         tiered: _abc.Iterable[Global___TieredRoute] | None = ...,
         node_count: _builtins.int = ...,
+        adapters: _abc.Iterable[Global___AdapterInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["region", b"region", "signing_key", b"signing_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "node_count", b"node_count", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "signing_key", b"signing_key", "tenants", b"tenants", "tiered", b"tiered", "trusted", b"trusted", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "deployments", b"deployments", "digest", b"digest", "fallback", b"fallback", "models", b"models", "node_count", b"node_count", "nodes", b"nodes", "peer_load", b"peer_load", "region", b"region", "revision", b"revision", "routes", b"routes", "signing_key", b"signing_key", "tenants", b"tenants", "tiered", b"tiered", "trusted", b"trusted", "unplaced", b"unplaced", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Snapshot: _TypeAlias = Snapshot  # noqa: Y015
+
+@_typing.final
+class AdapterInfo(_message.Message):
+    """A LoRA adapter: its engines load it from `source` (checked against `digest`), and a
+    request of one of `tenants` names it as `base_model:name` or `name` (issue 45).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    BASE_MODEL_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    base_model: _builtins.str
+    source: _builtins.str
+    """An absolute path on the node, or an object store's URI (s3://bucket/key)."""
+    digest: _builtins.str
+    """sha256: and the SHA-256 of its files' manifest (meridian_pb/fleet/v1/adapters.py);
+    empty: none given (a path on the node, the operator's own).
+    """
+    rank: _builtins.int
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        base_model: _builtins.str = ...,
+        source: _builtins.str = ...,
+        digest: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        tenants: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "digest", b"digest", "name", b"name", "rank", b"rank", "source", b"source", "tenants", b"tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdapterInfo: _TypeAlias = AdapterInfo  # noqa: Y015
 
 @_typing.final
 class TieredRoute(_message.Message):
