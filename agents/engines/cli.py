@@ -1,5 +1,5 @@
-"""`meridian engines`: what the real SGLang needs on this machine: its own environment, and
-a tiny model made here."""
+"""`meridian engines`: what the real SGLang needs on this machine: its own environment, a
+tiny model made here and LoRA adapters of it; and an adapter's digest."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import click
+from meridian_pb.fleet.v1.adapters import digest_of
 from rich.console import Console
 
 from agents.engines import sglang_env, tiny_model
@@ -30,6 +31,35 @@ def tiny_model_command(directory: Path, seed: int) -> None:
     started = time.monotonic()
     tiny_model.write(directory, seed)
     click.echo(f"{directory}: a tiny Llama (seed {seed}) in {time.monotonic() - started:.1f} s")
+
+
+@engines.command("tiny-adapter")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@click.option(
+    "--model",
+    "model_dir",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="the tiny model it adapts (`meridian engines tiny-model`)",
+)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--rank", type=click.IntRange(1, 64), default=4, show_default=True)
+def tiny_adapter_command(directory: Path, model_dir: Path, seed: int, rank: int) -> None:
+    """Write a LoRA adapter of the tiny model into DIRECTORY, as PEFT saves one (random
+    weights from the seed), and print its digest (what an adapter's `digest` holds)."""
+    tiny_model.write_adapter(directory, model_dir, seed, rank)
+    click.echo(f"{directory}: a rank-{rank} adapter of {model_dir} (seed {seed}), "
+               f"{digest_of(directory)}")  # fmt: skip
+
+
+@engines.command("adapter-digest")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False, exists=True))
+def adapter_digest_command(directory: Path) -> None:
+    """Print the digest of the LoRA adapter in DIRECTORY, as an adapter's `digest` holds it
+    and the agents check it on every fetch (the SHA-256 of its files' manifest)."""
+    if not any(p.is_file() for p in directory.rglob("*")):
+        raise click.UsageError(f"{directory} holds no files")
+    click.echo(digest_of(directory))
 
 
 @engines.command("sglang-env")
