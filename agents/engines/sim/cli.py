@@ -56,6 +56,14 @@ SHUTDOWN_GRACE_S = 5
 @click.option("--disaggregation-bootstrap-port", type=int, default=8998)
 @click.option("--enable-metrics", is_flag=True)
 @click.option("--enable-cache-report", is_flag=True)
+@click.option("--enable-lora", is_flag=True, help="serve LoRA adapters loaded at run time")
+@click.option("--max-lora-rank", type=int, default=None)
+@click.option("--lora-target-modules", default=None, help="as SGLang's (all, or module names)")
+@click.option("--max-loras-per-batch", type=int, default=8)
+@click.option("--max-loaded-loras", type=int, default=None,
+              help="past it the least recently used adapter is unloaded")  # fmt: skip
+@click.option("--lora-backend", default="csgmv", help="accepted, as SGLang's; nothing changes")
+@click.option("--lora-load-s", type=float, default=0.05, help="seconds to load an adapter")
 @click.option("--startup-s", type=float, default=0.0, help="seconds before /health turns 200")
 @click.option("--speed-factor", type=float, default=1.0,
               help="the engine's hardware speed: 2 runs every step in half the time")  # fmt: skip

@@ -46,7 +46,14 @@ class SimConfig(BaseModel):
     disaggregation_bootstrap_port: int = Field(default=8998, ge=1, le=65535)
     enable_metrics: bool = False
     enable_cache_report: bool = False
+    enable_lora: bool = False
+    max_lora_rank: int | None = Field(default=None, ge=1, le=1024)
+    lora_target_modules: str | None = Field(default=None, max_length=1024)
+    max_loras_per_batch: int = Field(default=8, ge=1, le=1024)
+    max_loaded_loras: int | None = Field(default=None, ge=1, le=100_000)
+    lora_backend: str = "csgmv"
     # Simulator knobs.
+    lora_load_s: float = Field(default=0.05, ge=0, le=60, description="time to load an adapter")
     startup_s: float = Field(default=0.0, ge=0, le=600, description="time to 'load weights'")
     speed_factor: float = Field(
         default=1.0, gt=0, le=100, description="this engine's hardware speed: 2 is twice as fast"
@@ -71,6 +78,13 @@ class SimConfig(BaseModel):
             )
         if self.retraction_policy == "priority" and not self.enable_priority_scheduling:
             raise ValueError("--retraction-policy priority requires --enable-priority-scheduling")
+        if self.enable_lora and (self.max_lora_rank is None or not self.lora_target_modules):
+            raise ValueError(  # as SGLang refuses it (it has no --lora-paths here)
+                "When no initial --lora-paths is provided, you need to specify both "
+                "--max-lora-rank and --lora-target-modules for LoRA initialization."
+            )
+        if self.max_loaded_loras is not None and self.max_loaded_loras < self.max_loras_per_batch:
+            raise ValueError("--max-loaded-loras must be at least --max-loras-per-batch")
         return self
 
     def priority(self) -> Priority | None:

@@ -26,11 +26,12 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from agents.engines.sim import native, openai
+from agents.engines.sim import lora, native, openai
 from agents.engines.sim.config import VERSION, SimConfig
 from agents.engines.sim.engine import Engine
 from agents.engines.sim.generation import Kv, SimError, finished, parse
 from agents.engines.sim.kv_events import KvEvents
+from agents.engines.sim.lora import Loras
 from agents.engines.sim.metrics import Metrics
 from agents.engines.sim.request import EngineBusy, Faults, InjectedError
 
@@ -47,6 +48,15 @@ class FaultChange(BaseModel):
     poison: str | None = Field(default=None, min_length=1, max_length=256)
     output: Literal["none", "garbage", "repeat"] | None = None
     logprob_shift: float | None = Field(default=None, ge=0, le=20)
+
+
+class _UnloadLora(BaseModel):
+    lora_name: str = Field(min_length=1, max_length=256)
+
+
+class _LoadLora(_UnloadLora):
+    lora_path: str = Field(min_length=1, max_length=4096)
+    pinned: bool = False
 
 
 class Simulator:
@@ -77,6 +87,8 @@ class Simulator:
         self.engine.set_hang(config.hang)
         self.metrics.engine = self.engine
         self.kv = Kv.new(self.metrics)
+        self.loras = Loras(config.enable_lora, config.max_lora_rank, config.max_loaded_loras,
+                           config.lora_load_s)  # fmt: skip
         self.started = time.time()
         self.ready = False
 
@@ -115,9 +127,11 @@ class Simulator:
             Route("/v1/models/{model:path}", self.model),
             Route(
                 "/generate",
-                self._inference(lambda r: native.generate(r, self.engine, self.kv)),
+                self._inference(lambda r: native.generate(r, self.engine, self.kv), native=True),
                 methods=["POST"],
             ),
+            Route("/load_lora_adapter", self.load_lora_adapter, methods=["POST"]),
+            Route("/unload_lora_adapter", self.unload_lora_adapter, methods=["POST"]),
             Route("/v1/completions", self._inference(self._completions), methods=["POST"]),
             Route("/v1/chat/completions", self._inference(self._chat), methods=["POST"]),
             Route("/flush_cache", self._guard(self.flush_cache), methods=["GET", "POST"]),
@@ -142,9 +156,19 @@ class Simulator:
         return guarded
 
     def _inference(
-        self, handler: Callable[[HttpRequest], Awaitable[Response]]
+        self, handler: Callable[[HttpRequest], Awaitable[Response]], native: bool = False
     ) -> Callable[[HttpRequest], Awaitable[Response]]:
-        guarded = self._guard(handler)
+        async def with_adapter(request: HttpRequest) -> Response:
+            adapter = lora.asked(await request.body(), self.config.served_model_name, native)
+            if adapter is not None:
+                try:
+                    await self.loras.resolve(adapter)
+                except SimError as error:
+                    error.native = native
+                    raise
+            return await handler(request)
+
+        guarded = self._guard(with_adapter)
 
         async def inference(request: HttpRequest) -> Response:
             poison = self.engine.faults.poison
@@ -253,7 +277,18 @@ class Simulator:
                 "max_model_len": c.context_length}  # fmt: skip
 
     async def models(self, _request: HttpRequest) -> Response:
-        return JSONResponse({"object": "list", "data": [self._model_card()]})
+        cards = self.loras.cards(self.config.served_model_name, int(self.started))
+        return JSONResponse({"object": "list", "data": [self._model_card(), *cards]})
+
+    async def load_lora_adapter(self, request: HttpRequest) -> Response:
+        body = await parse(request, _LoadLora)
+        status, answer = await self.loras.load(body.lora_name, body.lora_path, body.pinned)
+        return JSONResponse(answer, status_code=status)
+
+    async def unload_lora_adapter(self, request: HttpRequest) -> Response:
+        body = await parse(request, _UnloadLora)
+        status, answer = await self.loras.unload(body.lora_name)
+        return JSONResponse(answer, status_code=status)
 
     async def model(self, request: HttpRequest) -> Response:
         name = request.path_params["model"]
