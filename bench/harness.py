@@ -211,6 +211,15 @@ class Region:
         key: str = made.json()["key"]
         return key
 
+    async def adapter(self, name: str, tenant: str, rank: int = 8) -> None:
+        """A LoRA adapter of the model for `tenant` (a path on the nodes: the gateway's side
+        of it, not loaded anywhere); return once every agent knows it."""
+        body = {"name": name, "base_model": MODEL, "rank": rank, "tenants": [tenant],
+                "source": f"/var/lib/meridian/adapters/{name}"}  # fmt: skip
+        (await self.admin.post("/v1/adapters", json=body)).raise_for_status()
+        want = int((await self.admin.get("/v1/revision")).json()["revision"])
+        await self._settled(want, kv_events=False)
+
     async def _settled(self, revision: int, kv_events: bool, timeout_s: float = 60) -> None:
         headers = {"Authorization": f"Bearer {self.operator}"}
         loop = asyncio.get_running_loop()

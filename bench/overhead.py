@@ -6,8 +6,9 @@ default `cache_aware`). Meridian's gateway is measured with the operator's token
 (`meridian`: no quota) and with a tenant's key (`meridian_tenant`: the key's lookup, the
 quota's buckets and its lease, the demand tally, the usage record; a quota high enough never
 to refuse), with a key of a tenant with a spend budget (`meridian_tenant_budget`: its
-reservation at admission and its settlement, a budget too high to refuse), and with a
-tenant's key again on an agent that keeps no usage ledger (`meridian_tenant_no_ledger`).
+reservation at admission and its settlement, a budget too high to refuse), with a tenant's
+key naming its LoRA adapter (`meridian_tenant_adapter`), and with a tenant's key again on an
+agent that keeps no usage ledger (`meridian_tenant_no_ledger`).
 Latency: requests one at a time, the targets interleaved, each request on a fresh connection
 (as the routing benchmark; sglang-router delays streamed bytes on reused connections); the
 added latency is a target's percentile less the engine's own. Throughput: a closed loop of
@@ -64,9 +65,14 @@ UNLEDGERED = "meridian_tenant_no_ledger"
 # a tenant's key again, of a tenant with a spend budget: `meridian_tenant` less this is what
 # a request's reservation and its settlement cost (agents/gateway/budgets.py)
 BUDGETED = "meridian_tenant_budget"
+# a tenant's key again, its requests naming its LoRA adapter (`model`): `meridian_tenant` less
+# this is what finding the adapter and setting `lora_path` cost (agents/adapter_config.py)
+ADAPTED = "meridian_tenant_adapter"
+ADAPTER = "bench-adapter"
 QUOTA = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000}
 BUDGET = {"name": "monthly", "period": "month", "limit": 1_000_000_000}
-ROUTERS = ("meridian", TENANT, BUDGETED, UNLEDGERED, *TRACED, "sglang_router")
+ROUTERS = ("meridian", TENANT, ADAPTED, BUDGETED, UNLEDGERED, *TRACED, "sglang_router")
+MODELS = {ADAPTED: ADAPTER}  # a row's `model`, where it is not the model's
 
 
 @dataclass
@@ -79,9 +85,9 @@ class Options:
     root: Path = Path(".")
 
 
-def _body(stream: bool) -> bytes:
+def _body(stream: bool, model: str = MODEL) -> bytes:
     return orjson.dumps({
-        "model": MODEL, "max_tokens": 1, "stream": stream,
+        "model": model, "max_tokens": 1, "stream": stream,
         "messages": [{"role": "user", "content": "Say one word."}],
     })  # fmt: skip
 
@@ -105,22 +111,22 @@ async def _latency(
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
         for mode in ("plain", "stream"):
-            body = _body(mode == "stream")
+            bodies = {n: _body(mode == "stream", MODELS.get(n, MODEL)) for n in targets}
             for name, url in targets.items():  # warm up
                 for _ in range(50):
-                    await _once(session, url, body, headers[name])
+                    await _once(session, url, bodies[name], headers[name])
             with console.status(f"latency, {mode}: {options.requests} requests a target"):
                 for _ in range(options.requests):
                     for name, url in targets.items():
-                        took = await _once(session, url, body, headers[name])
+                        took = await _once(session, url, bodies[name], headers[name])
                         samples[name][mode].append(took)
     return samples
 
 
 async def _throughput(
-    url: str, pid: int | None, headers: dict[str, str], options: Options
+    url: str, pid: int | None, headers: dict[str, str], options: Options, model: str = MODEL
 ) -> dict[str, float]:
-    body = _body(False)
+    body = _body(False, model)
     done = 0
     stop = False
 
@@ -213,16 +219,19 @@ async def run(options: Options) -> dict[str, Any]:
             await region.route("cost", {})
         router = await start_sglang_router(stack, "cache_aware", sims, options.root)
         gateways = dict(zip(["meridian", *TRACED, UNLEDGERED], region.gateway_urls, strict=True))
-        gateways[TENANT] = gateways[BUDGETED] = gateways["meridian"]
+        gateways[TENANT] = gateways[BUDGETED] = gateways[ADAPTED] = gateways["meridian"]
         targets = {"engine": url, **gateways, "sglang_router": router.url}
         pids = dict(zip(["meridian", *TRACED, UNLEDGERED], region.pids, strict=True))
-        pids[TENANT] = pids[BUDGETED] = pids["meridian"]
+        pids[TENANT] = pids[BUDGETED] = pids[ADAPTED] = pids["meridian"]
         pids["sglang_router"] = router.process.pid
         operator = {"Authorization": f"Bearer {region.operator}",
                     "Content-Type": "application/json"}  # fmt: skip
         headers = dict.fromkeys(targets, operator)
         key = await region.tenant_key("bench", **QUOTA)
-        headers[TENANT] = headers[UNLEDGERED] = {**operator, "Authorization": f"Bearer {key}"}
+        headers[TENANT] = headers[UNLEDGERED] = headers[ADAPTED] = {
+            **operator, "Authorization": f"Bearer {key}"
+        }  # fmt: skip
+        await region.adapter(ADAPTER, "bench")
         key = await region.tenant_key("bench-budget", **QUOTA, budgets=[BUDGET])
         headers[BUDGETED] = {**operator, "Authorization": f"Bearer {key}"}
         samples = await _latency(targets, headers, options, console)
@@ -237,7 +246,10 @@ async def run(options: Options) -> dict[str, Any]:
                 # the other gateways are paused meanwhile: their polls would take CPU from it
                 idle = [p for p in gateways_pids if p != pid]
                 with _paused(idle):
-                    throughput[name] = await _throughput(targets[name], pid, headers[name], options)
+                    model = MODELS.get(name, MODEL)
+                    throughput[name] = await _throughput(
+                        targets[name], pid, headers[name], options, model
+                    )
                 plots.write_json(console, _result(samples, throughput), options.out)
     result = _result(samples, throughput)
     result["clients"] = clients

@@ -26,7 +26,7 @@ async def classifier_cost(reqs: list[Req], number: int = 3) -> dict[str, Any]:
     workload, best of `number` passes."""
     models = {m: ModelConfig(m, 131072, frozenset({"chat", "completion"})) for m in (SMALL, LARGE)}
     route = TieredRouteConfig(ROUTE, (SMALL, LARGE), default_table(2))
-    config: Any = type("Config", (), {"models": models, "tiered": {ROUTE: route},
+    config: Any = type("Config", (), {"models": models, "tiered": {ROUTE: route}, "adapters": {},
                                       "region": REGION})()  # fmt: skip
     tenant = Tenant("bench", "standard", None, None, None, tiering=True)
     tiers = Tiers()
