@@ -85,6 +85,8 @@ def by_model(snapshot: RegionSnapshot) -> dict[str, list[Any]]:
     for tiered in snapshot.tiered:
         for tier in tiered.tiers:
             put(tier, "tiered", tiered)
+    for adapter in snapshot.adapters:  # judged on its base model's traffic
+        put(adapter.base_model, "adapter", adapter)
     return parts
 
 

@@ -65,6 +65,18 @@ def test_the_models_a_change_alters_are_named_per_region() -> None:
     assert affected(state, base, new) == {r: [LLAMA] for r in ("eu-west", "us-east", "us-west")}
 
 
+def test_a_new_adapter_is_judged_on_its_base_model_where_its_tenants_may_use_it() -> None:
+    """An adapter of llama for eurobank (bound to the eu) alters eu-west's snapshot alone, and
+    there llama's part: the rollout judges llama's traffic there."""
+
+    def adapter(doc: dict[str, Any]) -> None:
+        doc["adapters"] = [{"name": "eurobank-legal", "base_model": LLAMA, "rank": 8,
+                            "source": "/a/legal", "tenants": ["eurobank"]}]  # fmt: skip
+
+    base, new, state = _edited(adapter)
+    assert affected(state, base, new) == {"eu-west": [LLAMA]}
+
+
 def test_the_waves_start_small_and_end_with_every_region() -> None:
     _, _, state = _edited(lambda d: None)
     everywhere = {"eu-west": [LLAMA], "us-east": [LLAMA, QWEN], "us-west": [LLAMA]}
