@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -138,9 +139,14 @@ async def test_every_answer_is_recorded_once_through_kills_of_the_control_plane_
             )  # fmt: skip
             await _traffic(fleet, "back", 20, seen, 0.02)
             expected = set(seen)
-            async with asyncio.timeout(60):
-                while not expected <= {r[0] for r in await _records(database_url)}:  # noqa: ASYNC110 (another process's rows)
-                    await asyncio.sleep(0.2)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while not expected <= (stored := {r[0] for r in await _records(database_url)}):
+                if loop.time() > deadline:  # which phase's records never came, to tell why
+                    missing = Counter(rid.rsplit("-", 1)[0] for rid in expected - stored)
+                    pytest.fail(f"not stored within 60 s, by phase: {dict(missing)}; "
+                                f"{len(stored)} records stored of {len(expected)}")  # fmt: skip
+                await asyncio.sleep(0.2)
             await asyncio.sleep(1.0)  # anything sent twice would be stored by now
             records = await _records(database_url)
         finally:
