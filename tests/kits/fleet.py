@@ -59,27 +59,26 @@ class Fleet:
         return pids
 
     async def fail_engines(self, region: str, error_rate: float = 1.0) -> None:
-        """Every engine of the region answers this share of requests with a 500. Back to 0,
-        an engine the agent is restarting (its health generation failed too) is passed by:
-        it starts again with no fault."""
-        async with httpx.AsyncClient(timeout=5) as http:
-            for engine in (await self.status(region))["engines"]:
-                faults = {"error_rate": error_rate}
-                try:
-                    answer = await http.post(f"{engine['url']}/sim/faults", json=faults)
-                except httpx.ConnectError:
-                    if error_rate == 0.0:
-                        continue
-                    raise
-                assert answer.status_code == 200, answer.text
+        """Every engine of the region answers this share of requests with a 500."""
+        await self._set_faults(region, {"error_rate": error_rate}, undoing=error_rate == 0.0)
 
     async def speed_engines(self, region: str, slow_factor: float) -> None:
         """Every engine of the region takes `slow_factor` times its time (0.001: a thousand
         times faster)."""
+        await self._set_faults(region, {"slow_factor": slow_factor}, undoing=slow_factor == 1.0)
+
+    async def _set_faults(self, region: str, faults: dict[str, float], undoing: bool) -> None:
+        """Sets the simulator's faults on every engine of the region. Undoing a fault, an
+        engine the agent is restarting (its health generation failed while it was set) is
+        passed by: it starts again with no fault."""
         async with httpx.AsyncClient(timeout=5) as http:
             for engine in (await self.status(region))["engines"]:
-                faults = {"slow_factor": slow_factor}
-                answer = await http.post(f"{engine['url']}/sim/faults", json=faults)
+                try:
+                    answer = await http.post(f"{engine['url']}/sim/faults", json=faults)
+                except httpx.ConnectError:
+                    if undoing:
+                        continue
+                    raise
                 assert answer.status_code == 200, answer.text
 
     async def kill_control_plane(self) -> None:
