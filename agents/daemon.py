@@ -21,6 +21,8 @@ from aiohttp import web
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents import report
+from agents.adapters.files import AdapterFiles
+from agents.adapters.keeper import AdapterKeeper
 from agents.books import Books
 from agents.config import compile_config
 from agents.control.link import ControlLink, QuotaHooks
@@ -94,6 +96,10 @@ class Agent:
         self.prober = Prober(self.router, self.gateway.quality, save=self.store.save_canaries,
                              every_s=settings.canary_every_s)  # fmt: skip
         self.kv_events = KvEventSubscriber(self.router, self.table, tokenizer)
+        self.adapters = AdapterKeeper(self.table, AdapterFiles(settings.data_dir / "adapters"),
+                                      local=lambda: self.supervisor.runners)  # fmt: skip
+        self.gateway.calls.adapters = self.adapters
+        self.router.cold_load_s = self.adapters.cold_load_s
         self.preemption = PreemptionWatch(settings.preemption_notices,
                                           settings.preemption_poll_s, self._preempted)  # fmt: skip
         self.snapshot: pb.Snapshot | None = None
@@ -119,6 +125,7 @@ class Agent:
 
     def _engine_state(self, engine_id: str, state: EngineState) -> None:
         self.table.set_engine_state(engine_id, str(state))
+        self.adapters.engine_state(engine_id, str(state))
         self.link.beat_soon()  # the control plane (and its status page) hears of it at once
 
     def _preempted(self, notice: Notice) -> None:
@@ -144,6 +151,7 @@ class Agent:
         for runner in self.supervisor.all():
             self.table.set_engine_state(runner.spec.id, str(runner.state))
         self.gateway.configure(config, {p.region: p.health for p in snapshot.peer_load})
+        self.adapters.configure(config.adapters)
         self.supervisor.want(specs)
         log.info("applied revision %s: %d engine(s) here", snapshot.revision, len(specs))
 
@@ -202,6 +210,7 @@ class Agent:
                     group.create_task(_forever("control-link", self.link.run)),
                     group.create_task(_forever("load-poller", self.poller.run)),
                     group.create_task(_forever("kv-events", self.kv_events.run)),
+                    group.create_task(_forever("adapters", self.adapters.run)),
                     group.create_task(_forever("audit", self.gateway.audit_forever)),
                 ]
                 if self.settings.quality_guard:

@@ -10,6 +10,8 @@ from typing import Any, Protocol
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
 from prometheus_client.core import Metric
 
+from agents.adapters.keeper import AdapterKeeper
+from agents.adapters.metrics import adapter_families
 from agents.books import Books
 from agents.control.link import ControlLink
 from agents.control.plan import inventory
@@ -43,6 +45,7 @@ class Agent(Protocol):
     link: ControlLink
     kv_events: KvEventSubscriber
     prober: Prober
+    adapters: AdapterKeeper
     preemption: PreemptionWatch
     nvml: Any
     window: TelemetryWindow
@@ -84,6 +87,7 @@ def status(agent: Agent) -> dict[str, Any]:
         ),
         "quality": gateway.quality.status() | {"canaries": agent.prober.status()},
         "tiers": gateway.tiers.status(),
+        "adapters": agent.adapters.status(),
         "migrations": [  # streams carried on after their worker failed, or not
             {"model": m, "to": to, "why": why, "count": n}
             for (m, to, why), n in sorted(books.migrations.items())
@@ -109,7 +113,7 @@ def metric_families(agent: Agent) -> list[Metric]:
         waiting=dict(gateway.admission.waiting),
         breakers=breakers,
         held=gateway.quality.held_states(),
-    )
+    ) + adapter_families(agent.adapters)
 
 
 async def telemetry(agent: Agent) -> pb.Telemetry:

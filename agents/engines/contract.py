@@ -10,6 +10,11 @@ held to it by tests/agents/engines/test_conformance.py): one reader per answer, 
 - `GET /server_info`: the flags flat, and at the top level `version`,
   `max_total_num_tokens` and `kv_events` (the publisher's config); `internal_states` holds
   no capacity.
+- `GET /v1/models`: the served model, and each LoRA adapter loaded with `parent` the served
+  model and `root` the path it was loaded from. `POST /load_lora_adapter {lora_name,
+  lora_path, pinned}` and `POST /unload_lora_adapter {lora_name}` answer `{success,
+  error_message, loaded_adapters}` (400 when they fail; loading one loaded already among
+  them). A request naming an adapter the engine never loaded is a 400 (`NEVER_LOADED`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ HEALTH = "/health"  # generates: seconds, not milliseconds
 LOADS = "/v1/loads"
 SERVER_INFO = "/server_info"
 METRICS = "/metrics"
+MODELS = "/v1/models"
+LOAD_LORA = "/load_lora_adapter"
+UNLOAD_LORA = "/unload_lora_adapter"
+NEVER_LOADED = "never been loaded"  # in the 400 for an adapter the engine does not know
+ALREADY_LOADED = "already loaded"  # in the 400 for a load of one it holds
 
 # SGLang's own priority scheduling (--enable-priority-scheduling; higher values first), which
 # Meridian turns on where it starts an engine: the engine takes a request by its class from
@@ -121,6 +131,8 @@ class ServerInfo:
     tokenizer_path: str | None
     version: str
     kv_events: bool
+    lora: bool = False  # started with --enable-lora
+    max_loaded_loras: int | None = None  # adapters it holds at once at the most; None: any
 
 
 def read_server_info(info: Any) -> ServerInfo:
@@ -134,4 +146,18 @@ def read_server_info(info: Any) -> ServerInfo:
         tokenizer_path=str(path) if path else None,
         version=str(info.get("version") or ""),
         kv_events=bool(events),
+        lora=info.get("enable_lora") is True,
+        max_loaded_loras=_int(info.get("max_loaded_loras")) or None,
     )
+
+
+def read_adapters(document: Any) -> dict[str, str]:
+    """The LoRA adapters a `/v1/models` answer lists as loaded: name to the path loaded from.
+    Raises ValueError when it is not one."""
+    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+        raise ValueError("not a /v1/models answer (no `data` list)")
+    return {
+        str(card["id"]): str(card.get("root") or "")
+        for card in document["data"]
+        if isinstance(card, dict) and card.get("parent") and card.get("id")
+    }

@@ -127,6 +127,9 @@ def placed(
                                    inference.salt or None,
                                    whole=not (inference.stream or inference.gathered),
                                    service_class=served)  # fmt: skip
+    if inference.adapter is not None:
+        route_request.adapter = inference.adapter.name
+        route_request.cold_load_s = router.cold_load_s()
     too_long = context_error(fits or model, route_request.prompt_tokens, inference.max_new)
     if too_long is not None:
         return too_long

@@ -20,6 +20,9 @@ import orjson
 from aiohttp import web
 from meridian_pb.fleet.v1.classes import ServiceClass
 
+from agents.adapters.files import AdapterUnavailable
+from agents.adapters.keeper import AdapterKeeper
+from agents.engines import contract
 from agents.gateway import answers
 from agents.gateway.errors import EngineRefused
 from agents.gateway.flight import Flight
@@ -64,6 +67,7 @@ class EngineCalls:
         self.upstream = upstream
         self._background: set[asyncio.Task[bool]] = set()
         self.quality: Quality | None = None  # reads every ended answer (agents/quality)
+        self.adapters: AdapterKeeper | None = None  # loads an adapter where it is not held
 
     async def attempt(self, flight: Flight, plan: Call, headers: dict[str, str]) -> Outcome:
         """One worker's (or PD pair's) go at the request: its answer relayed, or Retry (it
@@ -101,6 +105,12 @@ class EngineCalls:
             if inference.stream and classes.takes_room(served) and not flight.progress.continuing:
                 slot.rescue_after(RESCUE_S + (wait_s or 0.0), served)
             upstream: Answer | None
+            adapter = inference.adapter
+            if adapter is not None and self.adapters is not None:
+                try:  # a cold load, where the engine does not hold it: counted, timed
+                    await self.adapters.ensure(chosen.entry, adapter)
+                except AdapterUnavailable as error:
+                    return slot.ended(Retry(worker.id, error.message))
             try:
                 if slot.prefill is None:
                     upstream = await self.upstream.post(
@@ -147,6 +157,14 @@ class EngineCalls:
                     self._observe, worker.id, flight.id, data, inference, flight.tenant.name
                 )
         if 400 <= upstream.status < 500:
+            if inference.adapter is not None and contract.NEVER_LOADED.encode() in data:
+                # it restarted since it was seen holding the adapter: loaded there, or
+                # elsewhere, by the next try
+                entry = chosen.entry
+                self.router.table.holds(worker.id, {
+                    n: p for n, p in entry.adapters.items() if n != inference.adapter.name
+                })  # fmt: skip
+                return Retry(worker.id, "its adapter was not loaded there")
             return Refused(EngineRefused(upstream.status, engine_message(data)))
         out = relayed_headers(upstream.headers)
         out.update(headers)

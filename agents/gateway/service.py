@@ -244,6 +244,9 @@ class Gateway:
             request, config, body, caller, request_id, headers, arrived
         )
         flight.span, flight.trace = trail.span, trail.trace
+        adapter, keeper = flight.inference.adapter, self.calls.adapters
+        if adapter is not None and keeper is not None:
+            keeper.used(adapter.name)
         if flight.inference.tiered is not None:
             await self.tiered.tier(flight)
         # everything above only reads; from here on what is taken is held by `with`

@@ -36,6 +36,8 @@ class RouteRequest:
     root: int = 0  # where its prefix's chain starts: its cache namespace (prefix.salt_root)
     whole: bool = False  # its answer comes whole (not streamed): no byte of it before its end
     service_class: int = 1  # its class (ServiceClass: 0 interactive .. 3 batch)
+    adapter: str | None = None  # the LoRA adapter it names
+    cold_load_s: float = 0.0  # what loading its adapter where it is not held takes
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Candidate:
     decode_s: float = 0.0  # predicted time from its first token to its last (cost policy)
     score_s: float = 0.0  # what the cost policy ranks by: its latency and what it costs others
     veto: str = ""
+    cold_s: float = 0.0  # loading the request's adapter first, where it is not held
 
     @property
     def busy(self) -> bool:
@@ -71,6 +74,7 @@ class Ranking:
 class Policy:
     name = "policy"
     uses_prefix = False
+    prices_cold_loads = False  # it weighs an adapter's cold load itself (else held ones first)
 
     def __init__(self, params: PolicyParams) -> None:
         self.params = params
@@ -197,6 +201,7 @@ class Cost(Policy):
 
     name = "cost"
     uses_prefix = True
+    prices_cold_loads = True
 
     def rank(self, candidates: list[Candidate], request: RouteRequest) -> Ranking:
         p = self.params
@@ -236,6 +241,7 @@ class Cost(Policy):
             room = predict.room_wait(view, uncached, load, request.now, answer)
             wait = max(ahead / view.prefill_tokens_per_s, room)
             c.ttft_s = wait + uncached / view.prefill_tokens_per_s + steps * view.decode_step_s
+            c.ttft_s += c.cold_s  # its adapter loaded first, where it is not held
             recompute = (best_match - c.matched_tokens) / view.prefill_tokens_per_s
             # what this prefill costs the requests queued there, each waiting the longer: the
             # queue expected there is what work added to a busy server delays (rho / (1 - rho))

@@ -2,7 +2,9 @@
 with an open breaker left out and counted, those at the route's in-flight limit vetoed; and
 for a model with prefill workers, the PD choice (prefill here or on a prefill worker). The
 router (agents/router/router.py) holds the state; this reads it (a worker's view takes its
-engine's latest poll, through the view's own method)."""
+engine's latest poll, through the view's own method). A request for a LoRA adapter goes first
+to workers that hold it, then to those with room to load it (the cost policy instead prices
+the load in its predicted TTFT)."""
 
 from __future__ import annotations
 
@@ -50,11 +52,22 @@ def rank(
         return Decision(
             policy.name, [], "no worker can take it", full, unavailable, total, model=route.model
         )
+    if request.adapter is not None:
+        for c in open_:
+            c.cold_s = 0.0 if request.adapter in c.entry.adapters else request.cold_load_s
     ranked = policy.rank(open_, request)
+    if request.adapter is not None and not policy.prices_cold_loads:
+        ranked.ranked.sort(key=lambda c: residency(c, request.adapter))  # stable: its order
     return Decision(
         policy.name, ranked.ranked, ranked.reason, full + ranked.vetoed, unavailable, total,
         model=route.model,
     )  # fmt: skip
+
+
+def residency(candidate: Candidate, adapter: str | None) -> int:
+    """0: it holds the adapter; 1: it has room to load it; 2: loading it unloads another."""
+    entry = candidate.entry
+    return 0 if adapter in entry.adapters else 1 if entry.room() else 2
 
 
 def pair(

@@ -83,6 +83,8 @@ class Router:
         self.config: RegionConfig | None = None
         self.admission = Admission(self, clock)
         self.escalations = Escalations(clock, self.books)
+        # what loading an adapter where it is not held takes, as the adapter keeper measures
+        self.cold_load_s: Callable[[], float] = lambda: 1.0
 
     async def plan(
         self,

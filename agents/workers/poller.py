@@ -6,7 +6,8 @@ does not answer a few polls in a row is unreachable.
 
 `/v1/loads` carries what the router needs of an engine in one answer: its running and
 waiting requests, its uncached prompt tokens waiting for prefill, its KV pool and what is
-used of it, and its generation throughput (so its decode step: no metrics scrape). It is
+used of it, and its generation throughput (so its decode step: no metrics scrape). An
+engine started with LoRA is asked its adapters too (`/v1/models`). It is
 asked of SGLang's scheduler, so an engine whose scheduler is wedged stops answering it: the
 engine's runner reads that here (`seen`) rather than asking again."""
 
@@ -117,6 +118,10 @@ class LoadPoller:
             if entry is not None and entry.info is None:
                 info = await _get_json(http, url + contract.SERVER_INFO)
                 self.table.described(engine_id, contract.read_server_info(info))
+            if entry is not None and entry.info is not None and entry.info.lora:
+                # its adapters (the tokenizer manager answers: no scheduler's time)
+                models = await _get_json(http, url + contract.MODELS)
+                self.table.holds(engine_id, contract.read_adapters(models))
         except (aiohttp.ClientError, TimeoutError, ValueError, TypeError, AttributeError):
             reading = None
         before = self.seen.get(engine_id)

@@ -47,6 +47,14 @@ class WorkerEntry:
     polls: int = 0  # answered polls, so the router can tell fresh load from old
     info: ServerInfo | None = None  # what it says of itself once (`/server_info`)
     quarantined: bool = False  # the quality guard's: it answers wrong (agents/quality)
+    # the LoRA adapters it holds (name to the path it loaded each from), as its `/v1/models`
+    # last said or a load here since; cleared when its engine stops being ready
+    adapters: dict[str, str] = field(default_factory=dict)
+
+    def room(self) -> bool:
+        """It may load one more adapter without unloading one (`--max-loaded-loras`)."""
+        most = self.info.max_loaded_loras if self.info is not None else None
+        return most is None or len(self.adapters) < most
 
     @property
     def serving(self) -> bool:
@@ -94,6 +102,15 @@ class WorkerTable:
             entry.engine_state = state
             if state == READY:
                 entry.reachable, entry.failed_polls = True, 0
+            else:  # a restart starts it with none: its adapters are loaded again first
+                entry.adapters = {}
+            self.changed()
+
+    def holds(self, worker_id: str, adapters: dict[str, str]) -> None:
+        """What the worker says it holds (`/v1/models`), or what a load there just did."""
+        entry = self.entries.get(worker_id)
+        if entry is not None and entry.adapters != adapters:
+            entry.adapters = adapters
             self.changed()
 
     def polled(self, worker_id: str, load: EngineLoad | None, fail_after: int) -> None:

@@ -15,9 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
+from meridian_pb.fleet.v1.adapters import digest_of
 
-from agents.engines import tiny_model
+from agents.adapter_config import AdapterConfig
+from agents.adapters.files import AdapterFiles
+from agents.adapters.keeper import AdapterKeeper
+from agents.config import WorkerSpec
+from agents.engines import contract, tiny_model
 from agents.engines.backends import SglangBackend
+from agents.workers.table import WorkerTable
 from tests.sglang.kit import engine_spec, launched, sglang_python
 
 pytestmark = pytest.mark.alone
@@ -72,6 +78,12 @@ async def test_a_tiny_adapter_is_loaded_served_and_unloaded_by_the_real_engine(
         assert loaded.json()["loaded_adapters"] == {ADAPTER: str(adapter)}
         listed = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
         assert listed[ADAPTER]["parent"] == "tiny"
+        # as the agent's load poller reads them
+        models = (await http.get("/v1/models")).json()
+        assert contract.read_adapters(models) == {ADAPTER: str(adapter)}
+        info = contract.read_server_info((await http.get("/server_info")).json())
+        assert info.lora is True
+        assert info.max_loaded_loras is None  # not set: no bound but memory
         base, tuned = await _answer(http, "tiny"), await _answer(http, f"tiny:{ADAPTER}")
         assert isinstance(tuned, str)
         assert tuned != base  # the adapter's weights change the answer
@@ -90,3 +102,24 @@ async def test_a_tiny_adapter_is_loaded_served_and_unloaded_by_the_real_engine(
         # SGLang remembers where an adapter it unloaded came from: a request naming it
         # loads it again (a cold load the agent must count as one)
         assert await _answer(http, f"tiny:{ADAPTER}") == tuned
+        await _the_keeper_loads_a_version_from_its_cache(spec.url, adapter, tmp_path, http)
+
+
+async def _the_keeper_loads_a_version_from_its_cache(
+    url: str, adapter: Path, tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    """The agent's keeper loads a registered version (copied into its cache, checked by its
+    digest) in place of the one the engine holds, as a new version replaces an old one."""
+    table = WorkerTable()
+    table.replace([WorkerSpec("e", "tiny", "d", "unified", url, None)])
+    entry = table.entries["e"]
+    table.holds("e", contract.read_adapters((await http.get("/v1/models")).json()))
+    keeper = AdapterKeeper(table, AdapterFiles(tmp_path / "cache"))
+    config = AdapterConfig(ADAPTER, "tiny", str(adapter), digest_of(adapter), 4,
+                           frozenset({"acme"}))  # fmt: skip
+    await keeper.ensure(entry, config)
+    cached = str(keeper.files.place(config))
+    assert contract.read_adapters((await http.get("/v1/models")).json()) == {ADAPTER: cached}
+    assert entry.adapters == {ADAPTER: cached}
+    assert keeper.counts[ADAPTER].cold_loads == 1
+    assert isinstance(await _answer(http, f"tiny:{ADAPTER}"), str)

@@ -1,0 +1,1 @@
+"""Tenants' LoRA adapters on the engines: their files, and which engine holds which."""

@@ -1,0 +1,210 @@
+"""Which LoRA adapters the region's engines hold, and loading them (issue 45).
+
+The engines are the truth: the load poller reads each one's adapters (`/v1/models`) into the
+worker table, and a load here writes it at once. The router ranks by that (held, room to load
+one, neither); the gateway calls `ensure` before it sends an adapter's request to an engine
+that does not hold it (a cold load, counted and timed), so no request reaches an engine that
+would answer "never loaded".
+
+For this node's own engines the keeper also keeps what each should hold: what it held while
+ready. An engine that restarts comes back with none and takes no request for them until they
+are loaded again (it does, at once); an adapter's new version replaces the old one where it
+is held; an adapter gone from the snapshot is unloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from agents.adapter_config import AdapterConfig
+from agents.adapters.files import AdapterFiles, AdapterUnavailable
+from agents.engines import contract
+from agents.workers.table import READY, WorkerEntry, WorkerTable
+
+log = logging.getLogger(__name__)
+TIDY_S = 1.0  # how often this node's engines are brought to what they should hold
+COLD_LOAD_S = 1.0  # a cold load's time, predicted, until one has been measured
+LOAD_TIMEOUT_S = 120.0
+JSON = {"Content-Type": "application/json"}
+
+
+@dataclass
+class AdapterCounts:
+    requests: int = 0
+    cold_loads: int = 0  # loads a request waited for
+    cold_load_s: float = 0.0  # their time, summed
+    loads: int = 0  # every load here: cold ones, and those after a restart or a new version
+    failures: int = 0
+    last_error: str = ""
+
+
+class AdapterKeeper:
+    def __init__(
+        self,
+        table: WorkerTable,
+        files: AdapterFiles,
+        local: Callable[[], Iterable[str]] = tuple,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`local`: the ids of the engines this node runs."""
+        self.table, self.files, self.local, self.clock = table, files, local, clock
+        self.adapters: Mapping[str, AdapterConfig] = {}
+        self.counts: dict[str, AdapterCounts] = {}
+        self.should: dict[str, set[str]] = {}  # this node's engines: adapters to hold
+        self._loads: dict[tuple[str, str, str], asyncio.Task[None]] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self._wake = asyncio.Event()
+        self._measured: float | None = None  # a cold load's time, averaged
+        self._tidy_files = False  # versions no longer in force are to go from the cache
+
+    def configure(self, adapters: Mapping[str, AdapterConfig]) -> None:
+        self.adapters = adapters
+        for name in adapters:
+            self.counts.setdefault(name, AdapterCounts())
+        self._tidy_files = True
+        self._wake.set()
+
+    def cold_load_s(self) -> float:
+        """A cold load's time as predicted: what they took here lately."""
+        return self._measured if self._measured is not None else COLD_LOAD_S
+
+    def engine_state(self, engine_id: str, state: str) -> None:
+        if state == READY:
+            self._wake.set()
+
+    def used(self, adapter: str) -> None:
+        counts = self.counts.get(adapter)
+        if counts is not None:
+            counts.requests += 1
+
+    async def ensure(self, entry: WorkerEntry, adapter: AdapterConfig, cold: bool = True) -> None:
+        """The worker holds this version of the adapter once this returns (one load at a
+        time per worker and version, whoever waits for it); AdapterUnavailable if it could
+        not be loaded."""
+        place = str(self.files.place(adapter))
+        if entry.adapters.get(adapter.name) == place:
+            return
+        key = (entry.spec.id, adapter.name, place)
+        task = self._loads.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._load(entry, adapter, cold))
+            self._loads[key] = task
+            task.add_done_callback(lambda _: self._loads.pop(key, None))
+        await asyncio.shield(task)
+
+    async def _load(self, entry: WorkerEntry, adapter: AdapterConfig, cold: bool) -> None:
+        counts = self.counts.setdefault(adapter.name, AdapterCounts())
+        started = self.clock()
+        try:
+            path = str(await self.files.fetch(adapter))
+            held = entry.adapters.get(adapter.name)
+            if held is not None and held != path:  # an older version: replaced
+                await self._call(entry, contract.UNLOAD_LORA, {"lora_name": adapter.name})
+            load = {"lora_name": adapter.name, "lora_path": path, "pinned": False}
+            await self._call(entry, contract.LOAD_LORA, load)
+        except AdapterUnavailable as error:
+            counts.failures += 1
+            counts.last_error = error.message
+            log.warning("%s", error.message)
+            raise
+        elapsed = self.clock() - started
+        counts.loads += 1
+        if cold:
+            counts.cold_loads += 1
+            counts.cold_load_s += elapsed
+            last = self._measured
+            self._measured = elapsed if last is None else 0.8 * last + 0.2 * elapsed
+        self.table.holds(entry.spec.id, {**entry.adapters, adapter.name: path})
+        if entry.spec.id in self.should:
+            self.should[entry.spec.id].add(adapter.name)
+
+    async def _call(self, entry: WorkerEntry, path: str, body: dict[str, object]) -> None:
+        http = self._session()
+        name = body["lora_name"]
+        try:
+            url, sent = entry.spec.url + path, orjson.dumps(body)
+            async with http.post(url, data=sent, headers=JSON) as answer:
+                text = await answer.text()
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise AdapterUnavailable(
+                f"adapter {name}: {entry.spec.id} did not answer {path}: {error!r}"
+            ) from error
+        if answer.status == 200:
+            return
+        if path == contract.LOAD_LORA and contract.ALREADY_LOADED in text:
+            return
+        if path == contract.UNLOAD_LORA and answer.status == 400:
+            return  # not held (evicted, or the engine restarted): as good as unloaded
+        raise AdapterUnavailable(
+            f"adapter {name}: {entry.spec.id} answered {path} with {answer.status}: {text[:300]}"
+        )
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            timeout = aiohttp.ClientTimeout(total=LOAD_TIMEOUT_S)
+            self._http = aiohttp.ClientSession(timeout=timeout)
+        return self._http
+
+    async def run(self) -> None:
+        """Brings this node's engines to what they should hold, at once on a change (an
+        engine ready, a snapshot) and every TIDY_S."""
+        try:
+            while True:
+                self._wake.clear()
+                await self.tidy()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), TIDY_S)
+        finally:
+            if self._http is not None:
+                await self._http.close()
+
+    async def tidy(self) -> None:
+        jobs = []
+        for engine_id in list(self.local()):
+            entry = self.table.get(engine_id)
+            if entry is None or entry.engine_state != READY or entry.info is None:
+                continue
+            if not entry.info.lora:
+                continue
+            should = self.should.setdefault(engine_id, set())
+            should.update(n for n in entry.adapters if n in self.adapters)
+            should.intersection_update(self.adapters)
+            for name in sorted(should):
+                jobs.append(self.ensure(entry, self.adapters[name], cold=False))
+            for name in sorted(set(entry.adapters) - set(self.adapters)):
+                jobs.append(self._unload(entry, name))
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, AdapterUnavailable):
+                log.error("keeping adapters failed: %r", result)
+        if self._tidy_files:
+            self._tidy_files = False
+            keep = {self.files.place(a) for a in self.adapters.values()}
+            await asyncio.to_thread(self.files.forget, keep)
+
+    async def _unload(self, entry: WorkerEntry, name: str) -> None:
+        await self._call(entry, contract.UNLOAD_LORA, {"lora_name": name})
+        self.table.holds(entry.spec.id, {n: p for n, p in entry.adapters.items() if n != name})
+
+    def status(self) -> dict[str, dict[str, object]]:
+        """Per adapter: the engines holding it, and its counts."""
+        holding: dict[str, list[str]] = {}
+        for entry in self.table.entries.values():
+            for name in entry.adapters:
+                holding.setdefault(name, []).append(entry.spec.id)
+        return {
+            name: {
+                "base_model": adapter.base_model,
+                "engines": sorted(holding.get(name, [])),
+                **vars(self.counts.get(name, AdapterCounts())),
+            }
+            for name, adapter in sorted(self.adapters.items())
+        }

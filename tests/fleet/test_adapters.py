@@ -1,0 +1,129 @@
+"""Tenants' LoRA adapters on a running region (issue 45), real processes: a control plane, an
+agent and two simulated engines started with LoRA. An adapter registered in the fleet
+document is loaded on first use (a cold load, counted) and then served where it is held;
+another tenant is told it does not exist; an engine killed under the adapter's traffic comes
+back with it loaded again, and no request meets an engine that does not hold it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from meridian_pb.fleet.v1.adapters import digest_of
+
+from agents.engines.tiny_model import write_adapter
+from tests.kits.fleet import LLAMA, Fleet, fleet_of
+from tests.kits.push import ADMIN, eventually
+
+ASK: Any = [{"role": "user", "content": "tell me about the sea"}]
+REGION = "us-east"
+
+
+def _lora_region(adapters: Path) -> Any:
+    def change(doc: dict[str, Any]) -> None:
+        for d in doc["deployments"]:
+            if d["name"] == "llama-us-east":
+                d["replicas"] = 2
+                d["engine_args"] = {"enable-lora": True, "max-lora-rank": 16,
+                                    "lora-target-modules": "all", "lora-load-s": 0.3}  # fmt: skip
+        doc["tenants"].append({"name": "beta", "tier": "standard"})
+        doc["adapters"] = []
+        for name, seed in (("acme-support", 1), ("acme-legal", 2)):
+            path = write_adapter(adapters / name, adapters, seed=seed, rank=4)
+            doc["adapters"].append({"name": name, "base_model": LLAMA, "source": str(path),
+                                    "digest": digest_of(path), "rank": 4,
+                                    "tenants": ["acme"]})  # fmt: skip
+
+    return change
+
+
+async def _adapters(fleet: Fleet) -> dict[str, Any]:
+    found: dict[str, Any] = (await fleet.status(REGION))["adapters"]
+    return found
+
+
+async def _ask(client: openai.AsyncOpenAI, model: str) -> str:
+    answer = await client.chat.completions.create(model=model, messages=ASK, max_tokens=8)
+    return answer.choices[0].message.content or ""
+
+
+async def test_an_adapter_is_loaded_on_use_kept_where_held_and_back_after_a_kill(
+    database_url: str, tmp_path: Path
+) -> None:
+    change = _lora_region(tmp_path / "adapters")
+    async with fleet_of(database_url, tmp_path, (REGION,), change) as fleet:
+        acme = fleet.client(REGION)
+        for _ in range(6):
+            assert await _ask(acme, "acme-support")
+        support = (await _adapters(fleet))["acme-support"]
+        # loaded once, on its first use; every request after went where it was held
+        assert support["cold_loads"] == 1, support
+        assert support["requests"] == 6
+        assert len(support["engines"]) == 1
+        assert (await _adapters(fleet))["acme-legal"]["engines"] == []  # not used: not loaded
+        assert await _ask(acme, f"{LLAMA}:acme-legal")  # a cold one: served on first use
+        assert (await _adapters(fleet))["acme-legal"]["cold_loads"] == 1
+
+        async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as http:
+            made = await http.post("/v1/api-keys", json={"tenant": "beta"})
+            assert made.status_code == 201, made.text
+        beta = openai.AsyncOpenAI(base_url=f"{fleet.agents[REGION].url}/v1",
+                                  api_key=made.json()["key"], max_retries=0)  # fmt: skip
+        refusals = []
+        for asked in ("acme-support", "no-such-model"):
+            with pytest.raises(openai.NotFoundError) as refused:
+                await _ask(beta, asked)
+            refusals.append(str(refused.value).replace(asked, "X"))
+            assert refused.value.code == "model_not_found"
+        assert refusals[0] == refusals[1]  # word for word: its existence is not revealed
+
+        holder = support["engines"][0]
+        # killed with no traffic: the engine comes back, and its agent loads the adapter again
+        # (not a cold load: no request waits for it)
+        await _kill_and_see_it_back(fleet, holder)
+        assert (await _adapters(fleet))["acme-support"]["cold_loads"] == 1
+
+        failed: list[str] = []
+        served = 0
+        stop = asyncio.Event()
+
+        async def traffic() -> None:
+            nonlocal served
+            while not stop.is_set():
+                try:
+                    await _ask(acme, "acme-support")
+                    served += 1
+                except openai.APIError as error:
+                    failed.append(repr(error))
+
+        runs = [asyncio.ensure_future(traffic()) for _ in range(3)]
+        try:
+            await asyncio.sleep(0.5)
+            await _kill_and_see_it_back(fleet, holder)
+            await asyncio.sleep(1)
+        finally:
+            stop.set()
+            await asyncio.gather(*runs)
+        assert failed == []  # none met an engine without it ("never loaded")
+        assert served > 10
+
+
+async def _kill_and_see_it_back(fleet: Fleet, engine: str) -> None:
+    pid = {e["id"]: e for e in (await fleet.status(REGION))["engines"]}[engine]["pid"]
+    os.kill(pid, signal.SIGKILL)
+
+    async def held_again() -> bool:
+        status = await fleet.status(REGION)
+        back = {e["id"]: e for e in status["engines"]}[engine]
+        return (
+            back["state"] == "ready" and back["pid"] not in (None, pid)
+            and engine in status["adapters"]["acme-support"]["engines"]
+        )  # fmt: skip
+
+    await eventually(held_again, within_s=30, every_s=0.1)
