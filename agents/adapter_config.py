@@ -25,6 +25,7 @@ class AdapterConfig:
     digest: str | None
     rank: int
     tenants: frozenset[str]
+    resident: int = 0  # engines of the region that keep it loaded, as the leader plans
 
 
 def compile_adapters(
@@ -39,7 +40,7 @@ def compile_adapters(
                 f"adapter {a.name}: its base model must be served here, and its name no model's"
             )
         out[a.name] = AdapterConfig(a.name, a.base_model, a.source, a.digest or None, a.rank,
-                                    frozenset(a.tenants))  # fmt: skip
+                                    frozenset(a.tenants), a.resident_engines)  # fmt: skip
     return out
 
 

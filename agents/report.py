@@ -149,4 +149,5 @@ async def telemetry(agent: Agent) -> pb.Telemetry:
     add_tenant_answers(told, agent.books)
     add_tiers(told, agent.books)
     add_classes(told, agent.books, gateway.metrics.wait_totals())
+    told.adapters.extend(agent.adapters.seen())
     return told

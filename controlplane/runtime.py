@@ -34,6 +34,7 @@ from controlplane.services.quotas.demand import DemandBook
 from controlplane.services.quotas.leaser import Leaser, utc_now
 from controlplane.services.quotas.plan import Timing
 from controlplane.services.reports import NodeReports
+from controlplane.services.residency import Residency
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.rollouts.driver import RolloutDriver
 from controlplane.services.usage.reconcile import Reconciler
@@ -127,6 +128,9 @@ class Replica:
                 backlog=self.metrics.backlog,
             ),
             reconciler=Reconciler(db, settings.usage_reconcile_s, observe=self.metrics.drift),
+            residency=Residency(
+                db, settings.adapter_residency_s, settings.adapter_cold_rps, self.feed
+            ),
         )
         self.feed.subscribe(self.coordinator.publish_revision)
         self.coordinator.on_revision(self.hub.announce)

@@ -80,6 +80,16 @@ class Settings(BaseSettings):
         default=True,
         description="split tenants' quotas by demand; false: every agent keeps its static share",
     )
+    adapter_residency_s: float = Field(
+        default=5.0, ge=0.5, le=3600,
+        description="the leader plans where tenants' LoRA adapters stay loaded this often, "
+        "from the demand in the heartbeats (controlplane/services/residency.py)",
+    )  # fmt: skip
+    adapter_cold_rps: float = Field(
+        default=0.02, ge=0, le=1000,
+        description="an adapter with fewer requests a second in a region is kept loaded on "
+        "none of its engines there: the engine a request goes to loads it then",
+    )  # fmt: skip
     usage_reconcile_s: float = Field(
         default=3600.0, ge=10, le=86400,
         description="the leader reconciles the usage ledger with the engines' own token "

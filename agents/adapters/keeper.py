@@ -6,16 +6,19 @@ one, neither); the gateway calls `ensure` before it sends an adapter's request t
 that does not hold it (a cold load, counted and timed), so no request reaches an engine that
 would answer "never loaded".
 
-For this node's own engines the keeper also keeps what each should hold: what it held while
-ready. An engine that restarts comes back with none and takes no request for them until they
-are loaded again (it does, at once); an adapter's new version replaces the old one where it
-is held; an adapter gone from the snapshot is unloaded.
+For this node's own engines the keeper also keeps what each should hold: what the leader
+plans (an adapter on `resident` engines of its base model, the same ones whichever agent
+chooses: the highest by a hash of adapter and engine, among those with LoRA), and what it
+held while ready. An engine that restarts comes back with none and takes no request for
+them until they are loaded again (it does, at once); an adapter's new version replaces the
+old one where it is held; an adapter gone from the snapshot is unloaded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import orjson
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from agents.adapter_config import AdapterConfig
 from agents.adapters.files import AdapterFiles, AdapterUnavailable
@@ -64,6 +68,8 @@ class AdapterKeeper:
         self._wake = asyncio.Event()
         self._measured: float | None = None  # a cold load's time, averaged
         self._tidy_files = False  # versions no longer in force are to go from the cache
+        self._started = clock()
+        self._told: dict[str, tuple[int, float]] = {}  # requests at the last heartbeat, when
 
     def configure(self, adapters: Mapping[str, AdapterConfig]) -> None:
         self.adapters = adapters
@@ -123,8 +129,6 @@ class AdapterKeeper:
             last = self._measured
             self._measured = elapsed if last is None else 0.8 * last + 0.2 * elapsed
         self.table.holds(entry.spec.id, {**entry.adapters, adapter.name: path})
-        if entry.spec.id in self.should:
-            self.should[entry.spec.id].add(adapter.name)
 
     async def _call(self, entry: WorkerEntry, path: str, body: dict[str, object]) -> None:
         http = self._session()
@@ -166,18 +170,37 @@ class AdapterKeeper:
             if self._http is not None:
                 await self._http.close()
 
+    def planned(self, adapter: AdapterConfig) -> list[str]:
+        """The engines of the region that keep the adapter loaded, by the leader's plan."""
+        if adapter.resident <= 0:
+            return []
+        able = [
+            e.spec.id for e in self.table.entries.values()
+            if e.spec.model == adapter.base_model and e.info is not None and e.info.lora
+        ]  # fmt: skip
+        able.sort(key=lambda engine: _rank(adapter.name, engine), reverse=True)
+        return able[: adapter.resident]
+
     async def tidy(self) -> None:
+        """Each ready engine here brought to what it should hold: what the plan puts on it,
+        and what it held (before a restart: what it held then)."""
         jobs = []
-        for engine_id in list(self.local()):
+        local = set(self.local())
+        planned: dict[str, set[str]] = {}
+        for adapter in self.adapters.values():
+            for engine_id in self.planned(adapter):
+                planned.setdefault(engine_id, set()).add(adapter.name)
+        for engine_id in local:
             entry = self.table.get(engine_id)
             if entry is None or entry.engine_state != READY or entry.info is None:
                 continue
             if not entry.info.lora:
                 continue
+            if entry.adapters:  # what it holds now; else what it held before its restart
+                self.should[engine_id] = set(entry.adapters)
             should = self.should.setdefault(engine_id, set())
-            should.update(n for n in entry.adapters if n in self.adapters)
             should.intersection_update(self.adapters)
-            for name in sorted(should):
+            for name in sorted(should | planned.get(engine_id, set())):
                 jobs.append(self.ensure(entry, self.adapters[name], cold=False))
             for name in sorted(set(entry.adapters) - set(self.adapters)):
                 jobs.append(self._unload(entry, name))
@@ -194,6 +217,28 @@ class AdapterKeeper:
         await self._call(entry, contract.UNLOAD_LORA, {"lora_name": name})
         self.table.holds(entry.spec.id, {n: p for n, p in entry.adapters.items() if n != name})
 
+    def seen(self) -> list[pb.AdapterSeen]:
+        """A heartbeat's: per adapter, this node's engines holding it, its requests here (a
+        second since the last heartbeat, and in all) and its loads."""
+        now, local = self.clock(), set(self.local())
+        out = []
+        for name in sorted(self.adapters):
+            counts = self.counts.get(name, AdapterCounts())
+            before, at = self._told.get(name, (0, self._started))
+            rate = (counts.requests - before) / (now - at) if now > at else 0.0
+            self._told[name] = (counts.requests, now)
+            engines = sorted(e for e in local if name in self._held(e))
+            out.append(pb.AdapterSeen(
+                name=name, engines=engines, requests_per_second=rate, requests=counts.requests,
+                cold_loads=counts.cold_loads, cold_load_s=counts.cold_load_s,
+                failures=counts.failures,
+            ))  # fmt: skip
+        return out
+
+    def _held(self, engine_id: str) -> dict[str, str]:
+        entry = self.table.get(engine_id)
+        return entry.adapters if entry is not None else {}
+
     def status(self) -> dict[str, dict[str, object]]:
         """Per adapter: the engines holding it, and its counts."""
         holding: dict[str, list[str]] = {}
@@ -208,3 +253,9 @@ class AdapterKeeper:
             }
             for name, adapter in sorted(self.adapters.items())
         }
+
+
+def _rank(adapter: str, engine: str) -> bytes:
+    """Rendezvous hashing: every agent ranks the engines alike, and an engine that comes or
+    goes moves only the adapters it ranked first for."""
+    return hashlib.blake2b(f"{adapter}\0{engine}".encode(), digest_size=8).digest()

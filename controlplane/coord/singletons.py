@@ -1,6 +1,7 @@
 """The loops exactly one replica runs, the leader: the liveness sweeper, the rollup, the
-rollout driver, the quota leases (every tick: one second), the capacity planner (every
-period of its own) and the batch runner (a task of its own while it leads)."""
+rollout driver, the quota leases (every tick: one second), where adapters stay loaded and
+the capacity planner (every period of its own) and the batch runner (a task of its own
+while it leads)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from controlplane.services.liveness import Sweeper, rollup
 from controlplane.services.planner.loop import Planner
 from controlplane.services.preemptions import Preemptions
 from controlplane.services.quotas.leaser import Leaser
+from controlplane.services.residency import Residency
 from controlplane.services.rollouts.driver import RolloutDriver
 from controlplane.services.usage.reconcile import Reconciler
 
@@ -44,8 +46,10 @@ class Singletons:
         preemptions: Preemptions | None = None,
         batches: BatchRunner | None = None,
         reconciler: Reconciler | None = None,
+        residency: Residency | None = None,
     ) -> None:
         self._reconciler = reconciler
+        self._residency = residency
         self._coord = coordinator
         self._db = db
         self._down_after = down_after
@@ -108,6 +112,11 @@ class Singletons:
                 await self._reconciler.tick()
             except Exception:
                 log.exception("reconciling the ledger with the engines failed; will retry")
+        if self._residency is not None:
+            try:
+                await self._residency.tick()
+            except Exception:
+                log.exception("planning where adapters stay loaded failed; will retry")
         if self._planner is not None and (self._planning is None or self._planning.done()):
             # its own task: a cloud slow to answer holds no lease, sweep or rollout meanwhile
             self._planning = asyncio.create_task(self._plan(self._planner), name="planner")

@@ -53,3 +53,21 @@ class PlannerStateRow(Base):
     last_run_revision: Mapped[int | None] = mapped_column(BigInteger)
     decisions: Mapped[list[Any]] = mapped_column(JSONB, default=list)
     shapes: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+
+
+class AdapterPlanRow(Base):
+    """The engines of a region that keep a LoRA adapter loaded, as the leader plans them from
+    demand (controlplane/services/residency.py): a fact, like the engine plans. Deleted with
+    the adapter or the region."""
+
+    __tablename__ = "adapter_plans"
+
+    adapter_id: Mapped[int] = mapped_column(
+        ForeignKey("adapters.id", ondelete="CASCADE"), primary_key=True
+    )
+    region_id: Mapped[int] = mapped_column(
+        ForeignKey("regions.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    engines: Mapped[int] = mapped_column(Integer)
+    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    reason: Mapped[str] = mapped_column(Text, default="")

@@ -20,9 +20,16 @@ from controlplane.db.access_rows import ApiKeyRow, TenantRow
 from controlplane.db.audit_rows import AuditEventRow
 from controlplane.db.batch_rows import BatchSignerRow
 from controlplane.db.engine import Database
-from controlplane.db.fleet_rows import DeploymentRow, EngineSlotRow, NodeRow, RegionRow
-from controlplane.db.planner_rows import EnginePlanRow
+from controlplane.db.fleet_rows import (
+    AdapterRow,
+    DeploymentRow,
+    EngineSlotRow,
+    NodeRow,
+    RegionRow,
+)
+from controlplane.db.planner_rows import AdapterPlanRow, EnginePlanRow
 from controlplane.services.access_kinds import API_KEY, TENANT
+from controlplane.services.adapter_kind import ADAPTER
 from controlplane.services.fleet_kinds import DEPLOYMENT, MODEL, NODE, REGION
 from controlplane.services.registry import APPLY_KINDS
 from controlplane.services.unit import current_revision
@@ -31,6 +38,7 @@ from controlplane.snapshot.types import ApiKeyState, Slot
 
 PLACEMENT_KEYS = ("regions", "nodes", "models", "deployments")
 ENGINE_PLAN = "engine-plan"  # the audit's kind for the capacity planner's engine counts
+ADAPTER_PLAN = "adapter-plan"  # and for the leader's residency of adapters
 # what rewrites slots
 MOVES_ENGINES = {DEPLOYMENT.kind, NODE.kind, MODEL.kind, REGION.kind, ENGINE_PLAN}
 
@@ -55,6 +63,8 @@ async def read_fleet_state(session: AsyncSession, keys: Iterable[str] = APPLY_KI
         state["signing_keys"] = await _signing_keys(session)
     if "deployments" in keys:
         state["planned"] = await _planned(session)
+    if "adapters" in keys:
+        state["resident"] = await _resident(session)
     state["slots"] = await _slots(session, {})
     return FleetState.model_validate(state)
 
@@ -127,6 +137,8 @@ async def _patched(
         update["signing_keys"] = await _signing_keys(session)
     if ENGINE_PLAN in changed or DEPLOYMENT.kind in changed:
         update["planned"] = await _planned(session)
+    if ADAPTER_PLAN in changed or ADAPTER.kind in changed or REGION.kind in changed:
+        update["resident"] = await _resident(session)
     if MOVES_ENGINES & changed.keys():
         update["slots"] = await _slots(session, last.slots)
     return last.model_copy(update=update)
@@ -139,6 +151,20 @@ async def _planned(session: AsyncSession) -> dict[str, int]:
         .order_by(DeploymentRow.name)
     )
     return {name: engines for name, engines in rows}
+
+
+async def _resident(session: AsyncSession) -> dict[str, dict[str, int]]:
+    rows = await session.execute(
+        select(AdapterRow.name, RegionRow.name, AdapterPlanRow.engines)
+        .join(AdapterPlanRow, AdapterPlanRow.adapter_id == AdapterRow.id)
+        .join(RegionRow, RegionRow.id == AdapterPlanRow.region_id)
+        .where(AdapterPlanRow.engines > 0)
+        .order_by(AdapterRow.name, RegionRow.name)
+    )  # fmt: skip
+    out: dict[str, dict[str, int]] = {}
+    for adapter, region, engines in rows:
+        out.setdefault(adapter, {})[region] = engines
+    return out
 
 
 async def _signing_keys(session: AsyncSession) -> dict[str, str]:

@@ -124,7 +124,34 @@ def summarize(
         "quality": region_quality(live),
         "tiers": _tiers(live),
         "classes": _classes(live),
+        "adapters": _adapters(live),
     }
+
+
+def _adapters(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per LoRA adapter, the region's engines that hold it and its gateways' counts summed:
+    requests (a second lately, and in all), the loads requests waited for and their mean
+    time, and the loads that failed."""
+    sums: dict[str, dict[str, Any]] = {}
+    for telemetry in live:
+        for a in telemetry.get("adapters", []):
+            mine = sums.setdefault(str(a.get("name", "")), {
+                "engines": [], "requests_per_second": 0.0, "requests": 0, "cold_loads": 0,
+                "cold_load_s": 0.0, "failures": 0,
+            })  # fmt: skip
+            mine["engines"] += [str(e) for e in a.get("engines", [])]
+            for key in ("requests_per_second", "cold_load_s"):
+                mine[key] += float(a.get(key, 0.0))
+            for key in ("requests", "cold_loads", "failures"):
+                mine[key] += int(a.get(key, 0))
+    out = []
+    for name, a in sorted(sums.items()):
+        cold_s = a.pop("cold_load_s")
+        mean_ms = round(1000 * cold_s / a["cold_loads"]) if a["cold_loads"] else None
+        out.append({"adapter": name, **a, "engines": sorted(a["engines"]),
+                    "requests_per_second": round(a["requests_per_second"], 3),
+                    "cold_load_ms": mean_ms})  # fmt: skip
+    return out
 
 
 OUTCOMES = ("admitted", "shed", "preempted", "requeued", "escalated", "refused", "past_slo")

@@ -55,12 +55,14 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
     quality = {}
     tiers: list[dict[str, Any]] = []
     classes: list[dict[str, Any]] = []
+    adapters: list[dict[str, Any]] = []
     for region in sorted(regions, key=lambda r: r.name):
         mine = sorted((n for n in nodes if n.region_id == region.id), key=lambda n: n.name)
         load = summarize(region.name, mine, latest)
         quality[region.name] = load.pop("quality")
         tiers += [{**t, "region": region.name} for t in load.pop("tiers")]
         classes += [{**c, "region": region.name} for c in load.pop("classes")]
+        adapters += [{**a, "region": region.name} for a in load.pop("adapters")]
         for count in load.pop("escalations"):
             if count["direction"] == "out":
                 flows.append({"from": region.name, "to": count["peer"],
@@ -108,6 +110,7 @@ async def fleet_status(db: Database, stale_after_s: float = 15.0) -> dict[str, A
         },
         "tiers": tiers,
         "classes": classes,
+        "adapters": sorted(adapters, key=lambda a: (a["adapter"], a["region"])),
         "batches": await batches_view(db),
         "planner": await planner_view(db),
     }

@@ -230,7 +230,9 @@ def _adapters(state: FleetState, region: str, models: set[str]) -> list[AdapterI
         if tenants:
             out.append(AdapterInfo(name=name, base_model=adapter.base_model, source=adapter.source,
                                    digest=adapter.digest or "", rank=adapter.rank,
-                                   tenants=tenants))  # fmt: skip
+                                   tenants=tenants,
+                                   resident_engines=state.resident.get(name, {}).get(region, 0),
+                                   ))  # fmt: skip
     return out
 
 

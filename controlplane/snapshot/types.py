@@ -68,6 +68,8 @@ class FleetState(Frozen):
     # The capacity planner's engines per deployment with `autoscale` (a fact: it reaches
     # every target at once); a deployment not named runs its `replicas`.
     planned: dict[str, int] = Field(default_factory=dict)
+    # The leader's plan of where adapters stay loaded (a fact): adapter to region to engines.
+    resident: dict[str, dict[str, int]] = Field(default_factory=dict)
     rollout_policies: dict[str, RolloutPolicySpec] = Field(default_factory=dict)
 
 
@@ -213,6 +215,7 @@ class AdapterInfo(Frozen):
     source: str
     digest: str  # empty: none given
     rank: int
+    resident_engines: int = 0  # engines of the region that keep it loaded, as planned
     tenants: list[str]
 
 

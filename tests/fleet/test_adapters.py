@@ -127,3 +127,48 @@ async def _kill_and_see_it_back(fleet: Fleet, engine: str) -> None:
         )  # fmt: skip
 
     await eventually(held_again, within_s=30, every_s=0.1)
+
+
+async def test_the_leader_keeps_a_hot_adapter_loaded_on_more_engines(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Steady demand for one adapter: the leader plans it onto both engines of the region
+    (its share of them, twice over), their agent loads it on the second without a request
+    waiting for it, and the status page's document shows both holding it."""
+    change = _lora_region(tmp_path / "adapters")
+    env = {"ADAPTER_RESIDENCY_S": "1"}
+    async with fleet_of(database_url, tmp_path, (REGION,), change, cp_env=env) as fleet:
+        acme = fleet.client(REGION)
+        stop = asyncio.Event()
+
+        async def traffic() -> None:
+            while not stop.is_set():
+                await _ask(acme, "acme-support")
+
+        run = asyncio.ensure_future(traffic())
+        try:
+
+            async def on_both() -> bool:
+                return len((await _adapters(fleet))["acme-support"]["engines"]) == 2
+
+            await eventually(on_both, within_s=30, every_s=0.2)
+        finally:
+            stop.set()
+            await run
+        support = (await _adapters(fleet))["acme-support"]
+        assert support["cold_loads"] == 1  # the first request's; the second engine: planned
+        async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as http:
+
+            async def shown() -> Any:
+                status = (await http.get("/v1/status")).json()
+                rows = [a for a in status["adapters"] if a["adapter"] == "acme-support"]
+                return rows and len(rows[0]["engines"]) == 2 and rows[0]
+
+            row = await eventually(shown, within_s=15)
+            audit = (await http.get("/v1/audit-events", params={"kind": "adapter-plan"})).json()
+        assert row["region"] == REGION
+        assert row["cold_loads"] == 1
+        assert row["requests"] >= support["requests"] - 5
+        planned = [e for e in audit["items"] if e["name"] == "acme-support"]
+        assert planned
+        assert planned[0]["after"]["engines"] == 2  # newest first

@@ -134,6 +134,7 @@ function render(doc) {
   quality(doc.quality || { models: {}, events: [] });
   tiers(doc.tiers || []);
   classes(doc.classes || []);
+  adapters(doc.adapters || []);
   batches(doc.batches || []);
   $("regions").replaceChildren(...doc.regions.map((r) => region(r, doc.revision)));
   flows(doc.regions, doc.flows);
@@ -279,6 +280,18 @@ function classes(items) {
     el("td", {}, c.wait_p99_s === null ? "–" : `${fixed(1000 * c.wait_p99_s, 0)} ms`)));
   $("classes").querySelector("tbody").replaceChildren(...(rows.length ? rows
     : [el("tr", {}, el("td", { colspan: 11, class: "hint" }, "no request answered yet"))]));
+}
+
+function adapters(items) {
+  // per adapter and region: where it is held, its demand, its cold loads and their time
+  const rows = items.map((a) => el("tr", { "data-adapter": a.adapter, "data-adapter-region": a.region },
+    el("td", {}, a.adapter), el("td", {}, a.region),
+    el("td", { class: "why" }, a.engines.length ? `${a.engines.length}: ${a.engines.join(", ")}` : "none"),
+    el("td", {}, fixed(a.requests_per_second, 2)), el("td", {}, a.requests),
+    el("td", {}, a.cold_loads),
+    el("td", {}, a.cold_load_ms === null ? "–" : `${a.cold_load_ms} ms`), el("td", {}, a.failures)));
+  $("adapters").querySelector("tbody").replaceChildren(...(rows.length ? rows
+    : [el("tr", {}, el("td", { colspan: 8, class: "hint" }, "no adapter registered"))]));
 }
 
 function batches(items) {

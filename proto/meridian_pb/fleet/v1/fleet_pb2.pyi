@@ -407,6 +407,7 @@ class Telemetry(_message.Message):
     QUALITY_FIELD_NUMBER: _builtins.int
     TIERS_FIELD_NUMBER: _builtins.int
     PREEMPTION_FIELD_NUMBER: _builtins.int
+    ADAPTERS_FIELD_NUMBER: _builtins.int
     inflight_requests: _builtins.int
     queued_requests: _builtins.int
     prefix_cache_hit_rate: _builtins.float
@@ -461,6 +462,12 @@ class Telemetry(_message.Message):
         its engines drain, and the control plane takes the node out of placement.
         """
 
+    @_builtins.property
+    def adapters(self) -> _containers.RepeatedCompositeFieldContainer[Global___AdapterSeen]:
+        """Tenants' LoRA adapters: per adapter, this node's engines holding it and what the
+        gateway here saw of it.
+        """
+
     def __init__(
         self,
         *,
@@ -483,14 +490,57 @@ class Telemetry(_message.Message):
         quality: _abc.Iterable[Global___ModelQuality] | None = ...,
         tiers: _abc.Iterable[Global___TierCount] | None = ...,
         preemption: Global___PreemptionNotice | None = ...,
+        adapters: _abc.Iterable[Global___AdapterSeen] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["itl_ms", b"itl_ms", "observed_at", b"observed_at", "preemption", b"preemption", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "preemption", b"preemption", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "quality", b"quality", "quality_events", b"quality_events", "quality_held", b"quality_held", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "tiers", b"tiers", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "answers", b"answers", "engines", b"engines", "escalations", b"escalations", "escalations_in", b"escalations_in", "escalations_out", b"escalations_out", "gpus", b"gpus", "inflight_requests", b"inflight_requests", "itl_ms", b"itl_ms", "observed_at", b"observed_at", "preemption", b"preemption", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "quality", b"quality", "quality_events", b"quality_events", "quality_held", b"quality_held", "queued_requests", b"queued_requests", "receipts", b"receipts", "requests_per_second", b"requests_per_second", "tiers", b"tiers", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Telemetry: _TypeAlias = Telemetry  # noqa: Y015
+
+@_typing.final
+class AdapterSeen(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ENGINES_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    COLD_LOADS_FIELD_NUMBER: _builtins.int
+    COLD_LOAD_S_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    requests_per_second: _builtins.float
+    """Requests naming it at this gateway: since the last heartbeat, a second; and in all."""
+    requests: _builtins.int
+    cold_loads: _builtins.int
+    """Loads a request waited for, their time summed; loads that failed."""
+    cold_load_s: _builtins.float
+    failures: _builtins.int
+    @_builtins.property
+    def engines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """This node's engines that hold it now."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        engines: _abc.Iterable[_builtins.str] | None = ...,
+        requests_per_second: _builtins.float = ...,
+        requests: _builtins.int = ...,
+        cold_loads: _builtins.int = ...,
+        cold_load_s: _builtins.float = ...,
+        failures: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cold_load_s", b"cold_load_s", "cold_loads", b"cold_loads", "engines", b"engines", "failures", b"failures", "name", b"name", "requests", b"requests", "requests_per_second", b"requests_per_second"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdapterSeen: _TypeAlias = AdapterSeen  # noqa: Y015
 
 @_typing.final
 class PreemptionNotice(_message.Message):
@@ -1816,6 +1866,7 @@ class AdapterInfo(_message.Message):
     DIGEST_FIELD_NUMBER: _builtins.int
     RANK_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
+    RESIDENT_ENGINES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     base_model: _builtins.str
     source: _builtins.str
@@ -1825,6 +1876,10 @@ class AdapterInfo(_message.Message):
     empty: none given (a path on the node, the operator's own).
     """
     rank: _builtins.int
+    resident_engines: _builtins.int
+    """Engines of the region (of its base model) that keep it loaded, as the leader plans
+    from demand; 0: none, it is loaded where a request first needs it.
+    """
     @_builtins.property
     def tenants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -1836,10 +1891,11 @@ class AdapterInfo(_message.Message):
         digest: _builtins.str = ...,
         rank: _builtins.int = ...,
         tenants: _abc.Iterable[_builtins.str] | None = ...,
+        resident_engines: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "digest", b"digest", "name", b"name", "rank", b"rank", "source", b"source", "tenants", b"tenants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "digest", b"digest", "name", b"name", "rank", b"rank", "resident_engines", b"resident_engines", "source", b"source", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

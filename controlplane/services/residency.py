@@ -1,0 +1,184 @@
+"""Where tenants' LoRA adapters stay loaded (issue 45): the leader's plan, from demand.
+
+Every period the leader sums, per region and adapter, the requests a second the region's
+gateways saw (their heartbeats), and decides how many of the region's engines of the base
+model keep the adapter loaded:
+
+- a cold adapter (under `cold_rps`) on none: the engine a request goes to loads it then;
+- a hot one on its share of the engines, twice over (`HEADROOM`), at least one and at most
+  all of them, so that its requests spread as the base model's do;
+- within the engines' room: each holds `--max-loaded-loras` adapters (or, unset,
+  `--max-loras-per-batch`, SGLang's default 8), the busiest adapters served first.
+
+A plan grows at once and shrinks only once demand has fallen well below what it was sized for
+(`KEEP`), so that it does not flap. What changed is written as a fact (`adapter_plans`) under
+one new revision, audited with its reason and figures; every target gets it at once, as it
+gets the engine plans. The agents choose which engines, all alike (agents/adapters/keeper.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from controlplane.db.engine import Database
+from controlplane.db.fleet_rows import AdapterRow, RegionRow
+from controlplane.db.planner_rows import AdapterPlanRow
+from controlplane.services.fleet_state import ADAPTER_PLAN, FleetReader
+from controlplane.services.placements import commit
+from controlplane.services.planner.demand import Heartbeat
+from controlplane.services.planner.inputs import heartbeats
+from controlplane.services.revisions import RevisionFeed
+from controlplane.services.unit import UnitOfWork
+from controlplane.snapshot.types import FleetState
+
+log = logging.getLogger(__name__)
+ACTOR = "residency"
+HEADROOM = 2.0
+KEEP = 0.5  # a plan shrinks once its demand is under this share of what would keep it
+SLOTS_DEFAULT = 8  # SGLang's --max-loras-per-batch
+
+
+@dataclass(frozen=True)
+class Plan:
+    adapter: str
+    region: str
+    engines: int
+    rps: float
+    reason: str
+
+
+def engine_slots(engine_args: Mapping[str, object]) -> int:
+    """The adapters one engine holds at once, by its arguments."""
+    for flag in ("max-loaded-loras", "max-loras-per-batch"):
+        value = engine_args.get(flag)
+        if isinstance(value, int | str) and str(value).isdigit() and int(value) > 0:
+            return int(value)
+    return SLOTS_DEFAULT
+
+
+def demand(beats: Iterable[Heartbeat]) -> dict[tuple[str, str], float]:
+    """Requests a second per (adapter, region), summed over the region's gateways."""
+    out: dict[tuple[str, str], float] = {}
+    for beat in beats:
+        for seen in beat.telemetry.get("adapters", []):
+            key = (str(seen.get("name", "")), beat.region)
+            out[key] = out.get(key, 0.0) + float(seen.get("requests_per_second", 0.0))
+    return out
+
+
+def engines_ready(beats: Iterable[Heartbeat]) -> dict[tuple[str, str], int]:
+    """Engines ready per (model, region)."""
+    out: dict[tuple[str, str], int] = {}
+    for beat in beats:
+        for engine in beat.telemetry.get("engines", []):
+            if engine.get("state") == "ready":
+                key = (str(engine.get("model", "")), beat.region)
+                out[key] = out.get(key, 0) + 1
+    return out
+
+
+def plan(
+    state: FleetState,
+    rates: Mapping[tuple[str, str], float],
+    ready: Mapping[tuple[str, str], int],
+    current: Mapping[tuple[str, str], int],
+    cold_rps: float,
+) -> list[Plan]:
+    """What changes, per (adapter, region) whose plan is not `current`'s."""
+    slots: dict[tuple[str, str], int] = {}
+    for d in state.deployments.values():
+        key = (d.model, d.region)
+        slots[key] = max(slots.get(key, 0), engine_slots(d.engine_args))
+    out = []
+    for region in sorted(state.regions):
+        by_model: dict[str, list[str]] = {}
+        for name, adapter in state.adapters.items():
+            by_model.setdefault(adapter.base_model, []).append(name)
+        for model, names in sorted(by_model.items()):
+            engines = ready.get((model, region), 0)
+            total = sum(rates.get((n, region), 0.0) for n in names)
+            room = engines * slots.get((model, region), SLOTS_DEFAULT)
+            for name in sorted(names, key=lambda n: (-rates.get((n, region), 0.0), n)):
+                rps, was = rates.get((name, region), 0.0), current.get((name, region), 0)
+                want = _wanted(rps, total, engines, cold_rps)
+                if want < was and _wanted(rps / KEEP, total, engines, cold_rps) >= was:
+                    want = min(was, engines)  # not far enough down to shrink
+                want = min(want, room)
+                room -= want
+                if want != was:
+                    share = rps / total if total else 0.0
+                    why = (f"{rps:.2f} requests/s, {share:.0%} of {model}'s adapters' in "
+                           f"{region}, over {engines} engine(s)")  # fmt: skip
+                    out.append(Plan(name, region, want, rps, why))
+    return out
+
+
+def _wanted(rps: float, total: float, engines: int, cold_rps: float) -> int:
+    if rps < cold_rps or engines == 0 or total <= 0:
+        return 0
+    return max(1, min(engines, math.ceil(engines * rps / total * HEADROOM)))
+
+
+class Residency:
+    def __init__(
+        self,
+        db: Database,
+        period_s: float = 5.0,
+        cold_rps: float = 0.02,
+        feed: RevisionFeed | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db, self.period_s, self.cold_rps, self.feed, self.clock = (
+            db, period_s, cold_rps, feed, clock,
+        )  # fmt: skip
+        self.reader = FleetReader()
+        self.last_run: float | None = None
+
+    async def tick(self) -> list[Plan] | None:
+        now = self.clock()
+        if self.last_run is not None and now - self.last_run < self.period_s:
+            return None
+        self.last_run = now
+        async with self.db.sessions() as session, session.begin():
+            await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            state = await self.reader.read(session)
+            beats = await heartbeats(session)
+            current = {(a, r): n for a, regions in state.resident.items()
+                       for r, n in regions.items()}  # fmt: skip
+            changes = plan(state, demand(beats), engines_ready(beats), current, self.cold_rps)
+            if not changes:
+                return changes
+            revision = await self._write(session, changes, datetime.fromtimestamp(now, UTC))
+        if self.feed is not None:
+            await self.feed.published(revision)
+        for change in changes:
+            log.info("adapter %s in %s: %d engine(s) (%s)", change.adapter, change.region,
+                     change.engines, change.reason)  # fmt: skip
+        return changes
+
+    async def _write(self, session: AsyncSession, changes: list[Plan], at: datetime) -> int | None:
+        uow = UnitOfWork(session, ACTOR)
+        adapters = dict((await session.execute(select(AdapterRow.name, AdapterRow.id))).all())
+        regions = dict((await session.execute(select(RegionRow.name, RegionRow.id))).all())
+        for c in changes:
+            if c.adapter not in adapters or c.region not in regions:
+                continue
+            uow.record("update", ADAPTER_PLAN, c.adapter, None,
+                       {"region": c.region, "engines": c.engines, "requests_per_second":
+                        round(c.rps, 3), "reason": c.reason})  # fmt: skip
+            values = {"adapter_id": adapters[c.adapter], "region_id": regions[c.region],
+                      "engines": c.engines, "changed_at": at, "reason": c.reason}  # fmt: skip
+            await session.execute(pg_insert(AdapterPlanRow).values(values).on_conflict_do_update(
+                index_elements=[AdapterPlanRow.adapter_id, AdapterPlanRow.region_id],
+                set_={k: v for k, v in values.items() if k not in ("adapter_id", "region_id")},
+            ))  # fmt: skip
+        return await commit(uow)
