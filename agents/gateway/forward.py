@@ -197,6 +197,9 @@ class Forwarder:
             )  # fmt: skip
             if answer.status in (429, 503) or answer.status >= 500:
                 return f"answered {answer.status}"
+            if answer.status == 404 and flight.inference.adapter is not None:
+                # its snapshot does not hold the adapter yet (a rollout under way): the next
+                return "answered 404: it does not serve the adapter"
             out = {k: v for k, v in relayed_headers(answer.headers).items()
                    if k.lower() not in DROPPED}  # fmt: skip
             out.update({k: v for k, v in headers.items() if k.lower() != "x-meridian-region"})

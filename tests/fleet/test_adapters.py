@@ -25,11 +25,13 @@ ASK: Any = [{"role": "user", "content": "tell me about the sea"}]
 REGION = "us-east"
 
 
-def _lora_region(adapters: Path) -> Any:
+def _lora_region(adapters: Path, replicas: dict[str, int] | None = None) -> Any:
+    """`replicas`: the LoRA deployments, by name, with their engines (llama-us-east's 2)."""
+
     def change(doc: dict[str, Any]) -> None:
         for d in doc["deployments"]:
-            if d["name"] == "llama-us-east":
-                d["replicas"] = 2
+            if d["name"] in (replicas or {"llama-us-east": 2}):
+                d["replicas"] = (replicas or {"llama-us-east": 2})[d["name"]]
                 d["engine_args"] = {"enable-lora": True, "max-lora-rank": 16,
                                     "lora-target-modules": "all", "lora-load-s": 0.3}  # fmt: skip
         doc["tenants"].append({"name": "beta", "tier": "standard"})
@@ -172,3 +174,23 @@ async def test_the_leader_keeps_a_hot_adapter_loaded_on_more_engines(
         planned = [e for e in audit["items"] if e["name"] == "acme-support"]
         assert planned
         assert planned[0]["after"]["engines"] == 2  # newest first
+
+
+async def test_an_adapter_request_escalates_to_a_peer_that_loads_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    """us-east's engines fail every request: an adapter's request escalates to us-west (its
+    fallback rule's peer, which serves the base model and may serve acme), which loads the
+    adapter on first use and answers it."""
+    change = _lora_region(tmp_path / "adapters", {"llama-us-east": 1, "llama-us-west": 1})
+    regions = (REGION, "us-west")
+    async with fleet_of(database_url, tmp_path, regions, change) as fleet:
+        await fleet.fail_engines(REGION, error_rate=1.0)
+        acme = fleet.client(REGION)
+        for _ in range(3):
+            assert await _ask(acme, "acme-support")
+        west = (await fleet.status("us-west"))["adapters"]["acme-support"]
+        assert west["requests"] == 3  # each escalated there, and served
+        assert west["cold_loads"] == 1
+        assert len(west["engines"]) == 1
+        assert (await fleet.escalations(REGION)).get(("out", "us-west"), 0) >= 3
