@@ -25,6 +25,10 @@ It follows SGLang's scheduler where routing depends on it:
   again); a request that finds every slot taken retracts running requests of a priority more
   than the threshold below its own (the lowest, the newest first) when that frees what it
   needs, as SGLang's `preempt_to_schedule` does.
+- **LoRA adapters per batch**, with LoRA on: the running batch holds requests of at most
+  `--max-loras-per-batch` adapters (the base model counting as one); a waiting request of
+  another adapter is passed over for later ones until the batch has room for it, as SGLang's
+  `can_schedule_lora_req` does.
 
 Finished sequences stay in the radix cache for later requests, until LRU eviction needs room.
 """
@@ -76,6 +80,7 @@ class Engine:
         seed: int = 0,
         priority: Priority | None = None,
         listener: Listener | None = None,
+        max_loras_per_batch: int | None = None,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -89,6 +94,7 @@ class Engine:
         self.faults = faults or Faults()
         self.observer = observer or Observer()
         self.priority = priority
+        self.max_loras_per_batch = max_loras_per_batch  # None: LoRA is off
         self._clock = clock or asyncio.get_running_loop().time
         self._sleep = sleep
         self._random = random.Random(seed)

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 
 from agents.engines.sim.engine import Engine
 from agents.engines.sim.metrics import Metrics
+from agents.engines.sim.radix import namespace
 from agents.engines.sim.request import Request
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -50,12 +51,25 @@ class Body(BaseModel):
     bootstrap_host: str | None = None
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     bootstrap_room: int | None = Field(default=None, ge=0)
+    lora_path: str | list[str | None] | None = None  # its LoRA adapter (a list: a prompt's)
 
     def salt(self, i: int = 0) -> str | None:
-        """The cache namespace of the request's `i`th prompt."""
-        if isinstance(self.cache_salt, list):
-            return self.cache_salt[i] if i < len(self.cache_salt) else None
-        return self.cache_salt
+        """The cache namespace of the request's `i`th prompt: its salt, and its adapter."""
+        salt = self.cache_salt
+        if isinstance(salt, list):
+            salt = salt[i] if i < len(salt) else None
+        return namespace(salt, self.adapter(i))
+
+    def adapter(self, i: int = 0) -> str | None:
+        """The LoRA adapter of its `i`th prompt: `model` as `base:adapter` wins (as in
+        agents/engines/sim/lora.py), else `lora_path`."""
+        model = getattr(self, "model", None)
+        if isinstance(model, str) and ":" in model and model.split(":", 1)[1].strip():
+            return model.split(":", 1)[1].strip()
+        path = self.lora_path
+        if isinstance(path, list):
+            path = path[i] if i < len(path) else None
+        return path or None
 
 
 B = TypeVar("B", bound=BaseModel)

@@ -7,14 +7,17 @@ the payload msgpack `[ts, events, dp_rank]` with events as SGLang 0.5.23 sends t
 tagged by `type`:
 
     {"type": "BlockStored", "block_hashes": [...], "parent_block_hash": int | None,
-     "token_ids": [...], "block_size": N, "lora_id": None, "medium": "GPU"}
+     "token_ids": [...], "block_size": N, "lora_id": None, "medium": "GPU",
+     "cache_salt": its salt (when it has one), "lora_name": its LoRA adapter (when it has one)}
     {"type": "BlockRemoved", "block_hashes": [...], "medium": "GPU"}
     {"type": "AllBlocksCleared"}
 
 One BlockStored covers a whole inserted run, a hash a page. A block is a page of
 `--page-size` tokens; only whole pages are published. A block's hash is chained (it stands
 for the whole prefix up to it), so equal pages under different prefixes never share a hash.
-Events are queued as the cache changes and sent once per step; what is sent before a
+The cache is kept per salt and per adapter: SGLang folds the request's adapter into its
+cache key, and names it in BlockStored as `lora_name` (its `lora_id` is always None on
+0.5.23). Events are queued as the cache changes and sent once per step; what is sent before a
 subscriber joins is lost to it, as with SGLang.
 """
 
@@ -31,7 +34,7 @@ import msgpack
 import zmq
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.engines.sim.radix import Listener
+from agents.engines.sim.radix import Listener, namespace_parts
 
 ROOT_HASH = 0
 
@@ -93,7 +96,8 @@ class KvEvents(Listener):
                     raise
                 time.sleep(0.1)
 
-    def stored(self, sequence: Sequence[int], start: int, salt: str | None = None) -> None:
+    def stored(self, sequence: Sequence[int], start: int, space: str | None = None) -> None:
+        salt, adapter = namespace_parts(space)
         first = start // self.page  # the first page that was not whole before
         hashes = page_hashes(sequence, self.page, len(sequence))
         if first >= len(hashes):
@@ -104,9 +108,10 @@ class KvEvents(Listener):
             "parent_block_hash": hashes[first - 1] if first else None,
             "token_ids": list(sequence[first * self.page : len(hashes) * self.page]),
             "block_size": self.page,
-            "lora_id": None,
+            "lora_id": None,  # as SGLang 0.5.23 sends it: the adapter goes by its name
             "medium": "GPU",
-        } | ({"cache_salt": salt} if salt else {}))  # fmt: skip
+        } | ({"cache_salt": salt} if salt else {})
+          | ({"lora_name": adapter} if adapter else {}))  # fmt: skip
 
     def removed(self, sequence: Sequence[int], start: int, salt: str | None = None) -> None:
         first = start // self.page

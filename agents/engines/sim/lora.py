@@ -16,8 +16,8 @@ tokenizer_manager.py).
 - `/v1/models` lists the adapters loaded, each with `parent` the served model and `root`
   its path.
 
-Not yet simulated: `--max-loras-per-batch` in the scheduler, the prefix cache and KV events
-keyed by adapter (`lora_id`).
+The prefix cache is kept per adapter (agents/engines/sim/radix.py's namespaces), and KV
+events name it (`lora_name`). Not yet simulated: `--max-loras-per-batch` in the scheduler.
 """
 
 from __future__ import annotations

@@ -17,6 +17,21 @@ Tokens = Sequence[int]
 
 
 Salt = str | None  # a cache namespace (SGLang's `cache_salt`): a prefix is cached per salt
+LORA = "\x00lora\x00"  # in a namespace, before the adapter's name: SGLang keys its cache by
+# adapter too (the request's lora id is part of its `extra_key`)
+
+
+def namespace(salt: str | None, adapter: str | None) -> Salt:
+    """The cache namespace of a request with this `cache_salt` and this LoRA adapter."""
+    return salt if adapter is None else f"{salt or ''}{LORA}{adapter}"
+
+
+def namespace_parts(space: Salt) -> tuple[str | None, str | None]:
+    """(cache_salt, adapter) of a namespace."""
+    if space is None or LORA not in space:
+        return space, None
+    salt, _, adapter = space.partition(LORA)
+    return salt or None, adapter
 
 
 class Listener:

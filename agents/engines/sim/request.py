@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agents.engines.sim.radix import Node
+from agents.engines.sim.radix import Node, namespace_parts
 
 Finish = Literal["length", "abort"]
 
@@ -86,7 +86,7 @@ class Request:
     prompt: list[int]
     max_new_tokens: int
     arrived: float
-    salt: str | None = None  # its cache namespace (`cache_salt`): a prefix is cached per salt
+    salt: str | None = None  # its cache namespace: its `cache_salt` and its LoRA adapter
     prefilled: bool = False  # PD decode: the KV cache came from a prefill server
     streaming: bool = False  # its answer is streamed (metrics' `is_streaming`)
     priority: int | None = None  # with priority scheduling on: its priority (else None)
@@ -113,6 +113,11 @@ class Request:
     @property
     def context(self) -> int:
         return len(self.prompt) + self.generated
+
+    @property
+    def adapter(self) -> str | None:
+        """Its LoRA adapter (None: the base model)."""
+        return namespace_parts(self.salt)[1]
 
     def sequence(self) -> list[int]:
         """What a prefill computes: the prompt, and after a retraction what it generated."""

@@ -83,6 +83,7 @@ class Simulator:
             seed=config.seed,
             priority=config.priority(),
             listener=self.kv_events,
+            max_loras_per_batch=config.max_loras_per_batch if config.enable_lora else None,
         )
         self.engine.set_hang(config.hang)
         self.metrics.engine = self.engine

@@ -11,7 +11,7 @@ import pytest
 
 from agents.engines.sim.cost import CostModel
 from agents.engines.sim.engine import Engine
-from agents.engines.sim.radix import Listener
+from agents.engines.sim.radix import Listener, namespace
 from agents.engines.sim.request import Priority, Request
 
 
@@ -257,3 +257,33 @@ async def test_an_abort_takes_effect_between_steps_its_rid_the_engines_until_the
     assert long.finish == "abort"
     assert long.generated < 1000
     assert not engine.running
+
+
+async def test_a_batch_holds_at_most_max_loras_per_batch_adapters_and_keys_its_cache_by_them(
+    running: list[asyncio.Task[None]],
+) -> None:
+    """Two adapters a batch (the base model one of them): a request of a third waits until
+    one of theirs has ended, while a later request of an adapter already running is taken
+    past it; an adapter's prefix is cached apart from the base model's."""
+    engine, _, _ = await _engine(max_loras_per_batch=2)
+    running.append(asyncio.create_task(engine.run()))
+    prompt = list(range(1000, 1600))
+    base = engine.new_request(prompt, 400, salt=namespace("s", None))
+    first = engine.new_request(prompt, 400, salt=namespace("s", "a"))
+    third = engine.new_request(prompt, 20, salt=namespace("s", "b"))
+    again = engine.new_request([*prompt, 7], 20, salt=namespace("s", "a"))
+    for request in (base, first, third, again):
+        engine.submit(request)
+    await _all_done([again])
+    assert not third.ended.is_set()  # passed over: its adapter had no room in the batch
+    await _all_done([base, first, third])
+    ends = [r.finished_at for r in (base, first) if r.finished_at is not None]
+    assert third.first_token_at is not None
+    assert third.first_token_at >= min(ends)
+    later = {name: engine.new_request([*prompt, 8], 1, salt=namespace("s", name))
+             for name in ("a", "c")}  # fmt: skip
+    for request in later.values():
+        engine.submit(request)
+    await _all_done(list(later.values()))
+    assert later["a"].cached == len(prompt)  # the adapter's own prefix
+    assert later["c"].cached == 0  # not the base model's nor another adapter's
