@@ -30,6 +30,7 @@ class Req:
     messages: list[dict[str, str]]
     max_tokens: int
     group: int = 0
+    model: str | None = None  # the client's model when None
 
 
 @dataclass
@@ -118,7 +119,8 @@ class Client:
         if not self.stream:
             return await self._whole(url, req)
         body = orjson.dumps({
-            "model": self.model, "messages": req.messages, "max_tokens": req.max_tokens,
+            "model": req.model or self.model, "messages": req.messages,
+            "max_tokens": req.max_tokens,
             "stream": True, "stream_options": {"include_usage": True},
         })  # fmt: skip
         sent = time.perf_counter()
@@ -162,8 +164,9 @@ class Client:
 
     async def _whole(self, url: str, req: Req) -> Result:
         body = orjson.dumps(
-            {"model": self.model, "messages": req.messages, "max_tokens": req.max_tokens}
-        )
+            {"model": req.model or self.model, "messages": req.messages,
+             "max_tokens": req.max_tokens}
+        )  # fmt: skip
         sent = time.perf_counter()
         try:
             async with self.session.post(

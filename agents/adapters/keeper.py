@@ -240,7 +240,7 @@ class AdapterKeeper:
         return entry.adapters if entry is not None else {}
 
     def status(self) -> dict[str, dict[str, object]]:
-        """Per adapter: the engines holding it, and its counts."""
+        """Per adapter: the engines holding it, those the plan keeps it on, and its counts."""
         holding: dict[str, list[str]] = {}
         for entry in self.table.entries.values():
             for name in entry.adapters:
@@ -249,6 +249,7 @@ class AdapterKeeper:
             name: {
                 "base_model": adapter.base_model,
                 "engines": sorted(holding.get(name, [])),
+                "planned": self.planned(adapter),  # the leader's: those that keep it loaded
                 **vars(self.counts.get(name, AdapterCounts())),
             }
             for name, adapter in sorted(self.adapters.items())

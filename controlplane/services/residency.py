@@ -4,11 +4,15 @@ Every period the leader sums, per region and adapter, the requests a second the 
 gateways saw (their heartbeats), and decides how many of the region's engines of the base
 model keep the adapter loaded:
 
-- a cold adapter (under `cold_rps`) on none: the engine a request goes to loads it then;
-- a hot one on its share of the engines, twice over (`HEADROOM`), at least one and at most
-  all of them, so that its requests spread as the base model's do;
+- an adapter in demand (`cold_rps` or more) on its share of the engines, twice over
+  (`HEADROOM`), at least one and at most all of them, so that its requests spread as the
+  base model's do;
 - within the engines' room: each holds `--max-loaded-loras` adapters (or, unset,
-  `--max-loras-per-batch`, SGLang's default 8), the busiest adapters served first.
+  `--max-loras-per-batch`, SGLang's default 8), the busiest adapters served first;
+- what room is left (up to `FILL` of it: the engines' choice by hash is not perfectly even)
+  keeps the others loaded on one engine each, those with some demand first, so that a newly
+  registered adapter is warm before its first request; those it cannot hold are on none, and
+  the engine a request goes to loads it then.
 
 A plan grows at once and shrinks only once demand has fallen well below what it was sized for
 (`KEEP`), so that it does not flap. What changed is written as a fact (`adapter_plans`) under
@@ -45,6 +49,7 @@ ACTOR = "residency"
 HEADROOM = 2.0
 KEEP = 0.5  # a plan shrinks once its demand is under this share of what would keep it
 SLOTS_DEFAULT = 8  # SGLang's --max-loras-per-batch
+FILL = 0.9  # of the engines' room, what adapters without demand may take (kept warm)
 
 
 @dataclass(frozen=True)
@@ -102,24 +107,56 @@ def plan(
     for region in sorted(state.regions):
         by_model: dict[str, list[str]] = {}
         for name, adapter in state.adapters.items():
-            by_model.setdefault(adapter.base_model, []).append(name)
+            if reaches(state, name, region):
+                by_model.setdefault(adapter.base_model, []).append(name)
         for model, names in sorted(by_model.items()):
             engines = ready.get((model, region), 0)
-            total = sum(rates.get((n, region), 0.0) for n in names)
             room = engines * slots.get((model, region), SLOTS_DEFAULT)
+            wants = _by_demand(names, region, rates, current, engines, room, cold_rps)
+            spare = int(room * FILL) - sum(w for w, _ in wants.values())
             for name in sorted(names, key=lambda n: (-rates.get((n, region), 0.0), n)):
-                rps, was = rates.get((name, region), 0.0), current.get((name, region), 0)
-                want = _wanted(rps, total, engines, cold_rps)
-                if want < was and _wanted(rps / KEEP, total, engines, cold_rps) >= was:
-                    want = min(was, engines)  # not far enough down to shrink
-                want = min(want, room)
-                room -= want
-                if want != was:
-                    share = rps / total if total else 0.0
-                    why = (f"{rps:.2f} requests/s, {share:.0%} of {model}'s adapters' in "
-                           f"{region}, over {engines} engine(s)")  # fmt: skip
-                    out.append(Plan(name, region, want, rps, why))
+                want, why = wants[name]
+                if want == 0 and spare > 0 and engines > 0:  # room to keep it warm
+                    want, why, spare = 1, f"room to keep it loaded in {region}", spare - 1
+                if want != current.get((name, region), 0):
+                    out.append(Plan(name, region, want, rates.get((name, region), 0.0), why))
     return out
+
+
+def _by_demand(
+    names: list[str],
+    region: str,
+    rates: Mapping[tuple[str, str], float],
+    current: Mapping[tuple[str, str], int],
+    engines: int,
+    room: int,
+    cold_rps: float,
+) -> dict[str, tuple[int, str]]:
+    """Each adapter's engines by its demand, the busiest first while room lasts, and why."""
+    total = sum(rates.get((n, region), 0.0) for n in names)
+    out = {}
+    for name in sorted(names, key=lambda n: (-rates.get((n, region), 0.0), n)):
+        rps, was = rates.get((name, region), 0.0), current.get((name, region), 0)
+        want = _wanted(rps, total, engines, cold_rps)
+        if want < was and _wanted(rps / KEEP, total, engines, cold_rps) >= was:
+            want = min(was, engines)  # not far enough down to shrink
+        want = min(want, room)
+        room -= want
+        share = rps / total if total else 0.0
+        out[name] = (want, f"{rps:.2f} requests/s, {share:.0%} of its base model's adapters' "
+                           f"in {region}, over {engines} engine(s)")  # fmt: skip
+    return out
+
+
+def reaches(state: FleetState, adapter: str, region: str) -> bool:
+    """Some tenant that may use the adapter may be served in the region (as the compiler
+    decides what reaches a region's snapshot)."""
+    jurisdiction = state.regions[region].jurisdiction
+    return any(
+        (tenant := state.tenants.get(t)) is not None
+        and (tenant.allowed_jurisdictions is None or jurisdiction in tenant.allowed_jurisdictions)
+        for t in state.adapters[adapter].tenants
+    )
 
 
 def _wanted(rps: float, total: float, engines: int, cold_rps: float) -> int:

@@ -1,5 +1,6 @@
 """Where the leader keeps tenants' adapters loaded (controlplane/services/residency.py): hot
-adapters on their share of a region's engines, cold ones on none, within the engines' room,
+adapters on their share of a region's engines, the rest on one while room lasts and then on
+none, within the engines' room,
 growing at once and shrinking only once demand has clearly fallen; and what it decides
 reaches the region's snapshot, as a fact, while a bound tenant's adapter reaches no region
 outside its jurisdiction whatever its demand."""
@@ -46,26 +47,34 @@ def _planned(
     return {c.adapter: c.engines for c in changes if c.region == REGION}
 
 
-def test_hot_adapters_go_on_their_share_of_the_engines_and_cold_ones_on_none() -> None:
+def test_adapters_in_demand_go_on_their_share_of_the_engines_the_rest_on_one_while_room_lasts(
+) -> None:  # fmt: skip
     state, model = _state()
     rates = {"hot": 3.0, "warm": 0.5, "cold": 0.01}
-    assert _planned(state, rates, 8, model) == {"hot": 8, "warm": 3}  # cold: no change from 0
-    assert _planned(state, rates, 1, model) == {"hot": 1, "warm": 1}
+    # 8 engines of 8 adapters each: room for all, the one without demand kept warm on one
+    assert _planned(state, rates, 8, model) == {"hot": 8, "warm": 3, "cold": 1}
+    assert _planned(state, rates, 1, model) == {"hot": 1, "warm": 1, "cold": 1}
+    assert _planned(state, {}, 1, model) == {"cold": 1, "hot": 1, "warm": 1}  # none asked yet
 
 
 def test_the_plan_fits_the_engines_room_busiest_first() -> None:
     state, model = _state({"max-loras-per-batch": 1})
     rates = {"hot": 3.0, "warm": 0.5, "cold": 0.3}
     assert _planned(state, rates, 2, model) == {"hot": 2}  # two engines, one adapter each
+    state, model = _state({"max-loaded-loras": 2, "max-loras-per-batch": 1})
+    # 3 engines of 2 each: by demand hot on 3, warm and cold on one each; 90% of the 6 is 5:
+    # nothing left to keep warm
+    assert _planned(state, rates, 3, model) == {"hot": 3, "warm": 1, "cold": 1}
+    assert _planned(state, {"warm": 0.5}, 3, model) == {"warm": 3, "cold": 1, "hot": 1}
 
 
 def test_a_plan_shrinks_only_once_demand_has_clearly_fallen() -> None:
     state, model = _state()
-    held = {"hot": 8, "warm": 3}
+    held = {"hot": 8, "warm": 3, "cold": 1}
     # less demand, not yet half: each keeps its engines
     assert _planned(state, {"hot": 2.6, "warm": 0.3}, 8, model, held) == {}
-    # demand gone: both go cold
-    assert _planned(state, {"hot": 0.0, "warm": 0.0}, 8, model, held) == {"hot": 0, "warm": 0}
+    # demand gone: each kept warm on one engine, as room allows
+    assert _planned(state, {"hot": 0.0, "warm": 0.0}, 8, model, held) == {"hot": 1, "warm": 1}
 
 
 def test_the_plan_reaches_the_regions_snapshot_and_a_bound_tenant_stays_home() -> None:

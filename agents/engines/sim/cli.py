@@ -64,6 +64,9 @@ SHUTDOWN_GRACE_S = 5
               help="past it the least recently used adapter is unloaded")  # fmt: skip
 @click.option("--lora-backend", default="csgmv", help="accepted, as SGLang's; nothing changes")
 @click.option("--lora-load-s", type=float, default=0.05, help="seconds to load an adapter")
+@click.option("--lora-paths", multiple=True,
+              help="name=path, again for each: adapters it knows from the start, as if loaded "
+              "once and unloaded since (a request naming one loads it)")  # fmt: skip
 @click.option("--startup-s", type=float, default=0.0, help="seconds before /health turns 200")
 @click.option("--speed-factor", type=float, default=1.0,
               help="the engine's hardware speed: 2 runs every step in half the time")  # fmt: skip
@@ -81,7 +84,7 @@ def sim_command(**options: Any) -> None:
 
     Costs follow SGLang serving Llama-3.1-8B on one H100; see agents/engines/sim/cost.py.
     """
-    options = {k: v for k, v in options.items() if v is not None}
+    options = {k: v for k, v in options.items() if v is not None and v != ()}
     try:
         if "kv_events_config" in options:
             options["kv_events_config"] = json.loads(options["kv_events_config"])

@@ -54,6 +54,7 @@ class SimConfig(BaseModel):
     lora_backend: str = "csgmv"
     # Simulator knobs.
     lora_load_s: float = Field(default=0.05, ge=0, le=60, description="time to load an adapter")
+    lora_paths: tuple[str, ...] = Field(default=(), description="name=path of adapters it knows")
     startup_s: float = Field(default=0.0, ge=0, le=600, description="time to 'load weights'")
     speed_factor: float = Field(
         default=1.0, gt=0, le=100, description="this engine's hardware speed: 2 is twice as fast"
@@ -83,6 +84,8 @@ class SimConfig(BaseModel):
                 "When no initial --lora-paths is provided, you need to specify both "
                 "--max-lora-rank and --lora-target-modules for LoRA initialization."
             )
+        if any("=" not in p for p in self.lora_paths):
+            raise ValueError("--lora-paths takes name=path")
         if self.max_loaded_loras is not None and self.max_loaded_loras < self.max_loras_per_batch:
             raise ValueError("--max-loaded-loras must be at least --max-loras-per-batch")
         return self

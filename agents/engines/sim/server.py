@@ -6,7 +6,8 @@ simulator; GET /sim/faults shows them. A poison is text that kills the engine at
 an inference request's body holds it, as a request that hits an engine's bug does. The
 quality faults keep the engine healthy by every check while it answers wrong: `output`
 "garbage" (characters no prompt uses) or "repeat" (one token, "!", over and over), and
-`logprob_shift`, wrong weights of adjustable size (tokens.logprob).
+`logprob_shift`, wrong weights of adjustable size (tokens.logprob). GET /sim/lora counts
+the adapters' loads (the benchmarks' cold loads, wherever they were asked for).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import datetime
 import logging
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal
 
@@ -31,7 +33,7 @@ from agents.engines.sim.config import VERSION, SimConfig
 from agents.engines.sim.engine import Engine
 from agents.engines.sim.generation import Kv, SimError, finished, parse
 from agents.engines.sim.kv_events import KvEvents
-from agents.engines.sim.lora import Loras
+from agents.engines.sim.lora import Loras, Ref
 from agents.engines.sim.metrics import Metrics
 from agents.engines.sim.request import EngineBusy, Faults, InjectedError
 
@@ -90,6 +92,9 @@ class Simulator:
         self.kv = Kv.new(self.metrics)
         self.loras = Loras(config.enable_lora, config.max_lora_rank, config.max_loaded_loras,
                            config.lora_load_s)  # fmt: skip
+        for named in config.lora_paths:
+            name, _, path = named.partition("=")
+            self.loras.known[name] = Ref(name, path, uuid.uuid4().hex, False)
         self.started = time.time()
         self.ready = False
 
@@ -139,6 +144,7 @@ class Simulator:
             Route("/abort_request", self._guard(self.abort_request), methods=["POST"]),
             Route("/metrics", self.prometheus),
             Route("/sim/faults", self._guard(self.faults), methods=["GET", "POST"]),
+            Route("/sim/lora", self._guard(self.lora_loads), methods=["GET"]),
         ]
         return Starlette(routes=routes, lifespan=self.lifespan,
                          exception_handlers={404: _not_found})  # fmt: skip
@@ -280,6 +286,11 @@ class Simulator:
     async def models(self, _request: HttpRequest) -> Response:
         cards = self.loras.cards(self.config.served_model_name, int(self.started))
         return JSONResponse({"object": "list", "data": [self._model_card(), *cards]})
+
+    async def lora_loads(self, _request: HttpRequest) -> Response:
+        """The simulator's own: the loads it has done (each one's time spent, whoever asked:
+        the run-time API, or a request naming one it had unloaded), and what it holds."""
+        return JSONResponse({"loads": self.loras.loads, "loaded": list(self.loras.loaded)})
 
     async def load_lora_adapter(self, request: HttpRequest) -> Response:
         body = await parse(request, _LoadLora)
