@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from bench import batch, classes, escalation, quotas, revocation, rollout
+from bench import adapter_run, batch, classes, escalation, quotas, revocation, rollout
+from bench import adapters as adapters_bench
 from bench.needs import plot_beside, requires, scratch
 
 
@@ -153,7 +154,34 @@ def batch_command(
         asyncio.run(batch.run(options))
 
 
+@click.command("adapters")
+@click.option("--adapters", type=click.IntRange(1, 10_000), default=1000, show_default=True)
+@click.option("--engines", type=click.IntRange(1, 16), default=4, show_default=True,
+              help="simulated engines in each of the two regions")  # fmt: skip
+@click.option("--rate", type=click.FloatRange(0.1, 1000), default=6.0, show_default=True,
+              help="requests a second into each region")  # fmt: skip
+@click.option("--seconds", type=click.FloatRange(5, 3600), default=45, show_default=True,
+              help="of traffic for each contender")  # fmt: skip
+@click.option("--load-s", type=click.FloatRange(0, 60), default=0.05, show_default=True,
+              help="an engine's time to load an adapter")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def adapters_command(
+    adapters: int, engines: int, rate: float, seconds: float, load_s: float, out: Path | None
+) -> None:
+    """Tenants' LoRA adapters with Zipf demand over two regions: Meridian's residency and
+    adapter-aware routing against sglang-router's cache_aware and round_robin (which do not
+    see adapters): TTFT of adapter and base requests, cold-load stalls; for Meridian the time
+    to residency after registration and after an engine's restart, and another tenant's uses."""
+    requires("sglang_router")
+    with scratch("adapters") as root:
+        options = adapters_bench.Options(adapters=adapters, engines=engines, rate=rate,
+                                         seconds=seconds, load_s=load_s, out=out,
+                                         root=root)  # fmt: skip
+        asyncio.run(adapter_run.run(options))
+
+
 COMMANDS = (
+    adapters_command,
     escalation_command,
     revocation_command,
     rollout_command,
