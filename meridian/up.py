@@ -34,6 +34,7 @@ from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
 from controlplane.db.provision import database_url
 from controlplane.settings import Settings
+from meridian import local_adapters
 from meridian import real_engines
 from meridian import reaper as reaper_env
 from meridian.local_agents import (
@@ -349,6 +350,8 @@ def up_command(fleet: Path | None, engines: str, port: int | None, no_browser: b
         fleet = real_engines.prepare(settings.data_dir, fleet or real_engines.SGLANG_FLEET, console)
         timeout_s = real_engines.ENGINES_TIMEOUT_S
     fleet = fleet or EXAMPLE_FLEET
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    fleet = local_adapters.prepare(settings.data_dir, fleet, console)
 
     async def main() -> None:
         task = asyncio.current_task()

@@ -8,8 +8,8 @@ would answer "never loaded".
 
 For this node's own engines the keeper also keeps what each should hold: what the leader
 plans (an adapter on `resident` engines of its base model, the same ones whichever agent
-chooses: the highest by a hash of adapter and engine, among those with LoRA), and what it
-held while ready. An engine that restarts comes back with none and takes no request for
+chooses: by a hash of adapter and engine, among those with LoRA and room: `placement`), and
+what it held while ready. An engine that restarts comes back with none and takes no request for
 them until they are loaded again (it does, at once); an adapter's new version replaces the
 old one where it is held; an adapter gone from the snapshot is unloaded.
 """
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 TIDY_S = 1.0  # how often this node's engines are brought to what they should hold
 COLD_LOAD_S = 1.0  # a cold load's time, predicted, until one has been measured
 LOAD_TIMEOUT_S = 120.0
+ENGINE_FILL = 0.9  # of the adapters an engine holds at once, what the plan may place on it
+RETRY_FAILED_S = 30.0  # a load that failed is not tried again sooner in the background
 JSON = {"Content-Type": "application/json"}
 
 
@@ -69,6 +71,8 @@ class AdapterKeeper:
         self._measured: float | None = None  # a cold load's time, averaged
         self._tidy_files = False  # versions no longer in force are to go from the cache
         self._started = clock()
+        self._failed_at: dict[tuple[str, str, str], float] = {}  # a load's last failure
+        self._placed: tuple[object, dict[str, list[str]]] | None = None  # placement()'s
         self._told: dict[str, tuple[int, float]] = {}  # requests at the last heartbeat, when
 
     def configure(self, adapters: Mapping[str, AdapterConfig]) -> None:
@@ -115,22 +119,26 @@ class AdapterKeeper:
             if held is not None and held != path:  # an older version: replaced
                 await self._call(entry, contract.UNLOAD_LORA, {"lora_name": adapter.name})
             load = {"lora_name": adapter.name, "lora_path": path, "pinned": False}
-            await self._call(entry, contract.LOAD_LORA, load)
+            loaded = await self._call(entry, contract.LOAD_LORA, load)
         except AdapterUnavailable as error:
+            self._failed_at[(entry.spec.id, adapter.name, str(self.files.place(adapter)))] = (
+                self.clock()
+            )
             counts.failures += 1
             counts.last_error = error.message
             log.warning("%s", error.message)
             raise
         elapsed = self.clock() - started
-        counts.loads += 1
-        if cold:
+        counts.loads += loaded
+        if cold and loaded:  # (one the engine held already, as it had not yet said: none)
             counts.cold_loads += 1
             counts.cold_load_s += elapsed
             last = self._measured
             self._measured = elapsed if last is None else 0.8 * last + 0.2 * elapsed
         self.table.holds(entry.spec.id, {**entry.adapters, adapter.name: path})
 
-    async def _call(self, entry: WorkerEntry, path: str, body: dict[str, object]) -> None:
+    async def _call(self, entry: WorkerEntry, path: str, body: dict[str, object]) -> bool:
+        """Whether the engine did it (False: it held the adapter already, or did not)."""
         http = self._session()
         name = body["lora_name"]
         try:
@@ -142,11 +150,11 @@ class AdapterKeeper:
                 f"adapter {name}: {entry.spec.id} did not answer {path}: {error!r}"
             ) from error
         if answer.status == 200:
-            return
+            return True
         if path == contract.LOAD_LORA and contract.ALREADY_LOADED in text:
-            return
+            return False
         if path == contract.UNLOAD_LORA and answer.status == 400:
-            return  # not held (evicted, or the engine restarted): as good as unloaded
+            return False  # not held (evicted, or the engine restarted): as good as unloaded
         raise AdapterUnavailable(
             f"adapter {name}: {entry.spec.id} answered {path} with {answer.status}: {text[:300]}"
         )
@@ -172,14 +180,39 @@ class AdapterKeeper:
 
     def planned(self, adapter: AdapterConfig) -> list[str]:
         """The engines of the region that keep the adapter loaded, by the leader's plan."""
-        if adapter.resident <= 0:
-            return []
-        able = [
-            e.spec.id for e in self.table.entries.values()
-            if e.spec.model == adapter.base_model and e.info is not None and e.info.lora
-        ]  # fmt: skip
-        able.sort(key=lambda engine: _rank(adapter.name, engine), reverse=True)
-        return able[: adapter.resident]
+        return self.placement().get(adapter.name, [])
+
+    def placement(self) -> dict[str, list[str]]:
+        """The leader's plan placed on engines, the same by every agent of the region: the
+        adapters taken in order (the widest plan first, then by name), each on the first
+        engines of its base model by a hash of adapter and engine that have room left
+        (`ENGINE_FILL` of what each holds, so that a request for another adapter loads it
+        without unloading a planned one). Worked out again when the adapters or the engines
+        change."""
+        able = sorted(
+            (e.spec.id, e.spec.model, e.info.max_loaded_loras)
+            for e in self.table.entries.values()
+            if e.info is not None and e.info.lora
+        )  # fmt: skip
+        key = (id(self.adapters), tuple(able))
+        if self._placed is not None and self._placed[0] == key:
+            return self._placed[1]
+        room = {e: (int(most * ENGINE_FILL) if most else None) for e, _, most in able}
+        out: dict[str, list[str]] = {}
+        for adapter in sorted(self.adapters.values(), key=lambda a: (-a.resident, a.name)):
+            if adapter.resident <= 0:
+                continue
+            engines = sorted((e for e, model, _ in able if model == adapter.base_model),
+                             key=lambda e: _rank(adapter.name, e), reverse=True)  # fmt: skip
+            chosen: list[str] = []
+            for e in engines:
+                left = room[e]
+                if len(chosen) < adapter.resident and (left is None or left > 0):
+                    chosen.append(e)
+                    room[e] = None if left is None else left - 1
+            out[adapter.name] = chosen
+        self._placed = (key, out)
+        return out
 
     async def tidy(self) -> None:
         """Each ready engine here brought to what it should hold: what the plan puts on it,
@@ -187,9 +220,9 @@ class AdapterKeeper:
         jobs = []
         local = set(self.local())
         planned: dict[str, set[str]] = {}
-        for adapter in self.adapters.values():
-            for engine_id in self.planned(adapter):
-                planned.setdefault(engine_id, set()).add(adapter.name)
+        for name, engines in self.placement().items():
+            for engine_id in engines:
+                planned.setdefault(engine_id, set()).add(name)
         for engine_id in local:
             entry = self.table.get(engine_id)
             if entry is None or entry.engine_state != READY or entry.info is None:
@@ -201,7 +234,10 @@ class AdapterKeeper:
             should = self.should.setdefault(engine_id, set())
             should.intersection_update(self.adapters)
             for name in sorted(should | planned.get(engine_id, set())):
-                jobs.append(self.ensure(entry, self.adapters[name], cold=False))
+                adapter = self.adapters[name]
+                failed = self._failed_at.get((engine_id, name, str(self.files.place(adapter))))
+                if failed is None or self.clock() - failed >= RETRY_FAILED_S:
+                    jobs.append(self.ensure(entry, adapter, cold=False))
             for name in sorted(set(entry.adapters) - set(self.adapters)):
                 jobs.append(self._unload(entry, name))
         results = await asyncio.gather(*jobs, return_exceptions=True)

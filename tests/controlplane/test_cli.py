@@ -17,7 +17,7 @@ async def test_apply_command_shows_the_diff_and_is_idempotent(server: Server) ->
 
     code, output = await run_cli("apply", "-f", str(EXAMPLE), env=env)
     assert code == 0, output
-    assert "27 object(s) changed; revision 1" in output
+    assert "28 object(s) changed; revision 1" in output
 
     code, output = await run_cli("apply", "-f", str(EXAMPLE), env=env)
     assert code == 0, output

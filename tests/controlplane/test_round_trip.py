@@ -126,6 +126,4 @@ def test_the_example_fleet_has_every_updatable_kind() -> None:
     document = yaml.safe_load(EXAMPLE.read_text())
     missing = set(UPDATABLE) - {key.replace("_", "-") for key in document}
     missing -= {"principals", "api-keys"}  # made by the test and the harness
-    # made by the test until the local fleet's agents load adapters (issue 45)
-    missing -= {"adapters"}
     assert not missing

@@ -115,7 +115,8 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         token = (data_dir / "admin-token").read_text().strip()
         assert token in output
         assert f"http://127.0.0.1:{port}" in output
-        assert "27 object(s) changed; revision 1" in output
+        assert "28 object(s) changed; revision 1" in output
+        assert "LoRA adapter(s) acme-support made in" in output
         # the example's pools name groups: `meridian up` plays their clouds
         assert "local cloud on http://127.0.0.1:" in output
         for engine in ENGINES:
@@ -133,6 +134,9 @@ async def test_up_runs_the_example_fleet_and_stops_cleanly(workdir: Path) -> Non
         local = json.loads((data_dir / "local-fleet.json").read_text())
         answer = await _chat_through(local, "eu-west", "eurobank")
         assert answer.headers["x-meridian-region"] == "eu-west"
+        # the example's adapter, made by `meridian up`, served to acme
+        tuned = await _chat_through(local, "us-east", "acme", model="acme-support")
+        assert tuned.headers["x-meridian-region"] == "us-east"
         assert local["admin_url"] == f"http://127.0.0.1:{port}"
         assert local["admin_token"] == token
         assert sorted(local["models"]) == ["llama-3.1-8b-instruct", "qwen2.5-32b-instruct"]
@@ -244,13 +248,16 @@ async def _demo(fleet_file: Path) -> str:
     return out.decode()
 
 
-async def _chat_through(local: dict[str, Any], region: str, tenant: str) -> Any:
+async def _chat_through(
+    local: dict[str, Any], region: str, tenant: str, model: str | None = None
+) -> Any:
     """A chat completion through a region's gateway, with the openai client, as a user would."""
     gateway = next(r["gateway_url"] for r in local["regions"] if r["name"] == region)
     key = next(t["api_key"] for t in local["tenants"] if t["name"] == tenant)
     async with openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0) as client:
         raw = await client.chat.completions.with_raw_response.create(
-            model=local["models"][0], messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            model=model or local["models"][0], messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
         )
     assert raw.parse().choices[0].message.content
     return raw
