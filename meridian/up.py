@@ -34,8 +34,7 @@ from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import Database
 from controlplane.db.provision import database_url
 from controlplane.settings import Settings
-from meridian import local_adapters
-from meridian import real_engines
+from meridian import local_adapters, real_engines
 from meridian import reaper as reaper_env
 from meridian.local_agents import (
     ENGINES_TIMEOUT_S,

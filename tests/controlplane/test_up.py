@@ -256,7 +256,8 @@ async def _chat_through(
     key = next(t["api_key"] for t in local["tenants"] if t["name"] == tenant)
     async with openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0) as client:
         raw = await client.chat.completions.with_raw_response.create(
-            model=model or local["models"][0], messages=[{"role": "user", "content": "hi"}],
+            model=model or local["models"][0],
+            messages=[{"role": "user", "content": "hi"}],
             max_tokens=2,
         )
     assert raw.parse().choices[0].message.content
