@@ -132,22 +132,26 @@ class _Status:
         found: dict[str, Any] = (await self.http.get(url, headers=self.headers)).json()["adapters"]
         return found
 
-    async def resident(self, engine: str | None = None) -> bool:
-        """Every adapter held where the plan puts it (on `engine` only, when given), and some
-        planned at all."""
+    async def resident(self, engine: str | None = None, names: set[str] | None = None) -> bool:
+        """Every adapter (of `names`, when given) held where the plan puts it (on `engine`
+        only, when given), and some planned at all."""
         planned = 0
         for r in self.gateways:
-            for a in (await self.adapters(r)).values():
+            for name, a in (await self.adapters(r)).items():
+                if names is not None and name not in names:
+                    continue
                 want = [e for e in a["planned"] if engine is None or e == engine]
                 planned += len(want)
                 if not set(want) <= set(a["engines"]):
                     return False
         return planned > 0
 
-    async def until_resident(self, within_s: float, engine: str | None = None) -> None:
+    async def until_resident(
+        self, within_s: float, engine: str | None = None, names: set[str] | None = None
+    ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
-        while not await self.resident(engine):
+        while not await self.resident(engine, names):
             if loop.time() > deadline:
                 raise RuntimeError("the residency plan was not loaded in time")
             await asyncio.sleep(0.2)
@@ -178,14 +182,21 @@ async def _kill(
         stack.push_async_callback(stop_child, child.process)
         await wait_ready(child.url, child.process, 60, path="/ready", what="a simulator")
         timing["ready"] = loop.time()
+        asked = {n for n, a in (await status.adapters(A)).items()
+                 if a["requests"] and engine in a["planned"]}  # fmt: skip
+        await status.until_resident(60, engine, asked)
+        timing["asked_restored"] = loop.time()
         await status.until_resident(60, engine)
         timing["restored"] = loop.time()
+        timing["asked"] = len(asked)
 
     killing = asyncio.ensure_future(kill_and_restart())
     results = await phase(client, gateways, reqs, o.rate, seed=20)
     await killing
     return {
         "restored_s_after_ready": round(timing["restored"] - timing["ready"], 2),
+        "asked_restored_s_after_ready": round(timing["asked_restored"] - timing["ready"], 2),
+        "asked_adapters": int(timing["asked"]),
         "failed": sum(r.status != 200 for r in results),
         "not_loaded_400": sum(r.status == 400 for r in results),
         "requests": len(results),
@@ -222,10 +233,12 @@ def _report(console: Console, result: dict[str, Any]) -> None:
     if m:
         kill = m.get("engine_kill", {})
         back = kill.get("restored_s_after_ready")
+        asked = kill.get("asked_restored_s_after_ready")
         console.print(
             f"meridian: residency reached {m['residency_reached_s']} s after registration; "
-            f"an engine killed and restarted: its adapters back {back}"
-            f" s after it was ready, {kill.get('failed')} failed ({kill.get('not_loaded_400')} "
+            f"an engine killed and restarted: the {kill.get('asked_adapters')} of its adapters "
+            f"asked for so far back {asked} s after it was ready, all {back} s after; "
+            f"{kill.get('failed')} failed ({kill.get('not_loaded_400')} "
             f"'not loaded'); another tenant served {m.get('other_tenant', {}).get('served')} of "
             f"{m.get('other_tenant', {}).get('asked')} asks for acme's adapters"
         )

@@ -233,7 +233,9 @@ class AdapterKeeper:
                 self.should[engine_id] = set(entry.adapters)
             should = self.should.setdefault(engine_id, set())
             should.intersection_update(self.adapters)
-            for name in sorted(should | planned.get(engine_id, set())):
+            wanted = should | planned.get(engine_id, set())
+            # the busiest first: the engine loads one at a time, and their requests wait
+            for name in sorted(wanted, key=lambda n: (-self._requests(n), n)):
                 adapter = self.adapters[name]
                 failed = self._failed_at.get((engine_id, name, str(self.files.place(adapter))))
                 if failed is None or self.clock() - failed >= RETRY_FAILED_S:
@@ -270,6 +272,10 @@ class AdapterKeeper:
                 failures=counts.failures,
             ))  # fmt: skip
         return out
+
+    def _requests(self, name: str) -> int:
+        counts = self.counts.get(name)
+        return counts.requests if counts is not None else 0
 
     def _held(self, engine_id: str) -> dict[str, str]:
         entry = self.table.get(engine_id)

@@ -74,7 +74,6 @@ class Ranking:
 class Policy:
     name = "policy"
     uses_prefix = False
-    prices_cold_loads = False  # it weighs an adapter's cold load itself (else held ones first)
 
     def __init__(self, params: PolicyParams) -> None:
         self.params = params
@@ -201,7 +200,6 @@ class Cost(Policy):
 
     name = "cost"
     uses_prefix = True
-    prices_cold_loads = True
 
     def rank(self, candidates: list[Candidate], request: RouteRequest) -> Ranking:
         p = self.params

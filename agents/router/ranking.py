@@ -3,8 +3,10 @@ with an open breaker left out and counted, those at the route's in-flight limit 
 for a model with prefill workers, the PD choice (prefill here or on a prefill worker). The
 router (agents/router/router.py) holds the state; this reads it (a worker's view takes its
 engine's latest poll, through the view's own method). A request for a LoRA adapter goes first
-to workers that hold it, then to those with room to load it (the cost policy instead prices
-the load in its predicted TTFT)."""
+to workers that hold it, then to those with room to load it, whatever the policy: a load
+where it is not held unloads another adapter there sooner or later, which a later request
+waits for (measured: `meridian bench adapters`, bench/README.md). The cost policy counts the
+load's time in its predicted TTFT, which admission reads."""
 
 from __future__ import annotations
 
@@ -56,8 +58,8 @@ def rank(
         for c in open_:
             c.cold_s = 0.0 if request.adapter in c.entry.adapters else request.cold_load_s
     ranked = policy.rank(open_, request)
-    if request.adapter is not None and not policy.prices_cold_loads:
-        ranked.ranked.sort(key=lambda c: residency(c, request.adapter))  # stable: its order
+    if request.adapter is not None:  # stable: the policy's order within each
+        ranked.ranked.sort(key=lambda c: residency(c, request.adapter))
     return Decision(
         policy.name, ranked.ranked, ranked.reason, full + ranked.vetoed, unavailable, total,
         model=route.model,

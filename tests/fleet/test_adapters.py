@@ -200,3 +200,63 @@ async def test_an_adapter_request_escalates_to_a_peer_that_loads_it(
         assert west["cold_loads"] == 1
         assert len(west["engines"]) == 1
         assert (await fleet.escalations(REGION)).get(("out", "us-west"), 0) >= 3
+
+
+WAVES = {"name": "default", "canary": "node", "waves": [{"count": 1}, {"percent": 100}],
+         "bake_s": 3, "checks": {"min_requests": 10, "wait_for_traffic_s": 60}}  # fmt: skip
+
+
+async def _versions(fleet: Fleet, region: str) -> set[str]:
+    """The digests (their first 32 hex digits, as the agent's cache names a version) of the
+    acme-support the region's engines hold, as the engines themselves list it."""
+    found = set()
+    async with httpx.AsyncClient(timeout=5) as http:
+        for engine in (await fleet.status(region))["engines"]:
+            models = (await http.get(f"{engine['url']}/v1/models")).json()["data"]
+            found |= {Path(m["root"]).name for m in models if m["id"] == "acme-support"}
+    return found
+
+
+async def test_a_new_version_reaches_the_canary_first_and_leaves_it_when_aborted(
+    waved_database_url: str, tmp_path: Path
+) -> None:
+    """A new version of an adapter (its source and digest) is an intent change: it rolls out
+    in waves, so the canary region's engines hold it while the other's still hold the old
+    one; the rollout aborted, the canary's engines hold the old one again."""
+    adapters = tmp_path / "adapters"
+    lora = _lora_region(adapters, {"llama-us-east": 1, "llama-us-west": 1})
+
+    def change(doc: dict[str, Any]) -> None:
+        lora(doc)
+        doc["rollout_policies"] = [WAVES]
+
+    new = write_adapter(adapters / "acme-support-v2", adapters, seed=9, rank=4)
+    regions = (REGION, "us-west")
+    env = {"ADAPTER_RESIDENCY_S": "1"}
+    async with fleet_of(waved_database_url, tmp_path, regions, change, cp_env=env) as fleet:
+        old, fresh = digest_of(adapters / "acme-support")[7:39], digest_of(new)[7:39]
+        for region in regions:  # kept warm once registered
+            await eventually(lambda r=region: _held_as(fleet, r, {old}), within_s=30)
+        async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN, timeout=30) as http:
+            changed = await http.patch(
+                "/v1/adapters/acme-support", json={"source": str(new), "digest": digest_of(new)},
+                headers={"If-Match": "*"},
+            )  # fmt: skip
+            assert changed.status_code == 200, changed.text
+
+            async def canary() -> str | None:
+                held = {r: await _versions(fleet, r) for r in regions}
+                first = [r for r, v in held.items() if v == {fresh}]
+                return first[0] if len(first) == 1 else None
+
+            first = await eventually(canary, within_s=30)
+            rest = next(r for r in regions if r != first)
+            assert await _versions(fleet, rest) == {old}  # not yet its wave
+            aborted = await http.post("/v1/rollouts/current/abort")
+            assert aborted.status_code == 200, aborted.text
+        await eventually(lambda: _held_as(fleet, first, {old}), within_s=30)
+        assert await _versions(fleet, rest) == {old}
+
+
+async def _held_as(fleet: Fleet, region: str, versions: set[str]) -> bool:
+    return await _versions(fleet, region) == versions

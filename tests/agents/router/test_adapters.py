@@ -1,6 +1,6 @@
 """A request for a LoRA adapter goes where the adapter is held (then where there is room to
-load it), whatever the policy's own order; the cost policy prices the load instead, in its
-predicted TTFT, so a held engine that is busy enough may lose to an idle one."""
+load it), whatever the policy's own order, while the holder takes requests; the cost policy
+counts a load's time in its predicted TTFT."""
 
 from __future__ import annotations
 
@@ -37,12 +37,24 @@ def test_round_robin_sends_an_adapter_where_it_is_held_then_where_there_is_room(
     assert firsts == {"w0", "w1", "w2"}  # the base model's requests: in turn, as before
 
 
-def test_the_cost_policy_prices_a_cold_load_against_a_busy_holder() -> None:
+def test_the_cost_policy_keeps_to_the_holder_while_it_takes_requests_and_prices_the_load(
+) -> None:  # fmt: skip
     router, _, table = router_of("cost", workers=2)
     _lora(table, "w0", None, {ADAPTER: "/a"})
     _lora(table, "w1", None, {})
-    assert _order(router, 2)[0] == "w0"  # both idle: the load is what tells them apart
-    for pending, first in ((5_000, "w0"), (20_000, "w1")):  # prompts queued at the holder
-        load = EngineLoad(running=4, waiting=1, pending_tokens=pending, max_total_tokens=100_000)
-        table.polled("w0", load, fail_after=2)
-        assert _order(router, 2)[0] == first
+    busy = EngineLoad(running=4, waiting=1, pending_tokens=20_000, max_total_tokens=100_000)
+    table.polled("w0", busy, fail_after=2)
+    # a load elsewhere would be sooner for this request; it would unload another adapter
+    # there, which a later request waits for: the holder first
+    assert _order(router, 2) == ["w0", "w1"]
+    config = router.config
+    assert config is not None
+    request = router.request(MODEL, SYSTEM + b"hello")
+    request.adapter, request.cold_load_s = ADAPTER, 0.5
+    decision = router.route(config.routes[MODEL], request, set())
+    idle = next(c for c in decision.ranked if c.worker.id == "w1")
+    assert idle.cold_s == 0.5
+    assert idle.ttft_s >= 0.5  # its load counted in its predicted first token
+    full = EngineLoad(running=4, waiting=400, max_total_tokens=100_000)
+    table.polled("w0", full, fail_after=2)
+    assert _order(router, 2) == ["w1"]  # a holder that takes nothing more: loaded elsewhere
