@@ -182,12 +182,16 @@ async def _kill(
         stack.push_async_callback(stop_child, child.process)
         await wait_ready(child.url, child.process, 60, path="/ready", what="a simulator")
         timing["ready"] = loop.time()
-        asked = {n for n, a in (await status.adapters(A)).items()
-                 if a["requests"] and engine in a["planned"]}  # fmt: skip
-        await status.until_resident(60, engine, asked)
-        timing["asked_restored"] = loop.time()
-        await status.until_resident(60, engine)
-        timing["restored"] = loop.time()
+        adapters = await status.adapters(A)
+        planned = {n for n, a in adapters.items() if engine in a["planned"]}
+        asked = {n for n in planned if adapters[n]["requests"]}
+        async with httpx.AsyncClient(timeout=10) as http:  # the engine's own word
+            for names, mark in ((asked, "asked_restored"), (planned, "restored")):
+                while not names <= set((await http.get(f"{child.url}/sim/lora")).json()["loaded"]):
+                    if loop.time() - timing["ready"] > 120:
+                        raise RuntimeError(f"{engine} did not get its adapters back")
+                    await asyncio.sleep(0.05)
+                timing[mark] = loop.time()
         timing["asked"] = len(asked)
 
     killing = asyncio.ensure_future(kill_and_restart())

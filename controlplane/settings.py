@@ -87,8 +87,8 @@ class Settings(BaseSettings):
     )  # fmt: skip
     adapter_cold_rps: float = Field(
         default=0.02, ge=0, le=1000,
-        description="an adapter with fewer requests a second in a region is kept loaded on "
-        "none of its engines there: the engine a request goes to loads it then",
+        description="an adapter with fewer requests a second in a region is kept loaded "
+        "there only while its engines have room left (on one of them)",
     )  # fmt: skip
     usage_reconcile_s: float = Field(
         default=3600.0, ge=10, le=86400,
