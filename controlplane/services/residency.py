@@ -36,12 +36,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import AdapterRow, RegionRow
 from controlplane.db.planner_rows import AdapterPlanRow
+from controlplane.domain import EngineBackend, PdMode
 from controlplane.services.fleet_state import ADAPTER_PLAN, FleetReader
 from controlplane.services.placements import commit
 from controlplane.services.planner.demand import Heartbeat
 from controlplane.services.planner.inputs import heartbeats
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.unit import UnitOfWork
+from controlplane.snapshot.placement import engines as unified_engines
 from controlplane.snapshot.types import FleetState
 
 log = logging.getLogger(__name__)
@@ -80,21 +82,26 @@ def demand(beats: Iterable[Heartbeat]) -> dict[tuple[str, str], float]:
     return out
 
 
-def engines_ready(beats: Iterable[Heartbeat]) -> dict[tuple[str, str], int]:
-    """Engines ready per (model, region)."""
+def declared_engines(state: FleetState) -> dict[tuple[str, str], int]:
+    """Engines per (model, region) that may serve a request: as the fleet declares them (the
+    planner's count for an autoscaled deployment; a disaggregated one's decode engines), not
+    as they happen to be ready, so that an engine restarting moves no adapter."""
     out: dict[tuple[str, str], int] = {}
-    for beat in beats:
-        for engine in beat.telemetry.get("engines", []):
-            if engine.get("state") == "ready":
-                key = (str(engine.get("model", "")), beat.region)
-                out[key] = out.get(key, 0) + 1
+    for name, d in state.deployments.items():
+        if d.backend is EngineBackend.EXTERNAL:
+            count = len(d.external_urls)
+        elif d.pd_mode is PdMode.DISAGGREGATED:
+            count = d.decode_replicas
+        else:
+            count = unified_engines(d, state.planned.get(name))
+        out[(d.model, d.region)] = out.get((d.model, d.region), 0) + count
     return out
 
 
 def plan(
     state: FleetState,
     rates: Mapping[tuple[str, str], float],
-    ready: Mapping[tuple[str, str], int],
+    engines_of: Mapping[tuple[str, str], int],
     current: Mapping[tuple[str, str], int],
     cold_rps: float,
 ) -> list[Plan]:
@@ -110,7 +117,7 @@ def plan(
             if reaches(state, name, region):
                 by_model.setdefault(adapter.base_model, []).append(name)
         for model, names in sorted(by_model.items()):
-            engines = ready.get((model, region), 0)
+            engines = engines_of.get((model, region), 0)
             room = engines * slots.get((model, region), SLOTS_DEFAULT)
             wants = _by_demand(names, region, rates, current, engines, room, cold_rps)
             spare = int(room * FILL) - sum(w for w, _ in wants.values())
@@ -191,7 +198,7 @@ class Residency:
             beats = await heartbeats(session)
             current = {(a, r): n for a, regions in state.resident.items()
                        for r, n in regions.items()}  # fmt: skip
-            changes = plan(state, demand(beats), engines_ready(beats), current, self.cold_rps)
+            changes = plan(state, demand(beats), declared_engines(state), current, self.cold_rps)
             if not changes:
                 return changes
             revision = await self._write(session, changes, datetime.fromtimestamp(now, UTC))

@@ -12,8 +12,6 @@ from controlplane.services.registry import KINDS
 from tests.kits.controlplane import Api
 from tests.kits.fleet_docs import EXAMPLE
 
-ADAPTER = {"name": "acme-support", "base_model": "llama-3.1-8b-instruct", "rank": 8,
-           "source": "/var/lib/adapters/acme-support", "tenants": ["acme"]}  # fmt: skip
 UPDATABLE = [kind.plural for kind in KINDS if kind.updatable]
 
 
@@ -25,7 +23,6 @@ async def fleet(api: Api) -> Api:
     assert applied.status_code == 200, applied.text
     await api.create("principals", {"name": "wall", "role": "viewer"})
     await api.create("api-keys", {"tenant": "acme"})
-    await api.create("adapters", ADAPTER)
     return api
 
 

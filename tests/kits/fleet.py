@@ -95,7 +95,7 @@ def fleet_document(
     ports; without its rollout policy (the test database's `strategy: immediate` stands)
     unless `change` adds one. acme's quotas are out of reach: the fleet tests drive traffic
     as fast as they can (tests/fleet/test_quotas.py has tenants of its own). Its pools name
-    no cloud group unless `change` names one. Its adapter is left out."""
+    no cloud group unless `change` names one. Its adapter is left out (`example`)."""
     doc = example()
     acme = next(t for t in doc["tenants"] if t["name"] == "acme")
     acme.update(requests_per_minute=10_000_000, tokens_per_minute=10_000_000_000)
@@ -103,7 +103,6 @@ def fleet_document(
     doc["deployments"] = [d for d in doc["deployments"] if d["model"] == LLAMA]
     doc["routing_policies"] = [p for p in doc["routing_policies"] if p["model"] == LLAMA]
     doc.pop("tiered_routes", None)  # its strong tier is qwen's
-    doc.pop("adapters", None)  # its files are not on this machine (`change` may add some)
     for region in doc["regions"]:
         address = (addresses or {}).get(region["name"], "127.0.0.1")
         region["gateway_url"] = f"http://{address}:{ports[region['name']]}"

@@ -41,11 +41,17 @@ BASE: dict[str, Any] = {
 }
 
 
-def example(*, rollouts: bool = False, groups: bool = False) -> dict[str, Any]:
+def example(
+    *, rollouts: bool = False, groups: bool = False, adapters: bool = False
+) -> dict[str, Any]:
     """examples/fleet.yaml; without its rollout policy unless asked for, so that the test
     database's `strategy: immediate` stands (see tests/conftest.py); without its pools'
-    cloud groups unless asked for, so that no planner asks a real cloud for them."""
+    cloud groups unless asked for, so that no planner asks a real cloud for them; without
+    its LoRA adapter unless asked for (its files are not on this machine, and the leader's
+    plan for it would make revisions the tests do not expect)."""
     loaded: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    if not adapters:
+        del loaded["adapters"]
     if not rollouts:
         del loaded["rollout_policies"]
     if not groups:

@@ -70,8 +70,9 @@ def test_a_new_adapter_is_judged_on_its_base_model_where_its_tenants_may_use_it(
     there llama's part: the rollout judges llama's traffic there."""
 
     def adapter(doc: dict[str, Any]) -> None:
-        doc["adapters"] = [{"name": "eurobank-legal", "base_model": LLAMA, "rank": 8,
-                            "source": "/a/legal", "tenants": ["eurobank"]}]  # fmt: skip
+        doc.setdefault("adapters", []).append({"name": "eurobank-legal", "base_model": LLAMA,
+                                               "rank": 8, "source": "/a/legal",
+                                               "tenants": ["eurobank"]})  # fmt: skip
 
     base, new, state = _edited(adapter)
     assert affected(state, base, new) == {"eu-west": [LLAMA]}
