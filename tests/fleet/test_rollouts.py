@@ -19,9 +19,14 @@ import pytest
 
 from tests.kits.controlplane import ADMIN_TOKEN, run_cli
 from tests.kits.fleet import LLAMA, Fleet, fleet_of
+from tests.kits.fleet_docs import example
 from tests.kits.push import ADMIN, eventually
 
 REGIONS = ("us-east", "us-west", "eu-west")
+# llama's engine arguments in the example fleet (the same in each region)
+EXAMPLE_ARGS: dict[str, Any] = next(
+    d for d in example()["deployments"] if d["name"] == "llama-us-east"
+).get("engine_args", {})
 POLICY = {
     "name": "default",
     "canary": "node",
@@ -195,11 +200,11 @@ async def test_a_harmful_change_stops_at_the_canary_and_a_good_one_reaches_every
         assert doc["in_force"]["intent"] == row["base"], doc["in_force"]
 
         # 2. Engine arguments the agents refuse (a nack), then engines that crash as they
-        # start, in every region at once (one revision each).
+        # start, in every region at once (one revision each), beside the example's own (LoRA)
         def deployments(args: dict[str, Any]) -> list[dict[str, Any]]:
             return [
                 {"name": f"llama-{r}", "model": LLAMA, "region": r, "backend": "sim",
-                 "replicas": 2 if r == "eu-west" else 1, "engine_args": args}
+                 "replicas": 2 if r == "eu-west" else 1, "engine_args": {**EXAMPLE_ARGS, **args}}
                 for r in REGIONS
             ]  # fmt: skip
 
