@@ -105,13 +105,18 @@ def plan(
     current: Mapping[tuple[str, str], int],
     cold_rps: float,
 ) -> list[Plan]:
-    """What changes, per (adapter, region) whose plan is not `current`'s."""
+    """What changes, per (adapter, region) whose plan is not `current`'s; only in the regions
+    `engines_of` names (those whose agents report: a region none of whose agents is up keeps
+    its plan, and a fleet without agents gets none)."""
     slots: dict[tuple[str, str], int] = {}
     for d in state.deployments.values():
         key = (d.model, d.region)
         slots[key] = max(slots.get(key, 0), engine_slots(d.engine_args))
     out = []
+    planned_regions = {region for _, region in engines_of}
     for region in sorted(state.regions):
+        if region not in planned_regions:
+            continue  # no agent of it reports: its plan stays as it is
         by_model: dict[str, list[str]] = {}
         for name, adapter in state.adapters.items():
             if reaches(state, name, region):
@@ -198,7 +203,9 @@ class Residency:
             beats = await heartbeats(session)
             current = {(a, r): n for a, regions in state.resident.items()
                        for r, n in regions.items()}  # fmt: skip
-            changes = plan(state, demand(beats), declared_engines(state), current, self.cold_rps)
+            live = {beat.region for beat in beats}  # regions whose agents report
+            engines_of = {k: n for k, n in declared_engines(state).items() if k[1] in live}
+            changes = plan(state, demand(beats), engines_of, current, self.cold_rps)
             if not changes:
                 return changes
             revision = await self._write(session, changes, datetime.fromtimestamp(now, UTC))
