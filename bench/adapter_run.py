@@ -132,26 +132,21 @@ class _Status:
         found: dict[str, Any] = (await self.http.get(url, headers=self.headers)).json()["adapters"]
         return found
 
-    async def resident(self, engine: str | None = None, names: set[str] | None = None) -> bool:
-        """Every adapter (of `names`, when given) held where the plan puts it (on `engine`
-        only, when given), and some planned at all."""
+    async def resident(self) -> bool:
+        """Every adapter held where the plan puts it, and some planned at all."""
         planned = 0
         for r in self.gateways:
-            for name, a in (await self.adapters(r)).items():
-                if names is not None and name not in names:
-                    continue
-                want = [e for e in a["planned"] if engine is None or e == engine]
+            for a in (await self.adapters(r)).values():
+                want = a["planned"]
                 planned += len(want)
                 if not set(want) <= set(a["engines"]):
                     return False
         return planned > 0
 
-    async def until_resident(
-        self, within_s: float, engine: str | None = None, names: set[str] | None = None
-    ) -> None:
+    async def until_resident(self, within_s: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
-        while not await self.resident(engine, names):
+        while not await self.resident():
             if loop.time() > deadline:
                 raise RuntimeError("the residency plan was not loaded in time")
             await asyncio.sleep(0.2)
