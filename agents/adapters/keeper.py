@@ -99,6 +99,8 @@ class AdapterKeeper:
         """The worker holds this version of the adapter once this returns (one load at a
         time per worker and version, whoever waits for it); AdapterUnavailable if it could
         not be loaded."""
+        if entry.info is not None and not entry.info.lora:
+            return  # started without LoRA: nothing to load there (its answer says so)
         place = str(self.files.place(adapter))
         if entry.adapters.get(adapter.name) == place:
             return
