@@ -14,10 +14,12 @@ model keep the adapter loaded:
   registered adapter is warm before its first request; those it cannot hold are on none, and
   the engine a request goes to loads it then.
 
-A plan grows at once and shrinks only once demand has fallen well below what it was sized for
-(`KEEP`), so that it does not flap. What changed is written as a fact (`adapter_plans`) under
-one new revision, audited with its reason and figures; every target gets it at once, as it
-gets the engine plans. The agents choose which engines, all alike (agents/adapters/keeper.py).
+A plan grows at once and shrinks only once demand has fallen well below what it was sized
+for (`KEEP`) and stayed there for `SHRINK_AFTER` periods (traffic that pauses between bursts
+unloads nothing), so that it does not flap. What changed is written as a fact
+(`adapter_plans`) under one new revision, audited with its reason and figures; every target
+gets it at once, as it gets the engine plans. The agents choose which engines, all alike
+(agents/adapters/keeper.py).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ HEADROOM = 2.0
 KEEP = 0.5  # a plan shrinks once its demand is under this share of what would keep it
 SLOTS_DEFAULT = 8  # SGLang's --max-loras-per-batch
 FILL = 0.9  # of the engines' room, what adapters without demand may take (kept warm)
+SHRINK_AFTER = 6  # periods a smaller plan must be wanted before it is written
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,7 @@ class Residency:
         )  # fmt: skip
         self.reader = FleetReader()
         self.last_run: float | None = None
+        self.shrinking: dict[tuple[str, str], float] = {}  # since when a smaller plan is wanted
 
     async def tick(self) -> list[Plan] | None:
         now = self.clock()
@@ -205,7 +209,9 @@ class Residency:
                        for r, n in regions.items()}  # fmt: skip
             live = {beat.region for beat in beats}  # regions whose agents report
             engines_of = {k: n for k, n in declared_engines(state).items() if k[1] in live}
-            changes = plan(state, demand(beats), engines_of, current, self.cold_rps)
+            changes = self._held(
+                plan(state, demand(beats), engines_of, current, self.cold_rps), current, now
+            )
             if not changes:
                 return changes
             revision = await self._write(session, changes, datetime.fromtimestamp(now, UTC))
@@ -215,6 +221,23 @@ class Residency:
             log.info("adapter %s in %s: %d engine(s) (%s)", change.adapter, change.region,
                      change.engines, change.reason)  # fmt: skip
         return changes
+
+    def _held(
+        self, changes: list[Plan], current: Mapping[tuple[str, str], int], now: float
+    ) -> list[Plan]:
+        """The changes to write now: growth at once, a shrink once it has been wanted for
+        `SHRINK_AFTER` periods in a row (a new leader starts counting afresh)."""
+        out, shrinking = [], {}
+        for c in changes:
+            key = (c.adapter, c.region)
+            if c.engines < current.get(key, 0):
+                since = shrinking[key] = self.shrinking.get(key, now)
+                if now - since < SHRINK_AFTER * self.period_s:
+                    continue
+                del shrinking[key]
+            out.append(c)
+        self.shrinking = shrinking
+        return out
 
     async def _write(self, session: AsyncSession, changes: list[Plan], at: datetime) -> int | None:
         uow = UnitOfWork(session, ACTOR)

@@ -1,17 +1,17 @@
 """Where the leader keeps tenants' adapters loaded (controlplane/services/residency.py): hot
 adapters on their share of a region's engines, the rest on one while room lasts and then on
-none, within the engines' room,
-growing at once and shrinking only once demand has clearly fallen; and what it decides
-reaches the region's snapshot, as a fact, while a bound tenant's adapter reaches no region
-outside its jurisdiction whatever its demand."""
+none, within the engines' room, growing at once and shrinking only once demand has clearly
+fallen and stayed down; and what it decides reaches the region's snapshot, as a fact, while
+a bound tenant's adapter reaches no region outside its jurisdiction whatever its demand."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from agents.config import compile_config
+from controlplane.db.engine import Database
 from controlplane.push.wire import to_wire
-from controlplane.services.residency import plan
+from controlplane.services.residency import Plan, Residency, plan
 from controlplane.snapshot import compile_region
 from controlplane.snapshot.types import FleetState
 from tests.kits.fleet_docs import example, state_from
@@ -75,6 +75,19 @@ def test_a_plan_shrinks_only_once_demand_has_clearly_fallen() -> None:
     assert _planned(state, {"hot": 2.6, "warm": 0.3}, 8, model, held) == {}
     # demand gone: each kept warm on one engine, as room allows
     assert _planned(state, {"hot": 0.0, "warm": 0.0}, 8, model, held) == {"hot": 1, "warm": 1}
+
+
+def test_a_shrink_is_written_once_demand_has_stayed_down_and_growth_at_once() -> None:
+    residency = Residency(cast(Database, None), period_s=5.0)
+    current = {("hot", REGION): 4, ("warm", REGION): 1}
+    shrink = Plan("hot", REGION, 1, 0.0, "quiet")
+    grow = Plan("warm", REGION, 3, 2.0, "busy")
+    assert residency._held([shrink, grow], current, now=100.0) == [grow]
+    # a burst between quiet spells starts the count again
+    assert residency._held([], current, now=110.0) == []
+    assert residency._held([shrink], current, now=115.0) == []
+    assert residency._held([shrink], current, now=140.0) == []  # 25 s of the 30
+    assert residency._held([shrink], current, now=145.0) == [shrink]
 
 
 def test_the_plan_reaches_the_regions_snapshot_and_a_bound_tenant_stays_home() -> None:
