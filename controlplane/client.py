@@ -44,11 +44,13 @@ def connect(ctx: click.Context, url: str | None, token: str | None) -> None:
     ctx.obj = (url or settings.url).rstrip("/"), secret
 
 
-def call(ctx: click.Context, method: str, path: str, **params: Any) -> dict[str, Any]:
+def call(
+    ctx: click.Context, method: str, path: str, payload: Any = None, **params: Any
+) -> dict[str, Any]:
     """The admin API's JSON answer; a problem's detail, and exit 1, when it refuses."""
     url, token = ctx.obj
     try:
-        response = httpx.request(method, f"{url}{path}", params=params, timeout=30,
+        response = httpx.request(method, f"{url}{path}", params=params, timeout=30, json=payload,
                                  headers={"Authorization": f"Bearer {token}"})  # fmt: skip
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach {url}: {exc}") from exc

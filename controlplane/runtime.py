@@ -37,6 +37,8 @@ from controlplane.services.reports import NodeReports
 from controlplane.services.residency import Residency
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.rollouts.driver import RolloutDriver
+from controlplane.services.sealing.keyring import Keyring
+from controlplane.services.sealing.sealer import sealer_for
 from controlplane.services.usage.reconcile import Reconciler
 from controlplane.services.usage.store import UsageStore
 from controlplane.settings import Settings
@@ -79,7 +81,9 @@ class Replica:
         self.tracer: Tracer | None = traced[0] if traced else None
         self._provider: TracerProvider | None = traced[1] if traced else None
         self.metrics = ControlPlaneMetrics(self.tracer)
-        self.hub = SnapshotHub(db, tracer=self.tracer, metrics=self.metrics)
+        self.sealer = sealer_for(settings)
+        self.keyring = Keyring(db, self.sealer, self.feed)
+        self.hub = SnapshotHub(db, tracer=self.tracer, metrics=self.metrics, sealer=self.sealer)
         self.reports = NodeReports(db)
         self.leases = LeaseFeed(db, ttl_s=settings.quota_lease_ttl_s)
         self.demand = DemandBook(db, self.coordinator.me.id)
@@ -121,8 +125,10 @@ class Replica:
                     short_after_s=settings.planner_spot_short_s,
                 ),
             ),
+            keyring=self.keyring,
             batches=BatchRunner(
                 db,
+                self.keyring,
                 store_for(settings.object_store, settings.data_dir),
                 sent=self.metrics.batch_line,
                 backlog=self.metrics.backlog,
@@ -142,13 +148,16 @@ class Replica:
         await self.coordinator.start()
         try:
             await seed_slots(self.db)
+            await self.keyring.ensure()
             await self.hub.start()
             self.reports.start()
             self.leases.start()
             self.demand.start(utc_now)
             self._grpc = await start_grpc(self.service, settings)
             self.singletons.start()
-            app = create_app(settings, self.db, self.feed, self.coordinator, self.metrics)
+            app = create_app(
+                settings, self.db, self.feed, self.coordinator, self.metrics, self.sealer
+            )
             config = uvicorn.Config(
                 app,
                 host=settings.host,

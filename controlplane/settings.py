@@ -85,6 +85,16 @@ class Settings(BaseSettings):
         description="the leader plans where tenants' LoRA adapters stay loaded this often, "
         "from the demand in the heartbeats (controlplane/services/residency.py)",
     )  # fmt: skip
+    kms: str = Field(
+        default="local",
+        pattern=r"^(local|aws-kms:\S+)$",
+        description="the key-encryption key that wraps every stored secret's data key: 'local' "
+        "(the key file kms_key_file) or 'aws-kms:<key id, ARN or alias>' "
+        "(controlplane/services/sealing/kms.py)",
+    )
+    kms_key_file: Path | None = Field(
+        default=None, description="the local KEKs; default: data_dir/kek.json (replicas share it)"
+    )
     adapter_cold_rps: float = Field(
         default=0.02, ge=0, le=1000,
         description="an adapter with fewer requests a second in a region is kept loaded "

@@ -170,7 +170,9 @@ async def _run(
             finally:
                 await db.close()
             console.print(f"[green]✓[/] schema at {migrate.head()}")
-            env = {"MERIDIAN_DATABASE_URL": db_url, "MERIDIAN_ADMIN_TOKEN": token}
+            key_file = settings.kms_key_file or settings.data_dir / "kek.json"  # its secrets' KEK
+            env = {"MERIDIAN_DATABASE_URL": db_url, "MERIDIAN_ADMIN_TOKEN": token,
+                   "MERIDIAN_KMS_KEY_FILE": str(key_file.absolute())}  # fmt: skip
             cloud = await _local_cloud(stack, settings, fleet, api, token)
             if cloud is not None:
                 env |= {"MERIDIAN_LOCAL_CLOUD_URL": cloud.url,

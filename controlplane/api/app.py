@@ -6,6 +6,7 @@ from fastapi import FastAPI
 
 from controlplane.api import (
     batches,
+    keys,
     openapi,
     operator,
     planner,
@@ -25,6 +26,8 @@ from controlplane.services.batches.store import store_for
 from controlplane.services.registry import KINDS
 from controlplane.services.resources import Resources
 from controlplane.services.revisions import RevisionFeed
+from controlplane.services.sealing.keyring import Keyring
+from controlplane.services.sealing.sealer import Sealer, sealer_for
 from controlplane.services.status import StatusCache, fleet_status
 from controlplane.settings import Settings
 
@@ -35,9 +38,11 @@ def create_app(
     feed: RevisionFeed | None = None,
     coordinator: Coordinator | None = None,
     metrics: ControlPlaneMetrics | None = None,
+    sealer: Sealer | None = None,
 ) -> FastAPI:
     """The REST API; `feed` and `coordinator` come from the replica it runs in, if any."""
     feed = feed or RevisionFeed()
+    sealer = sealer or sealer_for(settings)
     app = FastAPI(
         title="Meridian control plane",
         version="1",
@@ -47,11 +52,12 @@ def create_app(
     app.state.services = Services(
         settings=settings,
         db=db,
-        resources=Resources(db, feed),
+        resources=Resources(db, feed, sealer),
         auth=Authenticator(db, settings.admin_token),
         feed=feed,
         coordinator=coordinator or LocalCoordinator(replica_info(settings)),
         store=store_for(settings.object_store, settings.data_dir),
+        keyring=Keyring(db, sealer, feed),
     )
     app.state.metrics = metrics = metrics or ControlPlaneMetrics()
     app.middleware("http")(metrics.timed)
@@ -65,6 +71,7 @@ def create_app(
     app.include_router(quotas.router)
     app.include_router(batches.router)
     app.include_router(usage.router)
+    app.include_router(keys.router)
     for kind in KINDS:
         app.include_router(kind_router(kind))
     return app

@@ -15,6 +15,7 @@ from controlplane.services.auth import Authenticator, Principal
 from controlplane.services.batches.store import ObjectStore
 from controlplane.services.resources import ANY_VERSION, Resources
 from controlplane.services.revisions import RevisionFeed
+from controlplane.services.sealing.keyring import Keyring
 from controlplane.settings import Settings
 
 
@@ -27,6 +28,7 @@ class Services:
     feed: RevisionFeed
     coordinator: Coordinator
     store: ObjectStore  # tenants' files (the Batch API)
+    keyring: Keyring  # signing keys, and the sealer of every stored secret
 
 
 def get_services(request: Request) -> Services:

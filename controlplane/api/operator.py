@@ -74,8 +74,9 @@ async def apply(
     plan = parse_document(await _read_document(request))
     who.require(required_role(plan))
     return await apply_plan(
-        services.db, services.feed, plan, who.name, dry_run=dry_run, cascade=cascade, prune=prune
-    )
+        services.db, services.feed, plan, who.name, dry_run=dry_run, cascade=cascade,
+        prune=prune, sealer=services.resources.sealer,
+    )  # fmt: skip
 
 
 @router.get(

@@ -1,5 +1,6 @@
 """The loops exactly one replica runs, the leader: the liveness sweeper, the rollup, the
-rollout driver, the quota leases (every tick: one second), where adapters stay loaded and
+rollout driver, the quota leases, the steps of signing keys' rotations (every tick: one
+second), where adapters stay loaded and
 the capacity planner (every period of its own) and the batch runner (a task of its own
 while it leads)."""
 
@@ -20,6 +21,7 @@ from controlplane.services.preemptions import Preemptions
 from controlplane.services.quotas.leaser import Leaser
 from controlplane.services.residency import Residency
 from controlplane.services.rollouts.driver import RolloutDriver
+from controlplane.services.sealing.keyring import Keyring
 from controlplane.services.usage.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,9 @@ class Singletons:
         batches: BatchRunner | None = None,
         reconciler: Reconciler | None = None,
         residency: Residency | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
+        self._keyring = keyring
         self._reconciler = reconciler
         self._residency = residency
         self._coord = coordinator
@@ -112,6 +116,11 @@ class Singletons:
                 await self._reconciler.tick()
             except Exception:
                 log.exception("reconciling the ledger with the engines failed; will retry")
+        if self._keyring is not None:
+            try:
+                await self._keyring.tick()
+            except Exception:
+                log.exception("moving signing keys along their rotation failed; will retry")
         if self._residency is not None:
             try:
                 await self._residency.tick()

@@ -105,8 +105,8 @@ class BatchLineRow(Base):
 
 
 class BatchSignerRow(Base):
-    """A single row: the control plane's Ed25519 seed, which signs the batch lines it sends the
-    regions (every region's snapshot trusts its public key). Made by the migration."""
+    """A seed stored in clear before keys were sealed: the control plane seals it into
+    signing_keys at start (its key for batch lines) and deletes this row."""
 
     __tablename__ = "batch_signer"
     __table_args__ = (CheckConstraint("id = 1", name="singleton"),)

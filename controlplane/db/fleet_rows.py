@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -48,11 +47,9 @@ class RegionRow(NamedRow):
     state: Mapped[str] = mapped_column(String(16))
     gateway_url: Mapped[str | None] = mapped_column(Text)
     utc_offset_h: Mapped[float | None] = mapped_column(Float)  # its local time, for batches
-    # Ed25519 seed: the region signs the requests it escalates with it (peers get the public
-    # half). Made with the region, never shown by the API, sent only to its own agents.
-    signing_key: Mapped[bytes] = mapped_column(
-        LargeBinary(32), default=lambda: secrets.token_bytes(32)
-    )
+    # A seed stored in clear before keys were sealed (migration 0028): the control plane seals
+    # it into signing_keys at start and clears it here (services/sealing/signing.py).
+    signing_key: Mapped[bytes | None] = mapped_column(LargeBinary(32))
 
     cloud: Mapped[CloudRow] = relationship(lazy="joined")
     # The leader's latest rollup of the region (agent_rows.RegionLoadRow); read-only here.

@@ -20,6 +20,7 @@ from controlplane.db.fleet_rows import (
     RegionRow,
     RoutingPolicyRow,
 )
+from controlplane.db.key_rows import SigningKeyRow
 from controlplane.db.planner_rows import EnginePlanRow, PlannerStateRow
 from controlplane.db.quota_rows import QuotaDemandRow, QuotaLeaseRow
 from controlplane.db.rollout_rows import HoldingRow, IntentRow, RolloutPolicyRow, RolloutRow
@@ -56,6 +57,7 @@ __all__ = [
     "RolloutPolicyRow",
     "RolloutRow",
     "RoutingPolicyRow",
+    "SigningKeyRow",
     "TelemetrySampleRow",
     "TenantRow",
     "UsageQuarterRow",

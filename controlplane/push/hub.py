@@ -43,6 +43,8 @@ from controlplane.push.wire import peer_load_message
 from controlplane.services.fleet_state import FleetReader
 from controlplane.services.rollouts import store
 from controlplane.services.rollouts.compose import Holdings, Intent, compose
+from controlplane.services.sealing.sealer import Sealer
+from controlplane.services.sealing.signing import Seeds
 from controlplane.services.unit import current_revision
 from controlplane.snapshot import FleetState
 
@@ -130,8 +132,11 @@ class SnapshotHub:
         poll_s: float = 2.0,
         tracer: Tracer | None = None,
         metrics: ControlPlaneMetrics | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         self._db = db
+        # opens the seed each region signs with (without: snapshots carry no signing key)
+        self._seeds = Seeds(sealer) if sealer is not None else None
         self.tracer = tracer
         self._metrics = metrics
         self._poll_s = poll_s
@@ -271,6 +276,8 @@ class SnapshotHub:
         async with self._db.sessions() as session, session.begin():
             await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             state = await self._reader.read(session)
+            if self._seeds is not None:
+                state = await self._seeds.fill(session, state)
             holdings = await store.read_holdings(session)
             held = {*holdings.regions.values(), *holdings.nodes.values()}
             self._intents.update(await store.read_intents(session, held - set(self._intents)))

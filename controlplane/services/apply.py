@@ -19,6 +19,7 @@ from controlplane.services.kind import Kind, parse
 from controlplane.services.placements import commit
 from controlplane.services.registry import APPLY_KINDS
 from controlplane.services.revisions import RevisionFeed
+from controlplane.services.sealing.sealer import Sealer
 from controlplane.services.unit import Doc, UnitOfWork, current_revision
 
 API_VERSION = "meridian/v1"
@@ -83,9 +84,12 @@ async def apply_plan(
     dry_run: bool,
     cascade: bool,
     prune: bool = True,
+    sealer: Sealer | None = None,
 ) -> Doc:
     try:
-        result = await _apply(db, plan, actor, dry_run=dry_run, cascade=cascade, prune=prune)
+        result = await _apply(
+            db, plan, actor, dry_run=dry_run, cascade=cascade, prune=prune, sealer=sealer
+        )
     except _DryRun as preview:
         return preview.result
     if result["changed"]:
@@ -94,10 +98,17 @@ async def apply_plan(
 
 
 async def _apply(
-    db: Database, plan: Plan, actor: str, *, dry_run: bool, cascade: bool, prune: bool
+    db: Database,
+    plan: Plan,
+    actor: str,
+    *,
+    dry_run: bool,
+    cascade: bool,
+    prune: bool,
+    sealer: Sealer | None,
 ) -> Doc:
     async with db.sessions() as session, session.begin():
-        uow = UnitOfWork(session, actor)
+        uow = UnitOfWork(session, actor, sealer=sealer)
         for kind, items in plan:
             for name, spec in items:
                 row = await uow.find(kind.row, name, lock=True)
@@ -110,7 +121,10 @@ async def _apply(
             query = select(kind.row).where(kind.row.name.not_in(wanted)).order_by(kind.row.name)
             for row in list((await session.execute(query)).unique().scalars()):
                 await kind.delete(uow, row, cascade=cascade)
-        changes = [change.as_json() for change in uow.changes]
+        # what the document declares; what its objects bring along (a region's signing key)
+        # is in the audit log, not in the diff
+        declared = {kind.kind for kind, _ in plan}
+        changes = [change.as_json() for change in uow.changes if change.kind in declared]
         result = {"dry_run": dry_run, "changed": bool(changes), "changes": changes}
         if dry_run:
             raise _DryRun({**result, "revision": await current_revision(session)})

@@ -46,7 +46,9 @@ from controlplane.schemas.fleet import (
 )
 from controlplane.services.adapter_kind import name_taken
 from controlplane.services.kind import Dependent, Kind
+from controlplane.services.sealing.signing import make_key
 from controlplane.services.unit import Doc, UnitOfWork
+from controlplane.snapshot.keys import SIGNING
 
 
 class CloudKind(Kind[CloudRow]):
@@ -56,6 +58,13 @@ class CloudKind(Kind[CloudRow]):
 class RegionKind(Kind[RegionRow]):
     kind, plural, row, spec, out = "region", "regions", RegionRow, RegionSpec, RegionOut
     refs = {"cloud": (CloudRow, "cloud")}
+
+    async def created(self, uow: UnitOfWork, row: RegionRow) -> None:
+        """Its signing key, sealed: its agents sign what they escalate with it from the
+        first snapshot they get."""
+        if uow.sealer is None:
+            raise RuntimeError("a region is made only where stored secrets can be sealed")
+        await make_key(uow, uow.sealer, row, SIGNING)
 
     def status(self, row: RegionRow) -> Doc:
         # Only what is loaded already: a region just created has no rollup, and reading an

@@ -8,17 +8,14 @@ the incremental compile (push/parts.py) relies on.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterable
 from typing import Any
 
-from meridian_pb.fleet.v1.assertion import CONTROL_PLANE
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.db.access_rows import ApiKeyRow, TenantRow
 from controlplane.db.audit_rows import AuditEventRow
-from controlplane.db.batch_rows import BatchSignerRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import (
     AdapterRow,
@@ -32,6 +29,8 @@ from controlplane.services.access_kinds import API_KEY, TENANT
 from controlplane.services.adapter_kind import ADAPTER
 from controlplane.services.fleet_kinds import DEPLOYMENT, MODEL, NODE, REGION
 from controlplane.services.registry import APPLY_KINDS
+from controlplane.services.sealing.signing import KIND as SIGNING_KEY
+from controlplane.services.sealing.signing import read_keys
 from controlplane.services.unit import current_revision
 from controlplane.snapshot import FleetState, RegionSnapshot, compile_region
 from controlplane.snapshot.types import ApiKeyState, Slot
@@ -60,7 +59,7 @@ async def read_fleet_state(session: AsyncSession, keys: Iterable[str] = APPLY_KI
     if "tenants" in keys:
         state["api_keys"] = await _api_keys(session)
     if "regions" in keys:
-        state["signing_keys"] = await _signing_keys(session)
+        state["signing_keys"] = await read_keys(session)
     if "deployments" in keys:
         state["planned"] = await _planned(session)
     if "adapters" in keys:
@@ -133,8 +132,8 @@ async def _patched(
         }
         now_keys.update(fresh_keys)
         update["api_keys"] = dict(sorted(now_keys.items()))
-    if REGION.kind in changed:
-        update["signing_keys"] = await _signing_keys(session)
+    if REGION.kind in changed or SIGNING_KEY in changed:
+        update["signing_keys"] = await read_keys(session)
     if ENGINE_PLAN in changed or DEPLOYMENT.kind in changed:
         update["planned"] = await _planned(session)
     if ADAPTER_PLAN in changed or ADAPTER.kind in changed or REGION.kind in changed:
@@ -165,17 +164,6 @@ async def _resident(session: AsyncSession) -> dict[str, dict[str, int]]:
     for adapter, region, engines in rows:
         out.setdefault(adapter, {})[region] = engines
     return out
-
-
-async def _signing_keys(session: AsyncSession) -> dict[str, str]:
-    """Each region's seed, and the control plane's (which signs batches' lines)."""
-    keys_of = [
-        (n, k) for n, k in await session.execute(select(RegionRow.name, RegionRow.signing_key))
-    ]
-    ours = await session.scalar(select(BatchSignerRow.seed))
-    if ours is not None:
-        keys_of.append((CONTROL_PLANE, ours))
-    return {name: base64.b64encode(k).decode() for name, k in sorted(keys_of)}
 
 
 async def _slots(session: AsyncSession, last: dict[str, Slot]) -> dict[str, Slot]:

@@ -181,7 +181,11 @@ class Kind(Generic[RowT]):
         uow.session.add(row)
         await self._flush(uow, name)
         uow.record("create", self.kind, name, None, self.doc(row))
+        await self.created(uow, row)
         return row, secret
+
+    async def created(self, uow: UnitOfWork, row: RowT) -> None:
+        """What else a new object brings into being, in its transaction."""
 
     async def update(self, uow: UnitOfWork, row: RowT, spec: Spec) -> bool:
         """Apply a full spec; False, with nothing written, when it changes nothing."""

@@ -18,6 +18,7 @@ from controlplane.schemas.common import Spec
 from controlplane.services.kind import Kind, parse
 from controlplane.services.placements import commit
 from controlplane.services.revisions import RevisionFeed
+from controlplane.services.sealing.sealer import Sealer
 from controlplane.services.secrets import new_name
 from controlplane.services.unit import Doc, UnitOfWork
 
@@ -71,9 +72,10 @@ def check_version(
 
 
 class Resources:
-    def __init__(self, db: Database, feed: RevisionFeed) -> None:
+    def __init__(self, db: Database, feed: RevisionFeed, sealer: Sealer | None = None) -> None:
         self._db = db
         self._feed = feed
+        self.sealer = sealer  # seals the secrets a write makes (a region's signing key)
 
     async def _published(self, written: Written) -> Written:
         await self._feed.published(written.revision)
@@ -108,7 +110,7 @@ class Resources:
         if name is None:
             name = new_name(kind.name_prefix or kind.kind)
         async with self._db.sessions() as session, session.begin():
-            uow = UnitOfWork(session, actor)
+            uow = UnitOfWork(session, actor, sealer=self.sealer)
             row, secret = await kind.create(uow, name, spec)
             written = Written(kind.view(row), secret, await commit(uow))
         return await self._published(written)
@@ -123,7 +125,7 @@ class Resources:
         version: int | None = None,
     ) -> Written:
         async with self._db.sessions() as session, session.begin():
-            uow = UnitOfWork(session, actor)
+            uow = UnitOfWork(session, actor, sealer=self.sealer)
             row = await uow.get(kind.row, kind.kind, name, lock=True)
             check_version(kind, name, row.version, expected, version)
             await kind.update(uow, row, spec)
@@ -135,7 +137,7 @@ class Resources:
     ) -> Written:
         schema = kind.update_spec or kind.spec
         async with self._db.sessions() as session, session.begin():
-            uow = UnitOfWork(session, actor)
+            uow = UnitOfWork(session, actor, sealer=self.sealer)
             row = await uow.get(kind.row, kind.kind, name, lock=True)
             given = patch.get("version")
             check_version(kind, name, row.version, expected, given if type(given) is int else None)
@@ -161,7 +163,7 @@ class Resources:
         cascade: bool,
     ) -> int | None:
         async with self._db.sessions() as session, session.begin():
-            uow = UnitOfWork(session, actor)
+            uow = UnitOfWork(session, actor, sealer=self.sealer)
             row = await uow.get(kind.row, kind.kind, name, lock=True)
             check_version(kind, name, row.version, expected)
             await kind.delete(uow, row, cascade=cascade)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -11,6 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.db.audit_rows import AuditEventRow, ConfigRevisionRow
 from controlplane.db.base import NamedRow
 from controlplane.errors import NotFound, UnknownReference
+
+if TYPE_CHECKING:
+    from controlplane.services.sealing.sealer import Sealer
 
 RowT = TypeVar("RowT", bound=NamedRow)
 Doc = dict[str, Any]
@@ -46,6 +49,7 @@ class UnitOfWork:
     session: AsyncSession
     actor: str
     changes: list[Change] = field(default_factory=list)
+    sealer: Sealer | None = None  # where a change makes a secret to store (a region's key)
 
     def record(
         self, action: str, kind: str, name: str, before: Doc | None, after: Doc | None

@@ -12,7 +12,7 @@ from meridian_pb.fleet.v1.prices import wire
 from controlplane.domain import EngineBackend, RegionState
 from controlplane.schemas.fleet import FallbackRuleSpec
 from controlplane.snapshot.index import FleetIndex
-from controlplane.snapshot.keys import public_key
+from controlplane.snapshot.keys import SIGNING
 from controlplane.snapshot.placement import KV_EVENTS_PORT_OFFSET, place
 from controlplane.snapshot.shares import exact_share, region_part, serving_weights, whole_share
 from controlplane.snapshot.types import (
@@ -320,10 +320,17 @@ def _fallback(state: FleetState, region: str, index: FleetIndex) -> list[Fallbac
 
 
 def _signing_key(state: FleetState, region: str) -> SigningKey | None:
-    seed = state.signing_keys.get(region)
-    if seed is None:
-        return None
-    return SigningKey(key_id=public_key(seed)[0], private_key=seed)
+    """The region's key that signs, where its seed was opened (the push hub opens it)."""
+    for key in state.signing_keys.get(region, []):
+        if key.state == SIGNING and key.seed is not None:
+            return SigningKey(key_id=key.kid, private_key=key.seed)
+    return None
+
+
+def _accepted(state: FleetState, owner: str) -> dict[str, str]:
+    """The public halves of every key of `owner` a region accepts: published (about to
+    sign), signing, and retiring (until an assertion it signed can no longer be valid)."""
+    return {key.kid: key.public_key for key in state.signing_keys.get(owner, [])}
 
 
 def _trusted(state: FleetState, region: str) -> list[TrustedRegion]:
@@ -332,23 +339,14 @@ def _trusted(state: FleetState, region: str) -> list[TrustedRegion]:
     senders = sorted({r.region for r in state.fallback_rules.values() if region in r.peers})
     trusted = []
     for sender in senders:
-        seed = state.signing_keys.get(sender)
-        if seed is None or sender not in state.regions:
+        keys = _accepted(state, sender)
+        if not keys or sender not in state.regions:
             continue
-        key_id, public = public_key(seed)
-        trusted.append(
-            TrustedRegion(
-                region=sender,
-                jurisdiction=state.regions[sender].jurisdiction,
-                public_keys={key_id: public},
-            )
-        )
-    ours = state.signing_keys.get(CONTROL_PLANE)
-    if ours is not None:  # the control plane, for the batch lines it sends (any jurisdiction)
-        key_id, public = public_key(ours)
-        trusted.append(
-            TrustedRegion(region=CONTROL_PLANE, jurisdiction="", public_keys={key_id: public})
-        )
+        jurisdiction = state.regions[sender].jurisdiction
+        trusted.append(TrustedRegion(region=sender, jurisdiction=jurisdiction, public_keys=keys))
+    ours = _accepted(state, CONTROL_PLANE)
+    if ours:  # the control plane, for the batch lines it sends (any jurisdiction)
+        trusted.append(TrustedRegion(region=CONTROL_PLANE, jurisdiction="", public_keys=ours))
     return trusted
 
 

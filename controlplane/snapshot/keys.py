@@ -1,5 +1,5 @@
-"""Regions' signing keys: an Ed25519 seed per region, stored with it; the public half and its
-id are derived here, when a snapshot is compiled."""
+"""Signing keys (services/sealing/signing.py): their states, and the id and public half of a
+seed (Ed25519), derived here."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import hashlib
 from functools import lru_cache
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+PUBLISHED, SIGNING, RETIRING = "published", "signing", "retiring"
 
 
 @lru_cache(maxsize=4096)

@@ -37,6 +37,17 @@ class ApiKeyState(Frozen):
     expires_at: datetime | None
 
 
+class KeyState(Frozen):
+    """One signing key of a region or of the control plane (services/sealing/signing.py): its
+    id, public half (base64) and state; the seed only where it was opened to be sent (the
+    push hub, for the key that signs), never read from the database in clear."""
+
+    kid: str
+    public_key: str
+    state: str  # published | signing | retiring
+    seed: str | None = Field(default=None, repr=False)  # base64
+
+
 class Slot(Frozen):
     """Where an engine was placed. Kept while it still fits, so that engines do not move (and
     restart) when something unrelated changes."""
@@ -62,8 +73,8 @@ class FleetState(Frozen):
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
     adapters: dict[str, AdapterSpec] = Field(default_factory=dict)
     api_keys: dict[str, ApiKeyState] = Field(default_factory=dict)
-    # Each region's Ed25519 seed, base64: it signs the requests the region escalates.
-    signing_keys: dict[str, str] = Field(default_factory=dict, repr=False)
+    # Each region's signing keys (and the control plane's, under CONTROL_PLANE), oldest first.
+    signing_keys: dict[str, list[KeyState]] = Field(default_factory=dict, repr=False)
     slots: dict[str, Slot] = Field(default_factory=dict)  # by engine id
     # The capacity planner's engines per deployment with `autoscale` (a fact: it reaches
     # every target at once); a deployment not named runs its `replicas`.

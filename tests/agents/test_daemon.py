@@ -15,7 +15,7 @@ import httpx
 from agents.engines.children import start_ticks
 from meridian.procs import free_port, start_control_plane, stop_child
 from tests.kits.agents import AgentProc, engines_ready, running_agent, start_agent
-from tests.kits.controlplane import ADMIN_TOKEN, Server, start_server
+from tests.kits.controlplane import ADMIN_TOKEN, Server, kek_file, start_server
 from tests.kits.push import bootstrap_token, eventually, get, patch, seed
 
 
@@ -136,6 +136,7 @@ async def test_an_agent_restarted_while_the_control_plane_is_down_comes_back_fro
         "MERIDIAN_DATABASE_URL": database_url,
         "MERIDIAN_ADMIN_TOKEN": ADMIN_TOKEN,
         "MERIDIAN_LOG_LEVEL": "warning",
+        "MERIDIAN_KMS_KEY_FILE": kek_file(database_url),
     }
     cp = await start_control_plane(env, port=port, grpc_port=grpc_port)
     target = cp.grpc_target

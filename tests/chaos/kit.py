@@ -305,6 +305,7 @@ async def chaos_fleet(root: Path) -> AsyncIterator[Fleet]:
             "MERIDIAN_LOG_LEVEL": "warning", "MERIDIAN_ETCD_ENDPOINTS": etcd.endpoints,
             "MERIDIAN_ETCD_PREFIX": "/chaos", "MERIDIAN_LEASE_TTL_S": "3",
             "MERIDIAN_NODE_DOWN_AFTER_S": "3", "MERIDIAN_HEARTBEAT_TIMEOUT_S": "6",
+            "MERIDIAN_KMS_KEY_FILE": str(root / "kek.json"),
         }  # fmt: skip
         replicas = list(await asyncio.gather(*(start_control_plane(env) for _ in range(2))))
         stack.push_async_callback(_stop_replicas, replicas)

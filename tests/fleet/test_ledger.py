@@ -23,7 +23,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from meridian.procs import ControlPlane, start_control_plane, stop_child
 from tests.kits.agents import start_agent
-from tests.kits.controlplane import ADMIN_TOKEN
+from tests.kits.controlplane import ADMIN_TOKEN, kek_file
 from tests.kits.fleet import LLAMA, OPERATOR, Fleet, fleet_of
 from tests.kits.push import ADMIN
 from tests.kits.services import sql
@@ -122,7 +122,7 @@ async def test_every_answer_is_recorded_once_through_kills_of_the_control_plane_
             await _traffic(fleet, "away", 40, seen, 0.02)
             restarted = await start_control_plane(
                 {"MERIDIAN_DATABASE_URL": database_url, "MERIDIAN_ADMIN_TOKEN": ADMIN_TOKEN,
-                 "MERIDIAN_LOG_LEVEL": "warning"},
+                 "MERIDIAN_LOG_LEVEL": "warning", "MERIDIAN_KMS_KEY_FILE": kek_file(database_url)},
                 port=urlsplit(fleet.cp.url).port, grpc_port=grpc_port, timeout_s=60,
             )  # fmt: skip
             # the agent killed -9 under traffic, and started again on its disk

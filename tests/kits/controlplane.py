@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,13 @@ from controlplane.settings import Settings
 from meridian.procs import ControlPlane, start_control_plane, stop_child
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
+
+
+def kek_file(database_url: str) -> str:
+    """The key file (MERIDIAN_KMS_KEY_FILE) of the control planes of one test database: its
+    replicas, and an API in-process beside them, share it as a deployment's replicas would."""
+    name = database_url.rsplit("/", 1)[-1].split("?")[0]
+    return str(Path(tempfile.gettempdir()) / "meridian-test-keks" / f"{name}.json")
 
 
 @dataclass
@@ -45,7 +53,8 @@ class Api:
 async def api(database_url: str, tmp_path: Path) -> AsyncIterator[Api]:
     """The API application over an in-process ASGI transport, on a fresh database; its local
     state (tenants' files) in the test's directory."""
-    settings = Settings(database_url=database_url, admin_token=ADMIN_TOKEN, data_dir=tmp_path)
+    settings = Settings(database_url=database_url, admin_token=ADMIN_TOKEN, data_dir=tmp_path,
+                        kms_key_file=Path(kek_file(database_url)))  # fmt: skip
     db = Database.connect(database_url, pool_size=4)
     app = create_app(settings, db)
     transport = httpx.ASGITransport(app=app)
@@ -84,6 +93,7 @@ async def start_server(database_url: str, host: str = "127.0.0.1", **env: str) -
         "MERIDIAN_DATABASE_URL": database_url,
         "MERIDIAN_ADMIN_TOKEN": ADMIN_TOKEN,
         "MERIDIAN_LOG_LEVEL": "warning",
+        "MERIDIAN_KMS_KEY_FILE": kek_file(database_url),
         **{f"MERIDIAN_{key.upper()}": value for key, value in env.items()},
     }
     return await start_control_plane(settings, host=host, grpc_port=grpc_port, timeout_s=30)

@@ -28,7 +28,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import time
@@ -38,20 +37,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from meridian_pb.fleet.v1 import assertion
 from sqlalchemy import select, tuple_, update
 
 from controlplane.db.access_rows import TenantRow
 from controlplane.db.base import utcnow
-from controlplane.db.batch_rows import BatchLineRow, BatchRow, BatchSignerRow
+from controlplane.db.batch_rows import BatchLineRow, BatchRow
 from controlplane.db.engine import Database
 from controlplane.db.fleet_rows import DeploymentRow, ModelRow, RegionRow
 from controlplane.domain import RegionState
 from controlplane.services.batches.answers import backlog, pending, record
 from controlplane.services.batches.finish import finalize
 from controlplane.services.batches.store import ObjectStore
-from controlplane.snapshot.keys import public_key
+from controlplane.services.sealing.keyring import Keyring
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +121,12 @@ class Open:
 @dataclass
 class BatchRunner:
     db: Database
+    keyring: Keyring  # the control plane's signing key, which signs each line it sends
     store: ObjectStore
     clock: Callable[[], float] = time.monotonic
     windows: dict[str, Window] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _http: httpx.AsyncClient | None = None
-    _key: tuple[str, Ed25519PrivateKey] | None = None
     sent: Callable[[str, str], None] = lambda region, outcome: None
     backlog: Callable[[dict[str, int]], None] = lambda states: None
 
@@ -328,7 +326,7 @@ class BatchRunner:
             await record(self.db, batch.id, line, status, answer.content, rid)
 
     async def _headers(self, target: Target, batch: Open, rid: str, body: bytes) -> dict[str, str]:
-        key_id, key = await self._signer()
+        key_id, key = await self.keyring.signer()
         signed = assertion.payload(
             origin=assertion.CONTROL_PLANE, audience=target.name, key_id=key_id,
             tenant=batch.tenant, request_id=rid, reason="batch", body=body, debug=False,
@@ -339,16 +337,6 @@ class BatchRunner:
             "X-Request-ID": rid,
             assertion.HEADER: assertion.header(signed, key.sign(signed)),
         }
-
-    async def _signer(self) -> tuple[str, Ed25519PrivateKey]:
-        if self._key is None:
-            async with self.db.sessions() as session:
-                seed = await session.scalar(select(BatchSignerRow.seed))
-            if seed is None:
-                raise RuntimeError("the control plane has no batch key: run the migrations")
-            key_id, _ = public_key(base64.b64encode(seed).decode())
-            self._key = key_id, Ed25519PrivateKey.from_private_bytes(seed)
-        return self._key
 
     async def _release(self, batch: str, line: int, attempt: int) -> None:
         """Back to pending: sent again, to whichever region has room first."""

@@ -6,8 +6,9 @@ import base64
 from typing import Any
 
 from controlplane.snapshot import compile_region
+from controlplane.snapshot.keys import PUBLISHED, RETIRING, SIGNING, public_key
 from controlplane.snapshot.shares import split
-from controlplane.snapshot.types import ApiKeyState
+from controlplane.snapshot.types import ApiKeyState, KeyState
 from tests.kits.fleet_docs import example, state_from
 
 
@@ -103,10 +104,15 @@ def test_fallback_chain_carries_reachable_active_peers() -> None:
     assert [p.region for p in chain.peers] == ["eu-west"]
 
 
+def _key(seed: str, state: str = SIGNING, *, opened: bool = True) -> KeyState:
+    kid, public = public_key(seed)
+    return KeyState(kid=kid, public_key=public, state=state, seed=seed if opened else None)
+
+
 def test_peers_say_what_they_serve_and_each_region_trusts_only_its_senders() -> None:
     seeds = {r: base64.b64encode(bytes([i]) * 32).decode() for i, r in
              enumerate(("us-east", "us-west", "eu-west"))}  # fmt: skip
-    state = state_from(example(), signing_keys=seeds)
+    state = state_from(example(), signing_keys={r: [_key(s)] for r, s in seeds.items()})
     east, eu = compile_region(state, "us-east"), compile_region(state, "eu-west")
     peer_models = {p.region: p.models for p in east.fallback[0].peers}
     llama = ["llama-3.1-8b-instruct"]
@@ -119,6 +125,27 @@ def test_peers_say_what_they_serve_and_each_region_trusts_only_its_senders() -> 
     sent = eu.trusted[0].public_keys
     assert list(sent) == [east.signing_key.key_id]
     assert seeds["us-east"] not in eu.model_dump_json()  # only the public half leaves us-east
+
+
+def test_a_rotated_key_is_accepted_before_it_signs_and_the_old_one_until_it_is_dropped() -> None:
+    old, new = (base64.b64encode(bytes([i]) * 32).decode() for i in (7, 8))
+    published = {"us-east": [_key(old), _key(new, PUBLISHED, opened=False)]}
+    east, eu = (compile_region(state_from(example(), signing_keys=published), r)
+                for r in ("us-east", "eu-west"))  # fmt: skip
+    assert east.signing_key is not None
+    assert east.signing_key.private_key == old
+    assert set(eu.trusted[0].public_keys) == {public_key(old)[0], public_key(new)[0]}
+    swapped = {"us-east": [_key(old, RETIRING, opened=False), _key(new)]}
+    east, eu = (compile_region(state_from(example(), signing_keys=swapped), r)
+                for r in ("us-east", "eu-west"))  # fmt: skip
+    assert east.signing_key is not None
+    assert east.signing_key.private_key == new
+    assert set(eu.trusted[0].public_keys) == {public_key(old)[0], public_key(new)[0]}
+    # a seed not opened (the compile of a reader other than the push hub) signs nothing
+    unopened = {"us-east": [_key(new, opened=False)]}
+    assert (
+        compile_region(state_from(example(), signing_keys=unopened), "us-east").signing_key is None
+    )
 
 
 def test_tenants_follow_residency_and_split_quotas_by_capacity() -> None:
