@@ -313,7 +313,8 @@ async def start_control_on_db(
     await db.close()
     token = secrets.token_urlsafe(24)
     settings = {"MERIDIAN_DATABASE_URL": db_url, "MERIDIAN_ADMIN_TOKEN": token,
-                "MERIDIAN_LOG_LEVEL": "warning", **(env or {})}  # fmt: skip
+                "MERIDIAN_LOG_LEVEL": "warning", "MERIDIAN_KMS_KEY_FILE": str(root / "kek.json"),
+                **(env or {})}  # fmt: skip
     cp = await start_control_plane(settings)
     stack.push_async_callback(stop_child, cp.process)
     admin = httpx.AsyncClient(

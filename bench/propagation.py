@@ -180,6 +180,7 @@ class Run:
             "MERIDIAN_DATABASE_URL": db_url,
             "MERIDIAN_ADMIN_TOKEN": self.token,
             "MERIDIAN_LOG_LEVEL": os.environ.get("MERIDIAN_LOG_LEVEL", "warning"),
+            "MERIDIAN_KMS_KEY_FILE": str(root / "kek.json"),  # the replicas share it
         }
         if options.replicas > 1:
             endpoint, _ = await stack.enter_async_context(running_etcd(root / "etcd"))

@@ -6,6 +6,11 @@ from enum import StrEnum
 
 
 class Role(StrEnum):
+    """Viewer, operator and admin, each allowed what the one before is; and tenant-admin,
+    bound to one tenant, allowed only the operations scoped to a tenant (its API keys, its
+    tenant read, its usage), and only on its own tenant's objects."""
+
+    TENANT_ADMIN = "tenant-admin"
     VIEWER = "viewer"
     OPERATOR = "operator"
     ADMIN = "admin"
@@ -18,7 +23,7 @@ class Role(StrEnum):
         return self.rank >= needed.rank
 
 
-_RANKS = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.ADMIN: 2}
+_RANKS = {Role.TENANT_ADMIN: -1, Role.VIEWER: 0, Role.OPERATOR: 1, Role.ADMIN: 2}
 
 
 class RegionState(StrEnum):

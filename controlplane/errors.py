@@ -92,6 +92,12 @@ class RolloutNotActive(MeridianError):
     title = "No rollout is running"
 
 
+class Revoked(MeridianError):
+    code = "revoked"
+    status = 409
+    title = "It is revoked"
+
+
 class HasDependents(MeridianError):
     code = "has_dependents"
     status = 409
@@ -140,6 +146,11 @@ class EmbeddedDatabaseError(MeridianError):
 class InvalidBootstrapToken(Unauthenticated):
     code = "bootstrap_token_invalid"
     title = "The bootstrap token is not valid"
+
+
+class RevokedBootstrapToken(Unauthenticated):
+    code = "bootstrap_token_revoked"
+    title = "The bootstrap token was revoked"
 
 
 class ExpiredBootstrapToken(Unauthenticated):

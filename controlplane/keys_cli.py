@@ -28,13 +28,30 @@ def keys() -> None:
 
 
 @keys.command("list")
+@click.option("--signing", is_flag=True, help="the signing keys instead of the API keys")
 @_URL
 @_TOKEN
 @click.pass_context
-def list_command(ctx: click.Context, url: str | None, token: str | None) -> None:
-    """Every signing key: whose, its id, its state, the KEK it is sealed under."""
+def list_command(ctx: click.Context, signing: bool, url: str | None, token: str | None) -> None:
+    """The API keys (a tenant admin: its tenant's): name, tenant, prefix, expiry, and when the
+    secret before a rotation stops; --signing: every signing key, its state and its KEK."""
     connect(ctx, url, token)
-    show(Console(), call(ctx, "GET", "/v1/signing-keys")["items"])
+    if signing:
+        show(Console(), call(ctx, "GET", "/v1/signing-keys")["items"])
+        return
+    table = Table("name", "tenant", "prefix", "expires", "revoked", "old secret until")
+    cursor: str | None = None
+    while True:
+        page = call(ctx, "GET", "/v1/api-keys", limit=500, **({"cursor": cursor} if cursor else {}))
+        for k in page["items"]:
+            revoked, until = "yes" if k["revoked"] else "", k.get("previous_expires_at") or ""
+            table.add_row(
+                k["name"], k["tenant"], k["prefix"], k["expires_at"] or "", revoked, until
+            )
+        cursor = page.get("next")
+        if not cursor:
+            break
+    Console().print(table)
 
 
 @keys.group("rotate")
@@ -63,6 +80,51 @@ def rotate_signing_key(
     body = {"region": region, "control_plane": control_plane, "immediate": immediate}
     done = call(ctx, "POST", "/v1/signing-keys/rotate", body)
     click.echo(f"{done['owner']}: key {done['kid']} {done['state']} at revision {done['revision']}")
+
+
+class Duration(click.ParamType[int]):
+    """Seconds, or a number with s, m, h or d: `90`, `15m`, `1h`, `7d`."""
+
+    name = "duration"
+    UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        unit = self.UNITS.get(text[-1:], 0)
+        number = text[:-1] if unit else text
+        if not number.isdigit():
+            self.fail(f"{value!r} is not a duration such as 90, 15m, 1h or 7d", param, ctx)
+        return int(number) * (unit or 1)
+
+
+def _secret_rotation(plural: str, label: str, shown: str) -> click.Command:
+    @click.argument("name")
+    @click.option("--overlap", type=Duration(), default="1h", show_default=True,
+                  help="how long the old secret keeps working (0: it stops at once)")  # fmt: skip
+    @_URL
+    @_TOKEN
+    @click.pass_context
+    def run(
+        ctx: click.Context, name: str, overlap: int, url: str | None, token: str | None
+    ) -> None:
+        connect(ctx, url, token)
+        done = call(ctx, "POST", f"/v1/{plural}/{name}/rotate", {"overlap_s": overlap})
+        until = done.get("previous_expires_at") or "now (no overlap)"
+        click.echo(f"{label} {name}: the new {shown}, shown this once:")
+        click.echo(done[shown])
+        click.echo(f"the one before it works until {until}")
+
+    run.__doc__ = (f"A new {shown} for the {label} (its name stays); the old one works for "
+                   "--overlap more, in every region, then stops.")  # fmt: skip
+    return click.command(label.replace(" ", "-"))(run)
+
+
+rotate.add_command(_secret_rotation("api-keys", "api key", "key"))
+rotate.add_command(_secret_rotation("principals", "principal", "token"))
 
 
 @rotate.command("kek")

@@ -55,19 +55,25 @@ async def current_principal(
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
 
 ROLE_KEY = "x-meridian-role"
+SCOPE_KEY = "x-meridian-tenant-scope"
 
 
-def allowed(role: Role, **openapi_extra: Any) -> dict[str, Any]:
+def allowed(
+    role: Role, *, tenant_scoped: bool = False, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Route arguments for who may call it: the least role, enforced by a dependency that runs
     before the route's others and before its body is read, and declared in the OpenAPI
-    document (`x-meridian-role`), from which the RBAC test takes every operation."""
+    document (`x-meridian-role`), from which the RBAC test takes every operation.
+    `tenant_scoped`: a tenant admin may call it too (`x-meridian-tenant-scope`), and the route
+    keeps it to its own tenant's objects."""
 
     async def check(who: CurrentPrincipal) -> None:
-        who.require(role)
+        who.require(role, scoped=tenant_scoped)
 
+    scope = {SCOPE_KEY: True} if tenant_scoped else {}
     return {
         "dependencies": [Depends(check)],
-        "openapi_extra": {ROLE_KEY: str(role), **openapi_extra},
+        "openapi_extra": {ROLE_KEY: str(role), **scope, **(extra or {})},
     }
 
 

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from controlplane.api.deps import CurrentPrincipal, IfMatch, ServicesDep, allowed, etag
 from controlplane.domain import Role
 from controlplane.errors import ValidationFailed
+from controlplane.schemas.access import SecretRotation
 from controlplane.schemas.common import NAME_PATTERN, Page
 from controlplane.services.kind import Kind
 from controlplane.services.resources import Written, check_version
@@ -42,13 +43,17 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
     # (401, 403: the route's `allowed` dependency, first), then the object (404) and the
     # precondition (428, 412); the body (422) last. FastAPI resolves dependencies before it
     # validates the body.
-    reader, writer = allowed(Role.VIEWER), allowed(kind.write_role)
+    # A tenant admin reads (and, for some kinds, writes) its own tenant's objects only: each
+    # call below is given its tenant as the scope, and another tenant's object is not found.
+    reader = allowed(Role.VIEWER, tenant_scoped=kind.tenant_scope is not None)
+    writer = allowed(kind.write_role, tenant_scoped=kind.tenant_scope == "write")
 
     async def precondition(
-        name: NamePath, services: ServicesDep, expected: IfMatch
+        name: NamePath, who: CurrentPrincipal, services: ServicesDep, expected: IfMatch
     ) -> set[int] | str:
         """If-Match against the stored version; the write checks it again under its lock."""
-        check_version(kind, name, await services.resources.version(kind, name), expected)
+        stored = await services.resources.version(kind, name, who.tenant)
+        check_version(kind, name, stored, expected)
         assert expected is not None
         return expected
 
@@ -56,13 +61,13 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
 
     @router.get("", response_model=Page, summary=f"List {kind.plural}", **reader)
     async def list_(
-        services: ServicesDep, limit: Limit = 100, cursor: Cursor = None
+        who: CurrentPrincipal, services: ServicesDep, limit: Limit = 100, cursor: Cursor = None
     ) -> dict[str, Any]:
-        return await services.resources.list(kind, limit=limit, cursor=cursor)
+        return await services.resources.list(kind, limit=limit, cursor=cursor, scope=who.tenant)
 
     @router.get("/{name}", responses={200: one}, summary=f"Get a {kind.kind}", **reader)
-    async def get(name: NamePath, services: ServicesDep) -> JSONResponse:
-        view = await services.resources.get(kind, name)
+    async def get(name: NamePath, who: CurrentPrincipal, services: ServicesDep) -> JSONResponse:
+        view = await services.resources.get(kind, name, who.tenant)
         return JSONResponse(view, headers={"ETag": etag(view["version"])})
 
     @router.post(
@@ -74,8 +79,26 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
         services: ServicesDep,
     ) -> JSONResponse:
         name = body.name  # type: ignore[attr-defined]
-        written = await services.resources.create(kind, name, kind.spec_of(body), who.name)
+        spec = kind.spec_of(body)
+        written = await services.resources.create(kind, name, spec, who.name, who.tenant)
         return _written(written, 201, f"/v1/{kind.plural}/{written.view['name']}")
+
+    if kind.rotatable:
+
+        @router.post(
+            "/{name}/rotate",
+            responses={200: created},
+            summary=f"Rotate a {kind.kind}'s secret: a new one, shown once; the one before it "
+            "keeps working for overlap_s more",
+            **writer,
+        )
+        async def rotate(
+            name: NamePath, who: CurrentPrincipal, body: SecretRotation, services: ServicesDep
+        ) -> JSONResponse:
+            rotated = await services.resources.rotate(
+                kind, name, body.overlap_s, who.name, who.tenant
+            )
+            return _written(rotated)
 
     @router.delete("/{name}", status_code=204, summary=f"Delete a {kind.kind}", **writer)
     async def delete(
@@ -85,7 +108,9 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
         services: ServicesDep,
         cascade: Annotated[bool, Query(description="delete what depends on it too")] = False,
     ) -> Response:
-        revision = await services.resources.delete(kind, name, expected, who.name, cascade=cascade)
+        revision = await services.resources.delete(
+            kind, name, expected, who.name, cascade=cascade, scope=who.tenant
+        )
         headers = {"X-Meridian-Revision": str(revision)} if revision is not None else None
         return Response(status_code=204, headers=headers)
 
@@ -109,7 +134,9 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
         spec = kind.spec_of(body, kind.update_spec)
         version = body.version  # type: ignore[attr-defined]
         return _written(
-            await services.resources.replace(kind, name, spec, expected, who.name, version)
+            await services.resources.replace(
+                kind, name, spec, expected, who.name, version, who.tenant
+            )
         )
 
     @router.patch(
@@ -125,6 +152,7 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
         body: Annotated[dict[str, Any], Body(description="the fields to change; null removes")],
         services: ServicesDep,
     ) -> JSONResponse:
-        return _written(await services.resources.patch(kind, name, body, expected, who.name))
+        patched = await services.resources.patch(kind, name, body, expected, who.name, who.tenant)
+        return _written(patched)
 
     return router

@@ -58,7 +58,7 @@ async def _read_document(request: Request) -> Any:
     "/v1/apply",
     tags=["apply"],
     summary="Make the fleet match a document (an admin's, when it lists access kinds)",
-    **allowed(Role.OPERATOR, **_DOCUMENT_BODY),
+    **allowed(Role.OPERATOR, extra=_DOCUMENT_BODY),
 )
 async def apply(
     request: Request,

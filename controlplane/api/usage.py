@@ -9,9 +9,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from controlplane.api.deps import ServicesDep, allowed
+from controlplane.api.deps import CurrentPrincipal, ServicesDep, allowed
 from controlplane.domain import Role
 from controlplane.errors import ValidationFailed
+from controlplane.services.auth import Principal
 from controlplane.services.kind import parse
 from controlplane.services.usage.reconcile import reconcile
 from controlplane.services.usage.report import EPOCH_MAX, UsageQuery, records, usage_report
@@ -49,9 +50,17 @@ def _query(
     return query
 
 
+def own(query: UsageQuery, who: Principal) -> UsageQuery:
+    """A tenant admin's query kept to its tenant, whatever tenants it named."""
+    if who.tenant is None:
+        return query
+    return query.model_copy(update={"tenants": [who.tenant]})
+
+
 @router.get("/v1/usage", summary="Usage and its cost, summed by bucket of time and by group",
-            **allowed(Role.VIEWER))  # fmt: skip
+            **allowed(Role.VIEWER, tenant_scoped=True))  # fmt: skip
 async def usage(
+    who: CurrentPrincipal,
     services: ServicesDep,
     start_time: Annotated[int | None, Query(ge=0, le=EPOCH_MAX, description="Unix seconds")] = None,
     end_time: Time = None,
@@ -67,12 +76,14 @@ async def usage(
 ) -> dict[str, Any]:
     query = _query(start_time, end_time, bucket_width, time_zone, group_by, tenants, api_keys,
                    models, regions, limit, page)  # fmt: skip
-    return await usage_report(services.db, query, services.settings.currency)
+    return await usage_report(services.db, own(query, who), services.settings.currency)
 
 
 @router.get("/v1/usage/records", summary="The raw usage records of a period, oldest first",
-            response_class=StreamingResponse, **allowed(Role.VIEWER))  # fmt: skip
+            response_class=StreamingResponse,
+            **allowed(Role.VIEWER, tenant_scoped=True))  # fmt: skip
 async def usage_records(
+    who: CurrentPrincipal,
     services: ServicesDep,
     start_time: Annotated[int | None, Query(ge=0, le=EPOCH_MAX, description="Unix seconds")] = None,
     end_time: Time = None,
@@ -84,7 +95,7 @@ async def usage_records(
 ) -> StreamingResponse:
     query = _query(start_time, end_time, None, None, None, tenants, api_keys, models, regions)
     media = "application/x-ndjson" if format == "jsonl" else "text/csv"
-    return StreamingResponse(records(services.db, query, format), media_type=media)
+    return StreamingResponse(records(services.db, own(query, who), format), media_type=media)
 
 
 @router.get("/v1/usage/reconciliation",

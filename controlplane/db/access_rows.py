@@ -44,6 +44,9 @@ class ApiKeyRow(NamedRow):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the secret before its last rotation (same prefix), accepted until previous_expires_at
+    previous_key_hash: Mapped[str | None] = mapped_column(String(64))
+    previous_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     tenant: Mapped[TenantRow] = relationship(lazy="joined")
 
@@ -52,7 +55,14 @@ class PrincipalRow(NamedRow):
     __tablename__ = "principals"
 
     role: Mapped[str] = mapped_column(String(16))
+    tenant_id: Mapped[int | None] = mapped_column(ForeignKey("tenants.id"), index=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the token before its last rotation, accepted until previous_expires_at (the overlap)
+    previous_token_hash: Mapped[str | None] = mapped_column(String(64))
+    previous_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    tenant: Mapped[TenantRow | None] = relationship(lazy="joined")  # a tenant admin's
 
 
 class BootstrapTokenRow(NamedRow):
@@ -61,6 +71,7 @@ class BootstrapTokenRow(NamedRow):
     region_id: Mapped[int] = mapped_column(ForeignKey("regions.id"), index=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     pool_id: Mapped[int | None] = mapped_column(
         ForeignKey("node_pools.id", ondelete="SET NULL"), index=True
     )

@@ -7,7 +7,7 @@ from typing import Annotated, Self
 
 from meridian_pb.fleet.v1.budgets import Budget
 from meridian_pb.fleet.v1.budgets import check as budgets_clash
-from pydantic import Field, model_validator
+from pydantic import Field, StrictBool, model_validator
 
 from controlplane.domain import Role
 from controlplane.schemas.classes import ServiceClassName, rank
@@ -96,6 +96,29 @@ class ApiKeyUpdate(Spec):
 
 class PrincipalSpec(Spec):
     role: Role
+    tenant: Name | None = Field(
+        default=None, description="the tenant a tenant-admin administers (and only then)"
+    )
+    expires_at: datetime | None = Field(
+        default=None, description="when its token stops working (a service account's); null: never"
+    )
+
+    @model_validator(mode="after")
+    def _tenant_of_a_tenant_admin(self) -> Self:
+        if (self.role is Role.TENANT_ADMIN) != (self.tenant is not None):
+            raise ValueError("a tenant-admin names its tenant, and no other role names one")
+        return self
+
+
+class SecretRotation(Spec):
+    overlap_s: int = Field(
+        default=3600,
+        ge=0,
+        le=30 * 86400,
+        description="how long the secret before it keeps working beside the new one (never "
+        "past its own expiry); 0: it stops at once. A secret from before an earlier rotation "
+        "stops now",
+    )
 
 
 class BootstrapTokenSpec(Spec):
@@ -105,6 +128,14 @@ class BootstrapTokenSpec(Spec):
         default=None,
         description="the node pool of the region whose machines use it: a node it creates "
         "joins that pool (so that the capacity planner counts and sizes it)",
+    )
+
+
+class BootstrapTokenUpdate(Spec):
+    revoked: StrictBool = Field(
+        default=False,
+        description="true: refused from now on (a revoked token stays revoked); agents it "
+        "registered keep their own credentials",
     )
 
 
@@ -118,13 +149,22 @@ class ApiKeyOut(Meta):
     expires_at: datetime | None
     revoked: bool
     revoked_at: datetime | None
+    previous_expires_at: datetime | None = Field(
+        default=None,
+        description="when the key's secret before its last rotation stops (or stopped); the "
+        "prefix stays the same",
+    )
 
 
 class PrincipalOut(Meta, PrincipalSpec):
-    pass
+    previous_expires_at: datetime | None = Field(
+        default=None, description="when the token before its last rotation stops (or stopped)"
+    )
 
 
 class BootstrapTokenOut(Meta):
     region: Name
     expires_at: datetime
     pool: Name | None = None
+    revoked: bool = False
+    revoked_at: datetime | None = None

@@ -6,7 +6,7 @@ is a new version of the adapter: a change of the fleet's intent, rolled out in w
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 
 from controlplane.db.access_rows import TenantRow
 from controlplane.db.fleet_rows import AdapterRow, ModelRow, TieredRouteRow
@@ -34,6 +34,13 @@ async def name_taken(uow: UnitOfWork, name: str, own: type[object]) -> None:
 class AdapterKind(Kind[AdapterRow]):
     kind, plural, row, spec, out = "adapter", "adapters", AdapterRow, AdapterSpec, AdapterOut
     refs = {"base_model": (ModelRow, "model")}
+    tenant_scope = "read"  # a tenant admin sees the adapters its tenant may use
+
+    def belongs(self, row: AdapterRow, tenant: str) -> bool:
+        return tenant in row.tenants
+
+    def owned(self, query: Select[tuple[AdapterRow]], tenant: str) -> Select[tuple[AdapterRow]]:
+        return query.where(AdapterRow.tenants.contains([tenant]))
 
     async def validate(self, uow: UnitOfWork, row: AdapterRow) -> None:
         await name_taken(uow, row.name, AdapterRow)

@@ -18,6 +18,7 @@ from controlplane.errors import (
     ExpiredBootstrapToken,
     InvalidBootstrapToken,
     InvalidCredential,
+    RevokedBootstrapToken,
     WrongRegion,
 )
 from controlplane.schemas.common import Name, Spec
@@ -65,6 +66,10 @@ async def register(db: Database, token: str, given: AgentRegistration) -> Regist
         )
         if found is None:
             raise InvalidBootstrapToken("no such bootstrap token")
+        if found.revoked_at is not None:
+            raise RevokedBootstrapToken(
+                f"bootstrap token {found.name} was revoked at {found.revoked_at.isoformat()}"
+            )
         if found.expires_at <= utcnow():
             raise ExpiredBootstrapToken(
                 f"bootstrap token {found.name} expired at {found.expires_at.isoformat()}"

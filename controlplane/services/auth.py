@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pydantic import SecretStr
 from sqlalchemy import select
 
-from controlplane.db.access_rows import PrincipalRow
+from controlplane.db.access_rows import PrincipalRow, TenantRow
+from controlplane.db.base import utcnow
 from controlplane.db.engine import Database
 from controlplane.domain import Role
 from controlplane.errors import Forbidden, Unauthenticated
@@ -21,8 +22,13 @@ BOOTSTRAP_ADMIN = "bootstrap-admin"
 class Principal:
     name: str
     role: Role
+    tenant: str | None = None  # a tenant admin's: all it may see and change
 
-    def require(self, needed: Role) -> None:
+    def require(self, needed: Role, *, scoped: bool = False) -> None:
+        """Allowed `needed`: by rank; a tenant admin, only where the operation is scoped to
+        a tenant (the operation then keeps it to its own tenant's objects)."""
+        if self.tenant is not None and scoped:
+            return
         if not self.role.allows(needed):
             raise Forbidden(
                 f"{self.name} is a {self.role}; this needs {needed}",
@@ -45,14 +51,19 @@ class Authenticator:
             raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
         if self._admin_token is not None and hmac.compare_digest(token.encode(), self._admin_token):
             return Principal(BOOTSTRAP_ADMIN, Role.ADMIN)
+        digest, now = hash_secret(token), utcnow()
         async with self._db.sessions() as session:
-            row = (
-                await session.execute(
-                    select(PrincipalRow.name, PrincipalRow.role).where(
-                        PrincipalRow.token_hash == hash_secret(token)
-                    )
+            row = (await session.execute(
+                select(PrincipalRow.name, PrincipalRow.role, PrincipalRow.expires_at,
+                       TenantRow.name.label("tenant"))
+                .outerjoin(TenantRow, TenantRow.id == PrincipalRow.tenant_id).where(
+                    (PrincipalRow.token_hash == digest)
+                    | ((PrincipalRow.previous_token_hash == digest)
+                       & (PrincipalRow.previous_expires_at > now))
                 )
-            ).one_or_none()
+            )).one_or_none()  # fmt: skip
         if row is None:
             raise Unauthenticated("the token is not valid")
-        return Principal(row.name, Role(row.role))
+        if row.expires_at is not None and row.expires_at <= now:
+            raise Unauthenticated(f"the token of {row.name} has expired")
+        return Principal(row.name, Role(row.role), row.tenant)

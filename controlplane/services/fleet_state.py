@@ -81,9 +81,11 @@ class FleetReader:
         last = self.state
         if last is not None and revision == last.revision:
             return last
-        changed = None if last is None or revision < last.revision else (
-            await _changed_since(session, last.revision, revision)
-        )  # fmt: skip
+        changed = (
+            None
+            if last is None or revision < last.revision
+            else (await _changed_since(session, last.revision, revision))
+        )
         if last is None or changed is None:
             self.full_reads += 1
             self.state = await read_fleet_state(session)
@@ -194,7 +196,12 @@ async def _api_keys(
         )
     return {
         k.name: ApiKeyState(
-            tenant=k.tenant.name, prefix=k.prefix, key_hash=k.key_hash, expires_at=k.expires_at
+            tenant=k.tenant.name,
+            prefix=k.prefix,
+            key_hash=k.key_hash,
+            expires_at=k.expires_at,
+            previous_hash=k.previous_key_hash,
+            previous_expires_at=k.previous_expires_at,
         )
         for k in (await session.execute(query)).unique().scalars()
     }

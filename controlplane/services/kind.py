@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Generic, cast
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic.config import JsonDict
-from sqlalchemy import select
+from sqlalchemy import Select, false, select
 from sqlalchemy.exc import IntegrityError
 
 from controlplane.db.base import NamedRow, utcnow
@@ -75,6 +75,10 @@ class Kind(Generic[RowT]):
     refs: ClassVar[dict[str, tuple[type[NamedRow], str]]] = {}
     server_set: ClassVar[frozenset[str]] = frozenset()  # more fields a reader sees, not set
     shown_once: ClassVar[str | None] = None  # the field of the secret mint() shows once
+    rotatable: ClassVar[bool] = False  # its secret rotates, with an overlap (rotated())
+    # What a tenant admin may do with its own tenant's objects of this kind: nothing, read
+    # them, or read and write them ("read" | "write"); it never sees another tenant's.
+    tenant_scope: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         self.dependents_of: list[tuple[Kind[Any], str]] = []
@@ -165,9 +169,26 @@ class Kind(Generic[RowT]):
     async def validate(self, uow: UnitOfWork, row: RowT) -> None:
         """Checks across objects, after assign; raise to refuse."""
 
+    def belongs(self, row: RowT, tenant: str) -> bool:
+        """Whether the object is `tenant`'s (for a kind with a tenant scope)."""
+        return False
+
+    def owned(self, query: Select[tuple[RowT]], tenant: str) -> Select[tuple[RowT]]:
+        """`query` kept to the objects of `tenant`."""
+        return query.where(false())
+
+    def claim(self, spec: Spec, tenant: str) -> None:
+        """Refuse a spec a tenant admin of `tenant` may not write (as if what it names were
+        not there: another tenant's existence is never told)."""
+
     def mint(self, row: RowT) -> Doc:
         """For kinds with a secret: set its hash on the row and return it, shown once."""
         return {}
+
+    def rotated(self, row: RowT, overlap_s: int) -> Doc:
+        """For kinds that rotate: a new secret (shown once), the one before it kept as the
+        previous, accepted for `overlap_s` more (never past its own expiry)."""
+        raise NotImplementedError
 
     # --- life cycle ------------------------------------------------------------------
 
@@ -201,6 +222,15 @@ class Kind(Generic[RowT]):
         await self._flush(uow, row.name)
         uow.record("update", self.kind, row.name, before, after)
         return True
+
+    async def rotate(self, uow: UnitOfWork, row: RowT, overlap_s: int) -> Doc:
+        before = self.doc(row)
+        secret = self.rotated(row, overlap_s)
+        row.version += 1
+        row.updated_at = utcnow()
+        await self._flush(uow, row.name)
+        uow.record("update", self.kind, row.name, before, self.doc(row))
+        return secret
 
     async def delete(self, uow: UnitOfWork, row: RowT, *, cascade: bool) -> None:
         dependents = await self.dependents(uow, row)

@@ -36,7 +36,7 @@ MODEL.dependents_of = [
     (FALLBACK, "model_id"),
     (ADAPTER, "base_model_id"),
 ]
-TENANT.dependents_of = [(API_KEY, "tenant_id")]
+TENANT.dependents_of = [(API_KEY, "tenant_id"), (PRINCIPAL, "tenant_id")]
 
 # In dependency order: a kind refers only to kinds before it.
 KINDS: list[Kind[Any]] = [

@@ -20,7 +20,7 @@ from controlplane.services.placements import commit
 from controlplane.services.revisions import RevisionFeed
 from controlplane.services.sealing.sealer import Sealer
 from controlplane.services.secrets import new_name
-from controlplane.services.unit import Doc, UnitOfWork
+from controlplane.services.unit import Doc, RowT, UnitOfWork
 
 ANY_VERSION = "*"
 
@@ -71,6 +71,14 @@ def check_version(
         )
 
 
+def in_scope(kind: Kind[Any], row: RowT, scope: str | None) -> RowT:
+    """The row, if a tenant admin of `scope` may see it (no scope: anyone who got this far);
+    NotFound, as for a name that is not there, if not."""
+    if scope is not None and not kind.belongs(row, scope):
+        raise NotFound(f"no {kind.kind} named {row.name!r}", kind=kind.kind, name=row.name)
+    return row
+
+
 class Resources:
     def __init__(self, db: Database, feed: RevisionFeed, sealer: Sealer | None = None) -> None:
         self._db = db
@@ -81,8 +89,13 @@ class Resources:
         await self._feed.published(written.revision)
         return written
 
-    async def list(self, kind: Kind[Any], *, limit: int, cursor: str | None) -> Doc:
+    async def list(
+        self, kind: Kind[Any], *, limit: int, cursor: str | None, scope: str | None = None
+    ) -> Doc:
+        """`scope`: a tenant admin's tenant; only its objects are listed."""
         query = select(kind.row).order_by(kind.row.name).limit(limit + 1)
+        if scope is not None:
+            query = kind.owned(query, scope)
         if cursor:
             query = query.where(kind.row.name > cursor)  # the last name of the page before
         async with self._db.sessions() as session:
@@ -94,19 +107,27 @@ class Resources:
             "next": rows[-1].name if more and rows else None,
         }
 
-    async def version(self, kind: Kind[Any], name: str) -> int:
-        """The stored object's version; NotFound when there is none."""
+    async def version(self, kind: Kind[Any], name: str, scope: str | None = None) -> int:
+        """The stored object's version; NotFound when there is none (in `scope`)."""
+        query = select(kind.row.version).where(kind.row.name == name)
+        if scope is not None:
+            query = kind.owned(query, scope)
         async with self._db.sessions() as session:
-            found = await session.scalar(select(kind.row.version).where(kind.row.name == name))
+            found = await session.scalar(query)
         if found is None:
             raise NotFound(f"no {kind.kind} named {name!r}", kind=kind.kind, name=name)
         return int(found)
 
-    async def get(self, kind: Kind[Any], name: str) -> Doc:
+    async def get(self, kind: Kind[Any], name: str, scope: str | None = None) -> Doc:
         async with self._db.sessions() as session:
-            return kind.view(await UnitOfWork(session, "").get(kind.row, kind.kind, name))
+            row = await UnitOfWork(session, "").get(kind.row, kind.kind, name)
+            return kind.view(in_scope(kind, row, scope))
 
-    async def create(self, kind: Kind[Any], name: str | None, spec: Spec, actor: str) -> Written:
+    async def create(
+        self, kind: Kind[Any], name: str | None, spec: Spec, actor: str, scope: str | None = None
+    ) -> Written:
+        if scope is not None:
+            kind.claim(spec, scope)
         if name is None:
             name = new_name(kind.name_prefix or kind.kind)
         async with self._db.sessions() as session, session.begin():
@@ -123,22 +144,29 @@ class Resources:
         expected: set[int] | str | None,
         actor: str,
         version: int | None = None,
+        scope: str | None = None,
     ) -> Written:
         async with self._db.sessions() as session, session.begin():
             uow = UnitOfWork(session, actor, sealer=self.sealer)
-            row = await uow.get(kind.row, kind.kind, name, lock=True)
+            row = in_scope(kind, await uow.get(kind.row, kind.kind, name, lock=True), scope)
             check_version(kind, name, row.version, expected, version)
             await kind.update(uow, row, spec)
             written = Written(kind.view(row), {}, await commit(uow))
         return await self._published(written)
 
     async def patch(
-        self, kind: Kind[Any], name: str, patch: Doc, expected: set[int] | str | None, actor: str
+        self,
+        kind: Kind[Any],
+        name: str,
+        patch: Doc,
+        expected: set[int] | str | None,
+        actor: str,
+        scope: str | None = None,
     ) -> Written:
         schema = kind.update_spec or kind.spec
         async with self._db.sessions() as session, session.begin():
             uow = UnitOfWork(session, actor, sealer=self.sealer)
-            row = await uow.get(kind.row, kind.kind, name, lock=True)
+            row = in_scope(kind, await uow.get(kind.row, kind.kind, name, lock=True), scope)
             given = patch.get("version")
             check_version(kind, name, row.version, expected, given if type(given) is int else None)
             current = {k: v for k, v in kind.doc(row).items() if k in schema.model_fields}
@@ -153,6 +181,17 @@ class Resources:
             written = Written(kind.view(row), {}, await commit(uow))
         return await self._published(written)
 
+    async def rotate(
+        self, kind: Kind[Any], name: str, overlap_s: int, actor: str, scope: str | None = None
+    ) -> Written:
+        """A new secret for the object (shown once); the one before it works `overlap_s` more."""
+        async with self._db.sessions() as session, session.begin():
+            uow = UnitOfWork(session, actor, sealer=self.sealer)
+            row = in_scope(kind, await uow.get(kind.row, kind.kind, name, lock=True), scope)
+            secret = await kind.rotate(uow, row, overlap_s)
+            written = Written(kind.view(row), secret, await commit(uow))
+        return await self._published(written)
+
     async def delete(
         self,
         kind: Kind[Any],
@@ -161,10 +200,11 @@ class Resources:
         actor: str,
         *,
         cascade: bool,
+        scope: str | None = None,
     ) -> int | None:
         async with self._db.sessions() as session, session.begin():
             uow = UnitOfWork(session, actor, sealer=self.sealer)
-            row = await uow.get(kind.row, kind.kind, name, lock=True)
+            row = in_scope(kind, await uow.get(kind.row, kind.kind, name, lock=True), scope)
             check_version(kind, name, row.version, expected)
             await kind.delete(uow, row, cascade=cascade)
             revision = await commit(uow)

@@ -22,9 +22,10 @@ def hash_secret(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
-def new_secret(kind: str) -> Secret:
-    """A secret such as `mk-3f9a1c2e.<43 chars>`; the part before the dot identifies it."""
-    ident = secrets.token_hex(4)
+def new_secret(kind: str, prefix: str | None = None) -> Secret:
+    """A secret such as `mk-3f9a1c2e.<43 chars>`; the part before the dot identifies it (and
+    stays the same across a rotation, given as `prefix`: budgets and usage name it)."""
+    ident = prefix.removeprefix(f"{kind}-") if prefix is not None else secrets.token_hex(4)
     value = f"{kind}-{ident}.{secrets.token_urlsafe(32)}"
     return Secret(value=value, prefix=f"{kind}-{ident}", digest=hash_secret(value))
 

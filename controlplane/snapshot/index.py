@@ -38,4 +38,8 @@ class FleetIndex:
         for _, k in sorted(state.api_keys.items()):
             grant = KeyGrant(prefix=k.prefix, key_hash=k.key_hash, expires_at=k.expires_at)
             keys.setdefault(k.tenant, []).append(grant)
+            if k.previous_hash is not None:  # a rotation's overlap: the secret before it
+                before = KeyGrant(prefix=k.prefix, key_hash=k.previous_hash,
+                                  expires_at=k.previous_expires_at)  # fmt: skip
+                keys[k.tenant].append(before)
         return cls(nodes, deployments, slots, weights, keys)

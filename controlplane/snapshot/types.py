@@ -35,6 +35,9 @@ class ApiKeyState(Frozen):
     prefix: str
     key_hash: str
     expires_at: datetime | None
+    # its secret before its last rotation, accepted until then (the agents' clocks say)
+    previous_hash: str | None = None
+    previous_expires_at: datetime | None = None
 
 
 class KeyState(Frozen):

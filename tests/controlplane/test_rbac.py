@@ -1,10 +1,17 @@
-"""Who may do what: viewers read, operators also change the fleet, admins also manage access."""
+"""Who may do what: viewers read, operators also change the fleet, admins also manage access;
+a tenant admin manages its own tenant's API keys, reads its tenant, the adapters it may use
+and its usage, and sees nothing of any other tenant."""
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import pytest
+from meridian_pb.fleet.v1 import fleet_pb2 as pb
 
 from controlplane.services.agents import AgentRegistration, register
+from controlplane.services.usage.store import UsageStore
 from tests.kits.controlplane import Api
 from tests.kits.fleet_docs import BASE
 
@@ -32,10 +39,12 @@ async def tokens(api: Api) -> dict[str, str]:
     out = {}
     for role in RANK:
         out[role] = (await api.create("principals", {"name": f"p-{role}", "role": role}))["token"]
+    bound = {"name": "p-acme-admin", "role": "tenant-admin", "tenant": "acme"}
+    out["tenant-admin"] = (await api.create("principals", bound))["token"]
     return out
 
 
-@pytest.mark.parametrize("role", list(RANK))
+@pytest.mark.parametrize("role", [*RANK, "tenant-admin"])
 @pytest.mark.parametrize(("method", "path", "body", "least"), ACTIONS)
 async def test_role_matrix(
     api: Api,
@@ -47,7 +56,9 @@ async def test_role_matrix(
     least: str,
 ) -> None:
     response = await api.client.request(method, path, json=body, headers=api.as_(tokens[role]))
-    if RANK[role] >= RANK[least]:
+    if role == "tenant-admin" and (method, path) == ("POST", "/v1/api-keys"):  # its own tenant's
+        assert response.status_code == 201, response.text
+    elif RANK.get(role, -1) >= RANK[least]:
         assert response.status_code in (200, 201), response.text
     else:
         assert response.status_code == 403, response.text
@@ -70,7 +81,9 @@ async def test_every_operation_of_the_openapi_document_declares_and_enforces_its
     """Each operation declares its least role (`x-meridian-role`); every bearer below it is
     refused (403), every bearer that is not a principal is 401, every one at or above it gets
     past authorization. A tenant's operations (`tenant`: the Batch API) take a tenant's key
-    and nothing else. A new endpoint is covered as soon as it is in the document."""
+    and nothing else. A tenant admin gets past authorization only where the operation is
+    scoped to a tenant (`x-meridian-tenant-scope`), and is 403 everywhere else. A new endpoint
+    is covered as soon as it is in the document."""
     callers = await _callers(api, tokens)
     spec = (await api.client.get("/openapi.json")).json()
     checked = 0
@@ -94,6 +107,11 @@ async def test_every_operation_of_the_openapi_document_declares_and_enforces_its
                         assert answer.status_code not in (401, 403), where
                     else:
                         assert answer.status_code == 401, where
+                elif caller == "tenant-admin":
+                    if operation.get("x-meridian-tenant-scope"):
+                        assert answer.status_code not in (401, 403), where
+                    else:
+                        assert answer.status_code == 403, where
                 elif caller not in RANK:
                     assert answer.status_code == 401, where
                 elif RANK[caller] < RANK[least]:
@@ -121,3 +139,72 @@ async def test_a_deleted_principal_loses_access(api: Api, tokens: dict[str, str]
     assert gone.status_code == 204
     after = await api.client.get("/v1/regions", headers=api.as_(tokens["viewer"]))
     assert after.status_code == 401
+
+
+async def test_a_tenant_admin_manages_its_own_keys_and_sees_nothing_of_other_tenants(
+    api: Api, tokens: dict[str, str]
+) -> None:
+    await api.create("tenants", {"name": "globex"})
+    theirs = await api.create("api-keys", {"name": "globex-prod", "tenant": "globex"})
+    ours = await api.create("api-keys", {"name": "acme-prod", "tenant": "acme"})
+    me = api.as_(tokens["tenant-admin"])
+
+    async def call(
+        method: str, path: str, json: object = None, params: dict[str, str] | None = None
+    ) -> httpx.Response:  # as the tenant admin; a write as of any version
+        headers = {**me, "If-Match": "*"}
+        return await api.client.request(method, path, json=json, params=params, headers=headers)
+
+    listed = (await call("GET", "/v1/api-keys")).json()["items"]
+    assert [k["name"] for k in listed] == ["acme-prod"]
+    assert [t["name"] for t in (await call("GET", "/v1/tenants")).json()["items"]] == ["acme"]
+    # another tenant's objects answer as if they were not there, whatever the method
+    for method, path, body in (
+        ("GET", "/v1/api-keys/globex-prod", None),
+        ("PATCH", "/v1/api-keys/globex-prod", {"revoked": True}),
+        ("PUT", "/v1/api-keys/globex-prod", {"revoked": True}),
+        ("DELETE", "/v1/api-keys/globex-prod", None),
+        ("POST", "/v1/api-keys/globex-prod/rotate", {}),
+        ("GET", "/v1/tenants/globex", None),
+    ):
+        answer = await call(method, path, body)
+        assert answer.status_code == 404, (method, path, answer.text)
+        assert answer.json()["code"] == "not_found"
+    made = await call("POST", "/v1/api-keys", {"tenant": "globex"})
+    assert made.status_code == 422, made.text
+    assert made.json()["code"] == "unknown_reference"  # as for a tenant that does not exist
+    # its own: made, rotated, revoked
+    assert (await call("POST", "/v1/api-keys", {"tenant": "acme"})).status_code == 201
+    rotated = await call("POST", "/v1/api-keys/acme-prod/rotate", {"overlap_s": 60})
+    assert rotated.status_code == 200, rotated.text
+    assert rotated.json()["prefix"] == ours["prefix"]
+    revoked = await call("PATCH", "/v1/api-keys/acme-prod", {"revoked": True})
+    assert revoked.status_code == 200, revoked.text
+    # and nothing of the fleet, nor its own tenant's spec to change, nor principals
+    refused: list[tuple[str, str, object]] = [
+        ("GET", "/v1/regions", None),
+        ("GET", "/v1/principals", None),
+        ("GET", "/v1/audit-events", None),
+        ("PATCH", "/v1/tenants/acme", {"requests_per_minute": 10**9}),
+        ("POST", "/v1/principals", {"name": "x", "role": "admin"}),
+    ]
+    for method, path, sent in refused:
+        answer = await call(method, path, sent)
+        assert answer.status_code == 403, (method, path, answer.text)
+    # its usage only, whatever tenants it names
+    now = int(time.time() * 1e6)
+    records = [pb.UsageRecord(id=f"j-{n}", seq=n, request_id=f"r{n}", kind="served", tenant=t,
+                              model="m", answered_model="m", service_class="standard",
+                              started_us=now, ended_us=now + 1, prompt_tokens=1, status=200,
+                              outcome="ok") for n, t in enumerate(("acme", "globex"))]  # fmt: skip
+    assert await UsageStore(api.db).store(records, "us-east", "us-east-1") == 2
+    window = {"start_time": str(int(time.time()) - 3600), "group_by": "tenant"}
+    for named in ("globex", "acme,globex"):
+        usage = await call("GET", "/v1/usage", None, {**window, "tenants": named})
+        assert usage.status_code == 200, usage.text
+        seen = [r["tenant"] for b in usage.json()["data"] for r in b["results"]]
+        assert seen == ["acme"]
+    everyone = (await api.client.get("/v1/usage", params=window)).json()["data"]
+    assert sorted(r["tenant"] for b in everyone for r in b["results"]) == ["acme", "globex"]
+    assert (await api.client.get("/v1/api-keys/globex-prod")).json()["revoked"] is False
+    assert theirs["prefix"] != ours["prefix"]

@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from controlplane.db.batch_rows import BatchLineRow
 from controlplane.db.engine import Database
 from meridian.procs import ControlPlane, start_control_plane, stop_child
-from tests.kits.controlplane import ADMIN_TOKEN
+from tests.kits.controlplane import ADMIN_TOKEN, kek_file
 from tests.kits.fleet import LLAMA, Fleet, fleet_of
 
 
@@ -184,7 +184,8 @@ async def test_2000_lines_survive_a_region_and_the_control_plane_killed(
             await fleet.kill_control_plane()
             restarted = await start_control_plane(
                 {"MERIDIAN_DATABASE_URL": database_url, "MERIDIAN_ADMIN_TOKEN": ADMIN_TOKEN,
-                 "MERIDIAN_LOG_LEVEL": "warning", "MERIDIAN_DATA_DIR": env["data_dir"]},
+                 "MERIDIAN_LOG_LEVEL": "warning", "MERIDIAN_DATA_DIR": env["data_dir"],
+                 "MERIDIAN_KMS_KEY_FILE": kek_file(database_url)},
                 port=urlsplit(fleet.cp.url).port, grpc_port=grpc_port, timeout_s=60,
             )  # fmt: skip
             batch, output = await _ended(fleet.cp.url, fleet.keys["acme"], batch_id, 240)

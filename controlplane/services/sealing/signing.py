@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
 from controlplane.db.batch_rows import BatchSignerRow
-from controlplane.db.fleet_rows import NodeRow, RegionRow
+from controlplane.db.fleet_rows import FallbackPeerRow, FallbackRuleRow, NodeRow, RegionRow
 from controlplane.db.key_rows import SigningKeyRow
 from controlplane.services.sealing.sealer import Sealed, Sealer
 from controlplane.services.unit import UnitOfWork
@@ -126,8 +126,12 @@ class Step:
 
 
 async def advance(session: AsyncSession, uow: UnitOfWork, now: datetime) -> list[Step]:
-    """Steps 2 and 3 for every key whose wait is over (the leader, every second)."""
-    held = await _held_by_all(session)
+    """Steps 2 and 3 for every key whose wait is over (the leader, every second). Step 2 waits
+    for the regions that take the owner's signatures (their snapshots carry its keys; a region
+    whose snapshot did not change is not sent the revision, so no other is waited for); step
+    3, for the owner's own agents (the only ones that sign with it)."""
+    held = await _held(session)
+    takers = await _takers(session)
     names = dict((await session.execute(select(RegionRow.id, RegionRow.name))).all())
     rows = list((await session.execute(
         select(SigningKeyRow).order_by(SigningKeyRow.id).with_for_update()
@@ -135,7 +139,10 @@ async def advance(session: AsyncSession, uow: UnitOfWork, now: datetime) -> list
     steps = []
     for row in rows:
         owner = CONTROL_PLANE if row.region_id is None else names.get(row.region_id, "?")
-        reached = row.state_revision is not None and held >= row.state_revision
+        waited = takers.get(row.region_id, set()) if row.state == PUBLISHED else {row.region_id}
+        reached = row.state_revision is not None and all(
+            held.get(region, row.state_revision) >= row.state_revision for region in waited
+        )
         if row.state == PUBLISHED and reached:
             for old in rows:
                 if old.region_id == row.region_id and old.state == SIGNING:
@@ -154,22 +161,37 @@ async def advance(session: AsyncSession, uow: UnitOfWork, now: datetime) -> list
     return steps
 
 
+async def _held(session: AsyncSession) -> dict[int | None, int]:
+    """Per region, the oldest revision an agent of it that is up holds (regions with none up
+    are not listed: nothing is waited for there)."""
+    rows = await session.execute(
+        select(NodeRow.region_id, func.min(func.coalesce(NodeRow.applied_revision, 0)))
+        .where(NodeRow.health == "up").group_by(NodeRow.region_id)
+    )  # fmt: skip
+    return {region: int(oldest) for region, oldest in rows}
+
+
+async def _takers(session: AsyncSession) -> dict[int | None, set[int | None]]:
+    """Per owner (a region's id; None, the control plane), the regions whose snapshots carry
+    its public keys: those its fallback rules name as peers (as the compiler's `_trusted`);
+    every region takes the control plane's."""
+    out: dict[int | None, set[int | None]] = {None: set()}
+    out[None] = set((await session.execute(select(RegionRow.id))).scalars())
+    rows = await session.execute(
+        select(FallbackRuleRow.region_id, FallbackPeerRow.region_id)
+        .join(FallbackPeerRow, FallbackPeerRow.rule_id == FallbackRuleRow.id)
+    )  # fmt: skip
+    for sender, peer in rows:
+        out.setdefault(sender, set()).add(peer)
+    return out
+
+
 async def stamp(session: AsyncSession, kids: list[str], revision: int) -> None:
     """The revision the keys' last change went out in, once it is committed."""
     await session.flush()  # a key made in this transaction is written first
     await session.execute(
         update(SigningKeyRow).where(SigningKeyRow.kid.in_(kids)).values(state_revision=revision)
     )
-
-
-async def _held_by_all(session: AsyncSession) -> int:
-    """The oldest revision an agent that is up holds (every agent holds at least it); with no
-    agent up, any (nothing is waited for)."""
-    up, oldest = (await session.execute(
-        select(func.count(), func.min(func.coalesce(NodeRow.applied_revision, 0)))
-        .where(NodeRow.health == "up")
-    )).one()  # fmt: skip
-    return 2**62 if up == 0 else int(oldest)
 
 
 async def read_keys(session: AsyncSession) -> dict[str, list[KeyState]]:

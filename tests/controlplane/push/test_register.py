@@ -57,6 +57,31 @@ async def test_bad_expired_and_foreign_tokens_are_refused_and_change_nothing(
         await client.close()
 
 
+async def test_a_revoked_bootstrap_token_is_refused_and_stays_revoked(cp: Server) -> None:
+    client = FleetClient(cp.grpc_target)
+    try:
+        async with httpx.AsyncClient(base_url=cp.url, headers=ADMIN) as http:
+            made = (await http.post("/v1/bootstrap-tokens", json={"region": "us-east"})).json()
+            path, match = f"/v1/bootstrap-tokens/{made['name']}", {"If-Match": '"1"'}
+            revoked = await http.patch(path, json={"revoked": True}, headers=match)
+            assert revoked.status_code == 200, revoked.text
+            assert revoked.json()["revoked"] is True
+            assert await refused(client, made["token"], region="us-east") == (
+                grpc.StatusCode.UNAUTHENTICATED,
+                "bootstrap_token_revoked",
+            )
+            restored = await http.patch(path, json={"revoked": False}, headers={"If-Match": "*"})
+            assert restored.status_code == 422, restored.text
+            assert (await http.get(path)).json()["revoked"] is True
+            audit = (await http.get("/v1/audit-events", params={"kind": "bootstrap-token"})).json()
+            assert [e["action"] for e in audit["items"] if e["name"] == made["name"]] == [
+                "update",
+                "create",
+            ]  # newest first
+    finally:
+        await client.close()
+
+
 async def test_a_stream_needs_a_valid_credential_and_its_own_region(cp: Server) -> None:
     stranger = Agent(cp.grpc_target, "us-east", credential="ma-00000000.forged")
     agent = await registered(cp, "us-east")
