@@ -81,22 +81,16 @@ async def ensure_keys(uow: UnitOfWork, sealer: Sealer) -> int:
     for region in (await session.execute(select(RegionRow))).unique().scalars():
         if region.id not in owners:
             made += region.signing_key is None
-            await _adopt(uow, sealer, region, region.signing_key)
+            await make_key(uow, sealer, region, SIGNING, region.signing_key)
         region.signing_key = None
     legacy = await session.scalar(select(BatchSignerRow.seed))
     if None not in owners:
         made += legacy is None
-        await _adopt(uow, sealer, None, legacy)
+        await make_key(uow, sealer, None, SIGNING, legacy)
     await session.execute(delete(BatchSignerRow))
     if made == 0:
         uow.changes.clear()  # the same keys, sealed: nothing a region would see changed
     return made
-
-
-async def _adopt(
-    uow: UnitOfWork, sealer: Sealer, region: RegionRow | None, seed: bytes | None
-) -> None:
-    await make_key(uow, sealer, region, SIGNING, seed)
 
 
 async def rotate(
@@ -175,8 +169,9 @@ async def _takers(session: AsyncSession) -> dict[int | None, set[int | None]]:
     """Per owner (a region's id; None, the control plane), the regions whose snapshots carry
     its public keys: those its fallback rules name as peers (as the compiler's `_trusted`);
     every region takes the control plane's."""
-    out: dict[int | None, set[int | None]] = {None: set()}
-    out[None] = set((await session.execute(select(RegionRow.id))).scalars())
+    out: dict[int | None, set[int | None]] = {
+        None: set((await session.execute(select(RegionRow.id))).scalars())
+    }
     rows = await session.execute(
         select(FallbackRuleRow.region_id, FallbackPeerRow.region_id)
         .join(FallbackPeerRow, FallbackPeerRow.rule_id == FallbackRuleRow.id)
