@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -24,6 +26,29 @@ class Role(StrEnum):
 
 
 _RANKS = {Role.TENANT_ADMIN: -1, Role.VIEWER: 0, Role.OPERATOR: 1, Role.ADMIN: 2}
+_TENANT = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class RoleGrant:
+    """What an identity provider's group grants: a role, and for a tenant admin its tenant."""
+
+    role: Role
+    tenant: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> RoleGrant:
+        """`viewer`, `operator`, `admin` or `tenant-admin:<tenant>`; ValueError otherwise."""
+        role, _, tenant = text.strip().partition(":")
+        if role == Role.TENANT_ADMIN:
+            if not _TENANT.match(tenant):
+                raise ValueError(f"{text!r}: tenant-admin names its tenant: tenant-admin:<tenant>")
+            return cls(Role.TENANT_ADMIN, tenant)
+        if role not in {Role.VIEWER, Role.OPERATOR, Role.ADMIN} or tenant:
+            raise ValueError(
+                f"{text!r} is not a role: viewer, operator, admin or tenant-admin:<tenant>"
+            )
+        return cls(Role(role))
 
 
 class RegionState(StrEnum):

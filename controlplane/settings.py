@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Self
 
+import httpx
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
-from controlplane.domain import PlannerMode
+from controlplane.domain import PlannerMode, RoleGrant
 
 # The spellings of a PostgreSQL URL that operators and other tools use; all mean the same
 # database, reached here through psycopg 3.
@@ -167,6 +168,30 @@ class Settings(BaseSettings):
         "unset: no tracing",
     )
     trace_sample: float = Field(default=1.0, ge=0, le=1, description="share of traces kept")
+    oidc_issuer: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="people sign in through this OpenID Connect provider (its issuer URL; "
+        "https, or http on loopback); unset: tokens only (docs/operating.md)",
+    )
+    oidc_client_id: str | None = Field(
+        default=None, description="the public client the CLI and the status page sign in as"
+    )
+    oidc_audience: str | None = Field(
+        default=None, description="the `aud` a token must carry; default: oidc_client_id"
+    )
+    oidc_scopes: str = Field(default="openid profile email groups offline_access")
+    oidc_groups_claim: str = Field(
+        default="groups", description="the claim with the groups (a dotted path: realm.roles)"
+    )
+    oidc_name_claim: str = Field(
+        default="email", description="the claim that names a person in the audit log (else sub)"
+    )
+    oidc_roles: dict[str, str] = Field(
+        default_factory=dict,
+        description="JSON: group -> viewer, operator, admin or tenant-admin:<tenant>; a person "
+        "gets the highest role of their groups, and no access when none maps",
+    )
 
     @field_validator("admin_token")
     @classmethod
@@ -177,6 +202,23 @@ class Settings(BaseSettings):
         if secret.lower() in _PLACEHOLDERS or len(secret) < 16:
             raise ValueError("MERIDIAN_ADMIN_TOKEN must be a real secret of 16 characters or more")
         return value
+
+    @field_validator("oidc_roles")
+    @classmethod
+    def _roles(cls, value: dict[str, str]) -> dict[str, str]:
+        for text in value.values():
+            RoleGrant.parse(text)
+        return value
+
+    @field_validator("oidc_issuer")
+    @classmethod
+    def _issuer(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        url = httpx.URL(value)
+        if url.scheme != "https" and url.host not in {"127.0.0.1", "localhost", "::1"}:
+            raise ValueError("MERIDIAN_OIDC_ISSUER must be https (http only on loopback)")
+        return value  # as the provider spells it: tokens' `iss` must match it exactly
 
     @field_validator("etcd_endpoints")
     @classmethod
@@ -206,6 +248,8 @@ class Settings(BaseSettings):
         for path in (self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file):
             if path is not None and not path.is_file():
                 raise ValueError(f"{path}: no such file")
+        if (self.oidc_issuer is None) != (self.oidc_client_id is None):
+            raise ValueError("set MERIDIAN_OIDC_ISSUER and MERIDIAN_OIDC_CLIENT_ID together")
         return self
 
     @property

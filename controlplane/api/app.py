@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from controlplane.api import (
+    auth,
     batches,
     keys,
     openapi,
@@ -23,6 +24,7 @@ from controlplane.db.engine import Database
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.services.auth import Authenticator
 from controlplane.services.batches.store import store_for
+from controlplane.services.oidc import OidcVerifier
 from controlplane.services.registry import KINDS
 from controlplane.services.resources import Resources
 from controlplane.services.revisions import RevisionFeed
@@ -53,7 +55,9 @@ def create_app(
         settings=settings,
         db=db,
         resources=Resources(db, feed, sealer),
-        auth=Authenticator(db, settings.admin_token),
+        auth=Authenticator(
+            db, settings.admin_token, OidcVerifier(settings) if settings.oidc_issuer else None
+        ),
         feed=feed,
         coordinator=coordinator or LocalCoordinator(replica_info(settings)),
         store=store_for(settings.object_store, settings.data_dir),
@@ -72,6 +76,7 @@ def create_app(
     app.include_router(batches.router)
     app.include_router(usage.router)
     app.include_router(keys.router)
+    app.include_router(auth.router)
     for kind in KINDS:
         app.include_router(kind_router(kind))
     return app

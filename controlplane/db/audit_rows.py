@@ -18,7 +18,7 @@ class AuditEventRow(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     revision: Mapped[int] = mapped_column(BigInteger, index=True)
-    principal: Mapped[str] = mapped_column(String(63))
+    principal: Mapped[str] = mapped_column(String(320))  # oidc:<email> at the longest
     action: Mapped[str] = mapped_column(String(16))
     kind: Mapped[str] = mapped_column(String(32))
     name: Mapped[str] = mapped_column(String(63))

@@ -47,7 +47,7 @@ class PlannerStateRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, default=1)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
-    paused_by: Mapped[str | None] = mapped_column(String(63))
+    paused_by: Mapped[str | None] = mapped_column(String(320))
     paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_run_revision: Mapped[int | None] = mapped_column(BigInteger)

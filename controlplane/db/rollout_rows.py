@@ -55,7 +55,7 @@ class RolloutRow(Base):
     revision: Mapped[int] = mapped_column(BigInteger, index=True)  # the intent rolling out
     base: Mapped[int] = mapped_column(BigInteger)  # the last good intent it started from
     state: Mapped[str] = mapped_column(String(16), index=True)
-    actor: Mapped[str] = mapped_column(String(63))
+    actor: Mapped[str] = mapped_column(String(320))
     policy: Mapped[Json] = mapped_column(JSONB)
     waves: Mapped[list[Json]] = mapped_column(JSONB, default=list)
     wave: Mapped[int] = mapped_column(Integer, default=-1)  # -1: not begun

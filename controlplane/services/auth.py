@@ -13,6 +13,7 @@ from controlplane.db.base import utcnow
 from controlplane.db.engine import Database
 from controlplane.domain import Role
 from controlplane.errors import Forbidden, Unauthenticated
+from controlplane.services.oidc import OidcVerifier
 from controlplane.services.secrets import hash_secret
 
 BOOTSTRAP_ADMIN = "bootstrap-admin"
@@ -38,9 +39,16 @@ class Principal:
 
 
 class Authenticator:
-    def __init__(self, db: Database, admin_token: SecretStr | None) -> None:
+    """A bearer token is the bootstrap admin token, a principal's token (a service account,
+    stored hashed), or, when an identity provider is configured, a person's ID token (a JWT,
+    checked by `oidc`)."""
+
+    def __init__(
+        self, db: Database, admin_token: SecretStr | None, oidc: OidcVerifier | None = None
+    ) -> None:
         self._db = db
         self._admin_token = admin_token.get_secret_value().encode() if admin_token else None
+        self.oidc = oidc
 
     async def principal(self, authorization: str | None) -> Principal:
         if not authorization:
@@ -51,6 +59,9 @@ class Authenticator:
             raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
         if self._admin_token is not None and hmac.compare_digest(token.encode(), self._admin_token):
             return Principal(BOOTSTRAP_ADMIN, Role.ADMIN)
+        if self.oidc is not None and token.count(".") == 2:  # a JWT; Meridian's have one dot
+            name, grant = await self.oidc.principal(token)
+            return Principal(name, grant.role, grant.tenant)
         digest, now = hash_secret(token), utcnow()
         async with self._db.sessions() as session:
             row = (await session.execute(

@@ -30,7 +30,7 @@ ACTIONS = [
     ("POST", "/v1/apply?dry_run=true", {"tenants": BASE["tenants"]}, "admin"),
 ]
 RANK = {"viewer": 0, "operator": 1, "admin": 2}
-PUBLIC = {"/healthz", "/readyz"}
+PUBLIC = {"/healthz", "/readyz", "/v1/auth/config"}
 
 
 @pytest.fixture
