@@ -12,6 +12,8 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 
+from controlplane.credentials import stored_token
+
 
 class ClientSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MERIDIAN_", extra="ignore")
@@ -35,13 +37,23 @@ def fail(console: Console, response: httpx.Response) -> NoReturn:
     sys.exit(1)
 
 
-def connect(ctx: click.Context, url: str | None, token: str | None) -> None:
-    """A command group's --url and --token (or their environment), kept for its commands."""
+def credentials(url: str | None, token: str | None) -> tuple[str, str]:
+    """The control plane's URL and the bearer token to send it: --token, else $MERIDIAN_TOKEN,
+    else the sign-in of `meridian login` there."""
     settings = ClientSettings()
+    url = (url or settings.url).rstrip("/")
     secret = token or (settings.token.get_secret_value() if settings.token else None)
+    secret = secret or stored_token(url)
     if not secret:
-        raise click.UsageError("give --token or set MERIDIAN_TOKEN")
-    ctx.obj = (url or settings.url).rstrip("/"), secret
+        raise click.UsageError(f"give --token, set MERIDIAN_TOKEN, or sign in to {url} with "
+                               "`meridian login`")  # fmt: skip
+    return url, secret
+
+
+def connect(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """A command group's --url and --token (or what `credentials` finds), kept for its
+    commands."""
+    ctx.obj = credentials(url, token)
 
 
 def call(
@@ -123,17 +135,13 @@ def apply_command(
     path: Path, dry_run: bool, cascade: bool, no_prune: bool, url: str | None, token: str | None
 ) -> None:
     """Make the fleet match a document, and show the diff."""
-    settings = ClientSettings()
     console = Console()
-    secret = token or (settings.token.get_secret_value() if settings.token else None)
-    if not secret:
-        raise click.UsageError("give --token or set MERIDIAN_TOKEN")
+    url, secret = credentials(url, token)
     try:
-        response = apply_file(
-            url or settings.url, secret, path, dry_run=dry_run, cascade=cascade, prune=not no_prune
-        )
+        response = apply_file(url, secret, path, dry_run=dry_run, cascade=cascade,
+                              prune=not no_prune)  # fmt: skip
     except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach {url or settings.url}: {exc}") from exc
+        raise click.ClickException(f"cannot reach {url}: {exc}") from exc
     if response.status_code != 200:
         fail(console, response)
     print_changes(console, response.json())

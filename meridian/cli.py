@@ -18,6 +18,8 @@ COMMANDS = {
     "batches": ("controlplane.batch_cli", "batches", "A tenant's batches: submit, follow, fetch."),
     "usage": ("controlplane.usage_cli", "usage", "What tenants used and its cost; its export."),
     "keys": ("controlplane.keys_cli", "keys", "Rotate signing keys and the KEK; rewrap."),
+    "login": ("controlplane.login_cli", "login_command", "Sign in through the identity provider."),
+    "logout": ("controlplane.login_cli", "logout_command", "Forget the sign-in."),
     "join": ("meridian.join", "join_command", "Join Terraform's pools to the fleet (tokens)."),
     "up": ("meridian.up", "up_command", "Run a whole local fleet."),
     "demo": ("meridian.demo", "demo", "Show the local fleet at work (sample traffic, live)."),

@@ -8,32 +8,20 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
-from playwright.async_api import Browser, Locator, Page, async_playwright
+from playwright.async_api import Browser, Locator, Page
 
+from tests.kits.browser import browser
 from tests.kits.fleet import LLAMA, fleet_of
 from tests.kits.push import ADMIN
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+__all__ = ["browser"]  # the fixture
 ENGINE = "llama-us-west/unified-0"
 # Where the screenshot goes: the test's directory, or MERIDIAN_SCREENSHOT_DIR when set.
 SHOTS = os.environ.get("MERIDIAN_SCREENSHOT_DIR")
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    assert CHROMIUM, "Chromium is not installed: ./scripts/test installs it"
-    async with async_playwright() as p:
-        # --no-sandbox: the tests run as root, where Chromium's sandbox cannot start
-        chromium = await p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        await chromium.close()
 
 
 async def test_the_status_page_shows_the_fleet_live(
