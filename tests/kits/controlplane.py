@@ -87,8 +87,9 @@ Server = ControlPlane
 
 async def start_server(database_url: str, host: str = "127.0.0.1", **env: str) -> Server:
     """`meridian controlplane serve` as a real child process; MERIDIAN_* settings in `env`
-    (`grpc_port` as its flag: the port is known before it starts)."""
+    (`port` and `grpc_port` as its flags: the ports are known before it starts)."""
     grpc_port = int(env.pop("grpc_port")) if "grpc_port" in env else None
+    port = int(env.pop("port")) if "port" in env else None
     settings = {
         "MERIDIAN_DATABASE_URL": database_url,
         "MERIDIAN_ADMIN_TOKEN": ADMIN_TOKEN,
@@ -96,7 +97,8 @@ async def start_server(database_url: str, host: str = "127.0.0.1", **env: str) -
         "MERIDIAN_KMS_KEY_FILE": kek_file(database_url),
         **{f"MERIDIAN_{key.upper()}": value for key, value in env.items()},
     }
-    return await start_control_plane(settings, host=host, grpc_port=grpc_port, timeout_s=30)
+    return await start_control_plane(settings, host=host, port=port, grpc_port=grpc_port,
+                                     timeout_s=30)  # fmt: skip
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -1,11 +1,13 @@
-// Meridian's status page: log in with a token (kept in this tab's session storage, sent only
-// in the Authorization header), then poll /v1/status and draw the fleet. Everything is built
+// Meridian's status page: log in with a token, or sign in through the identity provider
+// (sso.js), the token kept in this tab's session storage and sent only in the Authorization
+// header; then poll /v1/status and draw the fleet. Everything is built
 // with DOM calls and textContent: nothing the fleet reports is ever parsed as HTML.
 "use strict";
 
 const POLL_MS = 2000;
 const STALE_AFTER_MS = 10000;
 const KEY = "meridian.token";
+const VIA = "meridian.via"; // "sso" when the token is an ID token from the identity provider
 const SVG = "http://www.w3.org/2000/svg";
 
 let timer = null;
@@ -63,14 +65,39 @@ async function login(event) {
   event.preventDefault();
   const token = $("token").value.trim();
   if (!token) return;
+  await start(token, "token");
+}
+
+async function start(token, via) {
   sessionStorage.setItem(KEY, token);
+  sessionStorage.setItem(VIA, via);
   $("token").value = "";
   await poll();
+  whoami(token);
+}
+
+async function whoami(token) {
+  const answer = await fetch("/v1/auth/whoami", { headers: { Authorization: `Bearer ${token}` } })
+    .catch(() => null);
+  if (!answer || !answer.ok) return;
+  const me = await answer.json();
+  $("whoami").textContent = `${me.name.replace(/^oidc:/, "")} · ${me.role}`;
+  $("whoami").dataset.role = me.role;
 }
 
 function logout() {
   sessionStorage.removeItem(KEY);
+  sessionStorage.removeItem(VIA);
+  $("whoami").textContent = "";
   showLogin("");
+}
+
+// The identity provider's button, when the control plane names one.
+async function offerSso() {
+  const config = await ssoConfig();
+  if (!config) return;
+  $("sso").hidden = false;
+  $("sso").addEventListener("click", () => ssoBegin(config));
 }
 
 function stop() { if (timer !== null) { clearTimeout(timer); timer = null; } }
@@ -93,10 +120,13 @@ async function poll() {
     return;
   }
   if (answer.status === 401 || answer.status === 403) {
-    sessionStorage.removeItem(KEY);
+    const sso = sessionStorage.getItem(VIA) === "sso";
+    logout();
     const problem = await answer.json().catch(() => ({}));
-    showLogin(answer.status === 401 ? "That token is not valid."
-      : `That token may not view the fleet: ${problem.detail || "it needs viewer or above"}.`);
+    const who = sso ? "You are signed in, but" : "That token";
+    showLogin(answer.status === 401
+      ? (sso ? `The sign-in has ended: ${problem.detail || "sign in again"}.` : "That token is not valid.")
+      : `${who} may not view the fleet: ${problem.detail || "it needs viewer or above"}.`);
     return;
   }
   if (!answer.ok) {
@@ -450,8 +480,19 @@ function receipts(list) {
     : [el("tr", {}, el("td", { colSpan: 10, class: "hint" }, "no requests yet"))]));
 }
 
-document.addEventListener("DOMContentLoaded", () => {
+document.addEventListener("DOMContentLoaded", async () => {
   $("login-form").addEventListener("submit", login);
   $("logout").addEventListener("click", logout);
-  poll();
+  await offerSso();
+  let token = null;
+  try {
+    token = await ssoFinish();
+  } catch (error) {
+    showLogin(`The sign-in failed: ${error.message}.`);
+    return;
+  }
+  if (token) { await start(token, "sso"); return; }
+  const kept = sessionStorage.getItem(KEY);
+  await poll();
+  if (kept) whoami(kept);
 });
