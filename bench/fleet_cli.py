@@ -38,17 +38,22 @@ def escalation_command(
 
 
 @click.command("revocation")
-@click.option("--regions", type=click.IntRange(1, 20), default=3, show_default=True)
-@click.option("--rounds", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--regions", type=click.IntRange(2, 20), default=3, show_default=True)
+@click.option("--rounds", type=click.IntRange(1, 1000), default=20, show_default=True,
+              help="API keys and principals revoked, each phase")  # fmt: skip
+@click.option("--signing-rounds", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="signing keys rotated at once, each phase")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def revocation_command(regions: int, rounds: int, out: Path | None) -> None:
-    """Time from the DELETE of an API key to the key failing in every region (goal: p99 ≤ 1 s).
+def revocation_command(regions: int, rounds: int, signing_rounds: int, out: Path | None) -> None:
+    """Time from a revocation to the credential failing everywhere (goal: p99 ≤ 1 s): an API
+    key in every region, a principal at the admin API, a signing key in every peer region;
+    with no rollout, then with one paused midway.
 
-    A control plane and one agent per region, all real processes; each round makes a key,
-    waits until every region takes it, deletes it, and polls every region until it fails.
+    A control plane and one agent per region, all real processes (bench/revocation.py).
     """
     with scratch("revocation") as root:
-        asyncio.run(revocation.run(revocation.Options(regions, rounds, out, root)))
+        options = revocation.Options(regions, rounds, out, root, signing_rounds)
+        asyncio.run(revocation.run(options))
 
 
 @click.command("rollout")

@@ -200,12 +200,18 @@ class Region:
 
     async def tenant_key(self, tenant: str, **spec: Any) -> str:
         """A tenant (`spec`: its requests_per_minute, tokens_per_minute, classes...) and a key
-        of it; return once every agent knows the key."""
+        of it; return once every agent knows the key. `rotated=True`: the key's new secret, its
+        old one still taken for an hour (both in the snapshot)."""
+        rotated = bool(spec.pop("rotated", False))
         body = {"name": tenant, "tier": "standard", **spec}
         answer = await self.admin.post("/v1/tenants", json=body)
         answer.raise_for_status()
         made = await self.admin.post("/v1/api-keys", json={"tenant": tenant})
         made.raise_for_status()
+        if rotated:
+            path = f"/v1/api-keys/{made.json()['name']}/rotate"
+            made = await self.admin.post(path, json={"overlap_s": 3600})
+            made.raise_for_status()
         want = int((await self.admin.get("/v1/revision")).json()["revision"])
         await self._settled(want, kv_events=False)
         key: str = made.json()["key"]

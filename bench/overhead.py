@@ -7,8 +7,9 @@ default `cache_aware`). Meridian's gateway is measured with the operator's token
 quota's buckets and its lease, the demand tally, the usage record; a quota high enough never
 to refuse), with a key of a tenant with a spend budget (`meridian_tenant_budget`: its
 reservation at admission and its settlement, a budget too high to refuse), with a tenant's
-key naming its LoRA adapter (`meridian_tenant_adapter`), and with a tenant's key again on an
-agent that keeps no usage ledger (`meridian_tenant_no_ledger`).
+key naming its LoRA adapter (`meridian_tenant_adapter`), with a key just rotated, its old
+secret still taken (`meridian_tenant_rotated`), and with a tenant's key again on an agent that
+keeps no usage ledger (`meridian_tenant_no_ledger`).
 Latency: requests one at a time, the targets interleaved, each request on a fresh connection
 (as the routing benchmark; sglang-router delays streamed bytes on reused connections); the
 added latency is a target's percentile less the engine's own. Throughput: a closed loop of
@@ -69,9 +70,13 @@ BUDGETED = "meridian_tenant_budget"
 # this is what finding the adapter and setting `lora_path` cost (agents/adapter_config.py)
 ADAPTED = "meridian_tenant_adapter"
 ADAPTER = "bench-adapter"
+# a tenant's key again, just rotated, its old secret still taken: `meridian_tenant` less this
+# is what a rotation's overlap costs the key check (both secrets in the snapshot)
+ROTATED = "meridian_tenant_rotated"
 QUOTA = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000}
 BUDGET = {"name": "monthly", "period": "month", "limit": 1_000_000_000}
-ROUTERS = ("meridian", TENANT, ADAPTED, BUDGETED, UNLEDGERED, *TRACED, "sglang_router")
+ROUTERS = ("meridian", TENANT, ROTATED, ADAPTED, BUDGETED, UNLEDGERED, *TRACED,
+           "sglang_router")  # fmt: skip
 MODELS = {ADAPTED: ADAPTER}  # a row's `model`, where it is not the model's
 
 
@@ -219,10 +224,12 @@ async def run(options: Options) -> dict[str, Any]:
             await region.route("cost", {})
         router = await start_sglang_router(stack, "cache_aware", sims, options.root)
         gateways = dict(zip(["meridian", *TRACED, UNLEDGERED], region.gateway_urls, strict=True))
-        gateways[TENANT] = gateways[BUDGETED] = gateways[ADAPTED] = gateways["meridian"]
+        for same in (TENANT, BUDGETED, ADAPTED, ROTATED):
+            gateways[same] = gateways["meridian"]
         targets = {"engine": url, **gateways, "sglang_router": router.url}
         pids = dict(zip(["meridian", *TRACED, UNLEDGERED], region.pids, strict=True))
-        pids[TENANT] = pids[BUDGETED] = pids[ADAPTED] = pids["meridian"]
+        for same in (TENANT, BUDGETED, ADAPTED, ROTATED):
+            pids[same] = pids["meridian"]
         pids["sglang_router"] = router.process.pid
         operator = {"Authorization": f"Bearer {region.operator}",
                     "Content-Type": "application/json"}  # fmt: skip
@@ -234,6 +241,8 @@ async def run(options: Options) -> dict[str, Any]:
         await region.adapter(ADAPTER, "bench")
         key = await region.tenant_key("bench-budget", **QUOTA, budgets=[BUDGET])
         headers[BUDGETED] = {**operator, "Authorization": f"Bearer {key}"}
+        key = await region.tenant_key("bench-rotated", rotated=True, **QUOTA)
+        headers[ROTATED] = {**operator, "Authorization": f"Bearer {key}"}
         samples = await _latency(targets, headers, options, console)
         throughput: dict[str, dict[str, float]] = {}
         plots.write_json(console, _result(samples, throughput), options.out)  # each part kept

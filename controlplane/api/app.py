@@ -7,6 +7,7 @@ from fastapi import FastAPI
 from controlplane.api import (
     auth,
     batches,
+    budgets,
     keys,
     openapi,
     operator,
@@ -77,6 +78,7 @@ def create_app(
     app.include_router(usage.router)
     app.include_router(keys.router)
     app.include_router(auth.router)
+    app.include_router(budgets.router)
     for kind in KINDS:
         app.include_router(kind_router(kind))
     return app

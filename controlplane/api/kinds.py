@@ -3,6 +3,7 @@
 No `from __future__ import annotations` here: FastAPI must see each kind's body type itself.
 """
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Response
@@ -23,13 +24,30 @@ Cursor = Annotated[
 ]
 
 
-def _written(written: Written, status: int = 200, location: str | None = None) -> JSONResponse:
+def written_response(
+    written: Written, status: int = 200, location: str | None = None
+) -> JSONResponse:
     headers = {"ETag": etag(written.view["version"])}
     if location:
         headers["Location"] = location
     if written.revision is not None:
         headers["X-Meridian-Revision"] = str(written.revision)
     return JSONResponse({**written.view, **written.secret}, status_code=status, headers=headers)
+
+
+def precondition_of(kind: Kind[Any]) -> Callable[..., Awaitable[set[int] | str]]:
+    """The If-Match precondition of a write to an object of `kind`: a route's dependency."""
+
+    async def precondition(
+        name: NamePath, who: CurrentPrincipal, services: ServicesDep, expected: IfMatch
+    ) -> set[int] | str:
+        """If-Match against the stored version; the write checks it again under its lock."""
+        stored = await services.resources.version(kind, name, who.tenant)
+        check_version(kind, name, stored, expected)
+        assert expected is not None
+        return expected
+
+    return precondition
 
 
 def kind_router(kind: Kind[Any]) -> APIRouter:
@@ -48,16 +66,7 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
     reader = allowed(Role.VIEWER, tenant_scoped=kind.tenant_scope is not None)
     writer = allowed(kind.write_role, tenant_scoped=kind.tenant_scope == "write")
 
-    async def precondition(
-        name: NamePath, who: CurrentPrincipal, services: ServicesDep, expected: IfMatch
-    ) -> set[int] | str:
-        """If-Match against the stored version; the write checks it again under its lock."""
-        stored = await services.resources.version(kind, name, who.tenant)
-        check_version(kind, name, stored, expected)
-        assert expected is not None
-        return expected
-
-    Checked = Annotated[set[int] | str, Depends(precondition)]
+    Checked = Annotated[set[int] | str, Depends(precondition_of(kind))]
 
     @router.get("", response_model=Page, summary=f"List {kind.plural}", **reader)
     async def list_(
@@ -81,7 +90,7 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
         name = body.name  # type: ignore[attr-defined]
         spec = kind.spec_of(body)
         written = await services.resources.create(kind, name, spec, who.name, who.tenant)
-        return _written(written, 201, f"/v1/{kind.plural}/{written.view['name']}")
+        return written_response(written, 201, f"/v1/{kind.plural}/{written.view['name']}")
 
     if kind.rotatable:
 
@@ -98,7 +107,7 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
             rotated = await services.resources.rotate(
                 kind, name, body.overlap_s, who.name, who.tenant
             )
-            return _written(rotated)
+            return written_response(rotated)
 
     @router.delete("/{name}", status_code=204, summary=f"Delete a {kind.kind}", **writer)
     async def delete(
@@ -133,7 +142,7 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
             )
         spec = kind.spec_of(body, kind.update_spec)
         version = body.version  # type: ignore[attr-defined]
-        return _written(
+        return written_response(
             await services.resources.replace(
                 kind, name, spec, expected, who.name, version, who.tenant
             )
@@ -153,6 +162,6 @@ def kind_router(kind: Kind[Any]) -> APIRouter:
         services: ServicesDep,
     ) -> JSONResponse:
         patched = await services.resources.patch(kind, name, body, expected, who.name, who.tenant)
-        return _written(patched)
+        return written_response(patched)
 
     return router

@@ -166,6 +166,7 @@ async def test_a_tenant_admin_manages_its_own_keys_and_sees_nothing_of_other_ten
         ("DELETE", "/v1/api-keys/globex-prod", None),
         ("POST", "/v1/api-keys/globex-prod/rotate", {}),
         ("GET", "/v1/tenants/globex", None),
+        ("PUT", "/v1/tenants/globex/budgets", {"budgets": []}),
     ):
         answer = await call(method, path, body)
         assert answer.status_code == 404, (method, path, answer.text)
@@ -180,6 +181,18 @@ async def test_a_tenant_admin_manages_its_own_keys_and_sees_nothing_of_other_ten
     assert rotated.json()["prefix"] == ours["prefix"]
     revoked = await call("PATCH", "/v1/api-keys/acme-prod", {"revoked": True})
     assert revoked.status_code == 200, revoked.text
+    # its tenant's spend budgets, and nothing else of the tenant
+    monthly = {"name": "monthly", "period": "month", "limit": 500}
+    budgets = await call("PUT", "/v1/tenants/acme/budgets", {"budgets": [monthly]})
+    assert budgets.status_code == 200, budgets.text
+    tenant = (await api.client.get("/v1/tenants/acme")).json()
+    assert [(b["name"], b["limit"]) for b in tenant["budgets"]] == [("monthly", 500)]
+    bad = await call("PUT", "/v1/tenants/acme/budgets", {"budgets": [{**monthly, "limit": -1}]})
+    assert bad.status_code == 422, bad.text
+    sneaky = await call("PUT", "/v1/tenants/acme/budgets",
+                        {"budgets": [], "requests_per_minute": 10**9})  # fmt: skip
+    assert sneaky.status_code == 422, sneaky.text
+    assert (await api.client.get("/v1/tenants/acme")).json()["budgets"] == tenant["budgets"]
     # and nothing of the fleet, nor its own tenant's spec to change, nor principals
     refused: list[tuple[str, str, object]] = [
         ("GET", "/v1/regions", None),
