@@ -88,10 +88,11 @@ class Settings(BaseSettings):
     )  # fmt: skip
     kms: str = Field(
         default="local",
-        pattern=r"^(local|aws-kms:\S+)$",
+        pattern=r"^(local|(aws-kms|gcp-kms|azure-kv):\S+)$",
         description="the key-encryption key that wraps every stored secret's data key: 'local' "
-        "(the key file kms_key_file) or 'aws-kms:<key id, ARN or alias>' "
-        "(controlplane/services/sealing/kms.py)",
+        "(the key file kms_key_file), 'aws-kms:<key id, ARN or alias>', "
+        "'gcp-kms:projects/P/locations/L/keyRings/R/cryptoKeys/K' or "
+        "'azure-kv:https://VAULT/keys/NAME/VERSION' (controlplane/services/sealing/kms.py)",
     )
     kms_key_file: Path | None = Field(
         default=None, description="the local KEKs; default: data_dir/kek.json (replicas share it)"

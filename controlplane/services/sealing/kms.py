@@ -13,9 +13,11 @@
   a new KMS key (or from the key file to KMS), set `MERIDIAN_KMS` to it and run
   `meridian keys rewrap`: the old key (or the key file) is still used to unwrap until then.
 
-Google Cloud KMS and Azure Key Vault fit the same three calls (`wrap`, `unwrap`, `id`): a
-KEK id names its implementation by its prefix, so secrets wrapped under several coexist and
-a rewrap moves them. They are not built yet; a setting naming them is refused at start.
+- `gcp-kms:<key name>` and `azure-kv:<key URL>`: Google Cloud KMS and Azure Key Vault
+  (clouds.py), the same three calls (`wrap`, `unwrap`, `id`).
+
+A KEK id names its implementation by its prefix, so secrets wrapped under several coexist and
+a rewrap moves them.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from controlplane.errors import MeridianError
 
-LOCAL, AWS = "local", "aws-kms"
-KINDS = (LOCAL, AWS)
+LOCAL, AWS, GCP, AZURE = "local", "aws-kms", "gcp-kms", "azure-kv"
+KINDS = (LOCAL, AWS, GCP, AZURE)
 
 
 class SealError(MeridianError):
@@ -64,10 +66,13 @@ def kms_problem(setting: str) -> str | None:
     """Why `setting` names no KEK this build can use; None when it does."""
     kind, _, which = setting.partition(":")
     if kind not in KINDS or (kind == LOCAL and which):
-        return f"must be 'local' or 'aws-kms:<key id, ARN or alias>', not {setting!r}"
+        return (f"must be 'local', 'aws-kms:<key id, ARN or alias>', 'gcp-kms:<key name>' or "
+                f"'azure-kv:<key URL>', not {setting!r}")  # fmt: skip
     if kind == AWS and not which:
         return "aws-kms: must name the key (its id, ARN or alias/...)"
-    return None
+    from controlplane.services.sealing import clouds
+
+    return clouds.problem(kind, which)
 
 
 class Keks:
@@ -81,6 +86,7 @@ class Keks:
         self.setting, self.key_file = setting, key_file
         self._local: LocalKms | None = None
         self._aws: Any = None
+        self._clouds: dict[str, Kek] = {}
         self._current = self.kek(setting) if setting != LOCAL else self.local(create=True).current
 
     @property
@@ -95,6 +101,12 @@ class Keks:
             if self._aws is None:
                 self._aws = boto3.client("kms")
             return AwsKek(which, self._aws)
+        if kind in (GCP, AZURE) and kms_problem(kek_id) is None:
+            if kek_id not in self._clouds:
+                from controlplane.services.sealing.clouds import AzureKek, GcpKek
+
+                self._clouds[kek_id] = GcpKek(which) if kind == GCP else AzureKek(which)
+            return self._clouds[kek_id]
         raise SealError(f"a secret is wrapped under {kek_id!r}, which this build cannot reach")
 
     def local(self, *, create: bool) -> LocalKms:
