@@ -61,6 +61,14 @@ def _unb64url(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def _answered(answer: Any, what: str) -> dict[str, Any]:
+    """The service's JSON answer (a requests' or httpx's response); SealError unless 200."""
+    if answer.status_code != 200:
+        raise SealError(f"{what}: {answer.status_code} {answer.text[:300]}")
+    document: dict[str, Any] = answer.json()
+    return document
+
+
 async def _call(what: str, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     try:
         return await asyncio.to_thread(call)
@@ -96,13 +104,10 @@ class GcpKek:
                 self._session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
             answer = self._session.post(f"{self._endpoint}/v1/{self._name}:{method}", json=body,
                                         timeout=30)  # fmt: skip
-            if answer.status_code != 200:
-                raise SealError(f"Cloud KMS {method} with {self._name}: {answer.status_code} "
-                                f"{answer.text[:300]}")  # fmt: skip
-            document: dict[str, Any] = answer.json()
-            return document
+            return _answered(answer, what)
 
-        return await _call(f"Cloud KMS {method} with {self._name}", call)
+        what = f"Cloud KMS {method} with {self._name}"
+        return await _call(what, call)
 
 
 class AzureKek:
@@ -132,13 +137,10 @@ class AzureKek:
                 json={"alg": "RSA-OAEP-256", "value": _b64url(value)},
                 headers={"Authorization": f"Bearer {token}"},
             )  # fmt: skip
-            if answer.status_code != 200:
-                raise SealError(f"Key Vault {method} with {self._url}: {answer.status_code} "
-                                f"{answer.text[:300]}")  # fmt: skip
-            document: dict[str, Any] = answer.json()
-            return document
+            return _answered(answer, what)
 
-        return await _call(f"Key Vault {method} with {self._url}", call)
+        what = f"Key Vault {method} with {self._url}"
+        return await _call(what, call)
 
 
 def _digest(context: str) -> bytes:
