@@ -38,7 +38,7 @@ from agents.gateway.relay import (
 )
 from agents.gateway.streams import relay_stream
 from agents.gateway.upstream import Answer, Upstream
-from agents.router.escalation import LOAD_HEADER, Escalations, PeerChoice
+from agents.router.escalation import LOAD_HEADER, Escalations, PeerChoice, tries_another
 
 log = logging.getLogger(__name__)
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -195,7 +195,7 @@ class Forwarder:
                 server_s=server_seconds(answer.header(b"server-timing")),
                 retry_after_s=float(retry_after) if retry_after and retry_after.isdigit() else None,
             )  # fmt: skip
-            if answer.status in (429, 503) or answer.status >= 500:
+            if tries_another(answer.status):
                 return f"answered {answer.status}"
             if answer.status == 404 and flight.inference.adapter is not None:
                 # its snapshot does not hold the adapter yet (a rollout under way): the next

@@ -1,6 +1,8 @@
 """A request's usage record, made once at its end from what it came to (`Settled`) and put in
 the journal: served here (with its tokens), refused before any engine's work (no tokens), or,
-where a peer region served it, the hop alone (the peer records what it used). A tiered
+where a peer region served it, the hop alone (the peer records what it used). A peer's
+request refused here in a way the peer moves on from (429, 503, 5xx) is not recorded here:
+the peer asks its next region, or records the refusal itself. A tiered
 request whose cheaper tier's answer was asked again of the strongest (a cascade) has both
 answers in its tokens, its cost and its `calls`.
 
@@ -22,10 +24,12 @@ import time
 from collections.abc import Callable
 
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.assertion import CONTROL_PLANE
 
 from agents.config import RegionConfig
 from agents.ledger.journal import Journal, JournalFull
 from agents.metrics import Settled
+from agents.router.escalation import tries_another
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +136,10 @@ class Ledger:
         if not tenant or tenant == "operator":
             return
         kind = kind_of(settled)
+        came_from = settled.came_from
+        if kind == "refused" and came_from and came_from != CONTROL_PLANE and tries_another(status):
+            return  # a peer's request refused here in a way it moves on from: it asks its next
+            # peer, or records the refusal itself; one record, where its client came
         if (
             kind == "carried"
             and status == CLIENT_GONE

@@ -26,6 +26,15 @@ from agents.held import Held
 from agents.router.breaker import Breaker
 
 LOAD_HEADER = "endpoint-load-metrics"
+
+
+def tries_another(status: int) -> bool:
+    """Whether a region that escalated a request tries its next peer when one answers
+    `status` before any byte of its answer: it is full (429, 503) or failed (5xx). Any other
+    answer is relayed to the client as the peer's."""
+    return status in (429, 503) or status >= 500
+
+
 FRESH_S = 10.0  # a peer's reported load is believed this long
 RTT_WEIGHT = 0.3  # of a new round trip in the peer's smoothed one
 ERROR_WEIGHT = 0.05  # of a local attempt in the model's smoothed failure share

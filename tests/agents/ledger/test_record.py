@@ -24,11 +24,11 @@ CONFIG = RegionConfig(
 )  # fmt: skip
 
 
-def _noted(tmp_path: Path, *settled: Settled) -> list[pb.UsageRecord]:
+def _noted(tmp_path: Path, *settled: Settled, status: int = 200) -> list[pb.UsageRecord]:
     journal = Journal(tmp_path)
     ledger = Ledger(journal, lambda: "eu-west-1", wall=lambda: 1_800_000_000.0)
     for n, s in enumerate(settled):
-        ledger.note(f"r{n}", CONFIG, 200, s, "ok", 10.0, 12.5)
+        ledger.note(f"r{n}", CONFIG, status, s, "ok", 10.0, 12.5)
     journal.flush()
     records = journal.records_after(0, 100)
     journal.close()
@@ -75,6 +75,23 @@ def test_refusals_and_hops_cost_nothing_and_no_tenant_no_record(tmp_path: Path) 
     assert (hop.kind, hop.escalated_to, hop.completion_tokens, hop.cost_nanos) == (
         "hop", "us-east", 0, 0)  # fmt: skip
     assert (cut.kind, cut.estimated, cut.completion_tokens) == ("served", True, 7)
+
+
+def test_a_peers_request_refused_here_is_recorded_here_only_when_the_peer_relays_it(
+    tmp_path: Path,
+) -> None:
+    """A region that escalated a request asks its next peer when one answers 429, 503 or 5xx,
+    or records the refusal itself: the refusing peer records nothing (else one request is
+    charged twice: us-west's refusal and eu-west's answer). A 400 is relayed to the client as
+    the peer's answer, and the peer keeps its record (its origin records a hop)."""
+    peer_refusal = Settled(CHEAP, "acme", service_class="standard", came_from="us-east")
+    batch_line = Settled(CHEAP, "acme", service_class="batch", came_from="@control-plane")
+    assert [r.kind for r in _noted(tmp_path / "a", peer_refusal, batch_line, status=503)] == [
+        "refused"
+    ]  # fmt: skip (the batch line's: the control plane sends lines to no peer)
+    assert [r.kind for r in _noted(tmp_path / "b", peer_refusal, status=429)] == []
+    (relayed,) = _noted(tmp_path / "c", peer_refusal, status=400)
+    assert (relayed.kind, relayed.came_from) == ("refused", "us-east")
 
 
 def test_a_stream_carried_on_is_recorded_once_where_its_client_came(tmp_path: Path) -> None:
