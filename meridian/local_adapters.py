@@ -17,7 +17,8 @@ from agents.engines import tiny_model
 
 def prepare(data_dir: Path, fleet: Path, console: Console) -> Path:
     """The fleet document to apply: `fleet`, or a copy in the data directory whose adapters
-    missing here are made."""
+    missing here are made (by absolute paths: the agents resolve them from elsewhere)."""
+    data_dir = data_dir.resolve()
     document: dict[str, Any] = yaml.safe_load(fleet.read_text()) or {}
     made = []
     for adapter in document.get("adapters") or []:

@@ -27,6 +27,7 @@ from controlplane.settings import Settings
 
 DISCOVERY_TTL_S = 3600.0
 REFETCH_S = 10.0  # a token naming an unknown key fetches the keys again at most this often
+RETRY_S = 5.0  # discovery that failed is tried again no sooner (callers are told at once)
 LEEWAY_S = 30  # clocks' disagreement allowed on exp, nbf and iat
 ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA"]
 PREFIX = "oidc:"  # names of people in the audit log: oidc:<email>
@@ -95,12 +96,19 @@ class OidcVerifier:
         self._keys: dict[str, jwt.PyJWK] = {}
         self._keys_at = -REFETCH_S
         self._lock = asyncio.Lock()
+        self._failure: tuple[float, str] | None = None  # when discovery last failed, and why
 
     async def metadata(self) -> dict[str, Any]:
         """The provider's discovery document (cached for an hour)."""
         if self._metadata is None or time.monotonic() - self._metadata_at > DISCOVERY_TTL_S:
+            if self._failure is not None and time.monotonic() - self._failure[0] < RETRY_S:
+                raise ProviderUnavailable(self._failure[1])  # asked again soon: not yet
             url = f"{self.issuer.rstrip('/')}/.well-known/openid-configuration"
-            document = await self._get(url)
+            try:
+                document = await self._get(url)
+            except ProviderUnavailable as error:
+                self._failure = (time.monotonic(), error.detail)
+                raise
             if document.get("issuer") != self.issuer:
                 raise ProviderUnavailable(
                     f"{url} names the issuer {document.get('issuer')!r}, not {self.issuer!r}"

@@ -17,8 +17,11 @@ import httpx
 import openai
 import psycopg
 import pytest
+import yaml
+from rich.console import Console
 
 from controlplane.db.embedded import UNSAFE_FAST, EmbeddedPostgres
+from meridian import local_adapters
 from meridian.procs import free_port
 from tests.kits.push import eventually
 from tests.kits.services import sql
@@ -272,3 +275,22 @@ ENGINES = [
     "llama-eu-west/unified-0",
     "llama-eu-west/unified-1",
 ]
+
+
+def test_the_adapters_up_makes_are_named_by_absolute_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`./scripts/up` in a fresh clone runs with the data directory `.meridian`, relative: the
+    adapters it makes must still be named by paths the control plane takes (absolute)."""
+    monkeypatch.chdir(tmp_path)
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump({"adapters": [
+        {"name": "acme-support", "base_model": "m", "source": "/var/lib/none/acme-support",
+         "rank": 8, "tenants": ["acme"]}]}))  # fmt: skip
+    made = local_adapters.prepare(Path(".meridian"), fleet, Console(quiet=True))
+    (adapter,) = yaml.safe_load(made.read_text())["adapters"]
+    source = Path(adapter["source"])
+    assert source.is_absolute(), source
+    assert (source / "adapter_config.json").is_file()
+    config = json.loads((source / "adapter_config.json").read_text())
+    assert Path(config["base_model_name_or_path"]).is_absolute()
