@@ -3,7 +3,7 @@ beside this file), its npm packages installed from the lock file here into a dir
 their own outside the clone (keyed by the lock's hash, reused when present), by
 `./scripts/test` or by the first test that needs it.
 
-`python -m tests.kits.oidc --install` installs it; `signed_in` gets a person's tokens the way a
+`python -m tests.kits.oidc` installs it; `signed_in` gets a person's tokens the way a
 browser would (the authorization code flow with PKCE, through the provider's login page).
 """
 
@@ -19,7 +19,6 @@ import re
 import secrets
 import shutil
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -141,8 +140,3 @@ async def signed_in(provider: Provider, login: str, redirect_uri: str) -> dict[s
         assert tokens.status_code == 200, tokens.text
         result: dict[str, Any] = tokens.json()
         return result
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--install"]:
-        print(install())
