@@ -19,6 +19,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ def install() -> Path:
             for name in ("package.json", "package-lock.json"):
                 shutil.copy(HERE / name, target / name)
             subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-                           cwd=target, check=True)  # fmt: skip
+                           cwd=target, check=True, stdout=sys.stderr)  # fmt: skip
             stamp.touch()
     return target
 
