@@ -239,6 +239,20 @@ data "aws_iam_policy_document" "secrets" {
     actions   = ["secretsmanager:GetSecretValue"]
     resources = [aws_secretsmanager_secret.admin_token.arn, aws_secretsmanager_secret.database.arn]
   }
+  statement {
+    actions   = ["kms:Encrypt", "kms:Decrypt"]
+    resources = [aws_kms_key.secrets.arn]
+  }
+}
+
+# The key-encryption key of every secret the control plane stores (the regions' signing keys):
+# each is sealed with a data key of its own, wrapped by this key (MERIDIAN_KMS=aws-kms:...).
+# One key for every replica: a secret one replica sealed, any other opens.
+resource "aws_kms_key" "secrets" {
+  description             = "${var.name}: Meridian's key-encryption key"
+  enable_key_rotation     = true
+  deletion_window_in_days = 30
+  tags                    = var.tags
 }
 
 resource "aws_iam_role" "replicas" {
@@ -272,6 +286,10 @@ resource "aws_launch_template" "replicas" {
     meridian_package   = var.meridian_package
     rest_port          = 8400
     grpc_port          = 8401
+    kms_key            = aws_kms_key.secrets.arn
+    oidc_issuer        = var.oidc_issuer == null ? "" : var.oidc_issuer
+    oidc_client_id     = var.oidc_client_id == null ? "" : var.oidc_client_id
+    oidc_roles         = jsonencode(var.oidc_roles)
   }))
 
   iam_instance_profile {
@@ -282,6 +300,13 @@ resource "aws_launch_template" "replicas" {
 
   metadata_options {
     http_tokens = "required"
+  }
+
+  lifecycle {
+    precondition {
+      condition     = (var.oidc_issuer == null) == (var.oidc_client_id == null)
+      error_message = "set oidc_issuer and oidc_client_id together."
+    }
   }
 }
 

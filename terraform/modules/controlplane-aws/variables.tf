@@ -130,6 +130,36 @@ variable "agent_cidrs" {
   }
 }
 
+variable "oidc_issuer" {
+  description = "People sign in through this OpenID Connect provider (its issuer URL, as it spells it); null: tokens only."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.oidc_issuer == null || can(regex("^https://", var.oidc_issuer))
+    error_message = "oidc_issuer must be an https:// URL."
+  }
+}
+
+variable "oidc_client_id" {
+  description = "The public client (PKCE, no secret) registered at the provider for the CLI and the status page, its redirect URI https://<domain_name>/status."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.oidc_client_id == null || can(regex("^[!-~]+$", var.oidc_client_id))
+    error_message = "oidc_client_id is printable ASCII with no space."
+  }
+}
+
+variable "oidc_roles" {
+  description = "The provider's groups to Meridian roles: viewer, operator, admin or tenant-admin:<tenant>."
+  type        = map(string)
+  default     = {}
+  validation {
+    condition     = alltrue([for r in values(var.oidc_roles) : can(regex("^(viewer|operator|admin|tenant-admin:[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)$", r))])
+    error_message = "each role is viewer, operator, admin or tenant-admin:<tenant>."
+  }
+}
+
 variable "meridian_package" {
   description = "What pip installs for Meridian on the replicas."
   type        = string

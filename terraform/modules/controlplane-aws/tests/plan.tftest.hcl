@@ -28,6 +28,9 @@ mock_provider "aws" {
   mock_resource "aws_launch_template" {
     defaults = { id = "lt-0123456789abcdef0" }
   }
+  mock_resource "aws_kms_key" {
+    defaults = { arn = "arn:aws:kms:us-east-1:123456789012:key/0123abcd-0123-abcd-0123-0123456789ab" }
+  }
   mock_resource "aws_secretsmanager_secret" {
     defaults = { arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:meridian/x" }
   }
@@ -128,6 +131,59 @@ run "no_secret_in_user_data" {
     condition     = alltrue([for m in aws_instance.etcd : !strcontains(m.user_data, "NotInUserData")])
     error_message = "a secret is in etcd's user data"
   }
+}
+
+run "stored_secrets_are_sealed_by_one_kms_key_for_every_replica" {
+  command = apply
+
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.replicas.user_data), "MERIDIAN_KMS=aws-kms:${aws_kms_key.secrets.arn}")
+    error_message = "the replicas do not seal secrets with the module's KMS key (each would make a key file of its own)"
+  }
+  assert {
+    condition     = aws_kms_key.secrets.enable_key_rotation
+    error_message = "the KMS key is not rotated"
+  }
+  assert {
+    condition     = !strcontains(base64decode(aws_launch_template.replicas.user_data), "MERIDIAN_OIDC")
+    error_message = "single sign-on is configured though no provider was given"
+  }
+}
+
+run "people_sign_in_through_the_provider" {
+  command = apply
+  variables {
+    oidc_issuer    = "https://login.example.com/"
+    oidc_client_id = "meridian"
+    oidc_roles     = { platform = "admin", "acme-admins" = "tenant-admin:acme" }
+  }
+
+  assert {
+    condition = alltrue([for line in [
+      "MERIDIAN_OIDC_ISSUER=https://login.example.com/",
+      "MERIDIAN_OIDC_CLIENT_ID=meridian",
+      "MERIDIAN_OIDC_ROLES='{\"acme-admins\":\"tenant-admin:acme\",\"platform\":\"admin\"}'",
+    ] : strcontains(base64decode(aws_launch_template.replicas.user_data), line)])
+    error_message = "the replicas are not told the identity provider and its groups' roles"
+  }
+}
+
+run "an_issuer_needs_its_client" {
+  command = plan
+  variables {
+    oidc_issuer = "https://login.example.com/"
+  }
+  expect_failures = [aws_launch_template.replicas]
+}
+
+run "a_role_that_is_not_one" {
+  command = plan
+  variables {
+    oidc_issuer    = "https://login.example.com/"
+    oidc_client_id = "meridian"
+    oidc_roles     = { platform = "root" }
+  }
+  expect_failures = [var.oidc_roles]
 }
 
 run "one_replica_is_not_highly_available" {
