@@ -44,14 +44,20 @@ def save(stored: dict[str, Any]) -> None:
 
 
 def keep(url: str, tokens: dict[str, Any], config: dict[str, Any], previous: Any) -> None:
+    """The provider's answer (`tokens`) kept as the sign-in to `url`; a refresh token it did
+    not renew stays the `previous` one's."""
     id_token = tokens.get("id_token")
     if not isinstance(id_token, str):
         raise click.ClickException("the identity provider answered no ID token (scope openid?)")
+    try:
+        expires_at = jwt.decode(id_token, options={"verify_signature": False}).get("exp", 0)
+    except jwt.PyJWTError as exc:
+        raise click.ClickException(f"the identity provider's ID token is not a JWT: {exc}") from exc
     stored = load()
     stored[url] = {
         "id_token": id_token,
         "refresh_token": tokens.get("refresh_token") or (previous or {}).get("refresh_token"),
-        "expires_at": jwt.decode(id_token, options={"verify_signature": False}).get("exp", 0),
+        "expires_at": expires_at,
         "token_endpoint": config["token_endpoint"],
         "client_id": config["client_id"],
     }
