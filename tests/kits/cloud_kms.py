@@ -28,6 +28,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from tests.kits.http import served
+
 GCP_TOKEN, AZURE_TOKEN, IDENTITY_HEADER = "gcp-access-token", "azure-access-token", "id-header"
 OAEP = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
 
@@ -138,16 +140,19 @@ def _gcp_error(status: int, code: str) -> web.Response:
 
 @pytest_asyncio.fixture
 async def cloud_kms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[CloudKms]:
-    account = rsa.generate_private_key(65537, 2048)
-    fake = CloudKms(account)
-    runner = web.AppRunner(fake.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    fake.url = f"http://127.0.0.1:{port}"
-    pem = account.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()  # fmt: skip
+    fake = CloudKms(rsa.generate_private_key(65537, 2048))
+    async with served(fake.app()) as url:
+        fake.url = url
+        _environment(fake, tmp_path, monkeypatch)
+        yield fake
+
+
+def _environment(fake: CloudKms, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What google-auth and azure-identity read: a service account's key file whose token URI
+    is the stand-in, and an App Service managed identity endpoint there."""
+    pem = fake.account_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
     key_file = tmp_path / "service-account.json"
     key_file.write_text(json.dumps({
         "type": "service_account", "project_id": "meridian-test", "private_key_id": "k1",
@@ -159,10 +164,6 @@ async def cloud_kms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIte
     monkeypatch.setenv("IDENTITY_ENDPOINT", f"{fake.url}/msi/token")
     monkeypatch.setenv("IDENTITY_HEADER", IDENTITY_HEADER)
     monkeypatch.setenv("AZURE_TOKEN_CREDENTIALS", "ManagedIdentityCredential")
-    try:
-        yield fake
-    finally:
-        await runner.cleanup()
 
 
 def new_name() -> str:
