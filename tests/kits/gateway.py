@@ -54,17 +54,24 @@ class Region:
 
 @contextlib.asynccontextmanager
 async def region_of(
-    database_url: str, data_dir: Path, region: str, engines: int, token: str | None = None
+    database_url: str,
+    data_dir: Path,
+    region: str,
+    engines: int,
+    token: str | None = None,
+    agent_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Region]:
-    """The example fleet's region with its node's agent, once its engines are ready."""
+    """The example fleet's region with its node's agent, once its engines are ready.
+    `agent_env`: more agent settings (MERIDIAN_AGENT_*)."""
     cp = await start_server(database_url)
     try:
         revision = await seed(cp.url)
         bootstrap = await bootstrap_token(cp.url, region)
         node = f"{region}-1"
         async with running_agent(
-            cp.grpc_target, region, data_dir, token=bootstrap, node=node, operator=token
-        ) as agent:
+            cp.grpc_target, region, data_dir, token=bootstrap, node=node, operator=token,
+            env=agent_env,
+        ) as agent:  # fmt: skip
 
             async def ready() -> bool:
                 return engines_ready(await agent.status(), engines)

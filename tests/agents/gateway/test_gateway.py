@@ -183,7 +183,9 @@ async def test_a_tenant_over_its_quota_gets_429_with_retry_after_and_others_do_n
 async def test_a_client_that_goes_away_mid_stream_aborts_the_engine_request(
     database_url: str, tmp_path: Path
 ) -> None:
-    async with region_of(database_url, tmp_path, "us-west", engines=1) as region:
+    # the engine's own load witnesses the request: no canary of the quality guard beside it
+    quiet = {"MERIDIAN_AGENT_QUALITY_GUARD": "false"}
+    async with region_of(database_url, tmp_path, "us-west", engines=1, agent_env=quiet) as region:
         key = await region.api_key("acme")
         await region.applied()
         engine = "http://127.0.0.2:30000"
