@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 from meridian_pb.fleet.v1 import fleet_pb2 as pb
+from meridian_pb.fleet.v1.adapters import planned_slots
 
 from agents.adapter_config import AdapterConfig
 from agents.adapters.files import AdapterFiles, AdapterUnavailable
@@ -37,7 +38,6 @@ log = logging.getLogger(__name__)
 TIDY_S = 1.0  # how often this node's engines are brought to what they should hold
 COLD_LOAD_S = 1.0  # a cold load's time, predicted, until one has been measured
 LOAD_TIMEOUT_S = 120.0
-ENGINE_FILL = 0.9  # of the adapters an engine holds at once, what the plan may place on it
 RETRY_FAILED_S = 30.0  # a load that failed is not tried again sooner in the background
 JSON = {"Content-Type": "application/json"}
 
@@ -188,9 +188,9 @@ class AdapterKeeper:
         """The leader's plan placed on engines, the same by every agent of the region: the
         adapters taken in order (the widest plan first, then by name), each on the first
         engines of its base model by a hash of adapter and engine that have room left
-        (`ENGINE_FILL` of what each holds, so that a request for another adapter loads it
-        without unloading a planned one). Worked out again when the adapters or the engines
-        change."""
+        (`planned_slots` of what each holds, as the leader sized the plan, so that a request
+        for another adapter loads it without unloading a planned one). Worked out again when
+        the adapters or the engines change."""
         able = sorted(
             (e.spec.id, e.spec.model, e.info.max_loaded_loras)
             for e in self.table.entries.values()
@@ -199,7 +199,7 @@ class AdapterKeeper:
         key = (id(self.adapters), tuple(able))
         if self._placed is not None and self._placed[0] == key:
             return self._placed[1]
-        room = {e: (int(most * ENGINE_FILL) if most else None) for e, _, most in able}
+        room = {e: (planned_slots(most) if most else None) for e, _, most in able}
         out: dict[str, list[str]] = {}
         for adapter in sorted(self.adapters.values(), key=lambda a: (-a.resident, a.name)):
             if adapter.resident <= 0:

@@ -9,10 +9,11 @@ model keep the adapter loaded:
   base model's do;
 - within the engines' room: each holds `--max-loaded-loras` adapters (or, unset,
   `--max-loras-per-batch`, SGLang's default 8), the busiest adapters served first;
-- what room is left (up to `FILL` of it: the engines' choice by hash is not perfectly even)
-  keeps the others loaded on one engine each, those with some demand first, so that a newly
-  registered adapter is warm before its first request; those it cannot hold are on none, and
-  the engine a request goes to loads it then.
+- what room is left keeps the others loaded on one engine each, those with some demand first,
+  so that a newly registered adapter is warm before its first request; those it cannot hold
+  are on none, and the engine a request goes to loads it then. An engine's room is what it
+  holds less a few places kept for such loads (`planned_slots`, shared with the agents, which
+  place the plan by it).
 
 A plan grows at once and shrinks only once demand has fallen well below what it was sized
 for (`KEEP`) and stayed there for `SHRINK_AFTER` periods (traffic that pauses between bursts
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from meridian_pb.fleet.v1.adapters import planned_slots
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -53,7 +55,6 @@ ACTOR = "residency"
 HEADROOM = 2.0
 KEEP = 0.5  # a plan shrinks once its demand is under this share of what would keep it
 SLOTS_DEFAULT = 8  # SGLang's --max-loras-per-batch
-FILL = 0.9  # of the engines' room, what adapters without demand may take (kept warm)
 SHRINK_AFTER = 6  # periods a smaller plan must be wanted before it is written
 
 
@@ -126,9 +127,9 @@ def plan(
                 by_model.setdefault(adapter.base_model, []).append(name)
         for model, names in sorted(by_model.items()):
             engines = engines_of.get((model, region), 0)
-            room = engines * slots.get((model, region), SLOTS_DEFAULT)
+            room = engines * planned_slots(slots.get((model, region), SLOTS_DEFAULT))
             wants = _by_demand(names, region, rates, current, engines, room, cold_rps)
-            spare = int(room * FILL) - sum(w for w, _ in wants.values())
+            spare = room - sum(w for w, _ in wants.values())
             for name in sorted(names, key=lambda n: (-rates.get((n, region), 0.0), n)):
                 want, why = wants[name]
                 if want == 0 and spare > 0 and engines > 0:  # room to keep it warm

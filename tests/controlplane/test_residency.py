@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from meridian_pb.fleet.v1.adapters import planned_slots
+
 from agents.config import compile_config
 from controlplane.db.engine import Database
 from controlplane.push.wire import to_wire
@@ -62,10 +64,14 @@ def test_the_plan_fits_the_engines_room_busiest_first() -> None:
     rates = {"hot": 3.0, "warm": 0.5, "cold": 0.3}
     assert _planned(state, rates, 2, model) == {"hot": 2}  # two engines, one adapter each
     state, model = _state({"max-loaded-loras": 2, "max-loras-per-batch": 1})
-    # 3 engines of 2 each: by demand hot on 3, warm and cold on one each; 90% of the 6 is 5:
-    # nothing left to keep warm
-    assert _planned(state, rates, 3, model) == {"hot": 3, "warm": 1, "cold": 1}
-    assert _planned(state, {"warm": 0.5}, 3, model) == {"warm": 3, "cold": 1, "hot": 1}
+    # 3 engines of 2 each, one place of each kept for requests' loads: hot, the busiest, on
+    # all 3, and no room left for the others (loaded where their requests go)
+    assert _planned(state, rates, 3, model) == {"hot": 3}
+    assert _planned(state, {"warm": 0.5}, 3, model) == {"warm": 3}
+    # 4 engines of 256: 250 each planned, the rest kept for requests' loads
+    state, model = _state({"max-loaded-loras": 256})
+    assert _planned(state, rates, 4, model) == {"hot": 4, "warm": 2, "cold": 1}
+    assert [planned_slots(n) for n in (0, 1, 2, 8, 50, 51, 256)] == [0, 1, 1, 7, 49, 49, 250]
 
 
 def test_a_plan_shrinks_only_once_demand_has_clearly_fallen() -> None:

@@ -15,6 +15,7 @@ or by the adapter's name alone; names never hold a `:`, so the two cannot be con
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from pathlib import Path
 
@@ -22,6 +23,7 @@ DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 SCHEMES = ("s3",)  # object stores an adapter's source may be in, beside a path on the nodes
 _SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 CHUNK = 1 << 20
+LOAD_ROOM = 0.02  # of the adapters an engine holds at once, those kept free for requests' loads
 
 
 def scheme_of(source: str) -> str | None:
@@ -66,3 +68,14 @@ def split_model(asked: str) -> tuple[str, str | None]:
     """`base:adapter` as (base, adapter); any other name as (name, None)."""
     base, colon, adapter = asked.partition(":")
     return (base, adapter) if colon and base and adapter else (asked, None)
+
+
+def planned_slots(holds: int) -> int:
+    """Of the adapters an engine holds at once (`--max-loaded-loras`), those the leader's
+    residency plan may keep on it: all but a few (`LOAD_ROOM`, at least one), which a request
+    for an adapter the plan left out loads into without unloading a planned one. A planned
+    adapter costs nothing until its place is wanted, and one left out costs its first
+    request a load, so the plan keeps as many as fit. The control plane sizes its plan by it
+    and the agents place the plan by it, so that what is planned is placed. An engine that
+    holds one keeps it for the plan."""
+    return max(min(holds, 1), holds - max(1, math.ceil(holds * LOAD_ROOM)))
