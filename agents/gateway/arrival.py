@@ -6,10 +6,10 @@ from __future__ import annotations
 from aiohttp import web
 from meridian_pb.fleet.v1.classes import HEADER, TIER_HEADER, TIER_OF, ServiceClass, clamp
 
-from agents.config import ModelConfig, RegionConfig
+from agents.config import FallbackChain, ModelConfig, RegionConfig
 from agents.engines.contract import engine_priority
 from agents.gateway import assertion, auth
-from agents.gateway.errors import GatewayError, UpstreamFailed
+from agents.gateway.errors import GatewayError, UpstreamFailed, refusal_error
 from agents.gateway.flight import OPERATOR, Caller, Flight
 from agents.gateway.requests import Inference, asked_class, cache_salt, context_error, parse
 from agents.router.escalation import Escalations
@@ -94,14 +94,23 @@ class Arrival:
             inference.plain and inference.tiered is None and route is not None
             and route.classes.requeues(served)
         )  # fmt: skip
+        ask = Ask(request_id, tenant.name, caller.came_from, tenant is OPERATOR, served)
         fits = model  # a tiered request: what its tiers take together (its tier is chosen next)
         if inference.tiered is not None:
             model = config.models[inference.tiered.tiers[-1]]  # meanwhile, the strongest
+        elif route is not None and route.classes.rule(served).max_wait_s is not None:
+            # a class bounded by its own wait: refused before it costs a tokenizer's pass,
+            # where its line could not take it within its bound
+            chain = chain_of(config, model, caller, served)
+            early = self.router.admission.on_arrival(ask, route, chain)
+            if early is not None:
+                refusal = refusal_error(early)
+                refusal.model = model.name
+                raise refusal
         placement = placed(self.router, config, model, inference, caller, fits)
         if isinstance(placement, GatewayError):
             placement.model = model.name  # a refusal of the model's: counted as its
             raise placement
-        ask = Ask(request_id, tenant.name, caller.came_from, tenant is OPERATOR, served)
         progress = Progress(since=arrived - caller.waited_s)  # the SLO is the client's, end to end
         return Flight(
             request, request_id, headers, arrived, body, caller, inference, ask,
@@ -136,7 +145,14 @@ def placed(
     route = config.routes.get(model.name)
     if route is None:
         return UpstreamFailed(f"region {config.region} has no route for {model.name}")
-    chain = (
-        config.chain(model.name, caller.tenant.tier, served) if caller.came_from is None else None
-    )
-    return Placement(model.name, route, route_request, chain, tier)
+    return Placement(model.name, route, route_request, chain_of(config, model, caller, served),
+                     tier)  # fmt: skip
+
+
+def chain_of(
+    config: RegionConfig, model: ModelConfig, caller: Caller, served: ServiceClass
+) -> FallbackChain | None:
+    """The tenant's fallback rule for the model and class (a peer's request: none)."""
+    if caller.came_from is not None:
+        return None
+    return config.chain(model.name, caller.tenant.tier, served)

@@ -41,16 +41,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from meridian_pb.fleet.v1.classes import ServiceClass
 
-from agents.config import RouteConfig, Tenant
+from agents.config import FallbackChain, RouteConfig, Tenant
 from agents.router import predict
-from agents.router.classes import TAKES, WANTED_MAX, ClassQueues, Victim, Waiter, victim_for
+from agents.router.classes import (
+    RATE_S,
+    TAKES,
+    WANTED_MAX,
+    ClassQueues,
+    Rate,
+    Victim,
+    Waiter,
+    victim_for,
+)
 from agents.router.decision import Decision
 from agents.router.fairness import Fairness, Places
 from agents.router.plan import (
@@ -68,6 +76,7 @@ from agents.router.plan import (
     call,
     fails_over,
     moved_tier,
+    overload_escalates,
 )
 from agents.router.verdict import DEFAULT_WAIT_S, Look, admits, judge, retry_s
 from agents.router.view import RESERVE_RATIO
@@ -77,7 +86,6 @@ if TYPE_CHECKING:
 
 RECHECK_S = 0.05  # a waiting request is placed again at least this often
 FULL_S = 5.0  # a model is full for this long after a request of it last had to wait
-RATE_S = 5.0  # the window of a model's admission rate
 DEADLINE = frozenset({Reason.OVERLOADED, Reason.TENANT_SHARE})  # refused once its SLO passed
 WAKE_RECHECK_S = 0.25  # a request waiting for an engine to start looks again this often
 
@@ -92,7 +100,7 @@ class Admission:
         self.waiting: dict[str, int] = {}
         self._full_at: dict[str, float] = {}
         self._events: dict[str, asyncio.Event] = {}
-        self._rates: dict[str, tuple[float, float]] = {}  # model: (admissions/s, when)
+        self._rates: dict[str, Rate] = {}  # model: its admissions a second
 
     def notify(self, model: str) -> None:
         event = self._events.pop(model, None)
@@ -104,16 +112,42 @@ class Admission:
             self.notify(model)
 
     def _admitted(self, model: str, now: float) -> None:
-        """The model's rate of admissions: an exponentially weighted count over RATE_S."""
-        rate, at = self._rates.get(model, (0.0, now))
-        self._rates[model] = (rate * math.exp(-(now - at) / RATE_S) + 1 / RATE_S, now)
+        rate = self._rates.get(model)
+        if rate is None:
+            rate = self._rates[model] = Rate(at=now)
+        rate.add(now)
 
     def _drain_s(self, model: str, waiting: int, now: float) -> float:
         """How long the requests waiting for the model take to be admitted, at the rate they
         lately have been (Little's law); not known (0) without admissions lately."""
-        rate, at = self._rates.get(model, (0.0, now))
-        rate *= math.exp(-(now - at) / RATE_S)
+        found = self._rates.get(model)
+        rate = found.current(now) if found is not None else 0.0
         return waiting / rate if waiting and rate > 1 / RATE_S else 0.0
+
+    def on_arrival(
+        self, ask: Ask, route: RouteConfig, chain: FallbackChain | None
+    ) -> Reject | None:
+        """A request of a class bounded by its own wait, refused as it arrives where its
+        tenant's line of that class is hopeless (classes.ClassQueues.hopeless): before it is
+        tokenized and placed, which a flood of such requests would make cost the gateway's
+        loop more than all it serves; its client hears now what it would hear at its bound.
+        Never one the rule (`chain`) sends to a peer when overloaded here."""
+        served, model = ask.service_class, route.model
+        bound = route.classes.rule(served).max_wait_s
+        if bound is None or overload_escalates(ask, chain):
+            return None
+        now = self.clock()
+        self.classes.arrived(model, served, now)
+        waiting = self.classes.hopeless(model, (served, ask.tenant), bound, now)
+        if waiting is None:
+            return None
+        return Reject(
+            Refusal.OVERLOADED,
+            f"{waiting} {served.label} requests of tenant {ask.tenant} wait for {model} here, "
+            f"as many as it has lately admitted of them within {bound:g} s",
+            max(retry_s(route.slo_ttft_s), round(min(bound, 60.0))),
+            Reason.OVERLOADED,
+        )
 
     def enlist(self, model: str, victim: Victim) -> None:
         """A request sent to an engine whose room a higher class may take (classes.py)."""
@@ -224,6 +258,8 @@ class Admission:
                     waiter.ready = ok
                 if ok and not behind:  # most requests: at the first look
                     self._admitted(model, now)
+                    if bound:
+                        classes.admitted(model, (served, tenant), now)
                     classes.served(model, served, tag)
                     if progress.admitted_at is None:  # its wait is the one judged by its bound
                         progress.admitted_at = now

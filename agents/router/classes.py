@@ -20,6 +20,13 @@ may take of a worker, and who is shed first.
 - **Slack.** A class with a `max_wait_s` (by default `flex` and `batch`) is admitted against
   a share of the route's TTFT SLO, its wait not counted: it runs where an engine would start
   it that soon, on capacity the classes above leave, and waits up to its bound for it.
+- **Lines.** A class with a `max_wait_s` waits in its tenant's line of it, and only the
+  first `FRONT` of a line look for a worker. A request that arrives to a line as long as
+  what the line has had admitted over the bound lately (and at least `FRONT`) is refused
+  429 `overloaded` at once, before it is tokenized or placed: it would reach the front at
+  its bound, if at all. A flood of such requests then costs the gateway's loop a refusal
+  each, not a tokenizer's pass, a placement and a timer, and its client hears now rather
+  than at the bound.
 - **Shedding.** A request that finds its model's queue full takes the place of the newest
   waiting request of the lowest class below its own, which is refused 429 `class_shed`.
 - **Giving way.** A request that would wait may take the room of a request of a lower class
@@ -60,6 +67,7 @@ ACTIVE_S = 30.0  # a class's reserve is kept while it has had a request this rec
 TAKES = 2  # the most requests one request takes the room of, one at a time
 YIELDS = 2  # the most times one request gives way: then it runs to its end (no starvation)
 FRONT = 4  # of a tenant's line of a bounded class, those that look for a worker
+RATE_S = 5.0  # the window of a rate of admissions
 ABORT_AGAIN_S = 0.1  # a request taken and not gone this long after is aborted again
 PEAK_S = 30.0  # the time constant over which a class's peak holding fades
 WANTED_MAX = 0.9  # of a model's KV pools, the most lower classes are kept from for those above
@@ -144,6 +152,20 @@ def victim_for(
 
 
 @dataclass(slots=True)
+class Rate:
+    """Events a second: an exponentially weighted count over RATE_S."""
+
+    per_s: float = 0.0
+    at: float = 0.0
+
+    def add(self, now: float) -> None:
+        self.per_s, self.at = self.current(now) + 1 / RATE_S, now
+
+    def current(self, now: float) -> float:
+        return self.per_s * math.exp(-(now - self.at) / RATE_S)
+
+
+@dataclass(slots=True)
 class Holding:
     """The KV room one model's requests in flight from this gateway will hold at their ends
     (uncached prompt and expected answer), by class, and each class's recent peak of it
@@ -184,6 +206,7 @@ class ModelClasses:
     count: int = 0  # requests waiting, all classes
     # bounded classes' waiting requests, by class and tenant, in the order they came
     lines: dict[tuple[ServiceClass, str], dict[int, Waiter]] = field(default_factory=dict)
+    admitted: dict[tuple[ServiceClass, str], Rate] = field(default_factory=dict)  # by line
 
 
 class ClassQueues:
@@ -227,6 +250,32 @@ class ClassQueues:
         line = state.lines.get(waiter.line, {})
         return any(w is waiter for w in itertools.islice(line.values(), FRONT))
 
+    def admitted(self, model: str, line: tuple[ServiceClass, str], now: float) -> None:
+        """A request of the line (a bounded class's, a tenant's) was admitted."""
+        rates = self.of(model).admitted
+        rate = rates.get(line)
+        if rate is None:
+            rate = rates[line] = Rate(at=now)
+        rate.add(now)
+
+    def hopeless(
+        self, model: str, line: tuple[ServiceClass, str], bound: float, now: float
+    ) -> int | None:
+        """How many wait in the line, if a request that joins it now would most likely not
+        be admitted within `bound`: as many wait as the line has had admitted over `bound`
+        at its recent rate, and at least FRONT (a line with no admissions lately takes its
+        front: some must look for a worker to be admitted at all). Those ahead go first,
+        or leave at their bounds just before it. None if it may join."""
+        state = self.models.get(model)
+        if state is None:
+            return None
+        waiting = len(state.lines.get(line, ()))
+        if waiting < FRONT:
+            return None
+        rate = state.admitted.get(line)
+        per_s = rate.current(now) if rate is not None else 0.0
+        return waiting if waiting >= per_s * bound else None
+
     def left(self, model: str, waiter: Waiter) -> None:
         """It leaves the waiting requests (admitted, refused or gone); the next in its line
         gets its turn."""
@@ -256,7 +305,9 @@ class ClassQueues:
     def behind(self, model: str, service_class: ServiceClass, tag: float) -> bool:
         """A request of another class, tagged earlier, waits and fitted at its last look, or
         one of a higher class has taken room (the request that gave it way, requeued, must
-        not take it back): it goes first."""
+        not take it back): it goes first. Not one behind the front of its line: it does not
+        look until its turn, and what it saw at its last look (maybe seconds ago, as it
+        joined) holds nobody back."""
         state = self.models.get(model)
         if state is None or not state.count:
             return False
@@ -266,7 +317,9 @@ class ClassQueues:
             for other in waiting.values():  # in the order they came: their tags rise
                 if other.tag >= tag:
                     break
-                if (other.ready or (other.taking and index < service_class)) and not other.shed:
+                first = other.ready or (other.taking and index < service_class)
+                looks = other.line is None or self.in_front(model, other)
+                if first and looks and not other.shed:
                     return True
         return False
 

@@ -228,10 +228,10 @@ def call(decision: Decision, continuing: bool, wait_s: float | None) -> Call:
     return Local(decision, wait_s)
 
 
-def escalates(ask: Ask, placement: Placement) -> bool:
-    """The request may go to a peer at all: a rule applies, it did not come from a peer (one
-    hop), and it is not the operator's (not a tenant's to assert)."""
-    return placement.chain is not None and ask.came_from is None and not ask.operator
+def escalates(ask: Ask, chain: FallbackChain | None) -> bool:
+    """The request may go to a peer at all: a rule (`chain`) applies, it did not come from a
+    peer (one hop), and it is not the operator's (not a tenant's to assert)."""
+    return chain is not None and ask.came_from is None and not ask.operator
 
 
 def fails_over(ask: Ask, placement: Placement, progress: Progress) -> bool:
@@ -239,15 +239,15 @@ def fails_over(ask: Ask, placement: Placement, progress: Progress) -> bool:
     started answer goes on, where any rule allows)."""
     chain = placement.chain
     return (
-        escalates(ask, placement)
+        escalates(ask, chain)
         and chain is not None
         and (Trigger.FAILURE in chain.triggers or progress.continuing)
     )
 
 
-def overload_escalates(ask: Ask, placement: Placement) -> bool:
-    chain = placement.chain
-    return escalates(ask, placement) and chain is not None and Trigger.OVERLOAD in chain.triggers
+def overload_escalates(ask: Ask, chain: FallbackChain | None) -> bool:
+    """Overload here may send it to a peer: the rule (`chain`) says so."""
+    return escalates(ask, chain) and chain is not None and Trigger.OVERLOAD in chain.triggers
 
 
 def refused(ask: Ask, placement: Placement, progress: Progress, reject: Reject) -> Plan:
@@ -257,7 +257,7 @@ def refused(ask: Ask, placement: Placement, progress: Progress, reject: Reject) 
         if fails_over(ask, placement, progress):
             return Peer(Trigger.FAILURE, reason or Reason.NO_WORKER, reject.message, reject)
         return reject
-    if reject.code in OVERLOAD_REFUSALS and overload_escalates(ask, placement):
+    if reject.code in OVERLOAD_REFUSALS and overload_escalates(ask, placement.chain):
         return Peer(Trigger.OVERLOAD, reason or Reason.OVERLOADED, reject.message, reject)
     return reject
 
@@ -301,7 +301,7 @@ def before_placing(
         and Reason.FAILING not in progress.declined
         and chain is not None
         and Trigger.FAILURE in chain.triggers
-        and escalates(ask, placement)
+        and escalates(ask, chain)
     ):
         return Peer(Trigger.FAILURE, Reason.FAILING, "local attempts fail past the rule's rate")
     return None
@@ -323,7 +323,7 @@ def over(ask: Ask, placement: Placement, progress: Progress) -> Over | None:
         chain is None
         or progress.attempts
         or progress.declined & PREDICTIVE
-        or not overload_escalates(ask, placement)
+        or not overload_escalates(ask, chain)
     ):
         return None
     return Over(chain.ttft_s or placement.route.slo_ttft_s, chain.queue_depth)

@@ -16,7 +16,7 @@ from meridian_pb.fleet.v1.classes import (
 )
 from pydantic import ValidationError
 
-from agents.config import RouteConfig
+from agents.config import FallbackChain, RouteConfig
 from agents.router.admission import Admission
 from agents.router.classes import FRONT, ClassQueues, Victim, Waiter, victim_for
 from agents.router.decision import Ticket
@@ -272,6 +272,27 @@ async def test_a_bounded_class_waits_in_its_tenants_line_and_only_its_front_look
     assert last.turn.is_set()
 
 
+def test_a_request_behind_the_front_of_its_line_holds_no_other_class_back() -> None:
+    """Ten batch requests of a tenant wait, each of which fitted as it joined. An
+    interactive request tagged after them all goes after the front of the line while that
+    fits; once the front has looked again and not fitted, the rest, which have not looked
+    since they joined, hold it back no more (they could, seconds on, until their bounds)."""
+    queues = ClassQueues()
+    policy = policy_for(None)
+    line = [Waiter(BATCH, queues.tag(MODEL, BATCH, policy), ready=True, line=(BATCH, "acme"))
+            for _ in range(10)]  # fmt: skip
+    for waiter in line:
+        queues.wait(MODEL, waiter)
+    tag = line[-1].tag + 1.0  # tagged after every one of them
+    assert queues.behind(MODEL, INTERACTIVE, tag)
+    for front in line[:FRONT]:
+        front.ready = False  # they looked, and did not fit
+    assert not queues.behind(MODEL, INTERACTIVE, tag)
+    line[-1].ready, line[FRONT].ready = False, True
+    queues.left(MODEL, line[0])  # the next gets its turn: its own look is what counts
+    assert queues.behind(MODEL, INTERACTIVE, tag)
+
+
 async def test_room_a_higher_class_held_lately_is_kept_from_batch_until_its_peak_fades() -> None:
     """Interactive requests held some 60% of the only worker's KV pool, and have just ended;
     no reserve is configured. Batch may not take that room while interactive is likely to
@@ -303,3 +324,39 @@ async def test_room_a_higher_class_held_lately_is_kept_from_batch_until_its_peak
     clock[0] += 300.0
     table.polled("w0", busy, 2)
     assert isinstance(await _plan(admission, route, batch(), clock[0], BATCH), Local)
+
+
+def test_a_bounded_request_is_refused_on_arrival_where_its_line_could_not_take_it() -> None:
+    """A tenant's batch line of FRONT that has had nothing admitted lately refuses the next
+    batch request at once (429 overloaded, Retry-After its bound), before it is placed; a
+    shorter line, another tenant's line, a class with no bound, a request the
+    rule sends to a peer on overload, and a line that is being admitted fast enough to reach
+    its newcomer within the bound all let it in."""
+    clock = [0.0]
+    router, config, _ = router_of("cost", clock=clock)
+    admission = Admission(router, clock=lambda: clock[0])
+    route = dataclasses.replace(
+        config.routes[MODEL], slo_ttft_s=2.0, classes=policy_for({"batch": {"max_wait_s": 5}})
+    )
+    queues, policy = admission.classes, route.classes
+    batch, other = Ask("r", "acme", service_class=BATCH), Ask("r", "beta", service_class=BATCH)
+    for _ in range(FRONT - 1):
+        queues.wait(MODEL, Waiter(BATCH, queues.tag(MODEL, BATCH, policy), line=(BATCH, "acme")))
+    assert admission.on_arrival(batch, route, None) is None  # a line not yet FRONT long
+    queues.wait(MODEL, Waiter(BATCH, queues.tag(MODEL, BATCH, policy), line=(BATCH, "acme")))
+    refused = admission.on_arrival(batch, route, None)
+    assert isinstance(refused, Reject)
+    assert refused.code is Refusal.OVERLOADED
+    assert refused.retry_after_s == 5
+    assert f"{FRONT} batch requests of tenant acme" in refused.message
+    assert admission.on_arrival(other, route, None) is None  # its own line is empty
+    assert admission.on_arrival(Ask("r", "acme", service_class=STANDARD), route, None) is None
+    overflow = FallbackChain("spill", None, None, frozenset({"overload"}), (), classes=frozenset(
+        {BATCH}))  # fmt: skip
+    assert admission.on_arrival(batch, route, overflow) is None  # a peer may take it
+    for _ in range(20):  # the line had 4 a second admitted lately: more than FRONT in 5 s
+        clock[0] += 0.25
+        queues.admitted(MODEL, (BATCH, "acme"), clock[0])
+    assert admission.on_arrival(batch, route, None) is None
+    clock[0] += 30.0  # and then nothing for a while: the rate fades
+    assert isinstance(admission.on_arrival(batch, route, None), Reject)
