@@ -38,6 +38,7 @@ REGIONS = ("us-east", "us-west", "eu-west")
 QWEN, ROUTE = "qwen2.5-32b-instruct", "chat-auto"
 MARK = "weak"  # llama's engines answer a request marked `weak:json` with what is not JSON
 LONG = 300  # the tokens of a stream the kill cuts
+STARTUP_S = 4.0  # us-east's engines take this long to serve once started (restarted)
 Seen = dict[str, tuple[int, int] | str | None]  # id: tokens told, "left", "cut" or refused
 
 
@@ -52,6 +53,10 @@ def _tiered(doc: dict[str, Any]) -> None:
         deployment["engine_args"] = {"fail-marker": MARK}
     doc["deployments"] += [{"name": f"qwen-{r}", "model": QWEN, "region": r, "backend": "sim",
                             "replicas": 1} for r in REGIONS]  # fmt: skip
+    for deployment in doc["deployments"]:
+        if deployment["region"] == "us-east":  # killed below: back only after STARTUP_S, so
+            # that requests meanwhile find no engine there, however soon they come
+            deployment.setdefault("engine_args", {})["startup-s"] = STARTUP_S
     for node in doc["nodes"]:
         node["gpus"] = [{"index": i, "model": "H100-SXM-80GB", "memory_gb": 80}
                         for i in range(max(4, len(node["gpus"])))]  # fmt: skip
