@@ -57,6 +57,7 @@ from agents.router.classes import (
     Rate,
     Victim,
     Waiter,
+    tally,
     victim_for,
 )
 from agents.router.decision import Decision
@@ -110,12 +111,6 @@ class Admission:
     def notify_all(self) -> None:
         for model in list(self._events):
             self.notify(model)
-
-    def _admitted(self, model: str, now: float) -> None:
-        rate = self._rates.get(model)
-        if rate is None:
-            rate = self._rates[model] = Rate(at=now)
-        rate.add(now)
 
     def _drain_s(self, model: str, waiting: int, now: float) -> float:
         """How long the requests waiting for the model take to be admitted, at the rate they
@@ -257,7 +252,7 @@ class Admission:
                 if waiter is not None:
                     waiter.ready = ok
                 if ok and not behind:  # most requests: at the first look
-                    self._admitted(model, now)
+                    tally(self._rates, model, now)
                     if bound:
                         classes.admitted(model, (served, tenant), now)
                     classes.served(model, served, tag)

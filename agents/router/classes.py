@@ -58,6 +58,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from meridian_pb.fleet.v1.classes import CLASSES, ClassPolicy, ServiceClass
 
@@ -72,6 +73,7 @@ ABORT_AGAIN_S = 0.1  # a request taken and not gone this long after is aborted a
 PEAK_S = 30.0  # the time constant over which a class's peak holding fades
 WANTED_MAX = 0.9  # of a model's KV pools, the most lower classes are kept from for those above
 COUNT = len(CLASSES)
+K = TypeVar("K")
 
 
 @dataclass(slots=True, eq=False)
@@ -165,6 +167,14 @@ class Rate:
         return self.per_s * math.exp(-(now - self.at) / RATE_S)
 
 
+def tally(rates: dict[K, Rate], key: K, now: float) -> None:
+    """One more event of `key`'s rate."""
+    rate = rates.get(key)
+    if rate is None:
+        rate = rates[key] = Rate(at=now)
+    rate.add(now)
+
+
 @dataclass(slots=True)
 class Holding:
     """The KV room one model's requests in flight from this gateway will hold at their ends
@@ -252,11 +262,7 @@ class ClassQueues:
 
     def admitted(self, model: str, line: tuple[ServiceClass, str], now: float) -> None:
         """A request of the line (a bounded class's, a tenant's) was admitted."""
-        rates = self.of(model).admitted
-        rate = rates.get(line)
-        if rate is None:
-            rate = rates[line] = Rate(at=now)
-        rate.add(now)
+        tally(self.of(model).admitted, line, now)
 
     def hopeless(
         self, model: str, line: tuple[ServiceClass, str], bound: float, now: float
