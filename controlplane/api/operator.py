@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import yaml
@@ -24,6 +26,8 @@ router = APIRouter()
 
 YAML_TYPES = {"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"}
 MAX_DOCUMENT = 4 * 1024 * 1024
+PARSE_ON_LOOP = 64 * 1024  # bytes: a larger document is parsed in a thread
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: ten times faster
 
 _DOCUMENT_BODY = {
     "requestBody": {
@@ -44,14 +48,25 @@ async def _read_document(request: Request) -> Any:
         raise MalformedBody(f"the document is larger than {MAX_DOCUMENT} bytes")
     try:
         if media == "application/json":
-            return json.loads(raw)
+            return await _parsed(json.loads, raw)
         if media in YAML_TYPES:
-            return yaml.safe_load(raw)
+            return await _parsed(_yaml, raw)
     except (ValueError, yaml.YAMLError) as exc:
         raise MalformedBody(f"the document cannot be parsed: {exc}") from exc
     raise UnsupportedMediaType(
         f"send the document as application/json or application/yaml, not {media}"
     )
+
+
+def _yaml(raw: bytes) -> Any:
+    return yaml.load(raw, Loader=YAML_LOADER)  # noqa: S506 (a safe loader)
+
+
+async def _parsed(parse: Callable[[bytes], Any], raw: bytes) -> Any:
+    """A large document is parsed off the event loop (a thousand objects take a second)."""
+    if len(raw) < PARSE_ON_LOOP:
+        return parse(raw)
+    return await asyncio.to_thread(parse, raw)
 
 
 @router.post(

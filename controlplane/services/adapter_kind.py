@@ -27,7 +27,7 @@ async def name_taken(uow: UnitOfWork, name: str, own: type[object]) -> None:
     """Refuse `name` where a model, tiered route or adapter (of another kind than `own`) has
     it: clients could not tell them apart."""
     for row_type, what in CLIENT_NAMES:
-        if row_type is not own and await uow.find(row_type, name) is not None:
+        if row_type is not own and name in await uow.names(row_type):
             raise NameTaken(f"{what} is named {name!r}: clients could not tell them apart")
 
 

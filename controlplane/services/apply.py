@@ -110,6 +110,7 @@ async def _apply(
     async with db.sessions() as session, session.begin():
         uow = UnitOfWork(session, actor, sealer=sealer)
         for kind, items in plan:
+            await uow.prefetch(kind.row, (name for name, _ in items), lock=True)
             for name, spec in items:
                 row = await uow.find(kind.row, name, lock=True)
                 if row is None:

@@ -201,6 +201,7 @@ class Kind(Generic[RowT]):
         secret = self.mint(row)
         uow.session.add(row)
         await self._flush(uow, name)
+        uow.created(row)
         uow.record("create", self.kind, name, None, self.doc(row))
         await self.created(uow, row)
         return row, secret
@@ -246,6 +247,7 @@ class Kind(Generic[RowT]):
         uow.record("delete", self.kind, row.name, self.doc(row), None)
         await uow.session.delete(row)
         await uow.session.flush()
+        uow.deleted(row)
 
     async def dependents(self, uow: UnitOfWork, row: RowT) -> list[Dependent]:
         found: list[Dependent] = []
