@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from meridian_pb.fleet.v1.adapters import planned_slots
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -56,6 +56,7 @@ HEADROOM = 2.0
 KEEP = 0.5  # a plan shrinks once its demand is under this share of what would keep it
 SLOTS_DEFAULT = 8  # SGLang's --max-loras-per-batch
 SHRINK_AFTER = 6  # periods a smaller plan must be wanted before it is written
+WRITE_ROWS = 1000  # plan rows a statement writes
 
 
 @dataclass(frozen=True)
@@ -196,14 +197,20 @@ class Residency:
         self.reader = FleetReader()
         self.last_run: float | None = None
         self.shrinking: dict[tuple[str, str], float] = {}  # since when a smaller plan is wanted
+        self.planned_for: tuple[int, datetime | None] | None = None  # _adapters_mark's
 
     async def tick(self) -> list[Plan] | None:
+        """Plans every `period_s`, and at once when adapters were registered, changed or
+        removed since the last plan (a new adapter is warm seconds after its apply)."""
         now = self.clock()
         if self.last_run is not None and now - self.last_run < self.period_s:
-            return None
+            async with self.db.sessions() as session:
+                if await _adapters_mark(session) == self.planned_for:
+                    return None
         self.last_run = now
         async with self.db.sessions() as session, session.begin():
             await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            self.planned_for = await _adapters_mark(session)
             state = await self.reader.read(session)
             beats = await heartbeats(session)
             current = {(a, r): n for a, regions in state.resident.items()
@@ -244,16 +251,27 @@ class Residency:
         uow = UnitOfWork(session, ACTOR)
         adapters = dict((await session.execute(select(AdapterRow.name, AdapterRow.id))).all())
         regions = dict((await session.execute(select(RegionRow.name, RegionRow.id))).all())
+        rows = []
         for c in changes:
             if c.adapter not in adapters or c.region not in regions:
                 continue
             uow.record("update", ADAPTER_PLAN, c.adapter, None,
                        {"region": c.region, "engines": c.engines, "requests_per_second":
                         round(c.rps, 3), "reason": c.reason})  # fmt: skip
-            values = {"adapter_id": adapters[c.adapter], "region_id": regions[c.region],
-                      "engines": c.engines, "changed_at": at, "reason": c.reason}  # fmt: skip
-            await session.execute(pg_insert(AdapterPlanRow).values(values).on_conflict_do_update(
+            rows.append({"adapter_id": adapters[c.adapter], "region_id": regions[c.region],
+                         "engines": c.engines, "changed_at": at, "reason": c.reason})  # fmt: skip
+        for start in range(0, len(rows), WRITE_ROWS):  # one statement a chunk, not one a row
+            insert = pg_insert(AdapterPlanRow).values(rows[start : start + WRITE_ROWS])
+            await session.execute(insert.on_conflict_do_update(
                 index_elements=[AdapterPlanRow.adapter_id, AdapterPlanRow.region_id],
-                set_={k: v for k, v in values.items() if k not in ("adapter_id", "region_id")},
+                set_={k: insert.excluded[k] for k in ("engines", "changed_at", "reason")},
             ))  # fmt: skip
         return await commit(uow)
+
+
+async def _adapters_mark(session: AsyncSession) -> tuple[int, datetime | None]:
+    """What changes whenever an adapter is registered, changed or removed."""
+    count, newest = (
+        await session.execute(select(func.count(), func.max(AdapterRow.updated_at)))
+    ).one()
+    return int(count), newest
