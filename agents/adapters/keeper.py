@@ -38,8 +38,13 @@ log = logging.getLogger(__name__)
 TIDY_S = 1.0  # how often this node's engines are brought to what they should hold
 COLD_LOAD_S = 1.0  # a cold load's time, predicted, until one has been measured
 LOAD_TIMEOUT_S = 120.0
-RETRY_FAILED_S = 30.0  # a load that failed is not tried again sooner in the background
+RETRY_FAILED_S = 30.0  # a load the engine refused is not tried again sooner in the background
 JSON = {"Content-Type": "application/json"}
+
+
+class EngineUnreachable(AdapterUnavailable):
+    """The engine did not answer: it is down or restarting, which says nothing of the
+    adapter; the next tidy tries again."""
 
 
 @dataclass
@@ -123,9 +128,9 @@ class AdapterKeeper:
             load = {"lora_name": adapter.name, "lora_path": path, "pinned": False}
             loaded = await self._call(entry, contract.LOAD_LORA, load)
         except AdapterUnavailable as error:
-            self._failed_at[(entry.spec.id, adapter.name, str(self.files.place(adapter)))] = (
-                self.clock()
-            )
+            if not isinstance(error, EngineUnreachable):  # one down is tried again at once
+                key = (entry.spec.id, adapter.name, str(self.files.place(adapter)))
+                self._failed_at[key] = self.clock()
             counts.failures += 1
             counts.last_error = error.message
             log.warning("%s", error.message)
@@ -148,7 +153,7 @@ class AdapterKeeper:
             async with http.post(url, data=sent, headers=JSON) as answer:
                 text = await answer.text()
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise AdapterUnavailable(
+            raise EngineUnreachable(
                 f"adapter {name}: {entry.spec.id} did not answer {path}: {error!r}"
             ) from error
         if answer.status == 200:

@@ -15,6 +15,7 @@ from agents.adapters.keeper import AdapterKeeper
 from agents.config import WorkerSpec
 from agents.engines import contract, tiny_model
 from agents.workers.table import READY, WorkerTable
+from meridian.procs import free_port
 from tests.kits.sim import running_sim
 
 LORA = ("--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "all",
@@ -71,3 +72,29 @@ async def test_versions_removal_a_bad_digest_and_the_plan(tmp_path: Path) -> Non
         keeper.configure({})
         await keeper.tidy()
         assert await held() == {}
+
+
+async def test_an_engine_that_does_not_answer_is_tried_again_at_the_next_tidy(
+    tmp_path: Path,
+) -> None:
+    """An engine down (killed, restarting) says nothing of the adapter: its loads are not held
+    back for RETRY_FAILED_S, so the engine gets them as soon as it answers."""
+    v1 = tiny_model.write_adapter(tmp_path / "v1", tmp_path, seed=1)
+    port = free_port()
+    table = WorkerTable()
+    table.replace([WorkerSpec("e", "llama", "d", "unified", f"http://127.0.0.1:{port}", None)])
+    keeper = AdapterKeeper(table, AdapterFiles(tmp_path / "cache"), local=lambda: ["e"],
+                           clock=lambda: 0.0)  # fmt: skip
+    async with running_sim(*LORA) as described, described.client() as http:
+        info = contract.read_server_info((await http.get("/server_info")).json())
+    table.described("e", info)  # what it said before it went down
+    table.set_engine_state("e", READY)  # its health not yet probed as failing
+    keeper.configure({"support": _adapter(v1, resident=1)})
+    await keeper.tidy()
+    assert keeper.counts["support"].failures == 1
+    assert "did not answer" in keeper.counts["support"].last_error
+    async with running_sim(*LORA, port=port) as sim, sim.client() as http:
+        await keeper.tidy()  # the clock has not moved: no wait for a failure's back-off
+        held = contract.read_adapters((await http.get("/v1/models")).json())
+        assert held == {"support": str(keeper.files.place(keeper.adapters["support"]))}
+    assert keeper.counts["support"].failures == 1
