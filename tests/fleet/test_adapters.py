@@ -24,7 +24,7 @@ from tests.kits.push import ADMIN, eventually
 ASK: Any = [{"role": "user", "content": "tell me about the sea"}]
 REGION = "us-east"
 # the leader's residency plan, once at its start (no engine is ready then) and not again
-# within the test: adapters are loaded only where requests need them
+# within the test unless adapters are registered: adapters are loaded where requests need them
 NO_PLAN = {"ADAPTER_RESIDENCY_S": "3600"}
 
 
@@ -117,6 +117,23 @@ async def test_an_adapter_is_loaded_on_use_kept_where_held_and_back_after_a_kill
             await asyncio.gather(*runs)
         assert failed == []  # none met an engine without it ("never loaded")
         assert served > 10
+
+        # registered now: the leader plans it at once, not a period (an hour here) later,
+        # and it is loaded before any request asks for it
+        path = write_adapter(tmp_path / "adapters" / "acme-new", tmp_path / "adapters", seed=3,
+                             rank=4)  # fmt: skip
+        async with httpx.AsyncClient(base_url=fleet.cp.url, headers=ADMIN) as http:
+            made = await http.post("/v1/adapters", json={
+                "name": "acme-new", "base_model": LLAMA, "source": str(path),
+                "digest": digest_of(path), "rank": 4, "tenants": ["acme"]})  # fmt: skip
+            assert made.status_code == 201, made.text
+
+        async def warm() -> bool:
+            new = (await _adapters(fleet)).get("acme-new")
+            return new is not None and len(new["engines"]) == 1 and new["planned"] == new["engines"]
+
+        await eventually(warm, within_s=30, every_s=0.2)
+        assert (await _adapters(fleet))["acme-new"]["cold_loads"] == 0
 
 
 async def _kill_and_see_it_back(fleet: Fleet, engine: str) -> None:
