@@ -51,7 +51,7 @@ async def run(o: Options) -> dict[str, Any]:
         with console.status(f"starting {2 * o.engines} simulated engines with LoRA"):
             sims = await start_lora_sims(stack, o, paths, 2 * o.engines)
         regions = {A: sims[: o.engines], B: sims[o.engines :]}
-        for policy in PEERS:
+        for policy in (p for p in PEERS if p in o.contenders):
             with console.status(f"{policy}: engines loading their quarter of the adapters"):
                 await reset(http, sims)
                 for mine in regions.values():
@@ -72,6 +72,9 @@ async def run(o: Options) -> dict[str, Any]:
             console.print(f"{policy}: {row}")
             plots.write_json(console, result, o.out)
         await reset(http, sims)
+        if "meridian" not in o.contenders:
+            _report(console, result)
+            return result
         meridian = await _meridian(stack, o, http, sims, regions, paths, reqs, result, console)
         result["contenders"]["meridian"] = meridian
     _report(console, result)
@@ -88,17 +91,25 @@ async def _meridian(
     ports = {A: free_port(), B: free_port()}
     urls = {r: [s.sim.url for s in mine] for r, mine in regions.items()}
     loop = asyncio.get_running_loop()
-    registered = loop.time()
-    await apply(admin, fleet_document(o, urls, ports, paths))
+    await apply(admin, fleet_document(o, urls, ports, {}))  # the fleet, serving, no adapters
     operator = secrets.token_urlsafe(24)
     for r in (A, B):
         await start_agent(stack, o.root, cp, admin, r, f"{r}-1", operator, ports[r])
     gateways = {r: f"http://127.0.0.1:{p}" for r, p in ports.items()}
     status = _Status(http, gateways, operator)
+    with console.status("meridian: the agents reading their engines"):
+        await status.until_polled(o.engines, 120)
+    registered = loop.time()
+    await apply(admin, fleet_document(o, urls, ports, paths))
+    applied = loop.time()
     with console.status("meridian: the leader's residency plan, loaded"):
-        await status.until_resident(600)
-    reached_s = round(loop.time() - registered, 1)
-    console.print(f"meridian: residency reached {reached_s} s after registration")
+        marks = await status.until_resident(600)
+    reached = {k: round(t - registered, 1) for k, t in (marks | {"applied": applied}).items()}
+    reached_s = reached["held"]
+    console.print(f"meridian: after registration (its apply answered in {reached['applied']} s), "
+                  f"the agents knew the adapters in "
+                  f"{reached['known']} s, had the leader's plan in {reached['planned']} s, and "
+                  f"held it in {reached_s} s")  # fmt: skip
     keys = {}
     for tenant in (TENANT, OTHER):
         made = await admin.post("/v1/api-keys", json={"tenant": tenant})
@@ -114,6 +125,7 @@ async def _meridian(
     row["cold_loads"] = await status.cold_loads() - cold_before
     row["stall_share"] = round(row["cold_loads"] / max(1, row["adapter_requests"]), 4)
     row["residency_reached_s"] = reached_s
+    row["residency_steps_s"] = reached
     result["contenders"]["meridian"] = row
     plots.write_json(console, result, o.out)
     with console.status("meridian: an engine killed and started again under traffic"):
@@ -132,24 +144,53 @@ class _Status:
         found: dict[str, Any] = (await self.http.get(url, headers=self.headers)).json()["adapters"]
         return found
 
-    async def resident(self) -> bool:
-        """Every adapter held where the plan puts it, and some planned at all."""
-        planned = 0
-        for r in self.gateways:
-            for a in (await self.adapters(r)).values():
-                want = a["planned"]
-                planned += len(want)
-                if not set(want) <= set(a["engines"]):
-                    return False
-        return planned > 0
-
-    async def until_resident(self, within_s: float) -> None:
+    async def until_polled(self, engines: int, within_s: float) -> None:
+        """Each agent has read the load of each of its `engines` engines."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
-        while not await self.resident():
+        headers = self.headers
+        while True:
+            polled = []
+            for gateway in self.gateways.values():
+                found = (await self.http.get(f"{gateway}/agent/status", headers=headers)).json()
+                workers = found["router"]["workers"].values()
+                polled.append(sum(w["engine"] is not None for w in workers))
+            if min(polled) >= engines:
+                return
+            if loop.time() > deadline:
+                raise RuntimeError(f"the agents read {polled} engines, not {engines} each")
+            await asyncio.sleep(0.2)
+
+    async def resident(self, marks: dict[str, float]) -> bool:
+        """Every adapter held where the plan puts it, and some planned at all. `marks`: when
+        every agent first knew the adapters, and first had a plan for them."""
+        planned = known = 0
+        held = True
+        now = asyncio.get_running_loop().time()
+        for r in self.gateways:
+            adapters = await self.adapters(r)
+            known += bool(adapters)
+            for a in adapters.values():
+                want = a["planned"]
+                planned += len(want)
+                held = held and set(want) <= set(a["engines"])
+        if known == len(self.gateways):
+            marks.setdefault("known", now)
+        if planned:
+            marks.setdefault("planned", now)
+        return held and planned > 0
+
+    async def until_resident(self, within_s: float) -> dict[str, float]:
+        """When the agents knew the adapters, had a plan, and held it (loop time)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        marks: dict[str, float] = {}
+        while not await self.resident(marks):
             if loop.time() > deadline:
                 raise RuntimeError("the residency plan was not loaded in time")
             await asyncio.sleep(0.2)
+        marks["held"] = loop.time()
+        return marks
 
     async def cold_loads(self) -> int:
         total = 0
@@ -177,17 +218,25 @@ async def _kill(
         stack.push_async_callback(stop_child, child.process)
         await wait_ready(child.url, child.process, 60, path="/ready", what="a simulator")
         timing["ready"] = loop.time()
-        adapters = await status.adapters(A)
-        planned = {n for n, a in adapters.items() if engine in a["planned"]}
-        asked = {n for n in planned if adapters[n]["requests"]}
-        async with httpx.AsyncClient(timeout=10) as http:  # the engine's own word
-            for names, mark in ((asked, "asked_restored"), (planned, "restored")):
-                while not names <= set((await http.get(f"{child.url}/sim/lora")).json()["loaded"]):
+        asked = {n for n, a in (await status.adapters(A)).items() if a["requests"]}
+
+        async def missing(only: set[str] | None) -> set[str]:
+            """What the plan puts on the engine now (of `only`) that it does not hold, by
+            its own word."""
+            adapters = await status.adapters(A)
+            want = {n for n, a in adapters.items() if engine in a["planned"]}
+            loaded = (await http.get(f"{child.url}/sim/lora")).json()["loaded"]
+            return (want if only is None else want & only) - set(loaded)
+
+        async with httpx.AsyncClient(timeout=10) as http:
+            for only, mark in ((asked, "asked_restored"), (None, "restored")):
+                while left := await missing(only):
                     if loop.time() - timing["ready"] > 120:
-                        raise RuntimeError(f"{engine} did not get its adapters back")
-                    await asyncio.sleep(0.05)
+                        raise RuntimeError(f"{engine} did not get {sorted(left)[:5]} back")
+                    await asyncio.sleep(0.1)
                 timing[mark] = loop.time()
-        timing["asked"] = len(asked)
+            adapters = await status.adapters(A)
+            timing["asked"] = sum(engine in adapters[n]["planned"] for n in asked)
 
     killing = asyncio.ensure_future(kill_and_restart())
     results = await phase(client, gateways, reqs, o.rate, seed=20)

@@ -15,13 +15,16 @@ Contenders, one after the other on the same engines, each from engines holding n
 - `round_robin`, `cache_aware`: sglang-router over each region's engines; it does not see
   adapters. Each engine first loads a quarter of the adapters (striped), as one would place
   them by hand.
-- `meridian`: a control plane and one agent a region; the adapters registered in its fleet
-  document, the leader's residency plan, adapter-aware routing (`cost`). The time from
-  registration until every engine holds what the plan puts on it is measured first; then
-  the workload; then the workload again with an engine of the first region killed a third of
+- `meridian`: a control plane and one agent a region, serving the base model; then the
+  adapters registered by applying the fleet document again with them; the leader's
+  residency plan, adapter-aware routing (`cost`). The time from the apply until every
+  engine holds what the plan puts on it is measured first (with its steps: the apply's
+  answer, every agent knowing the adapters, every agent holding a plan); then the
+  workload; then the workload again with an engine of the first region killed a third of
   the way in and started again (its agent loads its adapters again: the time from its
-  restart until it holds them, and the requests that failed); then another tenant naming
-  acme's adapters (it must never be served one).
+  restart until it holds what the plan puts on it now, those asked for first, and the
+  requests that failed); then another tenant naming acme's adapters (it must never be
+  served one). `--contenders meridian` runs Meridian alone.
 
 Per contender: TTFT p50 and p99 of the adapter requests and of the base model's, the share of
 adapter requests that waited for a load (the engines' loads in the phase over the adapter
@@ -58,6 +61,7 @@ from meridian.procs import stop_child, wait_ready
 A, B = "east", "west"
 WORDS = ("sea", "salt", "wind", "tide", "ship", "fog", "gull", "reef")
 TENANT, OTHER = "acme", "other"
+CONTENDERS = ("round_robin", "cache_aware", "meridian")
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Options:
     per_batch: int = 8
     out: Path | None = None
     root: Path = Path(".")
+    contenders: tuple[str, ...] = CONTENDERS
 
 
 def adapter_name(i: int) -> str:

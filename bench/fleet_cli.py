@@ -5,6 +5,7 @@ which adds these)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from pathlib import Path
 
 import click
@@ -128,10 +129,7 @@ def classes_command(
 ) -> None:
     """Interactive traffic at 70% of capacity beside batch offered at 3x: service classes,
     one class for all, and strict priority without reservation, side by side."""
-    names = tuple(n.strip() for n in modes.split(",") if n.strip())
-    unknown = [n for n in names if n not in classes.MODES]
-    if unknown or not names:
-        raise click.BadParameter(f"unknown modes {unknown}", param_hint="--modes")
+    names = modes_of(modes, classes.MODES, "--modes")
     with scratch("classes") as root:
         options = classes.Options(workers=workers, seconds=seconds, capacity_rps=capacity,
                                   modes=names, out=out, root=root)  # fmt: skip
@@ -159,6 +157,15 @@ def batch_command(
         asyncio.run(batch.run(options))
 
 
+def modes_of(given: str, known: Iterable[str], option: str) -> tuple[str, ...]:
+    """A comma-separated choice of `known`, in the order given."""
+    names, known = tuple(n.strip() for n in given.split(",") if n.strip()), tuple(known)
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown: {unknown}; from {', '.join(known)}", param_hint=option)
+    return names
+
+
 @click.command("adapters")
 @click.option("--adapters", type=click.IntRange(1, 10_000), default=1000, show_default=True)
 @click.option("--engines", type=click.IntRange(1, 16), default=4, show_default=True,
@@ -169,19 +176,24 @@ def batch_command(
               help="of traffic for each contender")  # fmt: skip
 @click.option("--load-s", type=click.FloatRange(0, 60), default=0.05, show_default=True,
               help="an engine's time to load an adapter")  # fmt: skip
+@click.option("--contenders", default=",".join(adapters_bench.CONTENDERS), show_default=True,
+              help="which to run, comma-separated")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def adapters_command(
-    adapters: int, engines: int, rate: float, seconds: float, load_s: float, out: Path | None
-) -> None:
+    adapters: int, engines: int, rate: float, seconds: float, load_s: float,
+    contenders: str, out: Path | None,
+) -> None:  # fmt: skip
     """Tenants' LoRA adapters with Zipf demand over two regions: Meridian's residency and
     adapter-aware routing against sglang-router's cache_aware and round_robin (which do not
     see adapters): TTFT of adapter and base requests, cold-load stalls; for Meridian the time
     to residency after registration and after an engine's restart, and another tenant's uses."""
-    requires("sglang_router")
+    picked = modes_of(contenders, adapters_bench.CONTENDERS, "--contenders")
+    if set(picked) & set(adapter_run.PEERS):
+        requires("sglang_router")
     with scratch("adapters") as root:
         options = adapters_bench.Options(adapters=adapters, engines=engines, rate=rate,
                                          seconds=seconds, load_s=load_s, out=out,
-                                         root=root)  # fmt: skip
+                                         root=root, contenders=picked)  # fmt: skip
         asyncio.run(adapter_run.run(options))
 
 
