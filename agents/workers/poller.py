@@ -7,7 +7,8 @@ does not answer a few polls in a row is unreachable.
 `/v1/loads` carries what the router needs of an engine in one answer: its running and
 waiting requests, its uncached prompt tokens waiting for prefill, its KV pool and what is
 used of it, and its generation throughput (so its decode step: no metrics scrape). An
-engine started with LoRA is asked its adapters too (`/v1/models`). It is
+engine started with LoRA is asked its adapters too (`/v1/models`), every few polls and
+whenever it answers again after a silence. It is
 asked of SGLang's scheduler, so an engine whose scheduler is wedged stops answering it: the
 engine's runner reads that here (`seen`) rather than asking again."""
 
@@ -28,6 +29,7 @@ from agents.workers.table import EngineLoad, WorkerTable
 
 log = logging.getLogger(__name__)
 FAIL_AFTER = SILENT_AFTER  # polls in a row without an answer: unreachable
+MODELS_EVERY = 5  # polls: how often an engine with LoRA is asked its adapters
 
 Engines = Callable[[], Iterable[tuple[str, str]]]  # (engine id, url) of this node's engines
 
@@ -47,6 +49,7 @@ class LoadPoller:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._loops: dict[str, tuple[str, asyncio.Task[None]]] = {}  # by id: (url, its loop)
         self._http: aiohttp.ClientSession | None = None  # while it runs
+        self._models_at: dict[str, int] = {}  # by id: polls since its adapters were asked
 
     def observed(self, engine_id: str) -> Seen | None:
         return self.seen.get(engine_id)
@@ -118,10 +121,12 @@ class LoadPoller:
             if entry is not None and entry.info is None:
                 info = await _get_json(http, url + contract.SERVER_INFO)
                 self.table.described(engine_id, contract.read_server_info(info))
-            if entry is not None and entry.info is not None and entry.info.lora:
+            lora = entry is not None and entry.info is not None and entry.info.lora
+            if lora and self._adapters_due(engine_id):
                 # its adapters (the tokenizer manager answers: no scheduler's time)
                 models = await _get_json(http, url + contract.MODELS)
                 self.table.holds(engine_id, contract.read_adapters(models))
+                self._models_at[engine_id] = 0
         except (aiohttp.ClientError, TimeoutError, ValueError, TypeError, AttributeError):
             reading = None
         before = self.seen.get(engine_id)
@@ -145,6 +150,17 @@ class LoadPoller:
             ),
             FAIL_AFTER,
         )
+
+    def _adapters_due(self, engine_id: str) -> bool:
+        """Whether to ask the engine its adapters at this poll: every MODELS_EVERY polls
+        (the keeper writes its own loads in the table at once, so only what the engine did
+        itself shows late: an eviction), and at once when it answers after polls it did not
+        (it may have restarted, holding none). A list of hundreds at every poll of every
+        engine took a third of the agent's loop."""
+        before = self.seen.get(engine_id)
+        since = self._models_at.get(engine_id, MODELS_EVERY) + 1
+        self._models_at[engine_id] = since
+        return since >= MODELS_EVERY or before is None or before.failed > 0
 
 
 async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
