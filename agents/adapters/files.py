@@ -117,10 +117,11 @@ class AdapterFiles:
         if not found:
             raise AdapterUnavailable(f"{source}: no object under it")
 
-    def forget(self, keep: set[Path]) -> None:
-        """Removes every cached version but those in `keep` (those in force)."""
+    def forget(self, keep: set[str]) -> None:
+        """Removes every cached version but those in `keep` (those in force, as `place`'s
+        strings)."""
         if not self.root.is_dir():
             return
         for version in self.root.glob("*/*"):
-            if version.is_dir() and version not in keep and not version.name.startswith("."):
+            if str(version) not in keep and version.is_dir() and not version.name.startswith("."):
                 shutil.rmtree(version, ignore_errors=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -78,10 +79,12 @@ class AdapterKeeper:
         self._started = clock()
         self._failed_at: dict[tuple[str, str, str], float] = {}  # a load's last failure
         self._placed: tuple[object, dict[str, list[str]]] | None = None  # placement()'s
+        self._places: dict[str, str] = {}  # each adapter's place, as a string
         self._told: dict[str, tuple[int, float]] = {}  # requests at the last heartbeat, when
 
     def configure(self, adapters: Mapping[str, AdapterConfig]) -> None:
         self.adapters = adapters
+        self._places = {name: str(self.files.place(a)) for name, a in adapters.items()}
         for name in adapters:
             self.counts.setdefault(name, AdapterCounts())
         self._tidy_files = True
@@ -241,13 +244,15 @@ class AdapterKeeper:
             should = self.should.setdefault(engine_id, set())
             should.intersection_update(self.adapters)
             wanted = should | planned.get(engine_id, set())
-            # the busiest first: the engine loads one at a time, and their requests wait
-            for name in sorted(wanted, key=lambda n: (-self._requests(n), n)):
-                adapter = self.adapters[name]
-                failed = self._failed_at.get((engine_id, name, str(self.files.place(adapter))))
+            # only what it lacks (a task for each of a thousand held would take the loop for
+            # tens of milliseconds a second); the busiest first: the engine loads one at a
+            # time, and their requests wait
+            lacks = [n for n in wanted if entry.adapters.get(n) != self._place(n)]
+            for name in sorted(lacks, key=lambda n: (-self._requests(n), n)):
+                failed = self._failed_at.get((engine_id, name, self._place(name)))
                 if failed is None or self.clock() - failed >= RETRY_FAILED_S:
-                    jobs.append(self.ensure(entry, adapter, cold=False))
-            for name in sorted(set(entry.adapters) - set(self.adapters)):
+                    jobs.append(self.ensure(entry, self.adapters[name], cold=False))
+            for name in sorted(n for n in entry.adapters if n not in self.adapters):
                 jobs.append(self._unload(entry, name))
         results = await asyncio.gather(*jobs, return_exceptions=True)
         for result in results:
@@ -255,8 +260,7 @@ class AdapterKeeper:
                 log.error("keeping adapters failed: %r", result)
         if self._tidy_files:
             self._tidy_files = False
-            keep = {self.files.place(a) for a in self.adapters.values()}
-            await asyncio.to_thread(self.files.forget, keep)
+            await asyncio.to_thread(self.files.forget, set(self._places.values()))
 
     async def _unload(self, entry: WorkerEntry, name: str) -> None:
         await self._call(entry, contract.UNLOAD_LORA, {"lora_name": name})
@@ -265,46 +269,54 @@ class AdapterKeeper:
     def seen(self) -> list[pb.AdapterSeen]:
         """A heartbeat's: per adapter, this node's engines holding it, its requests here (a
         second since the last heartbeat, and in all) and its loads."""
-        now, local = self.clock(), set(self.local())
+        now, holding = self.clock(), self._holding(self.local())
         out = []
         for name in sorted(self.adapters):
             counts = self.counts.get(name, AdapterCounts())
             before, at = self._told.get(name, (0, self._started))
             rate = (counts.requests - before) / (now - at) if now > at else 0.0
             self._told[name] = (counts.requests, now)
-            engines = sorted(e for e in local if name in self._held(e))
             out.append(pb.AdapterSeen(
-                name=name, engines=engines, requests_per_second=rate, requests=counts.requests,
+                name=name, engines=sorted(holding.get(name, ())), requests_per_second=rate,
+                requests=counts.requests,
                 cold_loads=counts.cold_loads, cold_load_s=counts.cold_load_s,
                 failures=counts.failures,
             ))  # fmt: skip
         return out
 
+    def _place(self, name: str) -> str:
+        """Where the adapter's version in force is kept: the path an engine holding it
+        loaded it from."""
+        return self._places[name]
+
     def _requests(self, name: str) -> int:
         counts = self.counts.get(name)
         return counts.requests if counts is not None else 0
 
-    def _held(self, engine_id: str) -> dict[str, str]:
-        entry = self.table.get(engine_id)
-        return entry.adapters if entry is not None else {}
+    def _holding(self, engines: Iterable[str]) -> dict[str, list[str]]:
+        """Per adapter, which of `engines` hold it."""
+        holding: dict[str, list[str]] = {}
+        for engine_id in engines:
+            entry = self.table.get(engine_id)
+            for name in entry.adapters if entry is not None else ():
+                holding.setdefault(name, []).append(engine_id)
+        return holding
 
     def status(self) -> dict[str, dict[str, object]]:
         """Per adapter: the engines holding it, those the plan keeps it on, and its counts."""
-        holding: dict[str, list[str]] = {}
-        for entry in self.table.entries.values():
-            for name in entry.adapters:
-                holding.setdefault(name, []).append(entry.spec.id)
+        holding, placed = self._holding(self.table.entries), self.placement()
         return {
             name: {
                 "base_model": adapter.base_model,
                 "engines": sorted(holding.get(name, [])),
-                "planned": self.planned(adapter),  # the leader's: those that keep it loaded
+                "planned": placed.get(name, []),  # the leader's: those that keep it loaded
                 **vars(self.counts.get(name, AdapterCounts())),
             }
             for name, adapter in sorted(self.adapters.items())
         }
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _rank(adapter: str, engine: str) -> bytes:
     """Rendezvous hashing: every agent ranks the engines alike, and an engine that comes or
     goes moves only the adapters it ranked first for."""
