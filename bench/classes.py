@@ -68,6 +68,7 @@ class Options:
     speed: float = 0.5
     stream_interval: int = 16
     capacity_rps: float | None = None  # from an earlier run: no sweep
+    batch_load: float = BATCH_LOAD  # batch offered, as a multiple of capacity
     modes: tuple[str, ...] = tuple(MODES)
     out: Path | None = None
     root: Path = Path(".")
@@ -80,7 +81,11 @@ async def run(options: Options) -> dict[str, Any]:
         stream_interval=options.stream_interval, start_rps=8.0, root=options.root,
     )  # fmt: skip
     workload = o.workload()
-    result: dict[str, Any] = {"seconds": options.seconds, "results": {}}
+    result: dict[str, Any] = {
+        "seconds": options.seconds,
+        "batch_load": options.batch_load,
+        "results": {},
+    }
     async with AsyncExitStack() as stack:
         bench = await routing.one_region(o, console, stack)
         sims, region = bench.sims, bench.region
@@ -96,7 +101,8 @@ async def run(options: Options) -> dict[str, Any]:
             await region.route("cost", {"kv_events": True}, classes=classes, **SLO)
             await flush(sims)
             runs = await _phase(stack, region.gateway_urls[0], region.operator, sims, keys,
-                                workload, capacity, options.seconds, mode)  # fmt: skip
+                                workload, capacity, options.seconds, mode,
+                                options.batch_load)  # fmt: skip
             result["results"][mode] = runs
             _progress(console, mode, runs)
             plots.write_json(console, result, options.out)
@@ -116,8 +122,10 @@ async def _phase(
     capacity: float,
     seconds: float,
     mode: str,
+    batch_load: float = BATCH_LOAD,
 ) -> dict[str, Any]:
-    """Interactive at 70% of capacity and (but alone) batch at 3x, side by side."""
+    """Interactive at 70% of capacity and (but alone) batch at `batch_load` (3x), side by
+    side."""
     named = mode != "one_class"
     chat = Client({"Authorization": f"Bearer {keys['chat']}",
                    **({"x-meridian-class": "interactive"} if named else {})})  # fmt: skip
@@ -127,7 +135,7 @@ async def _phase(
                      stream=False)  # fmt: skip
     stack.push_async_callback(chat.close)
     stack.push_async_callback(nightly.close)
-    rate_i, rate_b = capacity * INTERACTIVE_LOAD, capacity * BATCH_LOAD
+    rate_i, rate_b = capacity * INTERACTIVE_LOAD, capacity * batch_load
     asks_i = routing._subset(workload, round(rate_i * seconds), seed=1)
     asks_b = routing._subset(workload, round(rate_b * seconds), seed=2)
     interactive = poisson(chat, lambda _: url, asks_i, rate_i, seed=1)

@@ -123,16 +123,20 @@ def quotas_command(quota: int, phase: float, out: Path | None, plot: Path | None
               help="no sweep: the region's capacity (rps) from an earlier run")  # fmt: skip
 @click.option("--modes", default=",".join(classes.MODES), show_default=True,
               help="comma-separated, from the default list")  # fmt: skip
+@click.option("--batch-load", type=click.FloatRange(0.01, 100), default=classes.BATCH_LOAD,
+              show_default=True, help="batch offered, as a multiple of capacity")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def classes_command(
-    workers: int, seconds: float, capacity: float | None, modes: str, out: Path | None
-) -> None:
+    workers: int, seconds: float, capacity: float | None, modes: str, batch_load: float,
+    out: Path | None,
+) -> None:  # fmt: skip
     """Interactive traffic at 70% of capacity beside batch offered at 3x: service classes,
     one class for all, and strict priority without reservation, side by side."""
     names = modes_of(modes, classes.MODES, "--modes")
     with scratch("classes") as root:
         options = classes.Options(workers=workers, seconds=seconds, capacity_rps=capacity,
-                                  modes=names, out=out, root=root)  # fmt: skip
+                                  batch_load=batch_load, modes=names, out=out,
+                                  root=root)  # fmt: skip
         asyncio.run(classes.run(options))
 
 
