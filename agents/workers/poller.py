@@ -99,6 +99,7 @@ class LoadPoller:
                 task.cancel()
                 del self._loops[engine_id]
                 self.seen.pop(engine_id, None)
+                self._models_at.pop(engine_id, None)
         loop = asyncio.get_running_loop()
         for engine_id, url in wanted.items():
             if engine_id not in self._loops:
